@@ -1,0 +1,32 @@
+"""The typed quantization IR: types, ops, graphs, verifier, interpreter, text form."""
+
+from qir.ir import ops  # noqa: F401  (registers built-in ops)
+from qir.ir.graph import Argument, Graph, Node, Value
+from qir.ir.interpreter import Interpreter, run_graph
+from qir.ir.op import (
+    OP_REGISTRY,
+    Commutative,
+    Elementwise,
+    HasWeight,
+    IRError,
+    ModuleOp,
+    Op,
+    Opaque,
+    Pure,
+    Quantization,
+    Ref,
+    ShapePreserving,
+    Trait,
+    Transparent,
+    get_op_class,
+    register_op,
+)
+from qir.ir.types import DType, ObjectType, QuantSpec, ScalarType, SequenceType, TensorType, Type, type_of
+from qir.ir.verifier import VerifyError, verify
+
+__all__ = [
+    "OP_REGISTRY", "Argument", "Commutative", "DType", "Elementwise", "Graph", "HasWeight", "IRError",
+    "Interpreter", "ModuleOp", "Node", "ObjectType", "Op", "Opaque", "Pure", "Quantization", "QuantSpec",
+    "Ref", "ScalarType", "SequenceType", "ShapePreserving", "TensorType", "Trait", "Transparent", "Type",
+    "Value", "VerifyError", "get_op_class", "register_op", "run_graph", "type_of", "verify",
+]

@@ -1,0 +1,185 @@
+"""Structural ops: constants, opaque calls, item and attribute access."""
+
+from __future__ import annotations
+
+import importlib
+import operator
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+from qir.ir.op import IRError, Op, Opaque, Pure, Trait, Transparent, register_op, resolve
+from qir.ir.types import DType, ObjectType, SequenceType, TensorType, Type, type_of
+
+
+class EvalContext:
+    """What context-dependent ops need while a graph runs: constants and objects."""
+
+    def __init__(self, constants: dict[str, torch.Tensor], objects: dict[str, Any], training: bool = False):
+        self.constants = constants
+        self.objects = objects
+        self.training = training
+
+
+@register_op
+@attrs.frozen
+class Constant(Op):
+    """A named tensor (weight, buffer) stored in ``Graph.constants[key]``.
+
+    ``kind`` is ``parameter`` (trainable), ``buffer`` (state, saved) or
+    ``buffer_np`` (non-persistent buffer) or ``tensor`` (a plain tensor attribute);
+    emitters use it to recreate the same state dict.
+    """
+
+    name: ClassVar[str] = "constant"
+    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure})
+    arity: ClassVar[tuple[int, int | None]] = (0, 0)
+
+    key: str
+    kind: str = "parameter"
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind not in ("parameter", "buffer", "buffer_np", "tensor"):
+            raise IRError(f"constant {self.key!r}: kind must be parameter/buffer/buffer_np/tensor, got {self.kind!r}")
+
+    @staticmethod
+    def type_for(t: torch.Tensor) -> Type:
+        return TensorType(tuple(t.shape), DType.from_torch(t.dtype))
+
+    def evaluate(self, ctx: EvalContext, operands: Sequence[Any]) -> Any:
+        try:
+            return ctx.constants[self.key]
+        except KeyError:
+            raise IRError(f"constant {self.key!r} has no tensor bound in the graph") from None
+
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        raise IRError(f"constant {self.key!r}: its type comes from its tensor; use Graph.add_constant")
+
+
+def resolve_target(target: str, objects: dict[str, Any]) -> Any:
+    """Find the callable an opaque ``call`` names: the graph's objects first, then import."""
+    if target in objects:
+        return objects[target]
+    mod_name, _, attr = target.rpartition(".")
+    while mod_name:
+        try:
+            obj: Any = importlib.import_module(mod_name)
+        except ImportError:
+            mod_name, _, head = mod_name.rpartition(".")
+            attr = f"{head}.{attr}"
+            continue
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
+    if hasattr(operator, target):
+        return getattr(operator, target)
+    raise IRError(f"cannot resolve call target {target!r}: not in the graph's objects and not importable")
+
+
+@register_op
+@attrs.frozen
+class Call(Op):
+    """An opaque call the front end does not map to a registered op.
+
+    ``kind`` is ``function`` (``target`` is an importable path or a key of
+    ``Graph.objects``), ``method`` (``target`` is a method name called on operand 0)
+    or ``module`` (``target`` is the qualified name of a submodule kept in
+    ``Graph.objects``). ``args`` / ``kwargs`` are templates whose :class:`Ref` leaves
+    point at operands. Never fused or optimised; kept so nothing is silently dropped.
+    """
+
+    name: ClassVar[str] = "call"
+    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Opaque})
+
+    kind: str
+    target: str
+    args: Any = ()
+    kwargs: Any = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind not in ("function", "method", "module"):
+            raise IRError(f"call {self.target!r}: kind must be function, method or module, got {self.kind!r}")
+
+    def evaluate(self, ctx: EvalContext, operands: Sequence[Any]) -> Any:
+        args = resolve(self.args, operands)
+        kwargs = resolve(self.kwargs, operands)
+        if self.kind == "method":
+            obj, *rest = args
+            return getattr(obj, self.target)(*rest, **kwargs)
+        if self.kind == "module":
+            key = f"module:{self.target}"
+            if key not in ctx.objects:
+                raise IRError(f"call of module {self.target!r}: no module object bound in the graph")
+            return ctx.objects[key](*args, **kwargs)
+        return resolve_target(self.target, ctx.objects)(*args, **kwargs)
+
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        raise IRError(f"opaque call {self.target!r}: result type must be given (it cannot be inferred)")
+
+
+@register_op
+@attrs.frozen
+class GetItem(Op):
+    """``x[index]``; ``index`` may hold Refs (dynamic indices) and slices."""
+
+    name: ClassVar[str] = "getitem"
+    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure})
+    arity: ClassVar[tuple[int, int | None]] = (1, None)
+    operand_names: ClassVar[tuple[str, ...]] = ("input",)
+
+    index: Any
+
+    def compute(self, x: Any, *rest: Any) -> Any:
+        return x[resolve(self.index, (x, *rest))]
+
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        t = operand_types[0]
+        idx = self.index
+        if isinstance(t, SequenceType) and isinstance(idx, int):
+            try:
+                return t.elements[idx]
+            except IndexError:
+                raise IRError(f"getitem: index {idx} out of range for {len(t.elements)} elements") from None
+        return super().infer_type(operand_types)
+
+
+@register_op
+@attrs.frozen
+class GetAttr(Op):
+    """``getattr(x, attr)`` on a run-time value (``x.shape``, ``x.dtype``)."""
+
+    name: ClassVar[str] = "getattr"
+    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure})
+    arity: ClassVar[tuple[int, int | None]] = (1, 1)
+    operand_names: ClassVar[tuple[str, ...]] = ("input",)
+
+    attr: str
+
+    def compute(self, x: Any) -> Any:
+        return getattr(x, self.attr)
+
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        t = operand_types[0]
+        if isinstance(t, TensorType):
+            if self.attr == "shape":
+                return type_of(torch.Size(t.shape))
+            if self.attr == "ndim":
+                return type_of(0)
+            if self.attr == "dtype":
+                return ObjectType("dtype")
+        return super().infer_type(operand_types)
+
+
+@register_op
+@attrs.frozen
+class Identity(Op):
+    """Pass-through (``nn.Identity``, eval-mode dropout after folding)."""
+
+    name: ClassVar[str] = "identity"
+    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure, Transparent})
+    arity: ClassVar[tuple[int, int | None]] = (1, 1)
+
+    def compute(self, x: Any) -> Any:
+        return x

@@ -1,0 +1,341 @@
+"""Module-backed ops with weights: convolutions, linear, batch norm.
+
+Conv-like ops carry the fusion attributes the BPU executes in one kernel:
+``add`` (one extra trailing operand added to the output) and ``act``
+(``None``, ``"relu"`` or ``"relu6"`` applied last). Unfused ops have
+``add=False, act=None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qir.ir.op import HasWeight, IRError, ModuleOp, Pure, Trait, register_op
+from qir.ir.types import TensorType, Type
+
+_ACTS = (None, "relu", "relu6")
+
+
+def _tuple(n: int) -> Any:
+    def conv(v: Any) -> tuple[int, ...]:
+        if isinstance(v, int):
+            return (v,) * n
+        return tuple(int(x) for x in v)
+
+    return conv
+
+
+def apply_act(y: torch.Tensor, act: str | None) -> torch.Tensor:
+    if act == "relu":
+        return torch.relu(y)
+    if act == "relu6":
+        return F.relu6(y)
+    return y
+
+
+def _check_act(op: Any) -> None:
+    if op.act not in _ACTS:
+        raise IRError(f"op {op.name!r}: act must be one of {_ACTS}, got {op.act!r}")
+
+
+@attrs.frozen
+class WeightedOp(ModuleOp):
+    """Shared layout: operands ``(input, weight[, bias][, addend])``."""
+
+    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure, HasWeight})
+    operand_names: ClassVar[tuple[str, ...]] = ("input", "weight", "bias", "addend")
+
+    def param_roles(self) -> tuple[str, ...]:
+        return ("weight", "bias") if self.bias else ("weight",)  # type: ignore[attr-defined]
+
+    def expected_operands(self) -> int:
+        return 1 + len(self.param_roles()) + (1 if self.add else 0)  # type: ignore[attr-defined]
+
+    def split(self, operands: Sequence[Any]) -> tuple[Any, Any, Any, Any]:
+        x, w = operands[0], operands[1]
+        i = 2
+        b = None
+        if self.bias:  # type: ignore[attr-defined]
+            b = operands[i]
+            i += 1
+        other = operands[i] if self.add else None  # type: ignore[attr-defined]
+        return x, w, b, other
+
+    def finish(self, y: torch.Tensor, other: Any) -> torch.Tensor:
+        if other is not None:
+            y = y + other
+        return apply_act(y, self.act)  # type: ignore[attr-defined]
+
+    def verify_(self, operand_types: Sequence[Type]) -> None:
+        _check_act(self)
+        n = self.expected_operands()
+        if len(operand_types) != n:
+            raise IRError(
+                f"op {self.name!r}: bias={self.bias} add={self.add} needs {n} operands, "  # type: ignore[attr-defined]
+                f"got {len(operand_types)}"
+            )
+        for role, t in zip(self.operand_names, operand_types):
+            if not isinstance(t, TensorType):
+                raise IRError(f"op {self.name!r}: operand {role} must be a tensor, got {t}")
+
+
+@attrs.frozen
+class ConvNd(WeightedOp):
+    """``nn.ConvNd`` / ``F.convNd`` (+ fused add / activation)."""
+
+    dims: ClassVar[int] = 2
+
+    stride: tuple[int, ...] = attrs.field(default=(1, 1), converter=lambda v: _tuple(2)(v))
+    padding: Any = (0, 0)  # tuple of ints, or "same" / "valid"
+    dilation: tuple[int, ...] = attrs.field(default=(1, 1), converter=lambda v: _tuple(2)(v))
+    groups: int = 1
+    padding_mode: str = "zeros"
+    bias: bool = True
+    add: bool = False
+    act: str | None = None
+
+    def num_inputs(self) -> int:
+        return 1
+
+    def compute(self, *operands: Any) -> Any:
+        x, w, b, other = self.split(operands)
+        fn = (F.conv1d, F.conv2d, F.conv3d)[self.dims - 1]
+        if self.padding_mode != "zeros":
+            pad = [p for p in reversed(self.padding) for _ in range(2)]  # type: ignore[arg-type]
+            x = F.pad(x, pad, mode=self.padding_mode)
+            y = fn(x, w, b, self.stride, 0, self.dilation, self.groups)
+        else:
+            y = fn(x, w, b, self.stride, self.padding, self.dilation, self.groups)
+        return self.finish(y, other)
+
+    @classmethod
+    def from_module(cls, m: Any) -> ConvNd:
+        return cls(
+            stride=m.stride, padding=m.padding if isinstance(m.padding, str) else tuple(m.padding),
+            dilation=m.dilation, groups=m.groups, padding_mode=m.padding_mode, bias=m.bias is not None,
+        )
+
+    def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
+        w = tensors["weight"]
+        cls = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[self.dims - 1]
+        m = cls(
+            w.shape[1] * self.groups, w.shape[0], tuple(w.shape[2:]), stride=self.stride,
+            padding=self.padding, dilation=self.dilation, groups=self.groups,
+            bias=self.bias, padding_mode=self.padding_mode, device="meta",
+        )
+        _load(m, tensors)
+        return m
+
+
+def _load(m: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Install the given tensors as the module's parameters/buffers (sharing storage)."""
+    for role, t in tensors.items():
+        if t is None:
+            continue
+        if role in m._parameters:
+            m._parameters[role] = t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=t.requires_grad or t.is_floating_point())
+        else:
+            m._buffers[role] = t
+
+
+@register_op
+@attrs.frozen
+class Conv2d(ConvNd):
+    name: ClassVar[str] = "conv2d"
+    dims: ClassVar[int] = 2
+    module_types: ClassVar[tuple[type, ...]] = (nn.Conv2d,)
+
+
+@register_op
+@attrs.frozen
+class Conv1d(ConvNd):
+    name: ClassVar[str] = "conv1d"
+    dims: ClassVar[int] = 1
+    module_types: ClassVar[tuple[type, ...]] = (nn.Conv1d,)
+
+    stride: tuple[int, ...] = attrs.field(default=(1,), converter=lambda v: _tuple(1)(v))
+    padding: Any = (0,)
+    dilation: tuple[int, ...] = attrs.field(default=(1,), converter=lambda v: _tuple(1)(v))
+
+
+@register_op
+@attrs.frozen
+class Conv3d(ConvNd):
+    name: ClassVar[str] = "conv3d"
+    dims: ClassVar[int] = 3
+    module_types: ClassVar[tuple[type, ...]] = (nn.Conv3d,)
+
+    stride: tuple[int, ...] = attrs.field(default=(1, 1, 1), converter=lambda v: _tuple(3)(v))
+    padding: Any = (0, 0, 0)
+    dilation: tuple[int, ...] = attrs.field(default=(1, 1, 1), converter=lambda v: _tuple(3)(v))
+
+
+@attrs.frozen
+class ConvTransposeNd(WeightedOp):
+    """``nn.ConvTransposeNd`` (+ fused add / activation)."""
+
+    dims: ClassVar[int] = 2
+
+    stride: tuple[int, ...] = attrs.field(converter=tuple)
+    padding: tuple[int, ...] = attrs.field(converter=tuple)
+    output_padding: tuple[int, ...] = attrs.field(converter=tuple)
+    dilation: tuple[int, ...] = attrs.field(converter=tuple)
+    groups: int = 1
+    bias: bool = True
+    add: bool = False
+    act: str | None = None
+
+    def compute(self, *operands: Any) -> Any:
+        x, w, b, other = self.split(operands)
+        fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[self.dims - 1]
+        y = fn(x, w, b, self.stride, self.padding, self.output_padding, self.groups, self.dilation)
+        return self.finish(y, other)
+
+    @classmethod
+    def from_module(cls, m: Any) -> ConvTransposeNd:
+        if m.padding_mode != "zeros":
+            raise IRError(f"{type(m).__name__}: padding_mode {m.padding_mode!r} is not supported")
+        return cls(
+            stride=m.stride, padding=m.padding, output_padding=m.output_padding,
+            dilation=m.dilation, groups=m.groups, bias=m.bias is not None,
+        )
+
+    def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
+        w = tensors["weight"]
+        cls = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[self.dims - 1]
+        m = cls(
+            w.shape[0], w.shape[1] * self.groups, tuple(w.shape[2:]), stride=self.stride,
+            padding=self.padding, output_padding=self.output_padding, groups=self.groups,
+            bias=self.bias, dilation=self.dilation, device="meta",
+        )
+        _load(m, tensors)
+        return m
+
+
+@register_op
+@attrs.frozen
+class ConvTranspose1d(ConvTransposeNd):
+    name: ClassVar[str] = "conv_transpose1d"
+    dims: ClassVar[int] = 1
+    module_types: ClassVar[tuple[type, ...]] = (nn.ConvTranspose1d,)
+
+
+@register_op
+@attrs.frozen
+class ConvTranspose2d(ConvTransposeNd):
+    name: ClassVar[str] = "conv_transpose2d"
+    dims: ClassVar[int] = 2
+    module_types: ClassVar[tuple[type, ...]] = (nn.ConvTranspose2d,)
+
+
+@register_op
+@attrs.frozen
+class ConvTranspose3d(ConvTransposeNd):
+    name: ClassVar[str] = "conv_transpose3d"
+    dims: ClassVar[int] = 3
+    module_types: ClassVar[tuple[type, ...]] = (nn.ConvTranspose3d,)
+
+
+@register_op
+@attrs.frozen
+class Linear(WeightedOp):
+    """``nn.Linear`` / ``F.linear`` (+ fused add / activation)."""
+
+    name: ClassVar[str] = "linear"
+    module_types: ClassVar[tuple[type, ...]] = (nn.Linear,)
+
+    bias: bool = True
+    add: bool = False
+    act: str | None = None
+
+    def compute(self, *operands: Any) -> Any:
+        x, w, b, other = self.split(operands)
+        return self.finish(F.linear(x, w, b), other)
+
+    @classmethod
+    def from_module(cls, m: Any) -> Linear:
+        return cls(bias=m.bias is not None)
+
+    def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
+        w = tensors["weight"]
+        m = nn.Linear(w.shape[1], w.shape[0], bias=self.bias, device="meta")
+        _load(m, tensors)
+        return m
+
+
+_BN_CLASSES: dict[tuple[int, bool], type[nn.Module]] = {
+    (1, False): nn.BatchNorm1d,
+    (2, False): nn.BatchNorm2d,
+    (3, False): nn.BatchNorm3d,
+    (0, True): nn.SyncBatchNorm,
+}
+
+
+@register_op
+@attrs.frozen
+class BatchNorm(ModuleOp):
+    """``nn.BatchNorm1d/2d/3d``, ``nn.SyncBatchNorm`` and ``F.batch_norm``.
+
+    Operands: ``(input[, weight, bias][, running_mean, running_var, num_batches_tracked])``.
+    ``dims`` is 1/2/3 for the module flavours and 0 for SyncBatchNorm or the function.
+    """
+
+    name: ClassVar[str] = "batch_norm"
+    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure})
+    operand_names: ClassVar[tuple[str, ...]] = ("input",)
+    module_types: ClassVar[tuple[type, ...]] = tuple(_BN_CLASSES.values())
+
+    eps: float = 1e-5
+    momentum: float | None = 0.1
+    affine: bool = True
+    track_running_stats: bool = True
+    dims: int = 2
+    sync: bool = False
+    #: whether num_batches_tracked is an operand (modules have it, F.batch_norm does not)
+    counter: bool = True
+
+    def param_roles(self) -> tuple[str, ...]:
+        roles: tuple[str, ...] = ("weight", "bias") if self.affine else ()
+        if self.track_running_stats:
+            roles += ("running_mean", "running_var")
+            if self.counter:
+                roles += ("num_batches_tracked",)
+        return roles
+
+    def compute(self, x: Any, *params: Any) -> Any:
+        p = dict(zip(self.param_roles(), params))
+        return F.batch_norm(
+            x, p.get("running_mean"), p.get("running_var"), p.get("weight"), p.get("bias"),
+            False, 0.0 if self.momentum is None else self.momentum, self.eps,
+        )
+
+    def verify_(self, operand_types: Sequence[Type]) -> None:
+        n = 1 + len(self.param_roles())
+        if len(operand_types) != n:
+            raise IRError(f"op 'batch_norm': expects {n} operands ({', '.join(('input', *self.param_roles()))}), got {len(operand_types)}")
+        if not self.track_running_stats:
+            raise IRError("op 'batch_norm': track_running_stats=False has no eval semantics in a graph")
+
+    @classmethod
+    def from_module(cls, m: Any) -> BatchNorm:
+        sync = isinstance(m, nn.SyncBatchNorm)
+        dims = 0 if sync else {nn.BatchNorm1d: 1, nn.BatchNorm2d: 2, nn.BatchNorm3d: 3}[type(m)]
+        return cls(eps=m.eps, momentum=m.momentum, affine=m.affine,
+                   track_running_stats=m.track_running_stats, dims=dims, sync=sync)
+
+    def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
+        cls = _BN_CLASSES.get((self.dims, self.sync))
+        if cls is None:
+            raise IRError(f"batch_norm dims={self.dims} sync={self.sync} has no module form")
+        ref = tensors.get("running_mean", tensors.get("weight"))
+        assert ref is not None
+        m = cls(ref.shape[0], eps=self.eps, momentum=self.momentum, affine=self.affine,
+                track_running_stats=self.track_running_stats, device="meta")
+        _load(m, tensors)
+        return m

@@ -1,0 +1,326 @@
+"""Value types of the IR: tensors (optionally quantized), scalars, sequences, objects.
+
+Every value in a :class:`~qir.ir.graph.Graph` carries one of these. They are
+immutable and hashable, print to a stable text form (see :func:`format_type`) and
+parse back from it (:func:`parse_type`).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Any
+
+import attrs
+import torch
+
+
+class DType(enum.Enum):
+    """Element types. The quantized ones carry integer data plus a :class:`QuantSpec`."""
+
+    float32 = "f32"
+    float64 = "f64"
+    float16 = "f16"
+    bfloat16 = "bf16"
+    int64 = "i64"
+    int32 = "i32"
+    int16 = "i16"
+    int8 = "i8"
+    uint8 = "u8"
+    bool = "bool"
+    qint8 = "qi8"
+    qint16 = "qi16"
+    qint32 = "qi32"
+    qbool = "qbool"
+
+    @property
+    def is_quantized(self) -> bool:
+        return self in _QUANT_RANGE
+
+    @property
+    def is_float(self) -> bool:
+        return self in (DType.float32, DType.float64, DType.float16, DType.bfloat16)
+
+    @property
+    def qrange(self) -> tuple[int, int]:
+        """Inclusive integer range of a quantized dtype."""
+        try:
+            return _QUANT_RANGE[self]
+        except KeyError:
+            raise ValueError(f"dtype {self.name} is not a quantized dtype") from None
+
+    def to_torch(self) -> torch.dtype:
+        """The torch dtype that stores this dtype's elements (quantized ones as ints)."""
+        return _TO_TORCH[self]
+
+    @staticmethod
+    def from_torch(dt: torch.dtype) -> DType:
+        try:
+            return _FROM_TORCH[dt]
+        except KeyError:
+            raise ValueError(f"torch dtype {dt} has no IR dtype") from None
+
+    @staticmethod
+    def parse(text: str) -> DType:
+        """Accept the short text form (``qi8``) or the enum name (``qint8``)."""
+        for d in DType:
+            if text in (d.value, d.name):
+                return d
+        raise ValueError(f"unknown dtype {text!r}; known: {', '.join(d.value for d in DType)}")
+
+
+_QUANT_RANGE = {
+    DType.qint8: (-128, 127),
+    DType.qint16: (-32768, 32767),
+    DType.qint32: (-(2**31), 2**31 - 1),
+    DType.qbool: (0, 1),
+}
+
+_TO_TORCH = {
+    DType.float32: torch.float32,
+    DType.float64: torch.float64,
+    DType.float16: torch.float16,
+    DType.bfloat16: torch.bfloat16,
+    DType.int64: torch.int64,
+    DType.int32: torch.int32,
+    DType.int16: torch.int16,
+    DType.int8: torch.int8,
+    DType.uint8: torch.uint8,
+    DType.bool: torch.bool,
+    DType.qint8: torch.int8,
+    DType.qint16: torch.int16,
+    DType.qint32: torch.int32,
+    DType.qbool: torch.bool,
+}
+_FROM_TORCH = {
+    t: d for d, t in _TO_TORCH.items() if not d.is_quantized
+}
+
+
+def _float_tuple(v: Any) -> tuple[float, ...]:
+    if isinstance(v, torch.Tensor):
+        return tuple(float(x) for x in v.detach().reshape(-1).tolist())
+    if isinstance(v, (int, float)):
+        return (float(v),)
+    return tuple(float(x) for x in v)
+
+
+@attrs.frozen
+class QuantSpec:
+    """Symmetric quantization parameters: ``real = int * scale`` (zero point is always 0).
+
+    ``scale`` has one entry per tensor (``axis is None``) or one per slice along ``axis``.
+    """
+
+    scale: tuple[float, ...] = attrs.field(converter=_float_tuple)
+    dtype: DType = DType.qint8
+    axis: int | None = None
+    zero_point: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        if not self.dtype.is_quantized:
+            raise ValueError(f"QuantSpec dtype must be quantized, got {self.dtype.name}")
+        if self.zero_point != 0:
+            raise ValueError("qir quantization is symmetric: zero_point must be 0")
+        if not self.scale:
+            raise ValueError("QuantSpec needs at least one scale")
+        if self.axis is None and len(self.scale) != 1:
+            raise ValueError(f"per-tensor QuantSpec has {len(self.scale)} scales; set axis")
+        if any(not (s > 0.0) for s in self.scale):
+            raise ValueError(f"scales must be positive and finite, got {self.scale[:4]}...")
+
+
+@attrs.frozen
+class Type:
+    """Base of all value types."""
+
+
+@attrs.frozen
+class TensorType(Type):
+    shape: tuple[int, ...] = attrs.field(converter=tuple)
+    dtype: DType = DType.float32
+    quant: QuantSpec | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.quant is not None and self.quant.dtype is not self.dtype:
+            raise ValueError(
+                f"TensorType dtype {self.dtype.name} disagrees with its QuantSpec "
+                f"dtype {self.quant.dtype.name}"
+            )
+        if self.quant is not None and self.quant.axis is not None:
+            ax = self.quant.axis
+            if not -len(self.shape) <= ax < len(self.shape):
+                raise ValueError(f"QuantSpec axis {ax} out of range for shape {self.shape}")
+            if len(self.quant.scale) != self.shape[ax]:
+                raise ValueError(
+                    f"QuantSpec has {len(self.quant.scale)} scales but axis {ax} has "
+                    f"{self.shape[ax]} entries"
+                )
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def with_shape(self, shape: tuple[int, ...]) -> TensorType:
+        return attrs.evolve(self, shape=shape)
+
+
+@attrs.frozen
+class ScalarType(Type):
+    """A Python scalar that flows through the graph (e.g. ``x.size(0)``)."""
+
+    kind: str  # "int" | "float" | "bool"
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind not in ("int", "float", "bool"):
+            raise ValueError(f"ScalarType kind must be int, float or bool, got {self.kind!r}")
+
+
+@attrs.frozen
+class SequenceType(Type):
+    """A tuple or list of values, each with its own type (``torch.split`` results, sizes)."""
+
+    elements: tuple[Type, ...] = attrs.field(converter=tuple)
+    kind: str = "tuple"  # "tuple" | "list"
+
+
+@attrs.frozen
+class ObjectType(Type):
+    """Anything else, named by its Python type (``NoneType``, ``dict``, ``torch.device``)."""
+
+    name: str
+
+
+def type_of(value: Any) -> Type:
+    """The IR type of a runtime value (used by shape propagation)."""
+    if isinstance(value, torch.Tensor):
+        return TensorType(tuple(value.shape), DType.from_torch(value.dtype))
+    if isinstance(value, bool):
+        return ScalarType("bool")
+    if isinstance(value, int):
+        return ScalarType("int")
+    if isinstance(value, float):
+        return ScalarType("float")
+    if isinstance(value, torch.Size):
+        return SequenceType(tuple(ScalarType("int") for _ in value), "size")
+    if isinstance(value, tuple):
+        return SequenceType(tuple(type_of(v) for v in value), "tuple")
+    if isinstance(value, list):
+        return SequenceType(tuple(type_of(v) for v in value), "list")
+    return ObjectType(type(value).__name__)
+
+
+# ----------------------------------------------------------------------------- text form
+
+
+def _fmt_float(x: float) -> str:
+    return repr(float(x))
+
+
+def format_type(t: Type) -> str:
+    """Stable, space-free text of a type; :func:`parse_type` inverts it exactly."""
+    if isinstance(t, TensorType):
+        dims = "x".join(str(d) for d in t.shape)
+        body = f"{dims}x{t.dtype.value}" if t.shape else t.dtype.value
+        if t.quant is not None:
+            q = t.quant
+            scales = ",".join(_fmt_float(s) for s in q.scale)
+            body += f",scale=[{scales}]"
+            if q.axis is not None:
+                body += f",axis={q.axis}"
+        return f"tensor<{body}>"
+    if isinstance(t, ScalarType):
+        return t.kind
+    if isinstance(t, SequenceType):
+        return f"{t.kind}<{','.join(format_type(e) for e in t.elements)}>"
+    if isinstance(t, ObjectType):
+        return f"!{t.name}"
+    raise TypeError(f"cannot format {t!r}")
+
+
+_TOKEN = re.compile(r"\s*(tensor<|tuple<|list<|size<|<|>|,|\[|\]|=|![\w.]+|[^\s<>,\[\]=]+)")
+
+
+class _TypeParser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.toks: list[str] = []
+        pos = 0
+        while pos < len(text):
+            m = _TOKEN.match(text, pos)
+            if m is None or m.end() == pos:
+                if text[pos:].strip() == "":
+                    break
+                raise ValueError(f"bad type text {text!r} at column {pos}")
+            self.toks.append(m.group(1))
+            pos = m.end()
+        self.i = 0
+
+    def peek(self) -> str | None:
+        return self.toks[self.i] if self.i < len(self.toks) else None
+
+    def take(self, expected: str | None = None) -> str:
+        tok = self.peek()
+        if tok is None or (expected is not None and tok != expected):
+            raise ValueError(f"bad type text {self.text!r}: expected {expected or 'more'}, got {tok!r}")
+        self.i += 1
+        return tok
+
+    def parse(self) -> Type:
+        tok = self.take()
+        if tok == "tensor<":
+            return self._tensor()
+        if tok in ("tuple<", "list<", "size<"):
+            elems: list[Type] = []
+            if self.peek() != ">":
+                elems.append(self.parse())
+                while self.peek() == ",":
+                    self.take(",")
+                    elems.append(self.parse())
+            self.take(">")
+            return SequenceType(tuple(elems), tok[:-1])
+        if tok in ("int", "float", "bool"):
+            return ScalarType(tok)
+        if tok.startswith("!"):
+            return ObjectType(tok[1:])
+        raise ValueError(f"bad type text {self.text!r}: unexpected {tok!r}")
+
+    def _tensor(self) -> TensorType:
+        parts = self.take().split("x")
+        dtype = DType.parse(parts[-1])
+        shape = tuple(int(p) for p in parts[:-1])
+        scale: list[float] | None = None
+        axis: int | None = None
+        while self.peek() == ",":
+            self.take(",")
+            key = self.take()
+            self.take("=")
+            if key == "scale":
+                self.take("[")
+                scale = [float(self.take())]
+                while self.peek() == ",":
+                    self.take(",")
+                    scale.append(float(self.take()))
+                self.take("]")
+            elif key == "axis":
+                axis = int(self.take())
+            else:
+                raise ValueError(f"bad type text {self.text!r}: unknown tensor field {key!r}")
+        self.take(">")
+        quant = QuantSpec(tuple(scale), dtype, axis) if scale is not None else None
+        return TensorType(shape, dtype, quant)
+
+
+def parse_type(text: str) -> Type:
+    p = _TypeParser(text)
+    t = p.parse()
+    if p.peek() is not None:
+        raise ValueError(f"bad type text {text!r}: trailing {p.peek()!r}")
+    return t
