@@ -140,6 +140,11 @@ class Op:
     arity: ClassVar[tuple[int, int | None]] = (0, None)
     #: Names of the leading operands, for messages and docs.
     operand_names: ClassVar[tuple[str, ...]] = ()
+    #: torch spellings of this op, used by the front end and by pattern specs:
+    #: callables seen as fx ``call_function`` targets (``torch.add``, ``operator.add``,
+    #: ``F.relu``), and method names seen as ``call_method`` (``"add"``, ``"relu"``).
+    functions: ClassVar[tuple[Callable[..., Any], ...]] = ()
+    methods: ClassVar[tuple[str, ...]] = ()
 
     # -- introspection ---------------------------------------------------------
     @classmethod

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -25,6 +26,8 @@ class Relu(ModuleOp):
     traits: ClassVar[frozenset[type[Trait]]] = _ACT
     arity: ClassVar[tuple[int, int | None]] = (1, 1)
     module_types: ClassVar[tuple[type, ...]] = (nn.ReLU,)
+    functions: ClassVar[tuple[Callable[..., Any], ...]] = (F.relu, torch.relu)
+    methods: ClassVar[tuple[str, ...]] = ("relu",)
 
     inplace: bool = False  # kept so emitted modules print like the originals
 
@@ -48,6 +51,7 @@ class Relu6(ModuleOp):
     traits: ClassVar[frozenset[type[Trait]]] = _ACT
     arity: ClassVar[tuple[int, int | None]] = (1, 1)
     module_types: ClassVar[tuple[type, ...]] = (nn.ReLU6,)
+    functions: ClassVar[tuple[Callable[..., Any], ...]] = (F.relu6,)
 
     inplace: bool = False
 
@@ -100,6 +104,8 @@ class Add(BinaryOp):
 
     name: ClassVar[str] = "add"
     traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure, Elementwise, Commutative})
+    functions: ClassVar[tuple[Callable[..., Any], ...]] = (operator.add, torch.add)
+    methods: ClassVar[tuple[str, ...]] = ("add",)
 
     @staticmethod
     def fn(a: Any, b: Any) -> Any:
