@@ -39,7 +39,7 @@ def sanitize_name(hint: str) -> str:
 class Value:
     """A named, typed SSA value. Tracks its users (nodes that take it as an operand)."""
 
-    __slots__ = ("name", "type", "_users", "graph")
+    __slots__ = ("_users", "graph", "name", "type")
 
     def __init__(self, name: str, type: Type) -> None:
         self.name = name
@@ -90,7 +90,7 @@ class Node(Value):
     or None; emitters recreate that module path, so state-dict keys survive.
     """
 
-    __slots__ = ("op", "_operands", "scope", "prev", "next", "meta")
+    __slots__ = ("_operands", "meta", "next", "op", "prev", "scope")
 
     def __init__(
         self,

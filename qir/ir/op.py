@@ -240,10 +240,10 @@ class ModuleOp(Op):
 
 OP_REGISTRY: dict[str, type[Op]] = {}
 
-O = TypeVar("O", bound=type[Op])
+OpT = TypeVar("OpT", bound=type[Op])
 
 
-def register_op(cls: O) -> O:
+def register_op(cls: OpT) -> OpT:
     """Class decorator: make an op kind known by its ``name`` (for the parser, tools, docs)."""
     if not cls.name:
         raise ValueError(f"op class {cls.__qualname__} has no name")

@@ -7,8 +7,10 @@ parse back from it (:func:`parse_type`).
 
 from __future__ import annotations
 
+import builtins
 import enum
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -34,11 +36,11 @@ class DType(enum.Enum):
     qbool = "qbool"
 
     @property
-    def is_quantized(self) -> bool:
+    def is_quantized(self) -> builtins.bool:
         return self in _QUANT_RANGE
 
     @property
-    def is_float(self) -> bool:
+    def is_float(self) -> builtins.bool:
         return self in (DType.float32, DType.float64, DType.float16, DType.bfloat16)
 
     @property
@@ -97,6 +99,14 @@ _FROM_TORCH = {
 }
 
 
+def _int_tuple(v: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(x) for x in v)
+
+
+def _type_tuple(v: Iterable[Type]) -> tuple[Type, ...]:
+    return tuple(v)
+
+
 def _float_tuple(v: Any) -> tuple[float, ...]:
     if isinstance(v, torch.Tensor):
         return tuple(float(x) for x in v.detach().reshape(-1).tolist())
@@ -137,7 +147,7 @@ class Type:
 
 @attrs.frozen
 class TensorType(Type):
-    shape: tuple[int, ...] = attrs.field(converter=tuple)
+    shape: tuple[int, ...] = attrs.field(converter=_int_tuple)
     dtype: DType = DType.float32
     quant: QuantSpec | None = None
 
@@ -187,7 +197,7 @@ class ScalarType(Type):
 class SequenceType(Type):
     """A tuple or list of values, each with its own type (``torch.split`` results, sizes)."""
 
-    elements: tuple[Type, ...] = attrs.field(converter=tuple)
+    elements: tuple[Type, ...] = attrs.field(converter=_type_tuple)
     kind: str = "tuple"  # "tuple" | "list"
 
 
