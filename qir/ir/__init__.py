@@ -21,6 +21,8 @@ from qir.ir.op import (
     get_op_class,
     register_op,
 )
+from qir.ir.parser import ParseError, parse_graph
+from qir.ir.printer import print_graph
 from qir.ir.types import DType, ObjectType, QuantSpec, ScalarType, SequenceType, TensorType, Type, type_of
 from qir.ir.verifier import VerifyError, verify
 
@@ -29,4 +31,5 @@ __all__ = [
     "Interpreter", "ModuleOp", "Node", "ObjectType", "Op", "Opaque", "Pure", "Quantization", "QuantSpec",
     "Ref", "ScalarType", "SequenceType", "ShapePreserving", "TensorType", "Trait", "Transparent", "Type",
     "Value", "VerifyError", "get_op_class", "register_op", "run_graph", "type_of", "verify",
+    "ParseError", "parse_graph", "print_graph",
 ]
