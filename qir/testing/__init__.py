@@ -1,0 +1,48 @@
+"""Public testing helpers: hypothesis strategies for graphs and property assertions.
+
+``graphs``, ``inputs_for`` (strategies) and ``assert_preserves_semantics``,
+``assert_roundtrip``, ``assert_graphs_equal`` (properties) are documented in
+docs/testing.md. Names from ``qir.testing.patterns`` (pattern-maximality checks) are
+re-exported lazily when that module exists, so importing this package stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from qir.testing.properties import (
+    assert_graphs_equal,
+    assert_outputs_close,
+    assert_preserves_semantics,
+    assert_roundtrip,
+    random_inputs,
+    run_pipeline,
+)
+from qir.testing.strategies import DEFAULT_OPS, graphs, inputs_for, supported_ops
+
+__all__ = [
+    "DEFAULT_OPS",
+    "assert_graphs_equal",
+    "assert_outputs_close",
+    "assert_preserves_semantics",
+    "assert_roundtrip",
+    "graphs",
+    "inputs_for",
+    "random_inputs",
+    "run_pipeline",
+    "supported_ops",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # qir.testing.patterns is written separately and may not exist in every checkout
+    try:
+        patterns = importlib.import_module("qir.testing.patterns")
+    except ModuleNotFoundError as e:
+        if e.name != "qir.testing.patterns":
+            raise
+        raise AttributeError(f"module 'qir.testing' has no attribute {name!r}") from None
+    if name in getattr(patterns, "__all__", ()) or (not name.startswith("_") and hasattr(patterns, name)):
+        return getattr(patterns, name)
+    raise AttributeError(f"module 'qir.testing' has no attribute {name!r}")
