@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from qir.ir.graph import Graph, Value, map_values
+from qir.ir.graph import Graph, map_values
 from qir.ir.interpreter import run_graph
 from qir.ir.parser import parse_graph
 from qir.ir.printer import format_node, print_graph
@@ -70,11 +70,11 @@ def assert_graphs_equal(a: Graph, b: Graph, check_constants: bool = True) -> Non
         raise AssertionError(f"training flags differ: {a.training} vs {b.training}")
     if len(a.inputs) != len(b.inputs):
         raise AssertionError(f"input counts differ: {len(a.inputs)} vs {len(b.inputs)}")
-    for x, y in zip(a.inputs, b.inputs, strict=True):
-        if (x.name, x.type, x.has_default) != (y.name, y.type, y.has_default) or not _same(x.default, y.default):
+    for p, q in zip(a.inputs, b.inputs, strict=True):
+        if (p.name, p.type, p.has_default) != (q.name, q.type, q.has_default) or not _same(p.default, q.default):
             raise AssertionError(
-                f"inputs differ: %{x.name}: {x.type} (default {x.default!r}) vs %{y.name}: {y.type} "
-                f"(default {y.default!r})"
+                f"inputs differ: %{p.name}: {p.type} (default {p.default!r}) vs %{q.name}: {q.type} "
+                f"(default {q.default!r})"
             )
     na, nb = list(a.nodes), list(b.nodes)
     for x, y in zip(na, nb, strict=False):
@@ -94,12 +94,12 @@ def assert_graphs_equal(a: Graph, b: Graph, check_constants: bool = True) -> Non
     if not _same(_named(a.output), _named(b.output)):
         raise AssertionError(f"outputs differ: {_named(a.output)!r} vs {_named(b.output)!r}")
     if check_constants:
-        for x in na:
-            if x.op.name == "constant":
-                key = x.op.key  # type: ignore[attr-defined]
+        for n in na:
+            if n.op.name == "constant":
+                key = n.op.key  # type: ignore[attr-defined]
                 ta, tb = a.constants.get(key), b.constants.get(key)
                 if ta is not tb and (ta is None or tb is None or not _same(ta, tb)):
-                    raise AssertionError(f"constant {key!r} (%{x.name}) is bound to different tensors")
+                    raise AssertionError(f"constant {key!r} (%{n.name}) is bound to different tensors")
 
 
 def assert_roundtrip(graph: Graph) -> Graph:
@@ -146,7 +146,9 @@ def random_inputs(graph: Graph, seed: int = 0) -> tuple[Any, ...]:
     return tuple(random_input(a.type, g) for a in graph.inputs if not a.has_default)
 
 
-def assert_outputs_close(actual: Any, expected: Any, atol: float = 1e-5, rtol: float = 1e-4, path: str = "output") -> None:
+def assert_outputs_close(
+    actual: Any, expected: Any, atol: float = 1e-5, rtol: float = 1e-4, path: str = "output"
+) -> None:
     """Compare two run-time output structures; tensors with ``torch.testing.assert_close``."""
     if isinstance(expected, torch.Tensor):
         if not isinstance(actual, torch.Tensor):
