@@ -24,19 +24,36 @@ import attrs
 from qir.ir.graph import Graph
 
 
+@attrs.frozen
+class PassRecord:
+    """One pass that ran: the pass, whether it reported a change, and its wall time
+    (``apply`` alone, without instruments)."""
+
+    pass_: Pass
+    changed: bool
+    seconds: float
+
+
 @attrs.define
 class PassContext:
     """State shared by the passes of one pipeline run.
 
     ``options`` carries run-wide settings (``march``, ``qconfig``...) that passes may read;
-    ``stats`` collects counters passes want to report (``stats["fuse.matched"] += 1``).
+    ``stats`` collects counters passes want to report (``stats["fuse.matched"] += 1``);
+    ``history`` lists the passes that already ran with this context, oldest first (the pass
+    manager appends to it), so a pass can check that a prerequisite ran.
     """
 
     options: dict[str, Any] = attrs.field(factory=dict)
     stats: dict[str, int] = attrs.field(factory=dict)
+    history: list[PassRecord] = attrs.field(factory=list)
 
     def count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n
+
+    def ran(self, name: str) -> bool:
+        """Whether a pass called ``name`` already ran with this context."""
+        return any(r.pass_.name == name for r in self.history)
 
 
 @attrs.frozen
@@ -50,6 +67,12 @@ class Pass:
     def apply(self, ctx: PassContext, graph: Graph) -> bool:
         raise NotImplementedError(f"pass {self.name!r} does not implement apply()")
 
+    def __str__(self) -> str:
+        """The pass in pipeline syntax: ``fuse{max_iters=3}`` (options at defaults omitted)."""
+        from passes.pipeline import format_pass
+
+        return format_pass(self)
+
 
 PASS_REGISTRY: dict[str, type[Pass]] = {}
 
@@ -57,10 +80,27 @@ P = TypeVar("P", bound=type[Pass])
 
 
 def register_pass(cls: P) -> P:
-    """Class decorator: make a pass available by name in pipeline strings."""
+    """Class decorator: make a pass available by name in pipeline strings.
+
+    Names of built-in passes (``passes.registry.BUILTIN_PASSES``) are reserved for their
+    modules. Re-running a class definition (a notebook cell, a reloaded module) replaces
+    the earlier class of the same module and qualified name.
+    """
+    from passes.registry import BUILTIN_PASSES
+
     if not cls.name:
         raise ValueError(f"pass class {cls.__qualname__} has no name")
-    if cls.name in PASS_REGISTRY and PASS_REGISTRY[cls.name] is not cls:
-        raise ValueError(f"pass name {cls.name!r} is taken by {PASS_REGISTRY[cls.name].__qualname__}")
+    home = BUILTIN_PASSES.get(cls.name)
+    if home is not None and cls.__module__ != home:
+        raise ValueError(
+            f"pass name {cls.name!r} is reserved for the built-in pass in {home}; "
+            f"give {cls.__qualname__} another name"
+        )
+    old = PASS_REGISTRY.get(cls.name)
+    if old is not None and old is not cls and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(
+            f"pass name {cls.name!r} is taken by {old.__module__}.{old.__qualname__}; "
+            f"give {cls.__qualname__} another name"
+        )
     PASS_REGISTRY[cls.name] = cls
     return cls
