@@ -1,0 +1,46 @@
+"""The public quantization API: observers, fake quant, qconfigs and stubs (seed-compatible names)."""
+
+from qir.quantization.fake_quantize import (
+    CalibFakeQuantize,
+    FakeQuantize,
+    FakeQuantState,
+    disable_fake_quant,
+    disable_observer,
+    enable_fake_quant,
+    enable_observer,
+    fake_quantize,
+    set_fake_quantize,
+)
+from qir.quantization.observer import (
+    FixedScaleObserver,
+    MinMaxObserver,
+    ModuleFactory,
+    MovingAveragePerChannelMinMaxObserver,
+    MovingAveragePerTensorMinMaxObserver,
+    ObserverBase,
+    PercentileObserver,
+)
+from qir.quantization.qconfig import (
+    QConfig,
+    default_calib_8bit_fake_quant_qconfig,
+    default_calib_16bit_fake_quant_qconfig,
+    default_qat_8bit_fake_quant_qconfig,
+    default_qat_8bit_weight_32bit_out_fake_quant_qconfig,
+    default_qat_16bit_fake_quant_qconfig,
+    get_default_calib_qconfig,
+    get_default_qat_out_qconfig,
+    get_default_qat_qconfig,
+    qconfig_kind,
+)
+from qir.quantization.stubs import DeQuantStub, QuantStub
+
+__all__ = [
+    "CalibFakeQuantize", "DeQuantStub", "FakeQuantState", "FakeQuantize", "FixedScaleObserver", "MinMaxObserver",
+    "ModuleFactory", "MovingAveragePerChannelMinMaxObserver", "MovingAveragePerTensorMinMaxObserver",
+    "ObserverBase", "PercentileObserver", "QConfig", "QuantStub", "default_calib_16bit_fake_quant_qconfig",
+    "default_calib_8bit_fake_quant_qconfig", "default_qat_16bit_fake_quant_qconfig",
+    "default_qat_8bit_fake_quant_qconfig", "default_qat_8bit_weight_32bit_out_fake_quant_qconfig",
+    "disable_fake_quant", "disable_observer", "enable_fake_quant", "enable_observer", "fake_quantize",
+    "get_default_calib_qconfig", "get_default_qat_out_qconfig", "get_default_qat_qconfig", "qconfig_kind",
+    "set_fake_quantize",
+]

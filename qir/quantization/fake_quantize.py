@@ -1,0 +1,303 @@
+"""Fake quantization: ``x -> saturate(floor(x / s + 0.5)) * s`` in float, with a straight-through gradient.
+
+Rounding is half up, like the BPU's integer datapath, so a QAT model and its deployed
+integer program round ties the same way (docs/semantics.md, "Fake quantization").
+Forward is bit-identical to ``numerics.dequantize(numerics.quantize(x, s), s)`` for
+float32 input. The scale lives in a tensor buffer and is never read on the host.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
+
+import torch
+from torch import nn
+
+from backends.common.numerics import DTypeLike, broadcast_along, observable_qdtype, round_half_up
+from qir.quantization.observer import (
+    FixedScaleObserver,
+    ModuleFactory,
+    MovingAveragePerTensorMinMaxObserver,
+    ObserverBase,
+    check_init_kwargs,
+)
+
+__all__ = [
+    "CalibFakeQuantize",
+    "FakeQuantState",
+    "FakeQuantize",
+    "disable_fake_quant",
+    "disable_observer",
+    "enable_fake_quant",
+    "enable_observer",
+    "fake_quantize",
+    "set_fake_quantize",
+]
+
+M = TypeVar("M", bound=nn.Module)
+
+
+class _FakeQuantFn(torch.autograd.Function):
+    """Fused fake quant; backward passes the gradient where ``floor(x/s + 0.5)`` is in range, else 0."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scale: torch.Tensor, qmin: int, qmax: int, axis: int | None) -> torch.Tensor:
+        ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+        s = broadcast_along(scale.to(ct), axis, x.dim())
+        q = round_half_up(x.to(ct) / s)
+        inside = (q >= qmin) & (q <= qmax)
+        ctx.save_for_backward(inside)
+        return (q.clamp_(qmin, qmax) * s).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (inside,) = ctx.saved_tensors
+        return grad * inside.to(grad.dtype), None, None, None, None
+
+
+def fake_quantize(
+    x: torch.Tensor, scale: torch.Tensor, dtype: DTypeLike = "qint8", axis: int | None = None
+) -> torch.Tensor:
+    """Functional fake quant with the straight-through, clip-aware gradient (scale gets none)."""
+    qmin, qmax = observable_qdtype(dtype).qrange
+    out: torch.Tensor = _FakeQuantFn.apply(x, scale.detach(), qmin, qmax, axis)
+    return out
+
+
+class FakeQuantState(enum.Enum):
+    """Whole-model modes for :func:`set_fake_quantize`."""
+
+    QAT = "qat"  # observe and fake-quantize
+    CALIBRATION = "calibration"  # observe only; the model computes in float
+    VALIDATION = "validation"  # fake-quantize with frozen scales
+
+    @classmethod
+    def parse(cls, state: FakeQuantState | str) -> FakeQuantState:
+        """Accept a member or its name/value in any case (``"qat"``, ``"VALIDATION"``)."""
+        if isinstance(state, FakeQuantState):
+            return state
+        if isinstance(state, str):
+            key = state.strip().lower()
+            for s in cls:
+                if key == s.value:
+                    return s
+        raise ValueError(f"unknown fake-quant state {state!r}; valid: {', '.join(s.name for s in cls)}")
+
+
+class FakeQuantize(nn.Module):
+    """Observer plus fake quant for one tensor.
+
+    ``FakeQuantize(observer=Obs, dtype=..., ch_axis=..., **observer_kwargs)`` builds
+    ``Obs(dtype=dtype, ch_axis=ch_axis, **observer_kwargs)`` (``ch_axis`` only when given).
+    ``scale=`` fixes the scale instead (a :class:`FixedScaleObserver`; ``observer`` and its
+    keyword arguments are then unused) — this is how ``QuantStub(scale=1/128)`` is built.
+
+    Buffers: ``scale`` (float32, shape (1,) or (C,)) and ``zero_point`` (int32, zeros),
+    refreshed from the observer after every observed batch. Switches: ``observer_enabled``
+    and ``fake_quant_enabled`` (plain bools, so checking them never syncs a device).
+    """
+
+    scale: torch.Tensor
+    zero_point: torch.Tensor
+    #: "qat" or "calibration": what :func:`qir.quantization.qconfig.qconfig_kind` reports.
+    kind: ClassVar[str] = "qat"
+    _initial_state: ClassVar[FakeQuantState] = FakeQuantState.QAT
+
+    def __init__(
+        self,
+        observer: Callable[..., ObserverBase] = MovingAveragePerTensorMinMaxObserver,
+        dtype: DTypeLike = "qint8",
+        ch_axis: int | None = None,
+        scale: float | torch.Tensor | None = None,
+        **observer_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        qd = observable_qdtype(dtype)
+        obs: ObserverBase
+        if scale is not None:
+            obs = FixedScaleObserver(scale=scale, dtype=qd)
+        else:
+            kwargs = dict(observer_kwargs)
+            if ch_axis is not None:
+                kwargs["ch_axis"] = ch_axis
+            obs = observer(dtype=qd, **kwargs)
+            if not isinstance(obs, ObserverBase):
+                raise TypeError(
+                    f"FakeQuantize observer must build a qir observer (ObserverBase), got {type(obs).__name__}; "
+                    "use one from qir.quantization.observer"
+                )
+        self.observer = obs
+        self.dtype = obs.dtype
+        self.qmin, self.qmax = obs.qmin, obs.qmax
+        self.ch_axis: int | None = obs.ch_axis
+        self.register_buffer("scale", obs.scale.detach().clone())
+        self.register_buffer("zero_point", torch.zeros(obs.scale.shape, dtype=torch.int32))
+        self.observer_enabled = True
+        self.fake_quant_enabled = True
+        self.set_state(self._initial_state)
+
+    @classmethod
+    def with_args(cls: type[M], **kwargs: Any) -> ModuleFactory[M]:
+        """A factory for this class with ``kwargs`` bound; chain further ``.with_args(...)`` calls."""
+        return ModuleFactory(cls, **kwargs)
+
+    @classmethod
+    def check_args(cls, keywords: Mapping[str, Any]) -> None:
+        """Early check of ``with_args`` keywords: own parameters plus those of the chosen observer."""
+        own = {"observer", "dtype", "ch_axis", "scale"}
+        observer = keywords.get("observer", MovingAveragePerTensorMinMaxObserver)
+        if isinstance(observer, nn.Module):
+            raise TypeError(
+                "FakeQuantize observer must be an observer class or factory, not an instance; "
+                "write observer=MovingAveragePerTensorMinMaxObserver and pass its arguments alongside"
+            )
+        if "dtype" in keywords:
+            observable_qdtype(keywords["dtype"])
+        rest = {k: v for k, v in keywords.items() if k not in own}
+        target = observer.func if isinstance(observer, ModuleFactory) else observer
+        if isinstance(target, type) and "scale" not in keywords:
+            check_init_kwargs(target, rest)
+
+    @property
+    def is_per_channel(self) -> bool:
+        return self.ch_axis is not None
+
+    # -- switches -------------------------------------------------------------------------
+
+    def enable_observer(self, enabled: bool = True) -> FakeQuantize:
+        self.observer_enabled = bool(enabled)
+        return self
+
+    def disable_observer(self) -> FakeQuantize:
+        return self.enable_observer(False)
+
+    def enable_fake_quant(self, enabled: bool = True) -> FakeQuantize:
+        self.fake_quant_enabled = bool(enabled)
+        return self
+
+    def disable_fake_quant(self) -> FakeQuantize:
+        return self.enable_fake_quant(False)
+
+    def set_state(self, state: FakeQuantState | str) -> FakeQuantize:
+        st = FakeQuantState.parse(state)
+        self.observer_enabled = st in (FakeQuantState.QAT, FakeQuantState.CALIBRATION)
+        self.fake_quant_enabled = st in (FakeQuantState.QAT, FakeQuantState.VALIDATION)
+        return self
+
+    # -- compute --------------------------------------------------------------------------
+
+    def _take_observer_scale(self) -> None:
+        src = self.observer.scale
+        if src.shape != self.scale.shape:  # per-channel buffers are sized on the first batch
+            self.scale = src.detach().clone()
+            self.zero_point = torch.zeros(src.shape, dtype=torch.int32, device=src.device)
+        else:
+            self.scale.copy_(src)
+
+    @property
+    def has_fixed_scale(self) -> bool:
+        """Built with ``scale=``: never observes, so edits to ``self.scale`` stick."""
+        return isinstance(self.observer, FixedScaleObserver)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.observer_enabled and not self.has_fixed_scale:
+            self.observer(x.detach())
+            self._take_observer_scale()
+        if not self.fake_quant_enabled:
+            return x
+        if self.scale.numel() == 0:
+            raise RuntimeError(
+                "FakeQuantize has no per-channel scale yet: observe a batch first (enable the observer) "
+                "or load a state dict that holds the scale"
+            )
+        return fake_quantize(x, self.scale, self.dtype, self.ch_axis)
+
+    def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The current ``(scale, zero_point)`` buffers (copies)."""
+        return self.scale.detach().clone(), self.zero_point.detach().clone()
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        if self.ch_axis is not None:
+            for name in ("scale", "zero_point"):
+                key, cur = prefix + name, getattr(self, name)
+                if key in state_dict and state_dict[key].shape != cur.shape:
+                    setattr(self, name, torch.empty_like(state_dict[key], device=cur.device, dtype=cur.dtype))
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def extra_repr(self) -> str:
+        axis = f", ch_axis={self.ch_axis}" if self.ch_axis is not None else ""
+        return (
+            f"dtype={self.dtype.name}{axis}, observer_enabled={self.observer_enabled}, "
+            f"fake_quant_enabled={self.fake_quant_enabled}"
+        )
+
+
+class CalibFakeQuantize(FakeQuantize):
+    """A :class:`FakeQuantize` for calibration qconfigs: starts observe-only (float compute).
+
+    Its ``kind`` is ``"calibration"`` so prepare can refuse to mix it with QAT qconfigs.
+    Switch to ``VALIDATION`` to evaluate the calibrated scales.
+    """
+
+    kind: ClassVar[str] = "calibration"
+    _initial_state: ClassVar[FakeQuantState] = FakeQuantState.CALIBRATION
+
+
+# -- whole-model helpers (in place; return the model for chaining) -----------------------------
+
+_N = TypeVar("_N", bound=nn.Module)
+
+
+def _fake_quants(model: nn.Module) -> list[FakeQuantize]:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
+    return [m for m in model.modules() if isinstance(m, FakeQuantize)]
+
+
+def enable_observer(model: _N) -> _N:
+    """Turn observing on in every :class:`FakeQuantize` of ``model`` (in place)."""
+    for fq in _fake_quants(model):
+        fq.enable_observer()
+    return model
+
+
+def disable_observer(model: _N) -> _N:
+    """Freeze the scales of every :class:`FakeQuantize` in ``model`` (in place)."""
+    for fq in _fake_quants(model):
+        fq.disable_observer()
+    return model
+
+
+def enable_fake_quant(model: _N) -> _N:
+    """Turn fake quantization on in every :class:`FakeQuantize` of ``model`` (in place)."""
+    for fq in _fake_quants(model):
+        fq.enable_fake_quant()
+    return model
+
+
+def disable_fake_quant(model: _N) -> _N:
+    """Make every :class:`FakeQuantize` in ``model`` pass its input through (in place)."""
+    for fq in _fake_quants(model):
+        fq.disable_fake_quant()
+    return model
+
+
+def set_fake_quantize(model: _N, state: FakeQuantState | str) -> _N:
+    """Put every :class:`FakeQuantize` of ``model`` in ``state`` (QAT, CALIBRATION, VALIDATION), in place."""
+    st = FakeQuantState.parse(state)
+    for fq in _fake_quants(model):
+        fq.set_state(st)
+    return model

@@ -1,0 +1,423 @@
+"""Observers: modules that watch float tensors and keep the symmetric scale for them.
+
+Every observer is an ``nn.Module`` with float32 buffers ``min_val``, ``max_val`` and
+``scale`` (so a state dict carries calibrated scales), returns its input unchanged, and
+exposes :meth:`ObserverBase.calculate_qparams`. The scale rule is docs/semantics.md's:
+``scale = max(amax / ((qmax - qmin) / 2), eps)`` with zero point 0.
+
+The hot path (``forward``) is tensor ops only, no host syncs, except
+:class:`PercentileObserver`, a calibration-time observer that reads its histogram range
+on the host once per batch. Under ``torch.distributed`` every observer reduces its batch
+statistics across ranks (MIN/MAX, histogram SUM) so all ranks keep identical scales; each
+rank must then run the same observers in the same order, as DDP training does.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Generic, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from backends.common.numerics import MIN_SCALE, DTypeLike, observable_qdtype, scale_denominator
+from qir.ir.types import DType
+
+__all__ = [
+    "FixedScaleObserver",
+    "MinMaxObserver",
+    "ModuleFactory",
+    "MovingAveragePerChannelMinMaxObserver",
+    "MovingAveragePerTensorMinMaxObserver",
+    "ObserverBase",
+    "PercentileObserver",
+]
+
+M = TypeVar("M", bound=nn.Module)
+
+
+class ModuleFactory(Generic[M]):
+    """A partial of a module class: ``Cls.with_args(a=1)`` then ``factory()`` builds ``Cls(a=1)``.
+
+    ``with_args`` on a factory returns a new factory with the keyword arguments merged
+    (later ones win), so ``FakeQuantize.with_args(dtype="qint16").with_args(ch_axis=0)``
+    works. Factories are immutable, picklable (for module-level classes) and expose
+    ``func`` / ``keywords`` like :func:`functools.partial`.
+    """
+
+    __slots__ = ("func", "keywords")
+
+    def __init__(self, func: Callable[..., M], **keywords: Any) -> None:
+        check = getattr(func, "check_args", None)
+        if callable(check):
+            check(keywords)
+        self.func = func
+        self.keywords: Mapping[str, Any] = dict(keywords)
+
+    def __call__(self, **overrides: Any) -> M:
+        return self.func(**{**self.keywords, **overrides})
+
+    def with_args(self, **keywords: Any) -> ModuleFactory[M]:
+        return ModuleFactory(self.func, **{**self.keywords, **keywords})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_factory, (self.func, dict(self.keywords)))
+
+    def __repr__(self) -> str:
+        name = getattr(self.func, "__qualname__", repr(self.func))
+        args = ", ".join(f"{k}={_short_repr(v)}" for k, v in self.keywords.items())
+        return f"{name}.with_args({args})"
+
+
+def _rebuild_factory(func: Callable[..., Any], keywords: dict[str, Any]) -> ModuleFactory[Any]:
+    return ModuleFactory(func, **keywords)
+
+
+def _short_repr(v: Any) -> str:
+    return getattr(v, "__qualname__", None) or repr(v)
+
+
+def check_init_kwargs(cls: type, keywords: Mapping[str, Any]) -> None:
+    """Raise a TypeError naming the keywords ``cls(...)`` does not accept, and the valid ones."""
+    params = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(keywords) - set(params) - {"self"})
+    if unknown:
+        valid = ", ".join(p for p in params if p != "self")
+        raise TypeError(f"{cls.__name__} got unknown argument(s) {', '.join(unknown)}; valid: {valid}")
+
+
+def _ddp_world() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+class ObserverBase(nn.Module):
+    """Shared state and rules: dtype, eps, buffers, DDP reduction, lazily sized per-channel buffers.
+
+    Per-tensor buffers have shape ``(1,)``; per-channel ones ``(C,)``, sized on the first
+    batch (they start empty) and resized when a state dict with a different size loads.
+    An observer that has seen nothing has ``min_val > max_val`` (``+inf``/``-inf``) and
+    ``scale == 1``.
+    """
+
+    min_val: torch.Tensor
+    max_val: torch.Tensor
+    scale: torch.Tensor
+    #: Buffers whose length follows the channel count.
+    _sized_buffers: ClassVar[tuple[str, ...]] = ("min_val", "max_val", "scale")
+
+    def __init__(
+        self, dtype: DTypeLike = "qint8", ch_axis: int | None = None, eps: float = MIN_SCALE, sync_ranks: bool = True
+    ) -> None:
+        super().__init__()
+        self.dtype: DType = observable_qdtype(dtype)
+        self.qmin, self.qmax = self.dtype.qrange
+        if not (eps > 0.0 and math.isfinite(eps)):
+            raise ValueError(f"eps must be positive and finite, got {eps}")
+        self.eps = float(eps)
+        self.ch_axis = ch_axis
+        self.sync_ranks = sync_ranks
+        n = 0 if ch_axis is not None else 1
+        self.register_buffer("min_val", torch.full((n,), math.inf))
+        self.register_buffer("max_val", torch.full((n,), -math.inf))
+        self.register_buffer("scale", torch.ones(n))
+
+    @classmethod
+    def with_args(cls: type[M], **kwargs: Any) -> ModuleFactory[M]:
+        """A factory building this observer with ``kwargs`` (see :class:`ModuleFactory`)."""
+        return ModuleFactory(cls, **kwargs)
+
+    @classmethod
+    def check_args(cls, keywords: Mapping[str, Any]) -> None:
+        """Reject keyword arguments the constructor does not take, naming the valid ones."""
+        check_init_kwargs(cls, keywords)
+
+    @property
+    def is_per_channel(self) -> bool:
+        return self.ch_axis is not None
+
+    # -- statistics -----------------------------------------------------------------------
+
+    def _batch_min_max(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This batch's min and max (per tensor: shape (1,); per channel: (C,)), reduced over ranks."""
+        x = x.detach()
+        if self.ch_axis is None:
+            lo, hi = torch.aminmax(x)
+            lo, hi = lo.reshape(1), hi.reshape(1)
+        else:
+            if x.dim() == 0:
+                raise ValueError(f"{type(self).__name__} with ch_axis={self.ch_axis} needs a tensor with dimensions")
+            ax = self.ch_axis % x.dim()
+            dims = [d for d in range(x.dim()) if d != ax]
+            if dims:
+                lo, hi = torch.amin(x, dim=dims), torch.amax(x, dim=dims)
+            else:
+                lo, hi = x.clone(), x.clone()
+        lo, hi = lo.to(torch.float32), hi.to(torch.float32)
+        if self.sync_ranks and _ddp_world():
+            # One collective: MAX of (-min, max) gives MIN of min and MAX of max.
+            both = torch.cat([-lo, hi])
+            dist.all_reduce(both, op=dist.ReduceOp.MAX)
+            lo, hi = -both[: lo.numel()], both[lo.numel() :]
+        return lo, hi
+
+    def _ensure_size(self, n: int) -> None:
+        cur = self.min_val.numel()
+        if cur == n:
+            return
+        if cur != 0:
+            raise ValueError(
+                f"{type(self).__name__} tracked {cur} channels along axis {self.ch_axis} but got {n}; "
+                "use one observer per tensor, or reset it with a fresh module"
+            )
+        dev = self.min_val.device
+        self.min_val = torch.full((n,), math.inf, device=dev)
+        self.max_val = torch.full((n,), -math.inf, device=dev)
+        self.scale = torch.ones(n, device=dev)
+
+    def _scale_from(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        amax = torch.maximum(-lo, hi).clamp_min(0.0)
+        return (amax / scale_denominator(self.dtype)).clamp_min(self.eps)
+
+    def _update_scale(self) -> None:
+        seen = self.min_val <= self.max_val
+        self.scale.copy_(torch.where(seen, self._scale_from(self.min_val, self.max_val), self.scale))
+
+    # -- public ---------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:
+            return x
+        lo, hi = self._batch_min_max(x)
+        self._ensure_size(lo.numel())
+        self._combine(lo, hi)
+        self._update_scale()
+        return x
+
+    def _combine(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must define how batch statistics combine")
+
+    def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scale, zero_point)``: float32 and int32 tensors, shape (1,) or (C,); zero point is 0."""
+        if self.scale.numel() == 0:
+            raise RuntimeError(
+                f"{type(self).__name__} has not observed any data: run calibration batches or load a state dict"
+            )
+        scale = self.scale.detach().clone()
+        return scale, torch.zeros(scale.shape, dtype=torch.int32, device=scale.device)
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # Per-channel buffers are sized lazily; take the checkpoint's size before copying.
+        for name in self._sized_buffers:
+            key = prefix + name
+            cur = getattr(self, name)
+            if key in state_dict and isinstance(cur, torch.Tensor) and state_dict[key].shape != cur.shape:
+                if self.ch_axis is not None:
+                    setattr(self, name, torch.empty_like(state_dict[key], device=cur.device, dtype=cur.dtype))
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def extra_repr(self) -> str:
+        axis = f", ch_axis={self.ch_axis}" if self.ch_axis is not None else ""
+        return f"dtype={self.dtype.name}{axis}"
+
+
+def _check_averaging_constant(c: float) -> float:
+    if not 0.0 <= c <= 1.0:
+        raise ValueError(
+            f"averaging_constant must be in [0, 1] (1: use the current batch only, 0: keep the first), got {c}"
+        )
+    return float(c)
+
+
+class _MovingAverage(ObserverBase):
+    def __init__(
+        self,
+        averaging_constant: float = 0.01,
+        dtype: DTypeLike = "qint8",
+        ch_axis: int | None = None,
+        eps: float = MIN_SCALE,
+        sync_ranks: bool = True,
+    ) -> None:
+        super().__init__(dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks)
+        self.averaging_constant = _check_averaging_constant(averaging_constant)
+
+    def _combine(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
+        c = self.averaging_constant
+        first = self.min_val > self.max_val
+        # lerp is exact at both ends (c=0 keeps old, c=1 takes the batch); where() takes the
+        # batch on the first step, whose other branch may hold inf - inf.
+        self.min_val.copy_(torch.where(first, lo, torch.lerp(self.min_val, lo, c)))
+        self.max_val.copy_(torch.where(first, hi, torch.lerp(self.max_val, hi, c)))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, averaging_constant={self.averaging_constant}"
+
+
+class MovingAveragePerTensorMinMaxObserver(_MovingAverage):
+    """Exponential moving average of the per-tensor min and max.
+
+    ``new = old + averaging_constant * (batch - old)``; the first batch is taken as is.
+    ``averaging_constant=1`` uses the current batch only, ``0`` keeps the first batch's.
+    ``ch_axis`` is accepted (the seeds pass it) and ignored: this observer is per tensor.
+    """
+
+    def __init__(
+        self,
+        averaging_constant: float = 0.01,
+        dtype: DTypeLike = "qint8",
+        ch_axis: int | None = None,
+        eps: float = MIN_SCALE,
+        sync_ranks: bool = True,
+    ) -> None:
+        del ch_axis  # per tensor by construction
+        super().__init__(averaging_constant, dtype=dtype, ch_axis=None, eps=eps, sync_ranks=sync_ranks)
+
+
+class MovingAveragePerChannelMinMaxObserver(_MovingAverage):
+    """Moving average of min and max per slice along ``ch_axis`` (weights: axis 0)."""
+
+    def __init__(
+        self,
+        averaging_constant: float = 0.01,
+        dtype: DTypeLike = "qint8",
+        ch_axis: int = 0,
+        eps: float = MIN_SCALE,
+        sync_ranks: bool = True,
+    ) -> None:
+        if ch_axis is None:
+            raise ValueError("MovingAveragePerChannelMinMaxObserver needs an integer ch_axis (weights use 0)")
+        super().__init__(averaging_constant, dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks)
+
+
+class MinMaxObserver(ObserverBase):
+    """Running min and max over every batch seen; per tensor (``ch_axis=None``) or per channel."""
+
+    def __init__(
+        self, dtype: DTypeLike = "qint8", ch_axis: int | None = None, eps: float = MIN_SCALE, sync_ranks: bool = True
+    ) -> None:
+        super().__init__(dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks)
+
+    def _combine(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
+        self.min_val.copy_(torch.minimum(self.min_val, lo))
+        self.max_val.copy_(torch.maximum(self.max_val, hi))
+
+
+class PercentileObserver(ObserverBase):
+    """Calibration observer: amax is the ``percentile`` of ``|x|`` over every batch seen.
+
+    Keeps a ``bins``-bin histogram of ``|x|`` over ``[0, hist_range]``. When a batch
+    exceeds the range, the range doubles (adjacent bins merge, exact) as often as needed,
+    so no sample is ever re-binned approximately. The percentile's bin upper edge, capped
+    at the true running amax, gives amax. Per tensor only (``ch_axis`` is ignored).
+    One host read per batch (the histogram range) — fine for calibration, not meant for QAT.
+    """
+
+    histogram: torch.Tensor
+    hist_range: torch.Tensor
+
+    def __init__(
+        self,
+        percentile: float = 99.99,
+        bins: int = 2048,
+        dtype: DTypeLike = "qint8",
+        ch_axis: int | None = None,
+        eps: float = MIN_SCALE,
+        sync_ranks: bool = True,
+    ) -> None:
+        del ch_axis
+        super().__init__(dtype=dtype, ch_axis=None, eps=eps, sync_ranks=sync_ranks)
+        if not 0.0 < percentile <= 100.0:
+            raise ValueError(f"percentile must be in (0, 100], got {percentile}")
+        if bins < 2 or bins % 2:
+            raise ValueError(f"bins must be an even number >= 2 (the range grows by merging pairs), got {bins}")
+        self.percentile = float(percentile)
+        self.bins = int(bins)
+        self.register_buffer("histogram", torch.zeros(self.bins, dtype=torch.float64))
+        self.register_buffer("hist_range", torch.zeros(1))
+
+    def _combine(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
+        self.min_val.copy_(torch.minimum(self.min_val, lo))
+        self.max_val.copy_(torch.maximum(self.max_val, hi))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:
+            return x
+        lo, hi = self._batch_min_max(x)  # already reduced across ranks: identical ranges everywhere
+        self._combine(lo, hi)
+        batch_amax = float(torch.maximum(-lo, hi).clamp_min(0.0))
+        rng = float(self.hist_range)
+        if rng <= 0.0:
+            rng = max(batch_amax, self.eps)
+        while batch_amax > rng:
+            merged = self.histogram.view(-1, 2).sum(1)
+            self.histogram.copy_(torch.cat([merged, torch.zeros_like(merged)]))
+            rng *= 2.0
+        self.hist_range.fill_(rng)
+        h = torch.histc(x.detach().abs().to(torch.float32), bins=self.bins, min=0.0, max=rng).to(torch.float64)
+        if self.sync_ranks and _ddp_world():
+            dist.all_reduce(h, op=dist.ReduceOp.SUM)
+        self.histogram.add_(h)
+        self._update_scale()
+        return x
+
+    def _update_scale(self) -> None:
+        total = self.histogram.sum()
+        if float(total) == 0.0:
+            return
+        cdf = torch.cumsum(self.histogram, 0)
+        target = total * (self.percentile / 100.0)
+        idx = torch.searchsorted(cdf, target.reshape(1)).clamp(max=self.bins - 1)
+        edge = (idx.to(torch.float32) + 1.0) * (self.hist_range / self.bins)
+        true_amax = torch.maximum(-self.min_val, self.max_val)
+        amax = torch.minimum(edge, true_amax)
+        self.scale.copy_((amax / scale_denominator(self.dtype)).clamp_min(self.eps))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, percentile={self.percentile}, bins={self.bins}"
+
+
+class FixedScaleObserver(ObserverBase):
+    """A scale fixed at construction (``QuantStub(scale=1/128)``); observing changes nothing.
+
+    ``min_val``/``max_val`` hold the representable range ``scale * qmin`` .. ``scale * qmax``.
+    """
+
+    def __init__(
+        self,
+        scale: float | torch.Tensor,
+        dtype: DTypeLike = "qint8",
+        ch_axis: int | None = None,
+        eps: float = MIN_SCALE,
+        sync_ranks: bool = True,
+    ) -> None:
+        del ch_axis
+        super().__init__(dtype=dtype, ch_axis=None, eps=eps, sync_ranks=sync_ranks)
+        value = float(scale.detach().reshape(-1)[0]) if isinstance(scale, torch.Tensor) else float(scale)
+        if isinstance(scale, torch.Tensor) and scale.numel() != 1:
+            raise ValueError(f"a fixed scale is per tensor: one value, got {scale.numel()}")
+        if not (value > 0.0 and math.isfinite(value)):
+            raise ValueError(f"fixed scale must be positive and finite, got {value}")
+        self.scale.fill_(value)
+        self.min_val.fill_(value * self.qmin)
+        self.max_val.fill_(value * self.qmax)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, scale={float(self.scale):.6g}"

@@ -1,0 +1,181 @@
+"""QConfig: which fake quant a module's output (activation) and weight get.
+
+A :class:`QConfig` holds two *factories* (``FakeQuantize.with_args(...)``), not modules:
+prepare calls them once per tensor. ``activation=None`` means no output fake quant — the
+op keeps its int32 accumulator as a high-precision qint32 output (docs/semantics.md).
+
+QAT and calibration qconfigs differ in kind (:func:`qconfig_kind`); a model is prepared
+with one kind only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, NamedTuple
+
+from torch import nn
+
+from backends.common.numerics import DTypeLike, observable_qdtype
+from qir.quantization.fake_quantize import CalibFakeQuantize, FakeQuantize
+from qir.quantization.observer import (
+    ModuleFactory,
+    MovingAveragePerChannelMinMaxObserver,
+    MovingAveragePerTensorMinMaxObserver,
+    ObserverBase,
+    PercentileObserver,
+)
+
+__all__ = [
+    "QConfig",
+    "QConfigKind",
+    "default_calib_16bit_fake_quant_qconfig",
+    "default_calib_8bit_fake_quant_qconfig",
+    "default_qat_16bit_fake_quant_qconfig",
+    "default_qat_8bit_fake_quant_qconfig",
+    "default_qat_8bit_weight_32bit_out_fake_quant_qconfig",
+    "get_default_calib_qconfig",
+    "get_default_qat_out_qconfig",
+    "get_default_qat_qconfig",
+    "qconfig_kind",
+]
+
+QConfigKind = Literal["qat", "calibration"]
+Factory = Callable[..., nn.Module]
+
+#: Activation moving-average constant of the default QAT qconfig.
+DEFAULT_ACTIVATION_AVERAGING = 0.01
+#: Percentile of |x| the default calibration qconfig keeps.
+DEFAULT_CALIB_PERCENTILE = 99.99
+
+
+class _QConfigFields(NamedTuple):
+    activation: Factory | None
+    weight: Factory | None
+
+
+class QConfig(_QConfigFields):
+    """``QConfig(activation=..., weight=...)``: factories of fake-quant modules (either may be None)."""
+
+    __slots__ = ()
+
+    def __new__(cls, activation: Factory | None = None, weight: Factory | None = None) -> QConfig:
+        for field, value in (("activation", activation), ("weight", weight)):
+            if isinstance(value, nn.Module):
+                raise TypeError(
+                    f"QConfig.{field} got a module instance ({type(value).__name__}); pass a factory, "
+                    "e.g. FakeQuantize.with_args(observer=MovingAveragePerTensorMinMaxObserver, dtype='qint8')"
+                )
+            if value is not None and not callable(value):
+                raise TypeError(f"QConfig.{field} must be a factory (callable) or None, got {type(value).__name__}")
+        return super().__new__(cls, activation, weight)
+
+
+def _factory_kind(factory: Factory) -> QConfigKind:
+    target: Any = factory.func if isinstance(factory, ModuleFactory) else getattr(factory, "func", factory)
+    if isinstance(target, type):
+        if issubclass(target, FakeQuantize):
+            return "calibration" if target.kind == "calibration" else "qat"
+        if issubclass(target, ObserverBase):
+            return "calibration"  # a bare observer only watches: the model computes in float
+    raise TypeError(
+        f"cannot tell whether {factory!r} is a QAT or a calibration factory; "
+        "build it with FakeQuantize.with_args(...) or CalibFakeQuantize.with_args(...)"
+    )
+
+
+def qconfig_kind(qconfig: QConfig) -> QConfigKind:
+    """``"qat"`` or ``"calibration"``; raises if the activation and weight factories disagree."""
+    kinds = {f: _factory_kind(v) for f, v in (("activation", qconfig.activation), ("weight", qconfig.weight)) if v}
+    if not kinds:
+        return "qat"  # an all-None qconfig quantizes nothing; it mixes with either kind
+    if len(set(kinds.values())) > 1:
+        raise ValueError(
+            f"QConfig mixes kinds: activation is {kinds['activation']}, weight is {kinds['weight']}; "
+            "use calibration factories (CalibFakeQuantize) or QAT factories (FakeQuantize) for both"
+        )
+    return next(iter(kinds.values()))
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
+    if extra is None:
+        return base
+    if not isinstance(extra, Mapping):
+        raise TypeError(f"{name} must be a dict of FakeQuantize/observer arguments, got {type(extra).__name__}")
+    return {**base, **extra}  # a new dict: the caller's mapping is never changed
+
+
+def _weight_factory(
+    cls: type[FakeQuantize], weight_dtype: DTypeLike, weight_qkwargs: Mapping[str, Any] | None
+) -> ModuleFactory[FakeQuantize]:
+    kw = _merge(
+        {
+            "observer": MovingAveragePerChannelMinMaxObserver,
+            "dtype": observable_qdtype(weight_dtype).name,
+            "ch_axis": 0,
+            "averaging_constant": 1.0,  # weights: the current values only
+        },
+        weight_qkwargs,
+        "weight_qkwargs",
+    )
+    return ModuleFactory(cls, **kw)
+
+
+def get_default_qat_qconfig(
+    dtype: DTypeLike = "qint8",
+    weight_dtype: DTypeLike = "qint8",
+    activation_qkwargs: Mapping[str, Any] | None = None,
+    weight_qkwargs: Mapping[str, Any] | None = None,
+) -> QConfig:
+    """QAT: per-tensor moving-average activations (constant 0.01), per-channel (axis 0) weights.
+
+    ``activation_qkwargs`` / ``weight_qkwargs`` override any ``FakeQuantize.with_args``
+    argument, including ``observer``.
+    """
+    act = _merge(
+        {
+            "observer": MovingAveragePerTensorMinMaxObserver,
+            "dtype": observable_qdtype(dtype).name,
+            "averaging_constant": DEFAULT_ACTIVATION_AVERAGING,
+        },
+        activation_qkwargs,
+        "activation_qkwargs",
+    )
+    weight = _weight_factory(FakeQuantize, weight_dtype, weight_qkwargs)
+    return QConfig(activation=FakeQuantize.with_args(**act), weight=weight)
+
+
+def get_default_qat_out_qconfig(
+    weight_dtype: DTypeLike = "qint8", weight_qkwargs: Mapping[str, Any] | None = None
+) -> QConfig:
+    """QAT for a last conv/linear: fake-quantized weights, no output fake quant (qint32 output)."""
+    return QConfig(activation=None, weight=_weight_factory(FakeQuantize, weight_dtype, weight_qkwargs))
+
+
+def get_default_calib_qconfig(
+    dtype: DTypeLike = "qint8",
+    weight_dtype: DTypeLike = "qint8",
+    calib_qkwargs: Mapping[str, Any] | None = None,
+    weight_qkwargs: Mapping[str, Any] | None = None,
+) -> QConfig:
+    """Calibration: observe-only (:class:`CalibFakeQuantize`); activations by the 99.99th percentile of |x|."""
+    act = _merge(
+        {
+            "observer": PercentileObserver,
+            "dtype": observable_qdtype(dtype).name,
+            "percentile": DEFAULT_CALIB_PERCENTILE,
+        },
+        calib_qkwargs,
+        "calib_qkwargs",
+    )
+    return QConfig(
+        activation=CalibFakeQuantize.with_args(**act),
+        weight=_weight_factory(CalibFakeQuantize, weight_dtype, weight_qkwargs),
+    )
+
+
+default_qat_8bit_fake_quant_qconfig = get_default_qat_qconfig()
+default_qat_8bit_weight_32bit_out_fake_quant_qconfig = get_default_qat_out_qconfig()
+default_calib_8bit_fake_quant_qconfig = get_default_calib_qconfig()
+# 16-bit activations; weights stay int8 (both marches' conv/linear take int8 weights).
+default_qat_16bit_fake_quant_qconfig = get_default_qat_qconfig(dtype="qint16")
+default_calib_16bit_fake_quant_qconfig = get_default_calib_qconfig(dtype="qint16")
