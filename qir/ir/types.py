@@ -144,6 +144,10 @@ class QuantSpec:
 class Type:
     """Base of all value types."""
 
+    def __str__(self) -> str:
+        # messages show the text form (tensor<1x3xf32>), not the attrs repr
+        return format_type(self)
+
 
 @attrs.frozen
 class TensorType(Type):
