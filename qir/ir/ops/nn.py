@@ -8,7 +8,7 @@ Conv-like ops carry the fusion attributes the BPU executes in one kernel:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -67,6 +67,16 @@ class WeightedOp(ModuleOp):
         other = operands[i] if self.add else None  # type: ignore[attr-defined]
         return x, w, b, other
 
+    def torch_call(self, operands: Sequence[Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        """The functional spelling (``F.conv2d(x, w, b, ...)``) of an unfused op."""
+        if self.add or self.act is not None:  # type: ignore[attr-defined]
+            raise IRError(f"op {self.name!r} with fused add/act has no single functional call; emit it as a module")
+        x, w, b, _ = self.split(operands)
+        return self.functional_call(x, w, b)
+
+    def functional_call(self, x: Any, w: Any, b: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        raise IRError(f"op {self.name!r} has no functional spelling")
+
     def finish(self, y: torch.Tensor, other: Any) -> torch.Tensor:
         if other is not None:
             y = y + other
@@ -114,6 +124,12 @@ class ConvNd(WeightedOp):
             y = fn(x, w, b, self.stride, self.padding, self.dilation, self.groups)
         return self.finish(y, other)
 
+    def functional_call(self, x: Any, w: Any, b: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        if self.padding_mode != "zeros":
+            raise IRError(f"op {self.name!r}: padding_mode {self.padding_mode!r} has no single functional call")
+        fn = (F.conv1d, F.conv2d, F.conv3d)[self.dims - 1]
+        return fn, (x, w, b, self.stride, self.padding, self.dilation, self.groups), {}
+
     @classmethod
     def from_module(cls, m: Any) -> ConvNd:
         return cls(
@@ -150,6 +166,7 @@ class Conv2d(ConvNd):
     name: ClassVar[str] = "conv2d"
     dims: ClassVar[int] = 2
     module_types: ClassVar[tuple[type, ...]] = (nn.Conv2d,)
+    functions: ClassVar[tuple[Callable[..., Any], ...]] = (F.conv2d,)
 
 
 @register_op
@@ -158,6 +175,7 @@ class Conv1d(ConvNd):
     name: ClassVar[str] = "conv1d"
     dims: ClassVar[int] = 1
     module_types: ClassVar[tuple[type, ...]] = (nn.Conv1d,)
+    functions: ClassVar[tuple[Callable[..., Any], ...]] = (F.conv1d,)
 
     stride: tuple[int, ...] = attrs.field(default=(1,), converter=lambda v: _tuple(1)(v))
     padding: Any = (0,)
@@ -170,6 +188,7 @@ class Conv3d(ConvNd):
     name: ClassVar[str] = "conv3d"
     dims: ClassVar[int] = 3
     module_types: ClassVar[tuple[type, ...]] = (nn.Conv3d,)
+    functions: ClassVar[tuple[Callable[..., Any], ...]] = (F.conv3d,)
 
     stride: tuple[int, ...] = attrs.field(default=(1, 1, 1), converter=lambda v: _tuple(3)(v))
     padding: Any = (0, 0, 0)
@@ -196,6 +215,10 @@ class ConvTransposeNd(WeightedOp):
         fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[self.dims - 1]
         y = fn(x, w, b, self.stride, self.padding, self.output_padding, self.groups, self.dilation)
         return self.finish(y, other)
+
+    def functional_call(self, x: Any, w: Any, b: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[self.dims - 1]
+        return fn, (x, w, b, self.stride, self.padding, self.output_padding, self.groups, self.dilation), {}
 
     @classmethod
     def from_module(cls, m: Any) -> ConvTransposeNd:
@@ -249,6 +272,7 @@ class Linear(WeightedOp):
 
     name: ClassVar[str] = "linear"
     module_types: ClassVar[tuple[type, ...]] = (nn.Linear,)
+    functions: ClassVar[tuple[Callable[..., Any], ...]] = (F.linear,)
 
     bias: bool = True
     add: bool = False
@@ -257,6 +281,9 @@ class Linear(WeightedOp):
     def compute(self, *operands: Any) -> Any:
         x, w, b, other = self.split(operands)
         return self.finish(F.linear(x, w, b), other)
+
+    def functional_call(self, x: Any, w: Any, b: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        return F.linear, (x, w, b), {}
 
     @classmethod
     def from_module(cls, m: Any) -> Linear:
