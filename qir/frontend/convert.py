@@ -1,0 +1,322 @@
+"""fx graph -> qir IR: ``trace(module, example_inputs)``.
+
+Every fx node becomes one IR node (or none: ``get_attr`` of a FloatFunctional module),
+typed by one run of the graph on the example inputs. Weights and buffers become
+``constant`` nodes keyed by their state-dict names; known calls become registered ops;
+anything else becomes an explicit opaque ``call``.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+
+from qir.frontend.bind import Unbindable, bind
+from qir.frontend.lookup import ff_op_class, is_float_functional, qualified_name, tables
+from qir.frontend.tracer import QirTracer, TraceError, patch_float_functional, trace_error
+from qir.ir.graph import Graph, Node, Value, map_values, split_operands
+from qir.ir.op import IRError, ModuleOp, Op
+from qir.ir.ops.core import Call, Identity
+from qir.ir.types import Type, type_of
+from qir.utils.fx_helper import wrapped_original
+
+#: ``Graph.objects`` key of the source model's module names in definition order (emitters
+#: recreate submodules in this order, so state-dict keys come out in the same order).
+MODULE_ORDER_KEY = "qir.module_order"
+
+
+def trace(
+    module: nn.Module, example_inputs: Any = (), *, concrete_args: dict[str, Any] | None = None
+) -> Graph:
+    """Trace ``module`` (or take an existing ``torch.fx.GraphModule``) into a typed IR graph.
+
+    ``example_inputs`` (a tensor or a tuple) runs the traced graph once to give every
+    value its type. Raises :class:`TraceError` naming the module and source line when
+    fx cannot trace the model.
+    """
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    example_inputs = tuple(example_inputs)
+    if isinstance(module, torch.fx.GraphModule) and concrete_args is None:
+        root: nn.Module = module
+        fx_graph = module.graph
+    else:
+        root = module
+        tracer = QirTracer()
+        try:
+            with patch_float_functional(tracer):
+                fx_graph = tracer.trace(module, concrete_args)
+        except TraceError:
+            raise
+        except Exception as e:
+            raise trace_error(tracer, module, e) from e
+    values = propagate(root, fx_graph, example_inputs)
+    return _Converter(root, values).run(fx_graph)
+
+
+class _Recorder(torch.fx.Interpreter):
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.values: dict[str, Any] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        try:
+            out = super().run_node(n)
+        except Exception as e:
+            raise TraceError(
+                f"running traced node {n.name} ({n.op} {n.target}) on the example inputs failed: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        self.values[n.name] = out
+        return out
+
+
+def propagate(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Sequence[Any]) -> dict[str, Any]:
+    """Run the traced graph once on a copy of the model; node name -> value.
+
+    A copy, because a run may update state (batch-norm statistics, observers) and the
+    user's module must not change.
+    """
+    placeholders = [n for n in fx_graph.nodes if n.op == "placeholder"]
+    required = [n for n in placeholders if not n.args]
+    if len(example_inputs) < len(required):
+        names = ", ".join(n.target for n in required)  # type: ignore[misc]
+        raise TraceError(f"trace needs example_inputs for the model inputs ({names}) to type the graph; "
+                         f"got {len(example_inputs)}")
+    gm = torch.fx.GraphModule(root, copy.deepcopy(fx_graph))
+    gm = copy.deepcopy(gm)
+    rec = _Recorder(gm)
+    with torch.no_grad():
+        rec.run(*example_inputs)
+    return rec.values
+
+
+def _fetch(root: nn.Module, target: str) -> Any:
+    obj: Any = root
+    for part in target.split("."):
+        if part:
+            obj = getattr(obj, part)
+    return obj
+
+
+def _owner(root: nn.Module, key: str) -> tuple[Any, str]:
+    path, _, leaf = key.rpartition(".")
+    return (_fetch(root, path) if path else root), leaf
+
+
+def constant_kind(root: nn.Module, key: str) -> str:
+    """parameter / buffer / buffer_np / tensor, from where ``key`` lives in the module tree."""
+    owner, leaf = _owner(root, key)
+    if isinstance(owner, nn.Module):
+        if leaf in owner._parameters:
+            return "parameter"
+        if leaf in owner._buffers:
+            return "buffer_np" if leaf in owner._non_persistent_buffers_set else "buffer"
+    return "tensor"
+
+
+class _Converter:
+    def __init__(self, root: nn.Module, values: dict[str, Any]) -> None:
+        self.root = root
+        self.values = values
+        self.g = Graph(type(root).__name__)
+        self.g.training = root.training
+        self.env: dict[str, Any] = {}
+        self.opaque_paths: set[str] = set()
+        self.tables = tables()
+
+    # -- driver ----------------------------------------------------------------
+    def run(self, fx_graph: torch.fx.Graph) -> Graph:
+        for n in fx_graph.nodes:
+            try:
+                getattr(self, f"_{n.op}")(n)
+            except (TraceError, IRError):
+                raise
+            except Exception as e:
+                raise TraceError(f"cannot convert fx node {n.name} ({n.op} {n.target}): {type(e).__name__}: {e}") from e
+        self._add_remaining_state()
+        self._order_constants()
+        self.g.objects[MODULE_ORDER_KEY] = tuple(name for name, _ in self.root.named_modules())
+        return self.g
+
+    def type_of(self, n: torch.fx.Node) -> Type:
+        if n.name not in self.values:
+            raise TraceError(f"fx node {n.name} produced no value on the example inputs")
+        return type_of(self.values[n.name])
+
+    def args(self, n: torch.fx.Node) -> tuple[Any, Any]:
+        get = lambda a: self.env[a.name]  # noqa: E731
+        return torch.fx.node.map_arg(n.args, get), torch.fx.node.map_arg(n.kwargs, get)
+
+    def constant(self, key: str) -> Node:
+        node = self.env.get(f"const:{key}")
+        if node is None:
+            tensor = _fetch(self.root, key)
+            if not isinstance(tensor, torch.Tensor):
+                raise TraceError(f"attribute {key!r} is a {type(tensor).__name__}, not a tensor")
+            node = self.g.add_constant(key, tensor, constant_kind(self.root, key), name=key)
+            self.env[f"const:{key}"] = node
+        return node
+
+    def add(self, n: torch.fx.Node, op: Op, operands: list[Value], scope: str | None = None) -> Node:
+        node = self.g.add_node(op, operands, self.type_of(n), name=n.name, scope=scope)
+        self.env[n.name] = node
+        return node
+
+    def opaque(self, n: torch.fx.Node, kind: str, target: str, args: Any, kwargs: Any, why: str = "",
+               scope: str | None = None) -> Node:
+        operands, (targs, tkwargs) = split_operands((tuple(args), dict(kwargs)))
+        node = self.add(n, Call(kind=kind, target=target, args=targs, kwargs=tkwargs), operands, scope)
+        if why:
+            node.meta["frontend_note"] = why
+        return node
+
+    def try_bind(self, n: torch.fx.Node, cls: type[Op], fn: Any, args: Any, kwargs: Any, form: str,
+                 scope: str | None = None) -> Node | str:
+        """The bound node, or the reason the op could not take the call."""
+        try:
+            op, operands = bind(cls, fn, args, kwargs, form)
+            op.verify([v.type for v in operands])
+        except (Unbindable, IRError) as e:
+            return str(e)
+        return self.add(n, op, operands, scope)
+
+    # -- fx opcodes ------------------------------------------------------------
+    def _placeholder(self, n: torch.fx.Node) -> None:
+        has_default = bool(n.args)
+        name = str(n.target).lstrip("*")
+        arg = self.g.add_input(name, self.type_of(n), n.args[0] if has_default else None, has_default)
+        self.env[n.name] = arg
+
+    def _get_attr(self, n: torch.fx.Node) -> None:
+        obj = _fetch(self.root, str(n.target))
+        if isinstance(obj, torch.Tensor):
+            self.env[n.name] = self.constant(str(n.target))
+        else:
+            self.env[n.name] = obj  # modules (FloatFunctional) and plain attributes fold into uses
+
+    def _call_module(self, n: torch.fx.Node) -> None:
+        path = str(n.target)
+        m = self.root.get_submodule(path)
+        args, kwargs = self.args(n)
+        if is_float_functional(m):
+            raise TraceError(f"FloatFunctional '{path}' is called directly; call its methods (add, cat, ...)")
+        if type(m) is nn.Identity and len(args) == 1 and not kwargs and isinstance(args[0], Value):
+            self.add(n, Identity(), [args[0]], scope=path)
+            return
+        cls = self.tables.for_module(m)
+        why = f"{type(m).__module__}.{type(m).__qualname__} has no registered op"
+        if cls is not None:
+            try:
+                self._module_op(n, cls, m, path, args, kwargs)
+                return
+            except (NotImplementedError, Unbindable, IRError) as e:
+                why = str(e)
+        self.opaque_paths.add(path)
+        self.g.objects[f"module:{path}"] = m
+        self.opaque(n, "module", path, args, kwargs, why, scope=path)
+
+    def _module_op(self, n: torch.fx.Node, cls: type[ModuleOp], m: nn.Module, path: str,
+                   args: Any, kwargs: Any) -> None:
+        op = cls.from_module(m)
+        bind_call = getattr(op, "bind_call", None)
+        if bind_call is not None:
+            op, inputs = bind_call(args, kwargs)
+        else:
+            if kwargs or not all(isinstance(a, Value) for a in args):
+                raise Unbindable(f"{type(m).__name__} '{path}' called with non-value or keyword arguments")
+            inputs = list(args)
+        params = [self.constant(f"{path}.{role}" if path else role) for role in op.param_roles()]
+        operands = list(inputs) + params
+        op.verify([v.type for v in operands])
+        self.add(n, op, operands, scope=path)
+
+    def _call_function(self, n: torch.fx.Node) -> None:
+        fn = n.target
+        args, kwargs = self.args(n)
+        if wrapped_original(fn) is not None:
+            key = self._wrapped_key(fn)
+            self.g.objects[key] = fn
+            self.opaque(n, "function", key, args, kwargs, "wrapped with qir.utils.fx_helper.wrap")
+            return
+        cls = self.tables.for_function(fn)  # type: ignore[arg-type]
+        why = f"{qualified_name(fn)} has no registered op"
+        if cls is not None:
+            res = self.try_bind(n, cls, fn, args, kwargs, "function")
+            if isinstance(res, Node):
+                return
+            why = res
+        key = qualified_name(fn)
+        self.g.objects[key] = fn
+        self.opaque(n, "function", key, args, kwargs, why)
+
+    def _wrapped_key(self, fn: Any) -> str:
+        name = getattr(fn, "__name__", "fn")
+        if isinstance(fn, types.MethodType) and isinstance(fn.__self__, nn.Module):
+            path = next((p for p, mod in self.root.named_modules() if mod is fn.__self__), None)
+            return f"self.{path}.{name}" if path else f"self.{name}"
+        return qualified_name(fn)
+
+    def _call_method(self, n: torch.fx.Node) -> None:
+        name = str(n.target)
+        args, kwargs = self.args(n)
+        if args and isinstance(args[0], nn.Module) and is_float_functional(args[0]):
+            self._float_functional(n, args[0], name, args[1:], kwargs)
+            return
+        cls = self.tables.by_method.get(name)
+        why = f"Tensor.{name} has no registered op"
+        if cls is not None:
+            res = self.try_bind(n, cls, name, args, kwargs, "method")
+            if isinstance(res, Node):
+                return
+            why = res
+        self.opaque(n, "method", name, args, kwargs, why)
+
+    def _float_functional(self, n: torch.fx.Node, ff: nn.Module, method: str, args: Any, kwargs: Any) -> None:
+        path = next(p for p, mod in self.root.named_modules() if mod is ff)
+        self.opaque_paths.add(path)
+        self.g.objects[f"module:{path}"] = ff
+        cls = ff_op_class(method)
+        why = f"FloatFunctional.{method} has no registered op"
+        if cls is not None:
+            res = self.try_bind(n, cls, method, args, kwargs, "function", scope=path)
+            if isinstance(res, Node):
+                res.meta["float_functional"] = method
+                return
+            why = res
+        key = f"{path}.{method}"
+        self.g.objects[key] = getattr(ff, method)
+        node = self.opaque(n, "function", key, args, kwargs, why, scope=path)
+        node.meta["float_functional"] = method
+
+    def _output(self, n: torch.fx.Node) -> None:
+        out = torch.fx.node.map_arg(n.args[0], lambda a: self.env[a.name])
+        self.g.set_output(map_values(out, lambda v: v))
+
+    # -- state -----------------------------------------------------------------
+    def _in_opaque(self, path: str) -> bool:
+        return any(path == p or path.startswith(p + ".") for p in self.opaque_paths)
+
+    def _add_remaining_state(self) -> None:
+        """Unused weights and buffers still become constants, so state-dict keys survive."""
+        for path, m in self.root.named_modules():
+            if self._in_opaque(path):
+                continue
+            for name, t in list(m._parameters.items()) + list(m._buffers.items()):
+                if t is not None:
+                    self.constant(f"{path}.{name}" if path else name)
+
+    def _order_constants(self) -> None:
+        order: list[str] = []
+        for path, m in self.root.named_modules():
+            prefix = f"{path}." if path else ""
+            order += [prefix + k for k in m._parameters] + [prefix + k for k in m._buffers]
+        rank = {k: i for i, k in enumerate(order)}
+        keys = sorted(self.g.constants, key=lambda k: rank.get(k, len(rank)))
+        self.g.constants = {k: self.g.constants[k] for k in keys}

@@ -1,0 +1,132 @@
+"""Which registered op a torch spelling stands for, and which modules the tracer keeps whole.
+
+Built from the op registry's ``functions`` / ``methods`` / ``module_types`` (and
+``function_names`` for spellings outside torch), so registering an op is all it takes
+for the front end to recognise it. The tables are rebuilt when the registry grows.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from qir.ir.op import OP_REGISTRY, ModuleOp, Op
+from qir.ir.ops.core import GetAttr, GetItem
+
+
+class OpTables:
+    """Spelling -> op class maps over the current registry."""
+
+    def __init__(self) -> None:
+        import qir.ir.ops  # noqa: F401  (registers the built-in ops)
+
+        self.size = len(OP_REGISTRY)
+        self.by_function: dict[int, type[Op]] = {}
+        self.by_function_name: dict[str, type[Op]] = {}
+        self.by_method: dict[str, type[Op]] = {}
+        self.by_module: dict[type, type[ModuleOp]] = {}
+        for cls in OP_REGISTRY.values():
+            for fn in getattr(cls, "functions", ()):
+                self.by_function.setdefault(id(fn), cls)
+            for name in getattr(cls, "function_names", ()):
+                self.by_function_name.setdefault(name, cls)
+            for m in getattr(cls, "methods", ()):
+                self.by_method.setdefault(m, cls)
+            if issubclass(cls, ModuleOp):
+                for t in cls.module_types:
+                    self.by_module.setdefault(t, cls)
+        self.by_function[id(operator.getitem)] = GetItem
+        self.by_function[id(builtins.getattr)] = GetAttr
+
+    def for_function(self, fn: Callable[..., Any]) -> type[Op] | None:
+        cls = self.by_function.get(id(fn))
+        if cls is None:
+            cls = self.by_function_name.get(qualified_name(fn))
+        return cls
+
+    def for_module(self, m: nn.Module) -> type[ModuleOp] | None:
+        return self.by_module.get(type(m))
+
+
+_TABLES: OpTables | None = None
+
+
+def tables() -> OpTables:
+    global _TABLES
+    if _TABLES is None or _TABLES.size != len(OP_REGISTRY):
+        _TABLES = OpTables()
+    return _TABLES
+
+
+def qualified_name(fn: Any) -> str:
+    """``module.qualname`` of a callable, importable where possible (``torch.cat``)."""
+    try:
+        from torch.fx.node import _get_qualified_name
+
+        return _get_qualified_name(fn)
+    except Exception:  # fx cannot name it (callable objects, partials): fall back to the type
+        mod = getattr(fn, "__module__", None) or type(fn).__module__
+        name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__qualname__
+        return f"{mod}.{name}"
+
+
+# ----------------------------------------------------------------------------- leaf classes
+
+
+def _lazy_attr(module: str, attr: str) -> type | None:
+    """A class from a module that may not exist (yet): ``None`` when missing."""
+    try:
+        return getattr(importlib.import_module(module), attr, None)
+    except ImportError:
+        return None
+
+
+def float_functional_classes() -> tuple[type, ...]:
+    """torch's and qir's FloatFunctional classes (whichever are importable)."""
+    found = [
+        _lazy_attr("torch.ao.nn.quantized", "FloatFunctional"),
+        _lazy_attr("qir.nn.quantized", "FloatFunctional"),
+    ]
+    return tuple(dict.fromkeys(c for c in found if isinstance(c, type)))
+
+
+def stub_classes() -> tuple[type, ...]:
+    """QuantStub / DeQuantStub classes from torch and qir (whichever are importable)."""
+    found = [
+        _lazy_attr("torch.ao.quantization", "QuantStub"),
+        _lazy_attr("torch.ao.quantization", "DeQuantStub"),
+        _lazy_attr("qir.quantization", "QuantStub"),
+        _lazy_attr("qir.quantization", "DeQuantStub"),
+    ]
+    return tuple(dict.fromkeys(c for c in found if isinstance(c, type)))
+
+
+def is_float_functional(m: Any) -> bool:
+    return isinstance(m, float_functional_classes())
+
+
+#: FloatFunctional methods whose name is not the op's method spelling.
+FF_METHODS: dict[str, str] = {"add_scalar": "add", "mul_scalar": "mul", "concat": "cat"}
+#: Op name -> FloatFunctional method, for ops whose FF spelling differs from the op name.
+FF_METHOD_OF_OP: dict[str, str] = {"cat": "cat", "stack": "stack"}
+
+
+def ff_op_class(method: str) -> type[Op] | None:
+    """The op a FloatFunctional method computes (``add`` -> add, ``cat`` -> cat)."""
+    t = tables()
+    name = FF_METHODS.get(method, method)
+    if name in OP_REGISTRY:
+        return OP_REGISTRY[name]
+    return t.by_method.get(name)
+
+
+def is_qir_library_module(m: nn.Module) -> bool:
+    """qir's own module library (qat / quantized / intrinsic modules) is traced as leaves."""
+    mod = type(m).__module__
+    return mod.startswith("qir.nn") or mod.startswith("qir.quantization")

@@ -1,0 +1,126 @@
+"""The fx tracer qir uses: which modules stay whole, FloatFunctional calls as single nodes,
+and error messages that point at the user's code."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import linecache
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.fx
+from torch import nn
+
+from qir.frontend.lookup import float_functional_classes, is_qir_library_module, stub_classes, tables
+from qir.utils.fx_helper import _find_proxy
+
+
+class TraceError(RuntimeError):
+    """The model could not be traced; the message names the module and source line."""
+
+
+class QirTracer(torch.fx.Tracer):
+    """fx tracer keeping as leaves: QuantStub / DeQuantStub, FloatFunctional, every module
+    class some registered op is built from, qir's module library and torch.nn built-ins."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._qir_stack: list[tuple[str, type]] = []
+        self._ff_paths: dict[int, str] = {}
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if isinstance(m, float_functional_classes() + stub_classes()):
+            return True
+        if tables().for_module(m) is not None or is_qir_library_module(m):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+    def call_module(self, m: nn.Module, forward: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        # remember where we are, so a failure deep inside can name the module
+        path = self.path_of_module(m) if m is not self.root else ""
+        self._qir_stack.append((path, type(m)))
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        finally:
+            self._qir_stack.pop()
+
+    def ff_path(self, m: nn.Module) -> str:
+        key = id(m)
+        if key not in self._ff_paths:
+            self._ff_paths[key] = self.path_of_module(m)
+        return self._ff_paths[key]
+
+
+def _ff_method_names(cls: type) -> list[str]:
+    """Public methods a FloatFunctional class adds over nn.Module (add, cat, mul_scalar, ...)."""
+    names = []
+    for name in dir(cls):
+        if name.startswith("_") or name == "forward" or hasattr(nn.Module, name):
+            continue
+        if callable(getattr(cls, name, None)) and not isinstance(getattr(cls, name), type):
+            names.append(name)
+    return names
+
+
+@contextlib.contextmanager
+def patch_float_functional(tracer: QirTracer) -> Iterator[None]:
+    """While tracing, ``ff.add(x, y)`` with traced arguments records ``get_attr(ff)`` and
+    ``call_method("add", ff, x, y)``: one node, not a trace through the method body."""
+    saved: list[tuple[type, str, Any]] = []
+
+    def patched(cls: type, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def method(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if _find_proxy(args, kwargs) is None:
+                return orig(self, *args, **kwargs)
+            ff = tracer.create_proxy("get_attr", tracer.ff_path(self), (), {})
+            return tracer.create_proxy("call_method", name, (ff, *args), kwargs)
+
+        return method
+
+    try:
+        for cls in float_functional_classes():
+            for name in _ff_method_names(cls):
+                orig = cls.__dict__.get(name)
+                if orig is None:
+                    orig_attr = getattr(cls, name)
+                    saved.append((cls, name, None))
+                else:
+                    orig_attr = orig
+                    saved.append((cls, name, orig))
+                setattr(cls, name, patched(cls, name, orig_attr))
+        yield
+    finally:
+        for cls, name, orig in reversed(saved):
+            if orig is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, orig)
+
+
+def _user_frame(tb: Any) -> tuple[str, int, str] | None:
+    """The innermost traceback frame outside torch and qir's front end: the user's line."""
+    best = None
+    for frame in traceback.extract_tb(tb):
+        f = frame.filename
+        if "/torch/" in f or "/qir/frontend/" in f or "/qir/utils/fx_helper" in f or f.startswith("<"):
+            continue
+        best = (f, frame.lineno or 0, (frame.line or linecache.getline(f, frame.lineno or 0)).strip())
+    return best
+
+
+def trace_error(tracer: QirTracer, root: nn.Module, exc: BaseException) -> TraceError:
+    """A :class:`TraceError` naming the module being traced and the failing source line."""
+    path, cls = tracer._qir_stack[-1] if tracer._qir_stack else ("", type(root))
+    where = f"module '{path}' ({cls.__name__})" if path else f"the root module ({cls.__name__})"
+    loc = _user_frame(exc.__traceback__ or sys.exc_info()[2])
+    line = f" at {loc[0]}:{loc[1]}: `{loc[2]}`" if loc else ""
+    return TraceError(
+        f"cannot trace {where}{line}: {type(exc).__name__}: {exc}\n"
+        "Move the untraceable code (data-dependent control flow, non-torch calls) into a function or "
+        "method decorated with qir.utils.fx_helper.wrap so it stays one opaque node, or pass the "
+        "deciding values as concrete_args."
+    )

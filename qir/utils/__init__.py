@@ -1,0 +1,1 @@
+"""Helpers for users: fx tracing control (``fx_helper.wrap``)."""
