@@ -66,7 +66,8 @@ def graph_text(graph: Graph) -> str:
         lines += [f"  {n!r} : {n.type}" for n in graph.nodes]
         lines.append(f"  return {graph.output!r}")
         return "\n".join(lines) + "\n"
-    return print_graph(graph)
+    text = print_graph(graph)
+    return text if text.endswith("\n") else text + "\n"  # files and streams end lines
 
 
 def _safe_text(graph: Graph) -> str:

@@ -154,7 +154,7 @@ class PassManager:
         verify_error: VerifyError | None = None,
     ) -> PassFailure:
         before = ctx.history[first:]
-        ran = ", ".join(f"{r.pass_}{'' if r.changed else ' (no change)'}" for r in before) or "none (it ran first)"
+        ran = ", ".join(f"{r.pass_} ({'changed' if r.changed else 'no change'})" for r in before)
         where = (
             "the input graph was modified in place up to the failure"
             if inplace
@@ -163,7 +163,7 @@ class PassManager:
         message = (
             f"pass {str(p)!r} (#{index + 1} of {len(self.pipeline)} in {str(self.pipeline)!r}) {what}\n"
             f"  options: {describe_options(p)}\n"
-            f"  passes run before it: {ran}\n"
+            f"  passes run before it: {ran or 'none (it ran first)'}\n"
             f"  {where}; the graph as the pass left it is this error's .graph"
         )
         previous = [r.pass_ for r in before]
