@@ -13,7 +13,9 @@
 Graphs are NCHW chains with optional branches (a value feeding several nodes), shared
 uses (``add(%a, %a)``), several outputs (a tuple or a dict), and realistic constants
 (conv weights scaled by fan-in, batch-norm running variances positive). Shapes stay tiny
-so hundreds of examples run in seconds. Tensors come from a drawn seed, not element by
+so hundreds of examples run in seconds; result types are computed here rather than by
+shape inference on meta tensors, which costs milliseconds per node (the verifier still
+checks them). Tensors come from a drawn seed, not element by
 element, which keeps shrinking fast and examples reproducible.
 """
 
@@ -86,7 +88,8 @@ def _conv2d(b: _Builder, x: Value) -> Node:
     if bias:
         operands.append(b.const(scope, "bias", 0.1 * b.rand(cout)))
     op = Conv2d(padding=(k // 2, k // 2), groups=groups, bias=bias)
-    return b.graph.add_node(op, operands, scope=scope)
+    out = TensorType((x.type.shape[0], cout, *x.type.shape[2:]))  # padding k // 2 keeps the size
+    return b.graph.add_node(op, operands, out, scope=scope)
 
 
 def _batch_norm(b: _Builder, x: Value) -> Node:
@@ -101,19 +104,19 @@ def _batch_norm(b: _Builder, x: Value) -> Node:
         b.const(scope, "running_var", b.uniform(c, 0.5, 1.5), "buffer"),  # positive, like trained stats
         b.const(scope, "num_batches_tracked", torch.tensor(100), "buffer"),
     ]
-    return b.graph.add_node(BatchNorm(), operands, scope=scope)
+    return b.graph.add_node(BatchNorm(), operands, x.type, scope=scope)
 
 
 def _add(b: _Builder, x: Value) -> Node:
     same = [v for v in b.pool if v is not x and v.type == x.type]
     # a shared use add(%x, %x) when nothing else has x's shape (or by chance)
     other = b.draw(st.sampled_from(same)) if same and b.draw(st.booleans()) else x
-    return b.graph.add_node(Add(), [x, other])
+    return b.graph.add_node(Add(), [x, other], x.type)
 
 
 def _unary(cls: type[Op]) -> Callable[[_Builder, Value], Node]:
     def build(b: _Builder, x: Value) -> Node:
-        return b.graph.add_node(cls(), [x])
+        return b.graph.add_node(cls(), [x], x.type)
 
     return build
 

@@ -98,7 +98,7 @@ def test_operand_use_counts() -> None:
 
 
 def test_dead_code_elimination_keeps_opaque_and_output() -> None:
-    g, (a, b, c) = chain()
+    g, (a, _, _) = chain()
     w = g.add_constant("w", torch.ones(1, 2))
     dead = g.add_node(Add(), [a, w], name="dead")
     g.add_node(Relu(), [dead], name="dead2")
@@ -110,7 +110,7 @@ def test_dead_code_elimination_keeps_opaque_and_output() -> None:
 
 
 def test_copy_is_independent_but_shares_tensors() -> None:
-    g, (a, b, c) = chain()
+    g, (a, _, c) = chain()
     w = torch.ones(2)
     g.add_constant("w", w)
     a.meta["note"] = 1

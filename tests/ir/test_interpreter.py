@@ -62,7 +62,7 @@ def test_failure_names_node_and_module() -> None:
 def test_unbound_constant_is_reported() -> None:
     g, _ = setup()
     del g.constants["conv.bias"]
-    with pytest.raises(IRError, match="constant 'conv.bias' has no tensor"):
+    with pytest.raises(IRError, match=r"constant 'conv\.bias' has no tensor"):
         run_graph(g, torch.zeros(1, 2, 4, 4))
 
 
@@ -93,9 +93,9 @@ def test_batch_norm_uses_running_stats() -> None:
     """
     bn = torch.nn.BatchNorm2d(3).eval()
     with torch.no_grad():
-        bn.running_mean.uniform_(-1, 1)
-        bn.running_var.uniform_(0.5, 2)
-        bn.weight.uniform_(0.5, 2)
+        for t, lo in ((bn.running_mean, -1.0), (bn.running_var, 0.5), (bn.weight, 0.5)):
+            assert t is not None
+            t.uniform_(lo, 2.0)
     g = parse_graph(text, {f"bn.{k}": v for k, v in bn.state_dict().items()})
     x = torch.randn(2, 3, 2, 2)
     torch.testing.assert_close(run_graph(g, x), bn(x))

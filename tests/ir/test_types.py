@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -26,7 +28,7 @@ _scales = st.floats(min_value=1e-12, max_value=1e6, allow_nan=False, allow_infin
 
 
 @st.composite
-def tensor_types(draw: st.DrawFn) -> TensorType:
+def tensor_types(draw: Callable[[st.SearchStrategy[Any]], Any]) -> TensorType:
     shape = tuple(draw(st.lists(st.integers(0, 9), max_size=4)))
     dtype = draw(st.sampled_from(list(DType)))
     if not dtype.is_quantized or not draw(st.booleans()):
@@ -69,7 +71,9 @@ def test_quantized_per_channel_text() -> None:
 def test_scale_text_is_exact() -> None:
     s = 1 / 3 * 1e-7
     t = TensorType((1,), DType.qint16, QuantSpec(s, DType.qint16))
-    (back,) = parse_type(format_type(t)).quant.scale  # type: ignore[union-attr]
+    parsed = parse_type(format_type(t))
+    assert isinstance(parsed, TensorType) and parsed.quant is not None
+    (back,) = parsed.quant.scale
     assert back == s
 
 
