@@ -46,6 +46,8 @@ Factory = Callable[..., nn.Module]
 DEFAULT_ACTIVATION_AVERAGING = 0.01
 #: Percentile of |x| the default calibration qconfig keeps.
 DEFAULT_CALIB_PERCENTILE = 99.99
+#: FakeQuantize's own arguments; the rest of a factory's keywords go to its observer.
+_FAKE_QUANT_ARGS = frozenset({"observer", "dtype", "ch_axis", "scale"})
 
 
 class _QConfigFields(NamedTuple):
@@ -101,6 +103,9 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any] | None, name: str) -> 
         return base
     if not isinstance(extra, Mapping):
         raise TypeError(f"{name} must be a dict of FakeQuantize/observer arguments, got {type(extra).__name__}")
+    if "observer" in extra:
+        # A replaced observer does not inherit the default observer's own arguments.
+        base = {k: v for k, v in base.items() if k in _FAKE_QUANT_ARGS}
     return {**base, **extra}  # a new dict: the caller's mapping is never changed
 
 

@@ -120,7 +120,9 @@ def test_requantize_within_one_of_exact_rounding(march: str, data: st.DataObject
     r = Fraction(in_s) / Fraction(out_s)
     reach = min(2**31 - 1, int(200 / r) + 1)  # covers the whole output range and saturation
     g = torch.Generator().manual_seed(seed)
-    acc = torch.randint(-reach, reach + 1, (64,), generator=g, dtype=torch.int64).to(torch.int32)
+    near = torch.randint(-reach, reach + 1, (48,), generator=g, dtype=torch.int64)
+    anywhere = torch.randint(-(2**31), 2**31, (16,), generator=g, dtype=torch.int64)
+    acc = torch.cat([near, anywhere]).to(torch.int32)
     got = nx.requantize(acc, m, s, "qint8")
     for a, o in zip(acc.tolist(), got.tolist(), strict=True):
         assert abs(o - sat(half_up(a * r), "qint8")) <= 1
@@ -130,18 +132,22 @@ def test_requantize_within_one_of_exact_rounding(march: str, data: st.DataObject
 
 
 @given(data=st.data(), seed=st.integers(0, 2**31))
-def test_bayes_int16_requant_error_bound(data: st.DataObject, seed: int) -> None:
+def test_bayes_int16_requant_within_one_over_all_int32(data: st.DataObject, seed: int) -> None:
+    # The pre-rounding error can exceed 1 LSB only beyond full scale, where saturation absorbs it.
     in_s, out_s = data.draw(scale_pairs("bayes"))
     m, s = nx.requant_params(in_s, out_s, "bayes", "qint16")
     r = Fraction(in_s) / Fraction(out_s)
-    approx = Fraction(int(m), 2 ** int(s))
-    reach = min(2**31 - 1, int(40000 / r) + 1)
     g = torch.Generator().manual_seed(seed)
-    acc = torch.randint(-reach, reach + 1, (64,), generator=g, dtype=torch.int64)
+    reach = min(2**31 - 1, int(40000 / r) + 1)
+    acc = torch.cat(
+        [
+            torch.randint(-reach, reach + 1, (48,), generator=g, dtype=torch.int64),
+            torch.randint(-(2**31), 2**31, (16,), generator=g, dtype=torch.int64),
+        ]
+    )
     got = nx.requantize(acc, m, s, "qint16")
     for a, o in zip(acc.tolist(), got.tolist(), strict=True):
-        e = abs(a) * abs(approx - r)  # pre-rounding error of the integer path
-        assert abs(o - sat(half_up(a * r), "qint16")) <= math.floor(e) + 1
+        assert abs(o - sat(half_up(a * r), "qint16")) <= 1
 
 
 def test_requant_rejects_what_the_march_cannot_do() -> None:

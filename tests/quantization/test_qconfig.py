@@ -162,3 +162,14 @@ def test_qconfig_pickles_and_copies() -> None:
         assert isinstance(clone, QConfig)
         assert clone.activation.keywords == qc.activation.keywords  # type: ignore[union-attr]
         assert type(build(clone.weight)) is FakeQuantize
+
+
+def test_replacing_the_observer_drops_the_default_observers_arguments() -> None:
+    from qir.quantization import MinMaxObserver
+
+    calib = get_default_calib_qconfig(calib_qkwargs={"observer": MinMaxObserver})
+    act = build(calib.activation)
+    assert isinstance(act.observer, MinMaxObserver) and isinstance(act, CalibFakeQuantize)
+    qat = get_default_qat_qconfig(weight_qkwargs={"observer": MinMaxObserver})
+    w = build(qat.weight)
+    assert isinstance(w.observer, MinMaxObserver) and w.ch_axis == 0  # ch_axis is FakeQuantize's own
