@@ -128,8 +128,7 @@ class _Emitter:
     def module_call(self, n: Node, op: ModuleOp, scope: str) -> Any:
         """``call_module`` of ``op.to_module(...)`` at ``scope``; None when the op's state is
         not all constant (then the functional form is used)."""
-        k = op.num_inputs()
-        params = n.operands[k:]
+        params = op.module_params(n.operands)
         roles = op.param_roles()
         if len(params) != len(roles) or not all(isinstance(p, Node) and isinstance(p.op, Constant) for p in params):
             return None
@@ -138,7 +137,7 @@ class _Emitter:
         path = scope if self.signatures.get(scope) == sig else None
         if path is None:
             path = self.place(scope, op.to_module(tensors), sig)
-        inputs = [self.value(v) for v in n.operands[:k]]
+        inputs = [self.value(v) for v in op.module_inputs(n.operands)]
         module_call = getattr(op, "module_call", None)
         args, kwargs = module_call(inputs) if module_call is not None else (tuple(inputs), {})
         return self.fx.call_module(path, tuple(args), dict(kwargs))

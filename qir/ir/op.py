@@ -224,6 +224,15 @@ class ModuleOp(Op):
         """State tensors this instance carries, in operand order after the inputs."""
         return ()
 
+    def module_inputs(self, operands: Sequence[Any]) -> list[Any]:
+        """The operands the module's ``forward`` takes (default: the leading inputs)."""
+        return list(operands[: self.num_inputs()])
+
+    def module_params(self, operands: Sequence[Any]) -> list[Any]:
+        """The operands that are the module's state, in :meth:`param_roles` order."""
+        k = self.num_inputs()
+        return list(operands[k : k + len(self.param_roles())])
+
     def param_index(self, role: str) -> int | None:
         roles = self.param_roles()
         return self.num_inputs() + roles.index(role) if role in roles else None

@@ -77,6 +77,23 @@ class WeightedOp(ModuleOp):
     def functional_call(self, x: Any, w: Any, b: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
         raise IRError(f"op {self.name!r} has no functional spelling")
 
+    def module_inputs(self, operands: Sequence[Any]) -> list[Any]:
+        # A fused module's forward is (x, addend): the addend trails the parameters.
+        return [operands[0], operands[-1]] if self.add else [operands[0]]  # type: ignore[attr-defined]
+
+    def plain_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
+        """The unfused torch module (conv / linear) holding ``tensors``."""
+        raise NotImplementedError(f"op {self.name!r} has no module form")
+
+    def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
+        """The plain module, or a :mod:`qir.nn.intrinsic` fused module around it."""
+        m = self.plain_module(tensors)
+        if not self.add and self.act is None:  # type: ignore[attr-defined]
+            return m
+        from qir.nn.intrinsic import fused_class
+
+        return fused_class(type(m), self.add, self.act)(m)  # type: ignore[attr-defined]
+
     def finish(self, y: torch.Tensor, other: Any) -> torch.Tensor:
         if other is not None:
             y = y + other
@@ -137,7 +154,7 @@ class ConvNd(WeightedOp):
             dilation=m.dilation, groups=m.groups, padding_mode=m.padding_mode, bias=m.bias is not None,
         )
 
-    def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
+    def plain_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         w = tensors["weight"]
         cls = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[self.dims - 1]
         m = cls(
@@ -229,7 +246,7 @@ class ConvTransposeNd(WeightedOp):
             dilation=m.dilation, groups=m.groups, bias=m.bias is not None,
         )
 
-    def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
+    def plain_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         w = tensors["weight"]
         cls = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[self.dims - 1]
         m = cls(
@@ -289,7 +306,7 @@ class Linear(WeightedOp):
     def from_module(cls, m: Any) -> Linear:
         return cls(bias=m.bias is not None)
 
-    def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
+    def plain_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         w = tensors["weight"]
         m = nn.Linear(w.shape[1], w.shape[0], bias=self.bias, device="meta")
         _load(m, tensors)

@@ -1,0 +1,1 @@
+"""The ``qir`` command line."""
