@@ -11,3 +11,9 @@ settings.register_profile(
     "dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+# Two xdist workers on two cores: one intra-op thread each avoids oversubscription,
+# which makes tiny torch kernels hundreds of times slower when threads spin.
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
