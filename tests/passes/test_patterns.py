@@ -98,7 +98,7 @@ def _conv(draw: Any, b: _Builder, x: Value) -> Node:
         op = ConvTranspose2d(**geometry, groups=groups, bias=bias, act=act)
     else:
         op = Conv2d(padding=(1, 1), groups=groups, bias=bias, act=act)
-    return g.add_node(op, ops, scope=s, name=s)
+    return g.add_node(op, ops, x.type, scope=s, name=s)  # shape-preserving; skips slow meta inference
 
 
 def _bn(draw: Any, b: _Builder, x: Value) -> Node:
@@ -113,7 +113,7 @@ def _bn(draw: Any, b: _Builder, x: Value) -> Node:
                b.const(f"{s}.running_var", torch.rand(c, generator=b.gen) + 0.5, "buffer"),
                b.const(f"{s}.num_batches_tracked", torch.tensor(7), "buffer")]
     op = BatchNorm(eps=eps, affine=affine, dims=1 if b.linear else 2)
-    return b.graph.add_node(op, [x, *params], scope=s, name=s)
+    return b.graph.add_node(op, [x, *params], x.type, scope=s, name=s)
 
 
 @st.composite
@@ -129,7 +129,7 @@ def fusion_graphs(draw: Any, max_nodes: int = 8, training: bool = False) -> Grap
     if draw(st.booleans()):
         b.pool.append(g.add_input("y", TensorType(shape)))
     for _ in range(draw(st.integers(1, max_nodes))):
-        src = b.pool[-1] if draw(st.integers(0, 3)) else b.pool[draw(st.integers(0, len(b.pool) - 1))]
+        src: Value = b.pool[-1] if draw(st.integers(0, 3)) else b.pool[draw(st.integers(0, len(b.pool) - 1))]
         kind = draw(st.sampled_from(("conv", "conv", "bn", "bn", "add", "relu", "relu6")))
         if kind == "conv":
             node = _conv(draw, b, src)
@@ -137,14 +137,23 @@ def fusion_graphs(draw: Any, max_nodes: int = 8, training: bool = False) -> Grap
             node = _bn(draw, b, src)
         elif kind == "add":
             other = b.pool[draw(st.integers(0, len(b.pool) - 1))]  # may be src itself: add(%a, %a)
-            node = g.add_node(Add(), [src, other] if draw(st.booleans()) else [other, src], name="add")
+            node = g.add_node(Add(), [src, other] if draw(st.booleans()) else [other, src], src.type, name="add")
         else:
-            node = g.add_node(Relu() if kind == "relu" else Relu6(), [src], name=kind, scope=b.scope(kind))
+            op = Relu() if kind == "relu" else Relu6()
+            node = g.add_node(op, [src], src.type, name=kind, scope=b.scope(kind))
         b.pool.append(node)
     extra = draw(st.lists(st.sampled_from(b.pool[1:]), max_size=2)) if len(b.pool) > 1 else []
     g.set_output((b.pool[-1], *extra) if extra else b.pool[-1])
-    verify(g)
     return g
+
+
+def test_fusion_graphs_are_well_typed() -> None:
+    @settings(max_examples=10)
+    @given(fusion_graphs())
+    def check(g: Graph) -> None:
+        verify(g)  # explicit types above agree with inference
+
+    check()
 
 
 def graph_inputs(g: Graph, seed: int = 0) -> list[torch.Tensor]:
