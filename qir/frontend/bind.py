@@ -18,7 +18,7 @@ from qir.ir.graph import Value, split_operands
 from qir.ir.op import Op
 from qir.ir.ops.core import GetAttr, GetItem
 from qir.ir.ops.elementwise import BinaryOp, Div, Maximum, Minimum
-from qir.ir.ops.misc import Dropout
+from qir.ir.ops.misc import Dropout, Einsum
 from qir.ir.ops.nn import ConvTransposeNd, Linear, WeightedOp
 from qir.ir.ops.norm import GroupNorm, LayerNorm
 from qir.ir.ops.reduce import Max, Min
@@ -187,6 +187,11 @@ def bind(cls: type[Op], fn: Any, args: Sequence[Any], kwargs: dict[str, Any], fo
         return bind_weighted(cls, args, kwargs)
     if cls in (LayerNorm, GroupNorm):
         return bind_norm(cls, args, kwargs)
+    if cls is Einsum:
+        tensors = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
+        if kwargs or not args or not isinstance(args[0], str) or not all(isinstance(t, Value) for t in tensors):
+            raise Unbindable("einsum takes (equation, *tensors)")
+        return Einsum(equation=args[0]), list(tensors)
     if cls is GetItem:
         if kwargs or len(args) != 2 or not isinstance(args[0], Value):
             raise Unbindable("getitem takes (value, index)")

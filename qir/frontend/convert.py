@@ -78,22 +78,29 @@ class _Recorder(torch.fx.Interpreter):
 
 
 def propagate(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Sequence[Any]) -> dict[str, Any]:
-    """Run the traced graph once on a copy of the model; node name -> value.
+    """Run the traced graph once on the example inputs; node name -> value.
 
-    A copy, because a run may update state (batch-norm statistics, observers) and the
-    user's module must not change.
+    A run may update buffers (batch-norm statistics, observers): they are restored
+    afterwards, so the user's module does not change.
     """
     placeholders = [n for n in fx_graph.nodes if n.op == "placeholder"]
     required = [n for n in placeholders if not n.args]
     if len(example_inputs) < len(required):
-        names = ", ".join(n.target for n in required)  # type: ignore[misc]
+        names = ", ".join(str(n.target) for n in required)
         raise TraceError(f"trace needs example_inputs for the model inputs ({names}) to type the graph; "
                          f"got {len(example_inputs)}")
     gm = torch.fx.GraphModule(root, copy.deepcopy(fx_graph))
-    gm = copy.deepcopy(gm)
+    saved = [(m, name, t, t.detach().clone()) for m in root.modules() for name, t in m._buffers.items()
+             if t is not None]
     rec = _Recorder(gm)
-    with torch.no_grad():
-        rec.run(*example_inputs)
+    try:
+        with torch.no_grad():
+            rec.run(*example_inputs)
+    finally:
+        with torch.no_grad():
+            for m, name, t, data in saved:
+                m._buffers[name] = t
+                t.copy_(data)
     return rec.values
 
 

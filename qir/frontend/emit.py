@@ -232,6 +232,8 @@ def _install_tensor(owner: nn.Module, leaf: str, t: torch.Tensor, kind: str) -> 
 def _ff_method(n: Node) -> str:
     """The FloatFunctional method for an op (``add_scalar`` when the second argument is a scalar)."""
     op = n.op
+    if isinstance(op, Call):
+        return op.target.rpartition(".")[2]
     if isinstance(op, BinaryOp) and op.other is not None and not isinstance(op.other, Ref):
         return f"{op.name}_scalar"
     return FF_METHOD_OF_OP.get(op.name, op.name)

@@ -29,6 +29,8 @@ class QirTracer(torch.fx.Tracer):
     def __init__(self) -> None:
         super().__init__()
         self._qir_stack: list[tuple[str, type]] = []
+        #: the module stack when a call first failed (the stack unwinds before the error is reported)
+        self.failed_in: list[tuple[str, type]] | None = None
         self._ff_paths: dict[int, str] = {}
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -44,6 +46,10 @@ class QirTracer(torch.fx.Tracer):
         self._qir_stack.append((path, type(m)))
         try:
             return super().call_module(m, forward, args, kwargs)
+        except Exception:
+            if self.failed_in is None:
+                self.failed_in = list(self._qir_stack)
+            raise
         finally:
             self._qir_stack.pop()
 
@@ -114,8 +120,11 @@ def _user_frame(tb: Any) -> tuple[str, int, str] | None:
 
 def trace_error(tracer: QirTracer, root: nn.Module, exc: BaseException) -> TraceError:
     """A :class:`TraceError` naming the module being traced and the failing source line."""
-    path, cls = tracer._qir_stack[-1] if tracer._qir_stack else ("", type(root))
+    stack = tracer.failed_in or tracer._qir_stack
+    path, cls = stack[-1] if stack else ("", type(root))
     where = f"module '{path}' ({cls.__name__})" if path else f"the root module ({cls.__name__})"
+    if not path and tracer.is_leaf_module(root, ""):
+        where += " (a leaf module as the root is traced through its forward; put it inside a container module)"
     loc = _user_frame(exc.__traceback__ or sys.exc_info()[2])
     line = f" at {loc[0]}:{loc[1]}: `{loc[2]}`" if loc else ""
     return TraceError(

@@ -93,6 +93,14 @@ class MultiheadAttention(ModuleOp):
                           key_padding_mask=kpm is not None, attn_mask=mask is not None)
         return op, inputs
 
+    def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Arguments of the module call for the data operands (query, key, value, masks)."""
+        q, k, v, *masks = inputs
+        kpm = masks.pop(0) if self.key_padding_mask else None
+        mask = masks.pop(0) if self.attn_mask else None
+        return (q, k, v), {"key_padding_mask": kpm, "need_weights": self.need_weights, "attn_mask": mask,
+                           "average_attn_weights": self.average_attn_weights, "is_causal": self.is_causal}
+
     def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         m = nn.MultiheadAttention(self.embed_dim, self.num_heads, dropout=self.dropout, bias=self.bias,
                                   batch_first=self.batch_first, device="meta")
@@ -103,11 +111,8 @@ class MultiheadAttention(ModuleOp):
         n = self.num_inputs()
         m = self.to_module(dict(zip(self.param_roles(), operands[n:])))
         m.train(training)
-        q, k, v, *masks = operands[:n]
-        kpm = masks.pop(0) if self.key_padding_mask else None
-        mask = masks.pop(0) if self.attn_mask else None
-        return m(q, k, v, key_padding_mask=kpm, need_weights=self.need_weights, attn_mask=mask,
-                 average_attn_weights=self.average_attn_weights, is_causal=self.is_causal)
+        args, kwargs = self.module_call(operands[:n])
+        return m(*args, **kwargs)
 
     def evaluate(self, ctx: EvalContext, operands: Sequence[Any]) -> Any:
         return self._run(operands, ctx.training)
@@ -168,6 +173,10 @@ class LstmCell(ModuleOp):
             raise IRError(f"op {self.name!r}: hx must be a pair of graph values (h, c)")
         return attrs.evolve(self, has_state=True), [bound["input"], hx[0], hx[1]]
 
+    def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Arguments of the module call: ``(input, (h, c))`` or ``(input,)``."""
+        return ((inputs[0], (inputs[1], inputs[2])) if self.has_state else (inputs[0],)), {}
+
     def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         w = tensors["weight_ih"]
         m = nn.LSTMCell(w.shape[1], w.shape[0] // 4, bias=self.bias, device="meta")
@@ -177,7 +186,8 @@ class LstmCell(ModuleOp):
     def compute(self, *operands: Any) -> Any:
         n = self.num_inputs()
         m = self.to_module(dict(zip(self.param_roles(), operands[n:])))
-        return m(operands[0], (operands[1], operands[2])) if self.has_state else m(operands[0])
+        args, kwargs = self.module_call(operands[:n])
+        return m(*args, **kwargs)
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
         x = operand_types[0]

@@ -249,6 +249,7 @@ class Where(Op):
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.where,)
     methods: ClassVar[tuple[str, ...]] = ()
     signature: ClassVar[tuple[str, ...]] = ("condition", "input", "other")
+    inputs: ClassVar[tuple[str, ...]] = ("condition",)
 
     input: Any = None
     other: Any = None

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qir.ir.op import IRError, ModuleOp, Pure, ShapePreserving, Trait, Transparent, register_op
+from qir.ir.op import IRError, ModuleOp, Op, Pure, ShapePreserving, Trait, Transparent, register_op
 from qir.ir.ops.core import EvalContext
 from qir.ir.ops.torchop import TorchOp
 
@@ -91,3 +91,40 @@ class Matmul(TorchOp):
     methods: ClassVar[tuple[str, ...]] = ("matmul", "mm", "bmm")
     signature: ClassVar[tuple[str, ...]] = ("input", "other")
     inputs: ClassVar[tuple[str, ...]] = ("input", "other")
+
+
+@register_op
+@attrs.frozen
+class Assert(TorchOp):
+    """``torch._assert(condition, message)``: a run-time check kept in the graph (not pure,
+    so dead-code elimination keeps it)."""
+
+    name: ClassVar[str] = "assert"
+    traits: ClassVar[frozenset[type[Trait]]] = frozenset()
+    arity: ClassVar[tuple[int, int | None]] = (1, 1)
+    operand_names: ClassVar[tuple[str, ...]] = ("condition",)
+    functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch._assert,)
+    signature: ClassVar[tuple[str, ...]] = ("condition", "message")
+    inputs: ClassVar[tuple[str, ...]] = ("condition",)
+    positional: ClassVar[tuple[str, ...]] = ("message",)
+
+    message: str = ""
+
+
+@register_op
+@attrs.frozen
+class Einsum(Op):
+    """``torch.einsum(equation, *operands)``: all operands are tensors."""
+
+    name: ClassVar[str] = "einsum"
+    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure})
+    arity: ClassVar[tuple[int, int | None]] = (1, None)
+    functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.einsum,)
+
+    equation: str
+
+    def torch_call(self, operands: Sequence[Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        return torch.einsum, (self.equation, *operands), {}
+
+    def compute(self, *operands: Any) -> Any:
+        return torch.einsum(self.equation, *operands)
