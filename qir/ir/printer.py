@@ -178,11 +178,20 @@ def _is_default(f: attrs.Attribute, value: Any) -> bool:  # type: ignore[type-ar
             default = conv(default)
         except Exception:
             return False
-    # Same type as well as equal, so 1 vs 1.0 vs True never collapse into one another.
-    return type(value) is type(default) and _same(value, default)
+    return _identical(value, default)
 
 
-def _same(a: Any, b: Any) -> bool:
+def _identical(a: Any, b: Any) -> bool:
+    """Equal with the same types all the way down, so omitting a default loses nothing:
+    1 / 1.0 / True never collapse, nor 0.0 / -0.0; nan matches nan."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return repr(a) == repr(b)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_identical(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_identical(a[k], b[k]) for k in a)
     try:
         return bool(a == b)
     except Exception:  # tensors or other values without a boolean ==

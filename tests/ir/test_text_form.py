@@ -12,7 +12,7 @@ import torch
 from qir.ir import DType, Graph, IRError, QuantSpec, Ref, ScalarType, TensorType, parse_graph, print_graph
 from qir.ir.ops.core import Call, GetItem
 from qir.ir.ops.elementwise import Add, Relu
-from qir.ir.ops.nn import Conv2d
+from qir.ir.ops.nn import BatchNorm, Conv2d
 from qir.ir.parser import parse_value
 from qir.ir.printer import format_value, register_attr_class
 from qir.testing import assert_graphs_equal, assert_roundtrip
@@ -51,6 +51,24 @@ def test_attributes_equal_to_defaults_are_omitted() -> None:
     x2 = g2.add_input("x", T)
     g2.set_output(g2.add_node(Relu(inplace=True), [x2]))
     assert "relu(%x, inplace=True)" in print_graph(g2)
+
+
+@pytest.mark.parametrize(
+    "op, shown",
+    [
+        (Conv2d(padding=(0, 0), bias=False), "bias=False)"),  # padding equals the default: omitted
+        (Conv2d(padding=[0, 0]), "padding=[0, 0])"),  # a list is not the default tuple
+        (Conv2d(padding=(0.0, 0)), "padding=(0.0, 0))"),  # nor is a float inside it
+        (BatchNorm(eps=1e-5, momentum=-0.0), "momentum=-0.0)"),  # -0.0 keeps its sign
+    ],
+)
+def test_default_omission_loses_nothing(op: object, shown: str) -> None:
+    g = Graph()
+    x = g.add_input("x", TensorType((1, 2, 3, 3)))
+    g.set_output(g.add_node(op, [x], TensorType((1, 2, 3, 3))))  # type: ignore[arg-type]
+    printed = print_graph(g)
+    assert printed.splitlines()[1].endswith(shown)
+    assert_roundtrip(g)
 
 
 @pytest.mark.parametrize(
