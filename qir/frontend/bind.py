@@ -39,7 +39,7 @@ def _is_tensor_value(v: Any) -> bool:
 def _bind_names(names: Sequence[str], args: Sequence[Any], kwargs: dict[str, Any], what: str) -> dict[str, Any]:
     if len(args) > len(names):
         raise Unbindable(f"{what}: {len(args)} positional arguments, the op knows {len(names)} ({', '.join(names)})")
-    bound = dict(zip(names, args))
+    bound = dict(zip(names, args, strict=False))
     for k, v in kwargs.items():
         if k in bound:
             raise Unbindable(f"{what}: argument {k!r} given twice")
@@ -160,7 +160,7 @@ def bind_weighted(cls: type[WeightedOp], args: Sequence[Any], kwargs: dict[str, 
     if issubclass(cls, ConvTransposeNd):
         defaults = {"stride": 1, "padding": 0, "output_padding": 0, "dilation": 1}
         opts = {k: _ntuple(v, n) for k, v in defaults.items()} | opts
-    return cls(bias=bias is not None, **opts), operands  # type: ignore[arg-type]
+    return cls(bias=bias is not None, **opts), operands  # type: ignore[call-arg]
 
 
 def bind_norm(cls: type[Op], args: Sequence[Any], kwargs: dict[str, Any]) -> Bound:
@@ -172,7 +172,7 @@ def bind_norm(cls: type[Op], args: Sequence[Any], kwargs: dict[str, Any]) -> Bou
         raise Unbindable(f"op {cls.name!r}: input, weight and bias must be graph values")
     if any(isinstance(v, Value) for v in b.values()):
         raise Unbindable(f"op {cls.name!r}: {second} and eps must be static")
-    op = cls(**b, weight=w is not None, bias=bias is not None)
+    op = cls(**b, weight=w is not None, bias=bias is not None)  # type: ignore[call-arg]
     return op, [v for v in (x, w, bias) if v is not None]
 
 

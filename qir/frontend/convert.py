@@ -158,7 +158,7 @@ class _Converter:
         return type_of(self.values[n.name])
 
     def args(self, n: torch.fx.Node) -> tuple[Any, Any]:
-        get = lambda a: self.env[a.name]  # noqa: E731
+        get = lambda a: self.env[a.name]
         return torch.fx.node.map_arg(n.args, get), torch.fx.node.map_arg(n.kwargs, get)
 
     def constant(self, key: str) -> Node:

@@ -112,9 +112,10 @@ class _Emitter:
         if torch_call is not None:
             try:
                 fn, args, kwargs = torch_call(self.operands(n))
-                if getattr(torch.Tensor, getattr(fn, "__name__", ""), None) is fn:
+                fname = getattr(fn, "__name__", "")
+                if getattr(torch.Tensor, fname, None) is fn:
                     # Tensor methods read better (and print like the source) as method calls
-                    return self.fx.call_method(fn.__name__, tuple(args), dict(kwargs))
+                    return self.fx.call_method(fname, tuple(args), dict(kwargs))
                 return self.fx.call_function(fn, tuple(args), dict(kwargs))
             except IRError:
                 if not isinstance(op, ModuleOp):
@@ -132,7 +133,7 @@ class _Emitter:
         roles = op.param_roles()
         if len(params) != len(roles) or not all(isinstance(p, Node) and isinstance(p.op, Constant) for p in params):
             return None
-        tensors = {r: self.g.constants[p.op.key] for r, p in zip(roles, params)}  # type: ignore[union-attr]
+        tensors = {r: self.g.constants[p.op.key] for r, p in zip(roles, params, strict=False)}  # type: ignore[union-attr]
         sig = (op, tuple(id(t) for t in tensors.values()))
         path = scope if self.signatures.get(scope) == sig else None
         if path is None:
@@ -209,8 +210,8 @@ class _Emitter:
                 self.owned.add(path)
         for key, (t, kind) in self.tensors.items():
             owner_path, _, leaf = key.rpartition(".")
-            owner = gm.get_submodule(owner_path) if owner_path else gm
-            _install_tensor(owner, leaf, t, kind)
+            owner_module = gm.get_submodule(owner_path) if owner_path else gm
+            _install_tensor(owner_module, leaf, t, kind)
 
 
 def _install_tensor(owner: nn.Module, leaf: str, t: torch.Tensor, kind: str) -> None:

@@ -13,7 +13,6 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import nn
 
 from qir.ir.op import OP_REGISTRY, ModuleOp, Op

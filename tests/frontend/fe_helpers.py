@@ -22,7 +22,7 @@ def flat(out: Any) -> list[Any]:
 def assert_same(a: Any, b: Any, atol: float = 1e-6) -> None:
     fa, fb = flat(a), flat(b)
     assert len(fa) == len(fb)
-    for x, y in zip(fa, fb):
+    for x, y in zip(fa, fb, strict=False):
         if isinstance(x, torch.Tensor):
             assert isinstance(y, torch.Tensor) and x.shape == y.shape and x.dtype == y.dtype
             torch.testing.assert_close(x, y, atol=atol, rtol=1e-5)

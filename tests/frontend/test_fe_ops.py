@@ -35,7 +35,7 @@ class _Fn3(_Fn):
         return self.fn(self, x, y, z)
 
 
-def Fn(fn: Callable[..., Any], *mods: nn.Module) -> nn.Module:  # noqa: N802  (reads like a class in the table)
+def Fn(fn: Callable[..., Any], *mods: nn.Module) -> nn.Module:
     """A module running ``fn(self, *inputs)``, so a table row can be one expression."""
     cls = {1: _Fn1, 2: _Fn2, 3: _Fn3}[fn.__code__.co_argcount - 1]
     return cls(fn, *mods)
@@ -45,7 +45,7 @@ def x4(*shape: int) -> torch.Tensor:
     return torch.randn(*(shape or (2, 4, 6, 6)))
 
 
-POS = lambda: torch.rand(2, 4, 6, 6) * 0.8 + 0.1  # noqa: E731  (inside (0, 1): acos, atanh, log...)
+POS = lambda: torch.rand(2, 4, 6, 6) * 0.8 + 0.1
 
 CASES: list[tuple[str, Callable[[], nn.Module], Callable[[], tuple[Any, ...]], str]] = [
     # unary math: torch functions and Tensor methods

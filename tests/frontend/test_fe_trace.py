@@ -68,7 +68,7 @@ def test_emit_keeps_state_kinds_order_and_mode() -> None:
     assert list(gm.state_dict()) == list(m.state_dict())
     assert dict(gm.named_buffers())["offset"] is m.offset
     assert "offset" not in gm.state_dict()
-    assert gm.fc.weight is m.fc.weight  # shared, not copied
+    assert gm.get_submodule("fc").weight is m.fc.weight  # shared, not copied
     assert dict(gm.named_parameters()).keys() == dict(m.named_parameters()).keys()
     m.eval()
     gm.eval()
@@ -96,7 +96,7 @@ def test_emit_does_not_change_the_graph() -> None:
 
 def test_cat_list_and_sequence_types() -> None:
     class M(nn.Module):
-        def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
             parts = torch.split(torch.cat([a, b], 1), 2, dim=1)
             return parts[0], a.shape
 

@@ -183,5 +183,6 @@ class Prelu(TorchModuleOp):
 
     def verify_(self, operand_types: Sequence[Type]) -> None:
         x, w = operand_types
-        if isinstance(x, TensorType) and isinstance(w, TensorType) and w.numel not in (1, x.shape[1] if x.rank > 1 else 1):
+        channels = x.shape[1] if isinstance(x, TensorType) and x.rank > 1 else 1
+        if isinstance(x, TensorType) and isinstance(w, TensorType) and w.numel not in (1, channels):
             raise IRError(f"op 'prelu': weight has {w.numel} entries, input has {x.shape[1:2]} channels")

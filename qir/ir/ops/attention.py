@@ -26,7 +26,8 @@ def load_dotted(m: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
         *path, leaf = role.split(".")
         owner = m.get_submodule(".".join(path)) if path else m
         if leaf in owner._parameters:
-            owner._parameters[leaf] = t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=t.is_floating_point())
+            p = t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=t.is_floating_point())
+            owner._parameters[leaf] = p
         else:
             owner._buffers[leaf] = t
 
@@ -80,7 +81,7 @@ class MultiheadAttention(ModuleOp):
                  "average_attn_weights", "is_causal")
         if len(args) > len(names) or set(kwargs) - set(names):
             raise IRError(f"op {self.name!r}: unexpected arguments {sorted(set(kwargs) - set(names))}")
-        bound = dict(zip(names, args)) | kwargs
+        bound = dict(zip(names, args, strict=False)) | kwargs
         inputs = [bound["query"], bound["key"], bound["value"]]
         kpm, mask = bound.get("key_padding_mask"), bound.get("attn_mask")
         for v in (kpm, mask):
@@ -109,7 +110,7 @@ class MultiheadAttention(ModuleOp):
 
     def _run(self, operands: Sequence[Any], training: bool) -> Any:
         n = self.num_inputs()
-        m = self.to_module(dict(zip(self.param_roles(), operands[n:])))
+        m = self.to_module(dict(zip(self.param_roles(), operands[n:], strict=False)))
         m.train(training)
         args, kwargs = self.module_call(operands[:n])
         return m(*args, **kwargs)
@@ -165,7 +166,7 @@ class LstmCell(ModuleOp):
 
     def bind_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[LstmCell, list[Value]]:
         """Bind ``forward(input, hx=None)`` with ``hx`` a pair ``(h, c)``."""
-        bound = dict(zip(("input", "hx"), args)) | kwargs
+        bound = dict(zip(("input", "hx"), args, strict=False)) | kwargs
         hx = bound.get("hx")
         if hx is None:
             return attrs.evolve(self, has_state=False), [bound["input"]]
@@ -185,7 +186,7 @@ class LstmCell(ModuleOp):
 
     def compute(self, *operands: Any) -> Any:
         n = self.num_inputs()
-        m = self.to_module(dict(zip(self.param_roles(), operands[n:])))
+        m = self.to_module(dict(zip(self.param_roles(), operands[n:], strict=False)))
         args, kwargs = self.module_call(operands[:n])
         return m(*args, **kwargs)
 

@@ -175,7 +175,9 @@ Lt = _binary("Lt", "lt", operator.lt, (operator.lt, torch.lt, torch.less), ("lt"
 Le = _binary("Le", "le", operator.le, (operator.le, torch.le, torch.less_equal), ("le", "less_equal"))
 LogicalAnd = _binary("LogicalAnd", "logical_and", torch.logical_and, (torch.logical_and,), ("logical_and",), True)
 LogicalOr = _binary("LogicalOr", "logical_or", torch.logical_or, (torch.logical_or,), ("logical_or",), True)
-BitwiseAnd = _binary("BitwiseAnd", "bitwise_and", operator.and_, (operator.and_, torch.bitwise_and), ("bitwise_and",), True)
+BitwiseAnd = _binary(
+    "BitwiseAnd", "bitwise_and", operator.and_, (operator.and_, torch.bitwise_and), ("bitwise_and",), True
+)
 BitwiseOr = _binary("BitwiseOr", "bitwise_or", operator.or_, (operator.or_, torch.bitwise_or), ("bitwise_or",), True)
 
 

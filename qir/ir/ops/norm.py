@@ -28,7 +28,7 @@ class _AffineNorm(ModuleOp):
         return tuple(r for r in ("weight", "bias") if getattr(self, r))
 
     def params(self, operands: Sequence[Any]) -> dict[str, Any]:
-        return dict(zip(self.param_roles(), operands[1:]))
+        return dict(zip(self.param_roles(), operands[1:], strict=False))
 
     def verify_(self, operand_types: Sequence[Type]) -> None:
         n = 1 + len(self.param_roles())

@@ -76,7 +76,9 @@ class AvgPool1d(_Pool):
     name: ClassVar[str] = "avg_pool1d"
     module_types: ClassVar[tuple[type, ...]] = (nn.AvgPool1d,)
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (F.avg_pool1d,)
-    signature: ClassVar[tuple[str, ...]] = ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")
+    signature: ClassVar[tuple[str, ...]] = (
+        "input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
+    )
     module_fields: ClassVar[tuple[str, ...]] = signature[1:]
 
     kernel_size: Any = attrs.field(default=1, converter=_tup)
