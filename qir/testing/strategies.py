@@ -21,6 +21,7 @@ element, which keeps shrinking fast and examples reproducible.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -130,7 +131,7 @@ _BUILDERS: dict[str, Callable[[_Builder, Value], Node]] = {
 
 def supported_ops() -> list[str]:
     """Op names :func:`graphs` can generate: the built-ins above plus every registered
-    single-operand, shape-preserving op whose attributes all have defaults."""
+    single-operand, shape- and dtype-preserving op whose attributes all have defaults."""
     names = set(_BUILDERS)
     for name, cls in OP_REGISTRY.items():
         if _is_simple_unary(cls):
@@ -138,10 +139,19 @@ def supported_ops() -> list[str]:
     return sorted(names)
 
 
+@functools.cache
 def _is_simple_unary(cls: type[Op]) -> bool:
+    """One operand, default attributes, and float32 in -> the same float32 type out
+    (so chains stay valid; ``logical_not`` and friends change the dtype and are left out)."""
     if not cls.has_trait(ShapePreserving) or cls.arity != (1, 1):
         return False
-    return all(f.default is not attrs.NOTHING for f in attrs.fields(cls) if f.init)
+    if any(f.default is attrs.NOTHING for f in attrs.fields(cls) if f.init):
+        return False
+    t = TensorType((1, 2, 2, 2))
+    try:
+        return cls().infer_type([t]) == t
+    except Exception:
+        return False
 
 
 def _builder_for(name: str) -> Callable[[_Builder, Value], Node]:

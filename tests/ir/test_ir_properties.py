@@ -21,7 +21,14 @@ from qir.ir.ops.core import Call
 from qir.ir.ops.elementwise import Relu
 from qir.ir.parser import parse_value
 from qir.ir.printer import format_value
-from qir.testing import assert_graphs_equal, assert_outputs_close, assert_roundtrip, graphs, inputs_for
+from qir.testing import (
+    assert_graphs_equal,
+    assert_outputs_close,
+    assert_roundtrip,
+    graphs,
+    inputs_for,
+    supported_ops,
+)
 
 # ----------------------------------------------------------------------------- round trip
 
@@ -54,6 +61,12 @@ def test_attribute_literals_round_trip(value: Any) -> None:
 def test_random_graphs_round_trip(g: Graph) -> None:
     assert_roundtrip(g)
     assert_graphs_equal(g.copy(), g)
+
+
+@given(graphs(ops=supported_ops(), max_nodes=6))
+def test_graphs_over_every_supported_op_round_trip(g: Graph) -> None:
+    verify(g)
+    assert_roundtrip(g)
 
 
 @given(graphs(ops=("relu", "add"), max_nodes=4), st.lists(st.integers(0, 5), min_size=1, max_size=4), literals)
