@@ -35,6 +35,12 @@ import attrs
 from qir.ir import OP_REGISTRY, Commutative, Graph, Node, Op, Trait, Value
 from qir.ir.ops.core import Constant
 
+__all__ = [
+    "Any", "AnyPattern", "Match", "MatchAllNode", "MatchStats", "OpIndex", "OpPattern", "P", "Pattern",
+    "PatternError", "PatternLike", "as_pattern", "find_all", "iter_matches", "match", "match_all",
+    "resolve_spelling",
+]
+
 
 class PatternError(ValueError):
     """A malformed pattern or an unresolvable tuple-form entry."""

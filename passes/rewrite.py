@@ -26,6 +26,12 @@ from passes.patterns import Match, Pattern, PatternLike, as_pattern, iter_matche
 from qir.ir import Graph, IRError, Node, Op, Pure, Value
 from qir.ir.ops.core import Constant
 
+__all__ = [
+    "FUSED_FROM", "FusedFrom", "RewriteError", "RewriteStats", "Rewriter", "Rule", "RuleLike", "RuleStats",
+    "add_constant_after", "apply_rewrites", "as_rule", "constant_of", "free_constant_key", "fused_from", "like",
+    "rebuild",
+]
+
 log = logging.getLogger("qir.rewrite")
 
 Rewriter = Callable[[Graph, Match], Value | None]

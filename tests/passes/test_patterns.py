@@ -529,3 +529,14 @@ def test_driver_cost_is_linear_in_graph_size() -> None:
     large = min(_per_node_seconds(1000) for _ in range(2))
     # flat per-node time; a generous bound for noisy machines (quadratic would be ~10x)
     assert large < 4 * small, (small, large)
+
+
+def test_docs_examples_run() -> None:
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "patterns.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) >= 4
+    for block in blocks:
+        exec(compile(block, "docs/patterns.md", "exec"), {})
