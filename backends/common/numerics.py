@@ -178,12 +178,14 @@ def multiplier_shift(ratio: torch.Tensor, max_multiplier: int, max_shift: int) -
     approximation error ``|M / 2**shift - ratio| <= 2**-(shift+1)``. ``ratio`` is float64.
     """
     r = ratio.to(torch.float64)
+    if not bool(((r > 0) & torch.isfinite(r)).all()):
+        raise ValueError("requantization ratios must be positive and finite")
     too_big = r >= max_multiplier + 0.5
     if bool(too_big.any()):
         bad = float(r[too_big].reshape(-1)[0])
         raise ValueError(
             f"requantization ratio in_scale/out_scale = {bad:.6g} exceeds the multiplier limit "
-            f"{max_multiplier}; the output scale is too small for this input scale"
+            f"{max_multiplier}: the output scale is too small; it must exceed in_scale / {max_multiplier + 0.5}"
         )
     # Start from the analytic estimate, then fix float log2 error by one step either way.
     est = torch.floor(torch.log2((max_multiplier + 0.5) / r)).clamp(0, max_shift)
@@ -207,6 +209,12 @@ def requant_params(
     ``dtype`` is the output dtype; it must be one the march can requantize to.
     Returns int64 tensors (0-d for scalar scales).
     """
+    lim = _requant_target(march, dtype)
+    return multiplier_shift(_ratio(in_scale, out_scale), lim.max_multiplier, lim.max_shift)
+
+
+def _requant_target(march: object, dtype: DTypeLike) -> RequantLimits:
+    """The march's limits, after checking it can requantize to ``dtype``."""
     lim = requant_limits(march)
     qd = qdtype(dtype)
     if qd is DType.qint32:
@@ -216,7 +224,7 @@ def requant_params(
             f"march {_march_name(march)} cannot requantize to {qd.name}; "
             f"valid output dtypes: {', '.join(d.name for d in lim.out_dtypes)}"
         )
-    return multiplier_shift(_ratio(in_scale, out_scale), lim.max_multiplier, lim.max_shift)
+    return lim
 
 
 def _shift_right_half_up(v: torch.Tensor, shift: torch.Tensor | int) -> torch.Tensor:
@@ -275,9 +283,7 @@ def conv_requant_params(
     input_scale: ScaleLike, weight_scale: ScaleLike, out_scale: ScaleLike, march: object, dtype: DTypeLike = "qint8"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-output-channel ``(multiplier, shift)`` for a conv/linear with per-channel weight scales."""
-    lim = requant_limits(march)
-    qd = qdtype(dtype)
-    requant_params(1.0, 1.0, march, qd)  # validates march/dtype with a trivially valid ratio
+    lim = _requant_target(march, dtype)
     acc = accumulator_scale(input_scale, weight_scale)
     o = _as_scale(out_scale, torch.empty(0), torch.float32).to(torch.float64)
     return multiplier_shift((acc / o).reshape(-1), lim.max_multiplier, lim.max_shift)
@@ -314,8 +320,7 @@ def add_params(
     qd = qdtype(dtype)
     if qd not in ADD_MAX_SHIFT:
         raise ValueError(f"add operands must be qint8 or qint16, got {qd.name}")
-    lim = requant_limits(march)
-    requant_params(1.0, 1.0, march, qd)
+    lim = _requant_target(march, qd)
     sx, sy, so = (float(torch.tensor(float(v), dtype=torch.float32)) for v in (x_scale, y_scale, out_scale))
     if min(sx, sy, so) <= 0 or not all(math.isfinite(v) for v in (sx, sy, so)):
         raise ValueError("add scales must be positive and finite")
