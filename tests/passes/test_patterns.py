@@ -498,15 +498,16 @@ def _conv_bn_relu_chain(blocks: int) -> Graph:
         op = Constant(key=key)
         return g.add_node(op, (), op.type_for(t), name=key)
 
-    v: Value = g.add_input("x", TensorType((1, 2, 4, 4)))
+    ty = TensorType((1, 2, 4, 4))  # given explicitly: meta-tensor inference would dominate the build
+    v: Value = g.add_input("x", ty)
     for i in range(blocks):
         w = const(f"b{i}.conv.weight", torch.randn(2, 2, 1, 1))
-        v = g.add_node(Conv2d(bias=False), [v, w], scope=f"b{i}.conv", name="conv")
+        v = g.add_node(Conv2d(bias=False), [v, w], ty, scope=f"b{i}.conv", name="conv")
         bn = [const(f"b{i}.bn.{k}", t) for k, t in (
             ("weight", torch.ones(2)), ("bias", torch.zeros(2)), ("running_mean", torch.zeros(2)),
             ("running_var", torch.ones(2)), ("num_batches_tracked", torch.tensor(0)))]
-        v = g.add_node(BatchNorm(), [v, *bn], scope=f"b{i}.bn", name="bn")
-        v = g.add_node(Relu(), [v], scope=f"b{i}.relu", name="relu")
+        v = g.add_node(BatchNorm(), [v, *bn], ty, scope=f"b{i}.bn", name="bn")
+        v = g.add_node(Relu(), [v], ty, scope=f"b{i}.relu", name="relu")
     g.set_output(v)
     return g
 
@@ -529,6 +530,13 @@ def test_driver_cost_is_linear_in_graph_size() -> None:
     large = min(_per_node_seconds(1000) for _ in range(2))
     # flat per-node time; a generous bound for noisy machines (quadratic would be ~10x)
     assert large < 4 * small, (small, large)
+
+
+@pytest.mark.slow
+def test_fuse_benchmark_200_1000_5000_blocks() -> None:
+    per_node = {n: min(_per_node_seconds(n) for _ in range(2)) for n in (200, 1000, 5000)}
+    print({n: f"{s * 1e6:.1f} us/node" for n, s in per_node.items()})
+    assert per_node[5000] < 3 * per_node[200], per_node
 
 
 def test_docs_examples_run() -> None:
