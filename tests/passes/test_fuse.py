@@ -57,6 +57,20 @@ def test_seed_model_fuses_to_one_conv() -> None:
         torch.testing.assert_close(run_graph(after, x, y), run_graph(g, x, y), rtol=1e-4, atol=1e-4)
 
 
+EXPECTED = """\
+graph @m(%x: tensor<1x3x6x6xf32>, %y: tensor<1x3x4x4xf32>) {
+  %conv_weight: tensor<3x3x3x3xf32> = constant(key="conv.weight") @conv
+  %conv_bias: tensor<3xf32> = constant(key="conv.bias") @conv
+  %conv: tensor<1x3x4x4xf32> = conv2d(%x, %conv_weight, %conv_bias, %y, add=True, act="relu") @conv
+  return %conv
+}"""
+
+
+def test_golden_ir() -> None:
+    after, _ = _fuse(conv_bn_add_relu(add_first=False))
+    assert str(after).strip() == EXPECTED
+
+
 def _chain(act: type | None, conv_extra_use: bool = False, act_first: bool = False) -> Graph:
     """x -> linear -> [act ->] add(., y) [-> act]; optionally the linear's output is also returned."""
     g = Graph("chain")
