@@ -23,23 +23,12 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 
-class LegalityEntry(Protocol):
-    """What the legality pass reads from one operator row (see backends.common.optable.OpEntry)."""
-
-    @property
-    def spelling(self) -> str: ...
-
-    @property
-    def ir_op(self) -> str | None: ...
-
-    @property
-    def supported(self) -> bool: ...
-
-    def check(self, facts: Any) -> list[Any]: ...
-
-
 class LegalityTable(Protocol):
-    """What the legality pass reads from a march's table (see backends.common.optable.OpTable)."""
+    """What the legality pass reads from a march's table (backends.common.optable.OpTable).
+
+    Entries come back untyped here so that passes need no backend import; they are
+    ``OpEntry`` objects with ``supported``, ``checks()`` and ``violations(facts)``.
+    """
 
     @property
     def march(self) -> str: ...
