@@ -98,8 +98,9 @@ def broadcast_along(t: torch.Tensor, axis: int | None, ndim: int) -> torch.Tenso
 def round_half_up(v: torch.Tensor) -> torch.Tensor:
     """``floor(v + 0.5)`` evaluated exactly (float ``v + 0.5`` itself can round, e.g. 0.49999997f)."""
     f = torch.floor(v)
-    # v - floor(v) is exact in IEEE arithmetic, so the tie test is exact too.
-    return f + (v - f >= 0.5).to(v.dtype)
+    # v - floor(v) is exact in IEEE arithmetic, so the tie test is exact too. In-place ops
+    # keep this at four passes over memory (it sits in the fake-quant hot path).
+    return f.add_((v - f).ge_(0.5))
 
 
 def quantize(x: torch.Tensor, scale: ScaleLike, dtype: DTypeLike, axis: int | None = None) -> torch.Tensor:

@@ -47,9 +47,9 @@ class _FakeQuantFn(torch.autograd.Function):
         ct = torch.float64 if x.dtype == torch.float64 else torch.float32
         s = broadcast_along(scale.to(ct), axis, x.dim())
         q = round_half_up(x.to(ct) / s)
-        inside = (q >= qmin) & (q <= qmax)
-        ctx.save_for_backward(inside)
-        return (q.clamp_(qmin, qmax) * s).to(x.dtype)
+        qc = q.clamp(qmin, qmax)
+        ctx.save_for_backward(qc == q)  # in range <=> clamping changed nothing
+        return qc.mul_(s).to(x.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
