@@ -137,6 +137,7 @@ class _Converter:
         self.env: dict[str, Any] = {}
         self.opaque_paths: set[str] = set()
         self.tables = tables()
+        self._paths: dict[int, str] | None = None
 
     # -- driver ----------------------------------------------------------------
     def run(self, fx_graph: torch.fx.Graph) -> Graph:
@@ -151,6 +152,14 @@ class _Converter:
         self._order_constants()
         self.g.objects[MODULE_ORDER_KEY] = tuple(name for name, _ in self.root.named_modules())
         return self.g
+
+    def path_of(self, m: nn.Module) -> str | None:
+        """Qualified name of a submodule (one map for the whole conversion: linear time)."""
+        if self._paths is None:
+            self._paths = {}
+            for p, mod in self.root.named_modules():
+                self._paths.setdefault(id(mod), p)
+        return self._paths.get(id(m))
 
     def type_of(self, n: torch.fx.Node) -> Type:
         if n.name not in self.values:
@@ -266,7 +275,7 @@ class _Converter:
     def _wrapped_key(self, fn: Any) -> str:
         name = getattr(fn, "__name__", "fn")
         if isinstance(fn, types.MethodType) and isinstance(fn.__self__, nn.Module):
-            path = next((p for p, mod in self.root.named_modules() if mod is fn.__self__), None)
+            path = self.path_of(fn.__self__)
             return f"self.{path}.{name}" if path else f"self.{name}"
         return qualified_name(fn)
 
@@ -286,7 +295,9 @@ class _Converter:
         self.opaque(n, "method", name, args, kwargs, why)
 
     def _float_functional(self, n: torch.fx.Node, ff: nn.Module, method: str, args: Any, kwargs: Any) -> None:
-        path = next(p for p, mod in self.root.named_modules() if mod is ff)
+        path = self.path_of(ff)
+        if path is None:
+            raise TraceError(f"FloatFunctional {ff!r} is not a submodule of the traced model")
         self.opaque_paths.add(path)
         self.g.objects[f"module:{path}"] = ff
         cls = ff_op_class(method)
@@ -308,7 +319,8 @@ class _Converter:
 
     # -- state -----------------------------------------------------------------
     def _in_opaque(self, path: str) -> bool:
-        return any(path == p or path.startswith(p + ".") for p in self.opaque_paths)
+        parts = path.split(".")
+        return any(".".join(parts[: i + 1]) in self.opaque_paths for i in range(len(parts))) if path else False
 
     def _add_remaining_state(self) -> None:
         """Unused weights and buffers still become constants, so state-dict keys survive."""

@@ -106,6 +106,13 @@ def stub_classes() -> tuple[type, ...]:
     return tuple(dict.fromkeys(c for c in found if isinstance(c, type)))
 
 
+def fused_module_classes() -> tuple[type, ...]:
+    """Base classes of fused modules (``ConvReLU2d`` ...): Sequential subclasses fx would
+    otherwise trace through."""
+    found = [_lazy_attr("torch.ao.nn.intrinsic", "_FusedModule"), _lazy_attr("qir.nn.intrinsic", "_FusedModule")]
+    return tuple(dict.fromkeys(c for c in found if isinstance(c, type)))
+
+
 def is_float_functional(m: Any) -> bool:
     return isinstance(m, float_functional_classes())
 

@@ -14,7 +14,13 @@ from typing import Any
 import torch.fx
 from torch import nn
 
-from qir.frontend.lookup import float_functional_classes, is_qir_library_module, stub_classes, tables
+from qir.frontend.lookup import (
+    float_functional_classes,
+    fused_module_classes,
+    is_qir_library_module,
+    stub_classes,
+    tables,
+)
 from qir.utils.fx_helper import _find_proxy
 
 
@@ -34,7 +40,7 @@ class QirTracer(torch.fx.Tracer):
         self._ff_paths: dict[int, str] = {}
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if isinstance(m, float_functional_classes() + stub_classes()):
+        if isinstance(m, float_functional_classes() + stub_classes() + fused_module_classes()):
             return True
         if tables().for_module(m) is not None or is_qir_library_module(m):
             return True

@@ -140,3 +140,25 @@ def test_unknown_function_method_and_module_become_opaque_calls() -> None:
                      ("method", "masked_fill"), ("module", "odd")]
     assert "odd.weight" in emit(g).state_dict()
     torch.testing.assert_close(run_graph(g, torch.ones(2, 3)), m(torch.ones(2, 3)))
+
+
+def test_stubs_and_fused_modules_are_leaves() -> None:
+    from torch.ao.nn.intrinsic import ConvReLU2d
+
+    stubs = pytest.importorskip("qir.quantization")
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.quant = stubs.QuantStub()
+            self.fused = ConvReLU2d(nn.Conv2d(2, 2, 1), nn.ReLU())
+            self.dequant = stubs.DeQuantStub()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.dequant(self.fused(self.quant(x)))
+
+    m = M().eval()
+    g = roundtrip(m, torch.randn(1, 2, 3, 3))
+    assert [(n.op.kind, n.op.target) for n in g.nodes if n.op.name == "call"] == [  # type: ignore[attr-defined]
+        ("module", "quant"), ("module", "fused"), ("module", "dequant")]
+    assert emit(g).get_submodule("fused") is m.fused
