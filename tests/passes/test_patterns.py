@@ -353,6 +353,39 @@ def test_tuple_form_seed_patterns_match_both_sides() -> None:
         assert match((nn.ReLU6, (operator.add, nn.Conv2d, MatchAllNode)), node(g, "relu")) is None
 
 
+def seed_fusion_patterns() -> list[tuple[Any, ...]]:
+    """Every tuple ``register_fusion_patterns`` in the seeds registers."""
+    convs = (nn.Conv2d, nn.ConvTranspose2d, nn.Conv3d, nn.Linear)
+    bns = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+    adds: list[Any] = [torch.ao.nn.quantized.FloatFunctional.add, torch.add, operator.add]
+    try:
+        from qir.nn.quantized import FloatFunctional  # type: ignore[import-not-found]
+
+        adds.append(FloatFunctional.add)
+    except ImportError:  # not written yet in every checkout
+        pass
+    relus = (nn.ReLU, nn.ReLU6, F.relu, F.relu6)
+    out: list[tuple[Any, ...]] = []
+    for conv in convs:
+        for bn in bns:
+            for add in adds:
+                for relu in relus:
+                    out += [
+                        (bn, conv), (relu, conv), (add, conv, MatchAllNode), (add, MatchAllNode, conv),
+                        (relu, (bn, conv)), (add, (bn, conv), MatchAllNode), (add, MatchAllNode, (bn, conv)),
+                        (relu, (add, conv, MatchAllNode)), (relu, (add, MatchAllNode, conv)),
+                        (relu, (add, (bn, conv), MatchAllNode)), (relu, (add, MatchAllNode, (bn, conv))),
+                    ]
+    return out
+
+
+def test_every_seed_registration_resolves() -> None:
+    patterns = [as_pattern(spec) for spec in seed_fusion_patterns()]
+    g = conv_bn_add_relu()
+    roots = {m.root.name for p in patterns for m in find_all(p, g)}
+    assert roots == {"bn", "add", "relu"}
+
+
 def test_tuple_form_head_alternatives_and_bare_entry() -> None:
     g = conv_bn_add_relu()
     assert match(({nn.ReLU, nn.ReLU6}, operator.add), node(g, "relu")) is not None
