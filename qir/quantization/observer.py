@@ -44,8 +44,8 @@ class ModuleFactory(Generic[M]):
 
     ``with_args`` on a factory returns a new factory with the keyword arguments merged
     (later ones win), so ``FakeQuantize.with_args(dtype="qint16").with_args(ch_axis=0)``
-    works. Factories are immutable, picklable (for module-level classes) and expose
-    ``func`` / ``keywords`` like :func:`functools.partial`.
+    works. Factories are immutable, picklable (for module-level classes), compare and hash
+    by value, and expose ``func`` / ``keywords`` like :func:`functools.partial`.
     """
 
     __slots__ = ("func", "keywords")
@@ -62,6 +62,18 @@ class ModuleFactory(Generic[M]):
 
     def with_args(self, **keywords: Any) -> ModuleFactory[M]:
         return ModuleFactory(self.func, **{**self.keywords, **keywords})
+
+    def __eq__(self, other: object) -> bool:
+        # Equal factories build equal modules: prepare can compare qconfigs by value.
+        if not isinstance(other, ModuleFactory):
+            return NotImplemented
+        return self.func == other.func and dict(self.keywords) == dict(other.keywords)
+
+    def __hash__(self) -> int:
+        try:
+            return hash((self.func, frozenset(self.keywords.items())))
+        except TypeError:  # an unhashable keyword value: equal factories still hash equal
+            return hash((self.func, frozenset(self.keywords)))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_factory, (self.func, dict(self.keywords)))

@@ -173,3 +173,10 @@ def test_replacing_the_observer_drops_the_default_observers_arguments() -> None:
     qat = get_default_qat_qconfig(weight_qkwargs={"observer": MinMaxObserver})
     w = build(qat.weight)
     assert isinstance(w.observer, MinMaxObserver) and w.ch_axis == 0  # ch_axis is FakeQuantize's own
+
+
+def test_qconfigs_compare_by_value() -> None:
+    assert get_default_qat_qconfig() == get_default_qat_qconfig()
+    assert hash(get_default_qat_qconfig()) == hash(get_default_qat_qconfig())
+    assert get_default_qat_qconfig() != get_default_qat_qconfig(dtype="qint16")
+    assert {get_default_calib_qconfig(), get_default_calib_qconfig()} == {default_calib_8bit_fake_quant_qconfig}
