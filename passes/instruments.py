@@ -53,7 +53,7 @@ class Instrument:
         """After ``pass_`` raised ``error`` or left a graph that does not verify."""
 
     def run_after_pipeline(self, result: PipelineResult) -> None:
-        """After the last pass, with the finished result."""
+        """After the last pass, with the finished result (not called when a pass failed)."""
 
 
 def graph_text(graph: Graph) -> str:

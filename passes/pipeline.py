@@ -23,6 +23,7 @@ their default left out; ``str(parse_pipeline(s)) == s`` for canonical ``s``.
 from __future__ import annotations
 
 import collections.abc
+import difflib
 import enum
 import json
 import math
@@ -301,6 +302,8 @@ def convert(tp: Any, raw: Raw) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in _UNION_ORIGINS:
         for a in sorted(args, key=_rank):
+            if isinstance(raw, Scalar) and typing.get_origin(a) in _SEQ_ORIGINS:
+                continue  # in a union a lone value is itself, never a 1-list: "a" in tuple[str, ...] | str
             try:
                 return convert(a, raw)
             except _BadValue:
@@ -489,8 +492,6 @@ def instantiate(spec: PassSpec, text: str | None = None) -> Pass:
         key = opt.name if opt.name in specs else opt.name.replace("-", "_")
         o = specs.get(key)
         if o is None:
-            import difflib
-
             close = difflib.get_close_matches(opt.name, list(specs), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise fail(f"pass {spec.name!r} has no option {opt.name!r}; {hint}{_option_hint(cls)}", opt.pos)

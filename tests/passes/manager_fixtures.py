@@ -137,6 +137,7 @@ class Options(Pass):
     sizes: list[int] = attrs.field(factory=list)
     pair: tuple[int, float] = (1, 2.0)
     nested: tuple[tuple[int, ...], ...] = ()
+    names: tuple[str, ...] | str = ()
     max_iters: int = 10
 
     def apply(self, ctx: PassContext, graph: Graph) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import torch
 from manager_fixtures import Boom, Corrupt, CountOps, node_names, small_graph
 
 from passes import (
+    BUILTIN_PASSES,
     PassContext,
     PassFailure,
     PassManager,
@@ -178,3 +180,14 @@ def test_docs_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     namespace: dict[str, object] = {"__name__": "docs_passes_md"}
     for block in blocks:
         exec(compile(block, str(doc), "exec", dont_inherit=True), namespace)  # no __future__ from here
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_PASSES))
+def test_every_builtin_pass_runs_and_keeps_meaning(name: str) -> None:
+    if importlib.util.find_spec(BUILTIN_PASSES[name]) is None:
+        pytest.skip(f"{BUILTIN_PASSES[name]} is not written yet")
+    g = small_graph()
+    x = torch.randn(2, 4)
+    result = run_pipeline(g, f"{name},{name}")  # twice: the second run starts from its own output
+    torch.testing.assert_close(run_graph(result.graph, x), run_graph(g, x))
+    assert result.changed[1] is False, f"{name} is not idempotent on its own output"

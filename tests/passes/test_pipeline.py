@@ -30,6 +30,8 @@ CANONICAL = [
     'pm-options{either="5"}',
     "pm-options{ops=[conv2d] sizes=[1,2,3] pair=[0,-1.5] nested=[[1,2],[]]}",
     "pm-options{ops=[]}",
+    "pm-options{names=a}",
+    "pm-options{names=[a]}",
     'pm-boom{message="a,b{c}=[d] \\"q\\" \\\\ \\n"}',
     "pm-required{level=0},pm-count-ops",
 ]
@@ -175,6 +177,7 @@ _options = st.builds(
     sizes=st.lists(_ints, max_size=4),
     pair=st.tuples(_ints, _floats),
     nested=st.lists(st.lists(_ints, max_size=3).map(tuple), max_size=3).map(tuple),
+    names=st.lists(st.text(), max_size=3).map(tuple) | st.text(),
     max_iters=_ints,
 )
 _passes = st.one_of(
