@@ -2,8 +2,9 @@
 
 ``graphs``, ``inputs_for`` (strategies) and ``assert_preserves_semantics``,
 ``assert_roundtrip``, ``assert_graphs_equal`` (properties) are documented in
-docs/testing.md. Names from ``qir.testing.patterns`` (pattern-maximality checks) are
-re-exported lazily when that module exists, so importing this package stays cheap.
+docs/testing.md. The strategies (which need hypothesis) and the pattern helpers of
+``qir.testing.patterns`` load on first use, so the property assertions work without
+hypothesis installed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from qir.testing.properties import (
     random_inputs,
     run_pipeline,
 )
-from qir.testing.strategies import DEFAULT_OPS, graphs, inputs_for, supported_ops
 
 __all__ = [
     "DEFAULT_OPS",
@@ -34,8 +34,12 @@ __all__ = [
     "supported_ops",
 ]
 
+_STRATEGIES = ("DEFAULT_OPS", "graphs", "inputs_for", "supported_ops")
+
 
 def __getattr__(name: str) -> Any:
+    if name in _STRATEGIES:
+        return getattr(importlib.import_module("qir.testing.strategies"), name)
     # qir.testing.patterns is written separately and may not exist in every checkout
     try:
         patterns = importlib.import_module("qir.testing.patterns")

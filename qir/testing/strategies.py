@@ -174,27 +174,38 @@ def _builder_for(name: str) -> Callable[[_Builder, Value], Node]:
     raise IRError(f"graphs(): no generator for op {name!r}; supported: {', '.join(supported_ops())}")
 
 
+def _range(v: int | tuple[int, int], what: str) -> tuple[int, int]:
+    lo, hi = (1, v) if isinstance(v, int) else v
+    if not 1 <= lo <= hi:
+        raise ValueError(f"graphs(): {what} must be an int >= 1 or a range (lo, hi) with 1 <= lo <= hi, got {v!r}")
+    return lo, hi
+
+
 @st.composite
 def graphs(
     draw: Draw,
     ops: Sequence[str] = DEFAULT_OPS,
     max_nodes: int = 8,
     min_nodes: int = 1,
-    channels: tuple[int, int] = (1, 4),
-    size: tuple[int, int] = (1, 5),
-    batch: tuple[int, int] = (1, 2),
+    channels: int | tuple[int, int] = (1, 4),
+    size: int | tuple[int, int] = (1, 5),
+    batch: int | tuple[int, int] = (1, 2),
     allow_branches: bool = True,
     multiple_outputs: bool = True,
 ) -> Graph:
     """Random valid graphs over ``ops`` (op names; see :func:`supported_ops`).
 
     ``max_nodes`` / ``min_nodes`` bound the non-constant nodes; ``channels``, ``size``
-    (height and width) and ``batch`` bound the tensor shapes (inclusive ranges). With
+    (height and width) and ``batch`` bound the tensor shapes (inclusive ``(lo, hi)``
+    ranges; a single int ``n`` means ``(1, n)``). With
     ``allow_branches`` a node may consume any earlier value, not only the last one; with
     ``multiple_outputs`` every value nobody uses becomes an output (a tuple, or a dict),
     so the graph has no dead code; otherwise the output is the last value.
     """
     builders = [_builder_for(n) for n in ops]
+    channels, size, batch = _range(channels, "channels"), _range(size, "size"), _range(batch, "batch")
+    if not 1 <= min_nodes <= max_nodes:
+        raise ValueError(f"graphs(): need 1 <= min_nodes <= max_nodes, got {min_nodes}, {max_nodes}")
     b = _Builder(draw, channels, draw(st.integers(0, 2**31 - 1)))
     shape = (draw(st.integers(*batch)), draw(st.integers(*channels)), draw(st.integers(*size)),
              draw(st.integers(*size)))

@@ -161,3 +161,19 @@ def test_pattern_helpers_are_reexported_lazily() -> None:
     assert qir.testing.assert_pattern_maximal is patterns.assert_pattern_maximal
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = qir.testing.nope
+
+
+@settings(max_examples=1)
+@given(st.data())
+def test_graphs_argument_checks(data: st.DataObject) -> None:
+    with pytest.raises(ValueError, match="channels must be"):
+        data.draw(graphs(channels=(3, 2)))
+    with pytest.raises(ValueError, match="min_nodes"):
+        data.draw(graphs(min_nodes=5, max_nodes=2))
+
+
+@settings(max_examples=5)
+@given(graphs(ops=("conv2d",), channels=2, size=3, batch=1, max_nodes=2))
+def test_graphs_int_ranges(g: Graph) -> None:
+    t = g.inputs[0].type
+    assert isinstance(t, TensorType) and t.shape[0] == 1 and t.shape[1] <= 2 and t.shape[2] <= 3
