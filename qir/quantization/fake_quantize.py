@@ -15,7 +15,13 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from torch import nn
 
-from backends.common.numerics import DTypeLike, broadcast_along, observable_qdtype, round_half_up
+from backends.common.numerics import (
+    DTypeLike,
+    broadcast_along,
+    observable_qdtype,
+    round_half_up,
+    scale_denominator,
+)
 from qir.quantization.observer import (
     FixedScaleObserver,
     ModuleFactory,
@@ -213,6 +219,33 @@ class FakeQuantize(nn.Module):
                 "or load a state dict that holds the scale"
             )
         return fake_quantize(x, self.scale, self.dtype, self.ch_axis)
+
+    @torch.no_grad()
+    def init_from(self, source: FakeQuantize) -> FakeQuantize:
+        """Start from ``source``'s scale (e.g. calibration -> QAT); in place, returns self.
+
+        Copies the scale exactly and sets the observer's range to the one that scale
+        represents (``±scale * (qmax - qmin) / 2``), so a moving average continues from the
+        calibrated range instead of restarting. A fixed-scale fake quant keeps its scale.
+        """
+        if not isinstance(source, FakeQuantize):
+            raise TypeError(f"init_from needs a FakeQuantize, got {type(source).__name__}")
+        if source.dtype is not self.dtype or source.ch_axis != self.ch_axis:
+            raise ValueError(
+                f"cannot start a {self.dtype.name} fake quant (ch_axis={self.ch_axis}) from a "
+                f"{source.dtype.name} one (ch_axis={source.ch_axis}); dtype and ch_axis must match"
+            )
+        if self.has_fixed_scale:
+            return self
+        scale = source.scale.detach().to(self.scale.device)
+        amax = scale * scale_denominator(self.dtype)
+        obs = self.observer
+        obs.min_val = -amax.clone()
+        obs.max_val = amax.clone()
+        obs.scale = scale.clone()
+        self.scale = scale.clone()
+        self.zero_point = torch.zeros(scale.shape, dtype=torch.int32, device=scale.device)
+        return self
 
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The current ``(scale, zero_point)`` buffers (copies)."""

@@ -198,3 +198,28 @@ def test_no_host_sync_ops_in_the_hot_path() -> None:
             stack.enter_context(mock.patch.object(torch.Tensor, name, counting(name)))
         fq(torch.randn(4, 3, requires_grad=True)).sum().backward()
     assert calls == []
+
+
+def test_init_from_carries_a_calibrated_scale_into_qat() -> None:
+    calib = CalibFakeQuantize(observer=MinMaxObserver)
+    calib(torch.tensor([-0.5, 3.0]))
+    qat = FakeQuantize(averaging_constant=0.01)
+    assert qat.init_from(calib) is qat
+    assert torch.equal(qat.scale, calib.scale)
+    qat.disable_observer()
+    x = torch.randn(10)
+    assert torch.equal(qat(x), nx.dequantize(nx.quantize(x, calib.scale, "qint8"), calib.scale))
+    qat.enable_observer()
+    qat(torch.tensor([-1.0, 1.0]))  # the moving average continues from the calibrated range
+    assert float(qat.observer.max_val) == pytest.approx(3.0 + 0.01 * (1.0 - 3.0))
+
+
+def test_init_from_per_channel_and_mismatches() -> None:
+    src = FakeQuantize(observer=MovingAveragePerChannelMinMaxObserver, ch_axis=0)
+    src(torch.randn(4, 3))
+    dst = FakeQuantize(observer=MovingAveragePerChannelMinMaxObserver, ch_axis=0).init_from(src)
+    assert torch.equal(dst.scale, src.scale) and dst.zero_point.shape == (4,)
+    with pytest.raises(ValueError, match="dtype and ch_axis must match"):
+        FakeQuantize(dtype="qint16").init_from(FakeQuantize())
+    fixed = FakeQuantize(scale=0.5).init_from(FakeQuantize())
+    assert fixed.scale.tolist() == [0.5]
