@@ -132,6 +132,20 @@ def ff_op_class(method: str) -> type[Op] | None:
     return t.by_method.get(name)
 
 
+#: Modules outside torch.nn whose forward fx cannot trace (Python loops over image lists,
+#: dict inputs); they stay whole as opaque module calls.
+OPAQUE_LEAF_CLASSES = frozenset({
+    "torchvision.ops.roi_align.RoIAlign",
+    "torchvision.ops.roi_pool.RoIPool",
+    "torchvision.ops.poolers.MultiScaleRoIAlign",
+    "torchvision.models.detection.anchor_utils.AnchorGenerator",
+})
+
+
+def is_opaque_leaf(m: nn.Module) -> bool:
+    return f"{type(m).__module__}.{type(m).__qualname__}" in OPAQUE_LEAF_CLASSES
+
+
 def is_qir_library_module(m: nn.Module) -> bool:
     """qir's own module library (qat / quantized / intrinsic modules) is traced as leaves."""
     mod = type(m).__module__

@@ -17,6 +17,7 @@ from torch import nn
 from qir.frontend.lookup import (
     float_functional_classes,
     fused_module_classes,
+    is_opaque_leaf,
     is_qir_library_module,
     stub_classes,
     tables,
@@ -42,7 +43,7 @@ class QirTracer(torch.fx.Tracer):
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if isinstance(m, float_functional_classes() + stub_classes() + fused_module_classes()):
             return True
-        if tables().for_module(m) is not None or is_qir_library_module(m):
+        if tables().for_module(m) is not None or is_qir_library_module(m) or is_opaque_leaf(m):
             return True
         return super().is_leaf_module(m, module_qualified_name)
 
