@@ -157,7 +157,15 @@ class ObserverBase(nn.Module):
     def _batch_min_max(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This batch's min and max (per tensor: shape (1,); per channel: (C,)), reduced over ranks."""
         x = x.detach()
-        if self.ch_axis is None:
+        if x.numel() == 0:
+            # Still take part in the collective (e.g. a rank with no RoIs this step): an empty
+            # batch is (+inf, -inf), which every combine rule ignores.
+            if self.ch_axis is not None and x.dim() == 0:
+                raise ValueError(f"{type(self).__name__} with ch_axis={self.ch_axis} needs a tensor with dimensions")
+            n = 1 if self.ch_axis is None else x.shape[self.ch_axis % x.dim()]
+            lo = torch.full((n,), math.inf, device=x.device)
+            hi = torch.full((n,), -math.inf, device=x.device)
+        elif self.ch_axis is None:
             lo, hi = torch.aminmax(x)
             lo, hi = lo.reshape(1), hi.reshape(1)
         else:
@@ -202,9 +210,9 @@ class ObserverBase(nn.Module):
     # -- public ---------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() == 0:
-            return x
         lo, hi = self._batch_min_max(x)
+        if lo.numel() == 0:  # per-channel with zero channels: nothing to track
+            return x
         self._ensure_size(lo.numel())
         self._combine(lo, hi)
         self._update_scale()
@@ -271,10 +279,11 @@ class _MovingAverage(ObserverBase):
     def _combine(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
         c = self.averaging_constant
         first = self.min_val > self.max_val
+        empty = lo > hi  # no data anywhere this step: keep the old range
         # lerp is exact at both ends (c=0 keeps old, c=1 takes the batch); where() takes the
         # batch on the first step, whose other branch may hold inf - inf.
-        self.min_val.copy_(torch.where(first, lo, torch.lerp(self.min_val, lo, c)))
-        self.max_val.copy_(torch.where(first, hi, torch.lerp(self.max_val, hi, c)))
+        self.min_val.copy_(torch.where(empty, self.min_val, torch.where(first, lo, torch.lerp(self.min_val, lo, c))))
+        self.max_val.copy_(torch.where(empty, self.max_val, torch.where(first, hi, torch.lerp(self.max_val, hi, c))))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, averaging_constant={self.averaging_constant}"
@@ -367,9 +376,9 @@ class PercentileObserver(ObserverBase):
         self.max_val.copy_(torch.maximum(self.max_val, hi))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() == 0:
-            return x
         lo, hi = self._batch_min_max(x)  # already reduced across ranks: identical ranges everywhere
+        if bool(lo > hi):  # empty on every rank
+            return x
         self._combine(lo, hi)
         batch_amax = float(torch.maximum(-lo, hi).clamp_min(0.0))
         rng = float(self.hist_range)

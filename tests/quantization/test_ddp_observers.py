@@ -29,7 +29,10 @@ pytestmark = pytest.mark.ddp
 
 def _batches(rank: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(100 + rank)
-    return [torch.randn(4, 3, 5, generator=g) * (rank + 1) * (step + 1) for step in range(3)]
+    batches = [torch.randn(4, 3, 5, generator=g) * (rank + 1) * (step + 1) for step in range(3)]
+    # A rank with nothing to observe (no RoIs this step) must still join the collective.
+    batches.append(torch.randn(2, 3, 5, generator=g) * 9 if rank == 0 else torch.empty(0, 3, 5))
+    return batches
 
 
 def _observers() -> dict[str, FakeQuantize | ObserverBase]:

@@ -179,3 +179,18 @@ def test_observing_does_not_touch_the_input() -> None:
         out = obs(x)
         assert out is x
     assert torch.equal(x.detach(), before)
+
+
+def test_empty_batches_change_nothing() -> None:
+    for obs in (
+        MovingAveragePerTensorMinMaxObserver(averaging_constant=0.5),
+        MovingAveragePerChannelMinMaxObserver(ch_axis=1, averaging_constant=0.5),
+        MinMaxObserver(),
+        PercentileObserver(),
+    ):
+        obs(torch.empty(0, 3))  # before any data: still unobserved
+        assert bool((obs.min_val > obs.max_val).all()) or obs.min_val.numel() == 0
+        obs(torch.tensor([[-1.0, 2.0, 0.5]]))
+        before = (obs.min_val.clone(), obs.max_val.clone(), obs.scale.clone())
+        obs(torch.empty(0, 3))
+        assert all(torch.equal(a, b) for a, b in zip(before, (obs.min_val, obs.max_val, obs.scale), strict=True))
