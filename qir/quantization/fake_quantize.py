@@ -28,6 +28,7 @@ from qir.quantization.observer import (
     MovingAveragePerTensorMinMaxObserver,
     ObserverBase,
     check_init_kwargs,
+    keep_buffer_dtypes,
 )
 
 __all__ = [
@@ -269,6 +270,11 @@ class FakeQuantize(nn.Module):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> FakeQuantize:
+        super()._apply(fn, recurse)
+        keep_buffer_dtypes(self, {"scale": torch.float32, "zero_point": torch.int32})
+        return self
 
     def extra_repr(self) -> str:
         axis = f", ch_axis={self.ch_axis}" if self.ch_axis is not None else ""

@@ -103,6 +103,14 @@ def check_init_kwargs(cls: type, keywords: Mapping[str, Any]) -> None:
         raise TypeError(f"{cls.__name__} got unknown argument(s) {', '.join(unknown)}; valid: {valid}")
 
 
+def keep_buffer_dtypes(module: nn.Module, dtypes: Mapping[str, torch.dtype]) -> None:
+    """Undo ``.half()`` / ``.double()`` on quantization state: scales are float32 by definition."""
+    for name, dt in dtypes.items():
+        buf = module._buffers.get(name)
+        if buf is not None and buf.dtype != dt:
+            module._buffers[name] = buf.to(dt)
+
+
 def _ddp_world() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -121,6 +129,14 @@ class ObserverBase(nn.Module):
     scale: torch.Tensor
     #: Buffers whose length follows the channel count.
     _sized_buffers: ClassVar[tuple[str, ...]] = ("min_val", "max_val", "scale")
+    #: Buffer dtypes that survive ``module.half()`` and friends.
+    _buffer_dtypes: ClassVar[dict[str, torch.dtype]] = {
+        "min_val": torch.float32,
+        "max_val": torch.float32,
+        "scale": torch.float32,
+        "histogram": torch.float64,
+        "hist_range": torch.float32,
+    }
 
     def __init__(
         self, dtype: DTypeLike = "qint8", ch_axis: int | None = None, eps: float = MIN_SCALE, sync_ranks: bool = True
@@ -250,6 +266,11 @@ class ObserverBase(nn.Module):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> ObserverBase:
+        super()._apply(fn, recurse)
+        keep_buffer_dtypes(self, self._buffer_dtypes)
+        return self
 
     def extra_repr(self) -> str:
         axis = f", ch_axis={self.ch_axis}" if self.ch_axis is not None else ""

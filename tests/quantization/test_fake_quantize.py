@@ -223,3 +223,17 @@ def test_init_from_per_channel_and_mismatches() -> None:
         FakeQuantize(dtype="qint16").init_from(FakeQuantize())
     fixed = FakeQuantize(scale=0.5).init_from(FakeQuantize())
     assert fixed.scale.tolist() == [0.5]
+
+
+def test_half_and_double_keep_scales_float32() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), FakeQuantize(observer=MovingAveragePerChannelMinMaxObserver, ch_axis=0))
+    model(torch.randn(3, 2))
+    for cast in (model.half, model.double):
+        cast()
+        fq = model[1]
+        assert isinstance(fq, FakeQuantize)
+        assert fq.scale.dtype == torch.float32 and fq.observer.min_val.dtype == torch.float32
+        assert fq.zero_point.dtype == torch.int32
+    assert model[0].weight.dtype == torch.float64
+    out = model(torch.randn(3, 2, dtype=torch.float64))
+    assert out.dtype == torch.float64
