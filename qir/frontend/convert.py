@@ -20,7 +20,7 @@ from torch import nn
 from qir.frontend.bind import Unbindable, bind
 from qir.frontend.lookup import ff_op_class, is_float_functional, qualified_name, tables
 from qir.frontend.tracer import QirTracer, TraceError, patch_float_functional, trace_error
-from qir.ir.graph import Graph, Node, Value, map_values, split_operands
+from qir.ir.graph import Graph, Node, Value, split_operands
 from qir.ir.op import IRError, ModuleOp, Op
 from qir.ir.ops.core import Call, Identity
 from qir.ir.types import Type, type_of
@@ -315,7 +315,7 @@ class _Converter:
 
     def _output(self, n: torch.fx.Node) -> None:
         out = torch.fx.node.map_arg(n.args[0], lambda a: self.env[a.name])
-        self.g.set_output(map_values(out, lambda v: v))
+        self.g.set_output(out)
 
     # -- state -----------------------------------------------------------------
     def _in_opaque(self, path: str) -> bool:

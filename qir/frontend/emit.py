@@ -20,7 +20,7 @@ import torch.fx
 from torch import nn
 
 from qir.frontend.convert import MODULE_ORDER_KEY
-from qir.frontend.lookup import FF_METHOD_OF_OP, is_float_functional
+from qir.frontend.lookup import is_float_functional
 from qir.ir.graph import Graph, Node, Value, map_values
 from qir.ir.op import IRError, ModuleOp, Ref, resolve
 from qir.ir.ops.core import Call, Constant, GetAttr, GetItem, Identity, resolve_target
@@ -237,4 +237,4 @@ def _ff_method(n: Node) -> str:
         return op.target.rpartition(".")[2]
     if isinstance(op, BinaryOp) and op.other is not None and not isinstance(op.other, Ref):
         return f"{op.name}_scalar"
-    return FF_METHOD_OF_OP.get(op.name, op.name)
+    return op.name

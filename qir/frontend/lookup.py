@@ -119,8 +119,6 @@ def is_float_functional(m: Any) -> bool:
 
 #: FloatFunctional methods whose name is not the op's method spelling.
 FF_METHODS: dict[str, str] = {"add_scalar": "add", "mul_scalar": "mul", "concat": "cat"}
-#: Op name -> FloatFunctional method, for ops whose FF spelling differs from the op name.
-FF_METHOD_OF_OP: dict[str, str] = {"cat": "cat", "stack": "stack"}
 
 
 def ff_op_class(method: str) -> type[Op] | None:

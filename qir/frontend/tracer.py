@@ -84,7 +84,7 @@ def patch_float_functional(tracer: QirTracer) -> Iterator[None]:
     ``call_method("add", ff, x, y)``: one node, not a trace through the method body."""
     saved: list[tuple[type, str, Any]] = []
 
-    def patched(cls: type, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+    def patched(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)
         def method(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             if _find_proxy(args, kwargs) is None:
@@ -104,7 +104,7 @@ def patch_float_functional(tracer: QirTracer) -> Iterator[None]:
                 else:
                     orig_attr = orig
                     saved.append((cls, name, orig))
-                setattr(cls, name, patched(cls, name, orig_attr))
+                setattr(cls, name, patched(name, orig_attr))
         yield
     finally:
         for cls, name, orig in reversed(saved):

@@ -22,7 +22,18 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from qir.ir.op import Elementwise, IRError, ModuleOp, Op, Pure, ShapePreserving, Trait, register_op, resolve
+from qir.ir.op import (
+    Elementwise,
+    IRError,
+    ModuleOp,
+    Op,
+    Pure,
+    ShapePreserving,
+    Trait,
+    iter_refs,
+    register_op,
+    resolve,
+)
 
 
 class TorchCallMixin:
@@ -44,7 +55,7 @@ class TorchCallMixin:
     def num_leading(self, operands: Sequence[Any]) -> int:
         """How many leading operands are call inputs (the rest are referenced by Refs)."""
         if self.list_input:
-            refs = [r.index for v in attrs.asdict(self, recurse=False).values() for r in _refs(v)]  # type: ignore[arg-type]
+            refs = [r.index for v in attrs.asdict(self, recurse=False).values() for r in iter_refs(v)]  # type: ignore[arg-type]
             return min(refs) if refs else len(operands)
         return len(self.inputs)
 
@@ -73,12 +84,6 @@ class TorchCallMixin:
     def compute(self, *operands: Any) -> Any:
         fn, args, kwargs = self.torch_call(operands)
         return fn(*args, **kwargs)
-
-
-def _refs(v: Any) -> list[Any]:
-    from qir.ir.op import iter_refs
-
-    return list(iter_refs(v))
 
 
 @attrs.frozen
