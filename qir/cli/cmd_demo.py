@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, torch.nn.BatchNorm2d):
+                assert m.running_mean is not None and m.running_var is not None
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 2.0)
                 m.weight.uniform_(0.5, 1.5)

@@ -175,6 +175,7 @@ class Graph:
         self.objects: dict[str, Any] = {}
         self._output: Any = None
         self._output_uses: dict[Value, int] = {}
+        self._const_tail: Node | None = None
         #: Whether the source module was in training mode (emitters restore it).
         self.training: bool = False
 
@@ -260,15 +261,26 @@ class Graph:
         op = Constant(key=key, kind=kind)
         node = self.create_node(op, (), op.type_for(tensor), name or key, scope)
         self._link_after(node, self._last_constant())
+        self._const_tail = node
         return node
 
     def _last_constant(self) -> Node | None:
-        last = None
-        for n in self.nodes:
-            if n.op.name != "constant":
-                break
-            last = n
-        return last
+        """The last node of the leading block of constants, in O(1) amortised.
+
+        The cached tail stays valid while it is still linked into this graph and the node
+        after it is not a constant; otherwise walk forward from it (or from the head).
+        """
+        n = self._const_tail
+        if n is not None and (n.graph is not self or (n.prev is None and self._head is not n)):
+            n = None
+        if n is None:
+            if self._head is None or self._head.op.name != "constant":
+                return None
+            n = self._head
+        while n.next is not None and n.next.op.name == "constant":
+            n = n.next
+        self._const_tail = n
+        return n
 
     def insert_node(self, node: Node, *, before: Node | None = None, after: Node | None = None) -> Node:
         if node.prev is not None or node.next is not None or self._head is node:
@@ -313,7 +325,10 @@ class Graph:
             node.next.prev = node.prev
         else:
             self._tail = node.prev
+        if node is self._const_tail:
+            self._const_tail = node.prev if node.prev is not None and node.prev.op.name == "constant" else None
         node.prev = node.next = None
+        node.graph = None
         self._len -= 1
         self._names.discard(node.name)
 

@@ -156,7 +156,7 @@ class ConvNd(WeightedOp):
 
     def plain_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         w = tensors["weight"]
-        cls = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[self.dims - 1]
+        cls: Any = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[self.dims - 1]  # shapes are checked by torch
         m = cls(
             w.shape[1] * self.groups, w.shape[0], tuple(w.shape[2:]), stride=self.stride,
             padding=self.padding, dilation=self.dilation, groups=self.groups,
@@ -248,7 +248,7 @@ class ConvTransposeNd(WeightedOp):
 
     def plain_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         w = tensors["weight"]
-        cls = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[self.dims - 1]
+        cls: Any = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[self.dims - 1]
         m = cls(
             w.shape[0], w.shape[1] * self.groups, tuple(w.shape[2:]), stride=self.stride,
             padding=self.padding, output_padding=self.output_padding, groups=self.groups,
