@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [measure(n, args.repeat) for n in args.sizes]
     stages = list(rows[0]["per_1000_nodes"])
     print(f"torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}")
-    print("seconds per 1,000 IR nodes (best of %d)" % args.repeat)
+    print(f"seconds per 1,000 IR nodes (best of {args.repeat})")
     print(f"{'blocks':>7} {'nodes':>7} " + " ".join(f"{s:>18}" for s in stages))
     for r in rows:
         print(f"{r['blocks']:>7} {r['nodes']:>7} " + " ".join(f"{r['per_1000_nodes'][s]:>18.4f}" for s in stages))

@@ -107,7 +107,7 @@ class WeightedOp(ModuleOp):
                 f"op {self.name!r}: bias={self.bias} add={self.add} needs {n} operands, "  # type: ignore[attr-defined]
                 f"got {len(operand_types)}"
             )
-        for role, t in zip(self.operand_names, operand_types):
+        for role, t in zip(self.operand_names, operand_types, strict=False):
             if not isinstance(t, TensorType):
                 raise IRError(f"op {self.name!r}: operand {role} must be a tensor, got {t}")
 
@@ -172,7 +172,8 @@ def _load(m: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
         if t is None:
             continue
         if role in m._parameters:
-            m._parameters[role] = t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=t.requires_grad or t.is_floating_point())
+            grad = t.requires_grad or t.is_floating_point()
+            m._parameters[role] = t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=grad)
         else:
             m._buffers[role] = t
 
@@ -353,7 +354,7 @@ class BatchNorm(ModuleOp):
         return roles
 
     def compute(self, x: Any, *params: Any) -> Any:
-        p = dict(zip(self.param_roles(), params))
+        p = dict(zip(self.param_roles(), params, strict=True))
         return F.batch_norm(
             x, p.get("running_mean"), p.get("running_var"), p.get("weight"), p.get("bias"),
             False, 0.0 if self.momentum is None else self.momentum, self.eps,
@@ -362,7 +363,8 @@ class BatchNorm(ModuleOp):
     def verify_(self, operand_types: Sequence[Type]) -> None:
         n = 1 + len(self.param_roles())
         if len(operand_types) != n:
-            raise IRError(f"op 'batch_norm': expects {n} operands ({', '.join(('input', *self.param_roles()))}), got {len(operand_types)}")
+            names = ", ".join(("input", *self.param_roles()))
+            raise IRError(f"op 'batch_norm': expects {n} operands ({names}), got {len(operand_types)}")
         if not self.track_running_stats:
             raise IRError("op 'batch_norm': track_running_stats=False has no eval semantics in a graph")
 
