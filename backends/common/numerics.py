@@ -106,12 +106,13 @@ def round_half_up(v: torch.Tensor) -> torch.Tensor:
 def quantize(x: torch.Tensor, scale: ScaleLike, dtype: DTypeLike, axis: int | None = None) -> torch.Tensor:
     """``saturate(floor(x / scale + 0.5))`` as an integer tensor (int8/int16/int32 storage).
 
-    ``x / scale`` is one IEEE division in float32 (float64 for float64 input); the scale
-    is cast to that type first. ``axis`` selects per-channel scales.
+    ``x / scale`` is one IEEE division in float32 (float64 for float64 input, and for
+    qint32, whose bounds float32 cannot hold); the scale is cast to that type first.
+    ``axis`` selects per-channel scales.
     """
     qd = qdtype(dtype)
     lo, hi = qd.qrange
-    ct = _compute_dtype(x)
+    ct = torch.float64 if qd is DType.qint32 else _compute_dtype(x)
     s = broadcast_along(_as_scale(scale, x, ct), axis, x.dim())
     q = round_half_up(x.to(ct) / s).clamp_(lo, hi)
     return q.to(qd.to_torch())

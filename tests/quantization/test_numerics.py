@@ -259,3 +259,8 @@ def test_lut_rejects_nan_and_non_elementwise_functions() -> None:
         nx.lut_int8(torch.log, 0.1, 0.1)
     with pytest.raises(ValueError, match="elementwise"):
         nx.lut_int8(lambda t: t.sum().reshape(1), 0.1, 0.1)
+
+
+def test_qint32_quantize_saturates_without_wrapping() -> None:
+    q = nx.quantize(torch.tensor([3e9, -3e9, 2.5]), 1.0, "qint32")
+    assert q.dtype == torch.int32 and q.tolist() == [2**31 - 1, -(2**31), 3]
