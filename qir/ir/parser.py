@@ -52,6 +52,8 @@ _TORCH_ATTR_TYPES = (torch.dtype, torch.memory_format, torch.layout)
 
 def _strip_comment(text: str) -> str:
     """Cut a ``//`` comment, ignoring ``//`` inside string literals."""
+    if "//" not in text:
+        return text
     i = 0
     while i < len(text):
         c = text[i]
@@ -206,15 +208,19 @@ class _Walker:
 
     def __init__(self, line: _Line, src: str, origin: int, refs: frozenset[int]) -> None:
         self.line = line
-        self.src_bytes = src.encode()
+        # ast columns are UTF-8 byte offsets; the line cursor counts characters
+        self.char_at: list[int] | None = None
+        if not src.isascii():
+            self.char_at = [i for i, c in enumerate(src) for _ in range(len(c.encode()))]
+            self.char_at.append(len(src))
         self.origin = origin
         self.refs = refs
         #: how ``%name`` / ``%3`` becomes a value: set per use (attribute, output, default)
         self.on_ref: Callable[[str, int], Any] = self._no_refs
 
     def col(self, node: ast.AST) -> int:
-        # ast columns are UTF-8 byte offsets; the line cursor counts characters
-        return self.origin + len(self.src_bytes[: getattr(node, "col_offset", 0)].decode(errors="replace"))
+        offset: int = getattr(node, "col_offset", 0)
+        return self.origin + (offset if self.char_at is None else self.char_at[offset])
 
     def error(self, node: ast.AST, reason: str) -> ParseError:
         return self.line.error(reason, self.col(node))
