@@ -164,3 +164,23 @@ def test_stubs_and_fused_modules_are_leaves() -> None:
     fused = next(n for n in g.nodes if n.scope == "fused")
     assert (fused.op.name, fused.op.kind) == ("call", "module")  # type: ignore[attr-defined]
     assert emit(g).get_submodule("fused") is m.fused
+
+
+def str_helper(x: torch.Tensor) -> torch.Tensor:
+    return x if x.sum() > 0 else -x
+
+
+wrap("str_helper")  # the torch.fx.wrap spelling: rebinds the name in this module
+
+
+def test_wrap_by_name_and_errors() -> None:
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return str_helper(x) * 2
+
+    g = roundtrip(M(), torch.randn(3))
+    assert [n.op.target for n in g.nodes if n.op.name == "call"] == [f"{__name__}.str_helper"]  # type: ignore[attr-defined]
+    with pytest.raises(NameError, match="no function named 'nope'"):
+        wrap("nope")
+    with pytest.raises(TypeError, match="expects a function"):
+        wrap(3)
