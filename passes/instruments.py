@@ -130,11 +130,11 @@ class TimingInstrument(Instrument):
             runs[name] = runs.get(name, 0) + 1
         total = self.total
         width = max([len("pass"), *(len(n) for n in sums)])
-        lines = [f"{'pass':<{width}}  runs   seconds      %"]
+        lines = [f"{'pass':<{width}}  runs     seconds      %"]
         for name, t in sorted(sums.items(), key=lambda kv: -kv[1]):
             share = 100.0 * t / total if total > 0 else 0.0
-            lines.append(f"{name:<{width}}  {runs[name]:>4}  {t:>8.4f}  {share:>5.1f}")
-        lines.append(f"{'total':<{width}}  {len(self.timings):>4}  {total:>8.4f}  100.0")
+            lines.append(f"{name:<{width}}  {runs[name]:>4}  {t:>10.6f}  {share:>5.1f}")
+        lines.append(f"{'total':<{width}}  {len(self.timings):>4}  {total:>10.6f}  100.0")
         return "\n".join(lines)
 
     def __str__(self) -> str:

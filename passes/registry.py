@@ -79,6 +79,9 @@ def describe_passes() -> str:
     for name, cls in load_all().items():
         opts = ", ".join(o.describe() for o in option_specs(cls).values())
         head = f"{name}{{{opts}}}" if opts else name
+        if len(head) >= 40:  # keep summaries in one column: long heads get their own line
+            lines.append(head)
+            head = ""
         lines.append(f"{head:40} {summary_of(cls)}".rstrip())
     return "\n".join(lines)
 
