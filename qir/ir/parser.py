@@ -263,7 +263,12 @@ class _Walker:
             for key, item in zip(node.keys, node.values, strict=True):
                 if key is None:
                     raise self.error(item, "'**' unpacking is not allowed")
-                out[self.value(key)] = self.value(item)
+                k = self.value(key)
+                try:
+                    hash(k)
+                except TypeError:
+                    raise self.error(key, f"dict key {k!r} is not hashable") from None
+                out[k] = self.value(item)
             return out
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and not self.is_ref(node.value):
             return self.attribute(node, node.value.id, node.attr)

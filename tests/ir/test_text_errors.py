@@ -37,6 +37,7 @@ HEAD = "graph @m(%x: tensor<2xf32>) {\n"
         ("  %y = getitem(%x, index=-%x)\n  return %y\n}", 2, 26, "a sign only applies to a number"),
         ("  %y = getitem(%x, index=[*%x])\n  return %y\n}", 2, 27, "'*' unpacking"),
         ("  %y = getitem(%x, index=b'x')\n  return %y\n}", 2, 26, "unsupported literal b'x'"),
+        ("  %y = getitem(%x, index={[1]: 2})\n  return %y\n}", 2, 27, "dict key [1] is not hashable"),
         ("  %y = getitem(%x, index=\"abc)\n  return %y\n}", 2, 26, "unterminated string"),
         ("  %y = getitem(%x, index=(1, 2)\n  return %y\n}", 2, 15, "unclosed bracket"),
         ("  %y = relu(%x)\n}", 3, 1, "expected 'return <outputs>' before '}'"),
