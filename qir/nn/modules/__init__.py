@@ -1,0 +1,38 @@
+"""Float-side modules of qir.nn: the eager replacements for functional ops."""
+
+from torch.nn import Identity
+
+from qir.nn.modules.binary import Div
+from qir.nn.modules.functional import FLOAT_FUNCTIONAL_METHODS, FloatFunctional, FunctionalBase
+from qir.nn.modules.interpolate import Interpolate
+from qir.nn.modules.unary import (
+    UNARY_FUNCTIONS,
+    UNARY_MODULES,
+    Acos,
+    Acosh,
+    Asin,
+    Asinh,
+    Atan,
+    Atanh,
+    Ceil,
+    Cos,
+    Cosh,
+    Erf,
+    Exp,
+    Floor,
+    HardLog,
+    Pow,
+    Reciprocal,
+    Selu,
+    Sin,
+    Sinh,
+    Sqrt,
+    Tan,
+    UnaryModule,
+)
+
+__all__ = [
+    "FLOAT_FUNCTIONAL_METHODS", "UNARY_FUNCTIONS", "UNARY_MODULES", "Acos", "Acosh", "Asin", "Asinh", "Atan",
+    "Atanh", "Ceil", "Cos", "Cosh", "Div", "Erf", "Exp", "FloatFunctional", "Floor", "FunctionalBase", "HardLog",
+    "Identity", "Interpolate", "Pow", "Reciprocal", "Selu", "Sin", "Sinh", "Sqrt", "Tan", "UnaryModule",
+]

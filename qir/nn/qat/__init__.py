@@ -1,0 +1,55 @@
+"""QAT modules: float compute with fake-quantized weights and outputs (``qir.nn.qat``)."""
+
+from qir.nn.qat._base import QATModule
+from qir.nn.qat.activation import LUT_FLOAT_CLASSES, ReLU, ReLU6, UnaryLUT
+from qir.nn.qat.conv import (
+    QAT_CONV_CLASSES,
+    Conv1d,
+    Conv2d,
+    Conv3d,
+    ConvAdd1d,
+    ConvAdd2d,
+    ConvAdd3d,
+    ConvAddReLU1d,
+    ConvAddReLU2d,
+    ConvAddReLU3d,
+    ConvAddReLU61d,
+    ConvAddReLU62d,
+    ConvAddReLU63d,
+    ConvReLU1d,
+    ConvReLU2d,
+    ConvReLU3d,
+    ConvReLU61d,
+    ConvReLU62d,
+    ConvReLU63d,
+    ConvTranspose2d,
+    ConvTransposeAdd2d,
+    ConvTransposeAddReLU2d,
+    ConvTransposeAddReLU62d,
+    ConvTransposeReLU2d,
+    ConvTransposeReLU62d,
+    Linear,
+    LinearAdd,
+    LinearAddReLU,
+    LinearAddReLU6,
+    LinearReLU,
+    LinearReLU6,
+    QATConvBase,
+)
+from qir.nn.qat.functional import FloatFunctional
+from qir.nn.qat.interpolate import Interpolate
+from qir.nn.qat.mapping import QAT_MODULE_MAP, get_qat_module_class
+from qir.nn.qat.misc import Div, Dropout, Identity
+from qir.nn.qat.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from qir.nn.qat.stubs import DeQuantStub, QuantStub
+
+__all__ = [
+    "LUT_FLOAT_CLASSES", "QAT_CONV_CLASSES", "QAT_MODULE_MAP", "AdaptiveAvgPool2d", "AvgPool2d", "Conv1d", "Conv2d",
+    "Conv3d", "ConvAdd1d", "ConvAdd2d", "ConvAdd3d", "ConvAddReLU1d", "ConvAddReLU2d", "ConvAddReLU3d",
+    "ConvAddReLU61d", "ConvAddReLU62d", "ConvAddReLU63d", "ConvReLU1d", "ConvReLU2d", "ConvReLU3d", "ConvReLU61d",
+    "ConvReLU62d", "ConvReLU63d", "ConvTranspose2d", "ConvTransposeAdd2d", "ConvTransposeAddReLU2d",
+    "ConvTransposeAddReLU62d", "ConvTransposeReLU2d", "ConvTransposeReLU62d", "DeQuantStub", "Div", "Dropout",
+    "FloatFunctional", "Identity", "Interpolate", "Linear", "LinearAdd", "LinearAddReLU", "LinearAddReLU6",
+    "LinearReLU", "LinearReLU6", "MaxPool2d", "QATConvBase", "QATModule", "QuantStub", "ReLU", "ReLU6", "UnaryLUT",
+    "get_qat_module_class",
+]

@@ -1,0 +1,66 @@
+"""Shared plumbing of the QAT modules: qconfig lookup and fake-quant construction."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from torch import nn
+
+from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.qconfig import QConfig
+
+__all__ = ["QATModule", "make_activation_fq", "make_weight_fq", "resolve_qconfig"]
+
+
+def resolve_qconfig(mod: nn.Module, qconfig: QConfig | None, what: str) -> QConfig:
+    """``qconfig`` if given, else ``mod.qconfig``; raises naming ``what`` when neither is set."""
+    qc = qconfig if qconfig is not None else getattr(mod, "qconfig", None)
+    if qc is None:
+        raise ValueError(
+            f"{what}.from_float needs a qconfig: pass qconfig= or set {type(mod).__name__}.qconfig "
+            "(e.g. qir.quantization.get_default_qat_qconfig())"
+        )
+    if not isinstance(qc, QConfig):
+        raise TypeError(f"{what}: qconfig must be a qir QConfig, got {type(qc).__name__}")
+    return qc
+
+
+def _check_fq(fq: Any, what: str, field: str) -> FakeQuantize:
+    if not isinstance(fq, FakeQuantize):
+        raise TypeError(
+            f"{what}: qconfig.{field} must build a qir FakeQuantize, got {type(fq).__name__}; "
+            "use FakeQuantize.with_args(...)"
+        )
+    return fq
+
+
+def make_activation_fq(qconfig: QConfig, what: str, required: bool) -> FakeQuantize | None:
+    """The output fake quant from ``qconfig.activation`` (``None`` allowed unless ``required``)."""
+    if qconfig.activation is None:
+        if required:
+            raise ValueError(
+                f"{what} needs an output fake quant but qconfig.activation is None; only conv, linear and "
+                "FloatFunctional.matmul support a high-precision (qint32) output"
+            )
+        return None
+    return _check_fq(qconfig.activation(), what, "activation")
+
+
+def make_weight_fq(qconfig: QConfig, what: str, ch_axis: int) -> FakeQuantize:
+    """The weight fake quant from ``qconfig.weight``, per channel along ``ch_axis`` when per-channel."""
+    if qconfig.weight is None:
+        raise ValueError(f"{what} needs qconfig.weight (a weight fake quant factory), got None")
+    fq = qconfig.weight(ch_axis=ch_axis) if ch_axis != 0 else qconfig.weight()
+    return _check_fq(fq, what, "weight")
+
+
+class QATModule(nn.Module):
+    """Marker base of qir's QAT modules.
+
+    ``activation_post_process`` is the output fake quant, or ``None`` when the module
+    preserves its input's scale (ReLU, max pool, nearest resize, ...) or emits a
+    high-precision output. ``scale_preserving`` is a class-level fact for the flows.
+    """
+
+    scale_preserving: ClassVar[bool] = False
+    activation_post_process: FakeQuantize | None

@@ -1,0 +1,196 @@
+"""QAT conv / linear modules, plain and fused (add, ReLU, ReLU6), generated from one table.
+
+``qat.Conv2d``, ``qat.ConvAddReLU2d``, ``qat.LinearReLU6``, ...: each subclasses the torch
+module of its kind (so ``weight``/``bias``/hyperparameters are where torch keeps them),
+fake-quantizes its weight with ``weight_fake_quant`` (per channel: axis 0, axis 1 for
+conv transpose) and its output with ``activation_post_process`` (``None`` = high-precision
+output). ``forward(x, addend=None) = fq(act(conv(x, fq(w)) + addend))``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qir.nn.intrinsic.fused import FUSED_CLASSES, FusedModule
+from qir.nn.qat._base import QATModule, make_activation_fq, make_weight_fq, resolve_qconfig
+from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.qconfig import QConfig
+
+__all__ = ["QAT_CONV_CLASSES", "QATConvBase"]
+
+C = TypeVar("C", bound="QATConvBase")
+
+
+class QATConvBase(QATModule):
+    """Behaviour shared by every generated QAT conv / linear class."""
+
+    float_conv: ClassVar[type[nn.Module]] = nn.Conv2d
+    has_add: ClassVar[bool] = False
+    act: ClassVar[str | None] = None
+    weight_axis: ClassVar[int] = 0  # the weight's output-channel axis
+    out_axis: ClassVar[int] = 1  # the output's channel axis
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+    weight_fake_quant: FakeQuantize
+
+    def __init__(self, *args: Any, qconfig: QConfig, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        name = type(self).__name__
+        self.qconfig = qconfig
+        self.weight_fake_quant = make_weight_fq(qconfig, name, self.weight_axis)
+        self.activation_post_process = make_activation_fq(qconfig, name, required=False)
+
+    def _linear_op(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        kind = self.float_conv
+        if kind is nn.Linear:
+            return F.linear(x, w, self.bias)
+        if kind is nn.ConvTranspose2d:
+            m: Any = self
+            return F.conv_transpose2d(x, w, self.bias, m.stride, m.padding, m.output_padding, m.groups, m.dilation)
+        out: torch.Tensor = self._conv_forward(x, w, self.bias)  # type: ignore[operator]
+        return out
+
+    def forward(self, x: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
+        y = self._linear_op(x, self.weight_fake_quant(self.weight))
+        if self.has_add:
+            if addend is None:
+                raise TypeError(f"{type(self).__name__}.forward needs the addend (second input)")
+            y = y + addend
+        elif addend is not None:
+            raise TypeError(f"{type(self).__name__} has no fused add; got a second input")
+        if self.act == "relu":
+            y = F.relu(y)
+        elif self.act == "relu6":
+            y = F.relu6(y)
+        if self.activation_post_process is not None:
+            y = self.activation_post_process(y)
+        return y
+
+    @classmethod
+    def from_float(cls: type[C], mod: nn.Module, qconfig: QConfig | None = None) -> C:
+        """A QAT copy of the float ``mod`` (plain conv/linear or fused module); never shares its tensors."""
+        want = fused_float_class(cls)
+        if type(mod) is not want:
+            raise TypeError(f"{cls.__name__}.from_float takes a {want.__name__}, got {type(mod).__name__}")
+        conv: Any = mod.conv if isinstance(mod, FusedModule) else mod
+        qc = resolve_qconfig(mod, qconfig, cls.__name__)
+        new = cls(**_ctor_kwargs(conv), qconfig=qc)
+        with torch.no_grad():
+            new.weight.copy_(conv.weight)
+            new.weight.requires_grad_(conv.weight.requires_grad)
+            if conv.bias is not None and new.bias is not None:
+                new.bias.copy_(conv.bias)
+                new.bias.requires_grad_(conv.bias.requires_grad)
+        new.train(mod.training)
+        return new
+
+    def extra_repr(self) -> str:
+        base = super().extra_repr()
+        hp = self.activation_post_process is None
+        return f"{base}{', high_precision_output=True' if hp else ''}"
+
+
+def _ctor_kwargs(conv: Any) -> dict[str, Any]:
+    w = conv.weight
+    common = {"bias": conv.bias is not None, "device": w.device, "dtype": w.dtype}
+    if isinstance(conv, nn.Linear):
+        return {"in_features": conv.in_features, "out_features": conv.out_features, **common}
+    kw = {
+        "in_channels": conv.in_channels, "out_channels": conv.out_channels, "kernel_size": conv.kernel_size,
+        "stride": conv.stride, "padding": conv.padding, "dilation": conv.dilation, "groups": conv.groups,
+        "padding_mode": conv.padding_mode, **common,
+    }
+    if isinstance(conv, nn.ConvTranspose2d):
+        kw["output_padding"] = conv.output_padding
+    return kw
+
+
+_KINDS: dict[str, tuple[type[nn.Module], int, int]] = {
+    # name: (torch class, weight output-channel axis, output channel axis)
+    "Conv1d": (nn.Conv1d, 0, 1),
+    "Conv2d": (nn.Conv2d, 0, 1),
+    "Conv3d": (nn.Conv3d, 0, 1),
+    "ConvTranspose2d": (nn.ConvTranspose2d, 1, 1),
+    "Linear": (nn.Linear, 0, -1),
+}
+_VARIANTS: list[tuple[str, bool, str | None]] = [
+    ("", False, None),
+    ("ReLU", False, "relu"),
+    ("ReLU6", False, "relu6"),
+    ("Add", True, None),
+    ("AddReLU", True, "relu"),
+    ("AddReLU6", True, "relu6"),
+]
+
+
+def class_name(kind: str, suffix: str) -> str:
+    """``Conv2d`` + ``AddReLU`` -> ``ConvAddReLU2d``; ``Linear`` + ``ReLU6`` -> ``LinearReLU6``."""
+    if kind == "Linear" or not suffix:
+        return f"{kind}{suffix}"
+    return f"{kind[:-2]}{suffix}{kind[-2:]}"
+
+
+def fused_float_class(cls: type[QATConvBase]) -> type[nn.Module]:
+    """The float class a generated QAT/quantized conv class converts from."""
+    if not cls.has_add and cls.act is None:
+        return cls.float_conv
+    return FUSED_CLASSES[(cls.float_conv, cls.has_add, cls.act)]
+
+
+#: (torch conv class, has_add, act) -> QAT class
+QAT_CONV_CLASSES: dict[tuple[type[nn.Module], bool, str | None], type[QATConvBase]] = {}
+
+
+def _make() -> dict[str, Any]:
+    made: dict[str, Any] = {}
+    for kind, (torch_cls, w_axis, o_axis) in _KINDS.items():
+        for suffix, has_add, act in _VARIANTS:
+            name = class_name(kind, suffix)
+            cls = type(name, (QATConvBase, torch_cls), {
+                "float_conv": torch_cls, "has_add": has_add, "act": act, "weight_axis": w_axis,
+                "out_axis": o_axis, "__module__": __name__, "__qualname__": name,
+                "__doc__": f"QAT {kind}{' + add' if has_add else ''}{' + ' + act if act else ''}.",
+            })
+            QAT_CONV_CLASSES[(torch_cls, has_add, act)] = cls
+            made[name] = cls
+    return made
+
+
+_GENERATED = _make()
+globals().update(_GENERATED)
+__all__ += sorted(_GENERATED)
+
+Conv1d: type[QATConvBase]
+Conv2d: type[QATConvBase]
+Conv3d: type[QATConvBase]
+ConvTranspose2d: type[QATConvBase]
+Linear: type[QATConvBase]
+ConvReLU1d: type[QATConvBase]
+ConvReLU2d: type[QATConvBase]
+ConvReLU3d: type[QATConvBase]
+ConvReLU61d: type[QATConvBase]
+ConvReLU62d: type[QATConvBase]
+ConvReLU63d: type[QATConvBase]
+ConvAdd1d: type[QATConvBase]
+ConvAdd2d: type[QATConvBase]
+ConvAdd3d: type[QATConvBase]
+ConvAddReLU1d: type[QATConvBase]
+ConvAddReLU2d: type[QATConvBase]
+ConvAddReLU3d: type[QATConvBase]
+ConvAddReLU61d: type[QATConvBase]
+ConvAddReLU62d: type[QATConvBase]
+ConvAddReLU63d: type[QATConvBase]
+ConvTransposeReLU2d: type[QATConvBase]
+ConvTransposeReLU62d: type[QATConvBase]
+ConvTransposeAdd2d: type[QATConvBase]
+ConvTransposeAddReLU2d: type[QATConvBase]
+ConvTransposeAddReLU62d: type[QATConvBase]
+LinearReLU: type[QATConvBase]
+LinearReLU6: type[QATConvBase]
+LinearAdd: type[QATConvBase]
+LinearAddReLU: type[QATConvBase]
+LinearAddReLU6: type[QATConvBase]

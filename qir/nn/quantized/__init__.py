@@ -1,0 +1,100 @@
+"""Quantized modules (integer codes in, integer codes out) and the float FloatFunctional wrapper.
+
+``qir.nn.quantized.FloatFunctional`` is the FLOAT wrapper users put in float models (as in
+torch's layout); :class:`QFunctional` is its integer counterpart.
+"""
+
+from qir.nn.modules.functional import FloatFunctional
+from qir.nn.quantized._base import QuantizedModule
+from qir.nn.quantized.activation import ReLU, ReLU6, UnaryLUT
+from qir.nn.quantized.conv import (
+    QUANTIZED_CONV_CLASSES,
+    Conv1d,
+    Conv2d,
+    Conv3d,
+    ConvAdd1d,
+    ConvAdd2d,
+    ConvAdd3d,
+    ConvAddReLU1d,
+    ConvAddReLU2d,
+    ConvAddReLU3d,
+    ConvAddReLU61d,
+    ConvAddReLU62d,
+    ConvAddReLU63d,
+    ConvReLU1d,
+    ConvReLU2d,
+    ConvReLU3d,
+    ConvReLU61d,
+    ConvReLU62d,
+    ConvReLU63d,
+    ConvTranspose2d,
+    ConvTransposeAdd2d,
+    ConvTransposeAddReLU2d,
+    ConvTransposeAddReLU62d,
+    ConvTransposeReLU2d,
+    ConvTransposeReLU62d,
+    Linear,
+    LinearAdd,
+    LinearAddReLU,
+    LinearAddReLU6,
+    LinearReLU,
+    LinearReLU6,
+    QuantizedConvBase,
+)
+from qir.nn.quantized.functional import QFunctional
+from qir.nn.quantized.interpolate import Interpolate
+from qir.nn.quantized.mapping import QUANTIZED_MODULE_MAP, get_quantized_module_class
+from qir.nn.quantized.misc import Div, Identity
+from qir.nn.quantized.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from qir.nn.quantized.stubs import DeQuantStub, QuantStub
+
+__all__ = [
+    "AdaptiveAvgPool2d",
+    "AvgPool2d",
+    "Conv1d",
+    "Conv2d",
+    "Conv3d",
+    "ConvAdd1d",
+    "ConvAdd2d",
+    "ConvAdd3d",
+    "ConvAddReLU1d",
+    "ConvAddReLU2d",
+    "ConvAddReLU3d",
+    "ConvAddReLU61d",
+    "ConvAddReLU62d",
+    "ConvAddReLU63d",
+    "ConvReLU1d",
+    "ConvReLU2d",
+    "ConvReLU3d",
+    "ConvReLU61d",
+    "ConvReLU62d",
+    "ConvReLU63d",
+    "ConvTranspose2d",
+    "ConvTransposeAdd2d",
+    "ConvTransposeAddReLU2d",
+    "ConvTransposeAddReLU62d",
+    "ConvTransposeReLU2d",
+    "ConvTransposeReLU62d",
+    "DeQuantStub",
+    "Div",
+    "FloatFunctional",
+    "Identity",
+    "Interpolate",
+    "Linear",
+    "LinearAdd",
+    "LinearAddReLU",
+    "LinearAddReLU6",
+    "LinearReLU",
+    "LinearReLU6",
+    "MaxPool2d",
+    "QFunctional",
+    "QUANTIZED_CONV_CLASSES",
+    "QUANTIZED_MODULE_MAP",
+    "QuantStub",
+    "QuantizedConvBase",
+    "QuantizedModule",
+    "ReLU",
+    "ReLU6",
+    "UnaryLUT",
+    "get_quantized_module_class",
+]

@@ -1,0 +1,227 @@
+"""Integer rules of the quantized module library that are not in ``backends/common/numerics.py``.
+
+Each rule is built only from numerics' primitives (``multiplier_shift``, ``requantize``,
+``round_half_up``, ``saturate``) and is stated in docs/modules.md, "Integer rules":
+
+* fused conv + add (:func:`fused_add_params`, :func:`fused_add_int`),
+* average pooling (:func:`avg_pool_params`),
+* bilinear interpolation weights (:func:`bilinear_taps`),
+* division (:func:`div_params`, :func:`div_int`).
+
+Parameters are derived in float64 from float32 scales, like every numerics rule.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from backends.common.numerics import (
+    DTypeLike,
+    multiplier_shift,
+    qdtype,
+    requant_limits,
+    requantize,
+    round_half_up,
+    saturate,
+)
+from qir.ir.types import DType
+
+__all__ = [
+    "FUSED_ADD_MAX_EXTRA_BITS",
+    "FusedAddParams",
+    "avg_pool_params",
+    "bilinear_taps",
+    "bilinear_weight_bits",
+    "check_out_dtype",
+    "div_int",
+    "div_params",
+    "f32",
+    "fused_add_int",
+    "fused_add_params",
+    "ratio_params",
+]
+
+#: Extra fraction bits of the fused-add intermediate (its scale is ``s_out / 2**p``, ``p <= 8``).
+FUSED_ADD_MAX_EXTRA_BITS = 8
+
+
+def f32(v: float | torch.Tensor) -> float:
+    """A scale as the float32 value every rule starts from (then widened to float64)."""
+    t = v.detach().reshape(-1)[0] if isinstance(v, torch.Tensor) else torch.tensor(float(v))
+    return float(t.to(torch.float32))
+
+
+def check_out_dtype(march: object, dtype: DTypeLike, what: str) -> DType:
+    """``dtype`` as a DType, after checking ``march`` can requantize to it."""
+    qd = qdtype(dtype)
+    lim = requant_limits(march)
+    if qd not in lim.out_dtypes:
+        raise ValueError(
+            f"{what}: march {march} cannot produce {qd.name} outputs; valid: "
+            f"{', '.join(d.name for d in lim.out_dtypes)} (change the activation qconfig dtype)"
+        )
+    return qd
+
+
+def ratio_params(ratio: torch.Tensor | float, march: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(multiplier, shift)`` for a float64 ratio (or 1-D ratios) within ``march``'s limits."""
+    lim = requant_limits(march)
+    r = torch.as_tensor(ratio, dtype=torch.float64)
+    return multiplier_shift(r, lim.max_multiplier, lim.max_shift)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused conv + add
+# ---------------------------------------------------------------------------------------------
+
+
+class FusedAddParams(NamedTuple):
+    """Integer parameters of ``act(acc * s_acc + addend * s_add)`` at ``s_out`` (see :func:`fused_add_params`)."""
+
+    acc_multiplier: torch.Tensor  # per output channel, int64
+    acc_shift: torch.Tensor  # per output channel, int64
+    add_multiplier: int
+    add_shift: int
+    extra_bits: int  # p: the intermediate has scale s_out / 2**p
+
+
+def fused_add_params(
+    acc_scale: torch.Tensor, addend_scale: float, out_scale: float, march: object, dtype: DTypeLike
+) -> FusedAddParams:
+    """Parameters of the fused conv + add rule.
+
+    Both operands are requantized onto one intermediate grid ``s_mid = s_out / 2**p``
+    (``r_acc[c] = s_acc[c] * 2**p / s_out``, ``r_add = s_add * 2**p / s_out``, each through
+    :func:`~backends.common.numerics.multiplier_shift` with the march's limits), summed
+    exactly, and shifted right by ``p`` with half-up rounding. ``p`` is the largest value
+    ``<= 8`` for which every ratio is below ``max_multiplier + 1/2``.
+    """
+    check_out_dtype(march, dtype, "fused conv + add")
+    lim = requant_limits(march)
+    so = f32(out_scale)
+    r_acc = acc_scale.to(torch.float64).reshape(-1) / so
+    r_add = f32(addend_scale) / so
+    top = max(float(r_acc.max()), r_add)
+    p = FUSED_ADD_MAX_EXTRA_BITS
+    while p >= 0 and top * 2.0**p >= lim.max_multiplier + 0.5:
+        p -= 1
+    if p < 0:
+        raise ValueError(
+            f"fused conv + add: output scale {so:.6g} is too small for the addend scale {f32(addend_scale):.6g} "
+            f"or the accumulator scale {float(acc_scale.max()):.6g} (ratio above {lim.max_multiplier}); "
+            "the output fake quant must observe a wider range"
+        )
+    m_acc, s_acc = multiplier_shift(r_acc * 2.0**p, lim.max_multiplier, lim.max_shift)
+    r_add_p = torch.tensor(r_add * 2.0**p, dtype=torch.float64)
+    m_add, s_add = multiplier_shift(r_add_p, lim.max_multiplier, lim.max_shift)
+    return FusedAddParams(m_acc, s_acc, int(m_add), int(s_add), p)
+
+
+def fused_add_int(
+    acc: torch.Tensor,
+    addend: torch.Tensor,
+    acc_multiplier: torch.Tensor,
+    acc_shift: torch.Tensor,
+    add_multiplier: int,
+    add_shift: int,
+    extra_bits: int,
+    out_dtype: DTypeLike,
+    axis: int,
+) -> torch.Tensor:
+    """``sat((requant(acc) + requant(addend) + 2**(p-1)) >> p)``: the fused conv + add in int64.
+
+    ``acc`` is the int32 accumulator (bias included) with per-channel parameters along
+    ``axis``; the two requantized terms are int32 values at ``s_out / 2**p``.
+    """
+    mid = requantize(acc, acc_multiplier, acc_shift, "qint32", axis=axis).to(torch.int64)
+    mid = mid + requantize(addend, add_multiplier, add_shift, "qint32").to(torch.int64)
+    return requantize(mid, 1, extra_bits, out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Average pooling
+# ---------------------------------------------------------------------------------------------
+
+
+def avg_pool_params(
+    in_scale: float, out_scale: float, max_divisor: int, march: object
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(multiplier[d-1], shift[d-1])`` for ``d = 1 .. max_divisor``: ratio ``s_in / (d * s_out)``.
+
+    An average pool sums its window exactly in int64 and requantizes the sum with the
+    parameters of its window's divisor ``d`` (one multiplier folds the reciprocal of the
+    window size and the scale change).
+    """
+    if max_divisor < 1:
+        raise ValueError(f"pool divisor must be positive, got {max_divisor}")
+    d = torch.arange(1, max_divisor + 1, dtype=torch.float64)
+    return ratio_params(f32(in_scale) / (d * f32(out_scale)), march)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bilinear interpolation
+# ---------------------------------------------------------------------------------------------
+
+
+def bilinear_weight_bits(in_dtype: torch.dtype) -> int:
+    """Fraction bits of the bilinear weights: 12 for int8 input, 16 for int16 (int64 headroom)."""
+    return 12 if in_dtype == torch.int8 else 16
+
+
+def bilinear_taps(
+    in_size: int, out_size: int, scale: float | None, align_corners: bool, bits: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Source indices ``i0, i1`` and integer weights ``w0, w1`` (``w0 + w1 = 2**bits``) along one axis.
+
+    Source coordinates follow torch's ``interpolate(mode="bilinear")``: with
+    ``align_corners`` ``src = dst * (in - 1) / (out - 1)``, else
+    ``src = max((dst + 1/2) * r - 1/2, 0)`` where ``r = 1 / scale`` when a scale factor is
+    used and ``in / out`` otherwise; computed in float64. ``w1 = round(frac(src) * 2**bits)``
+    (half up), ``w0 = 2**bits - w1``.
+    """
+    dst = torch.arange(out_size, dtype=torch.float64)
+    if align_corners:
+        r = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+        src = dst * r
+    else:
+        r = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+        src = ((dst + 0.5) * r - 0.5).clamp(min=0.0)
+    i0 = torch.floor(src).to(torch.int64).clamp(max=in_size - 1)
+    i1 = (i0 + 1).clamp(max=in_size - 1)
+    one = 1 << bits
+    w1 = round_half_up((src - i0.to(torch.float64)) * one).to(torch.int64).clamp(0, one)
+    return i0, i1, one - w1, w1
+
+
+# ---------------------------------------------------------------------------------------------
+# Division
+# ---------------------------------------------------------------------------------------------
+
+
+def div_params(x_scale: float, y_scale: float, out_scale: float, march: object) -> tuple[int, int]:
+    """``(multiplier, shift)`` of ``s_x / (s_y * s_out)`` for :func:`div_int`."""
+    m, s = ratio_params(f32(x_scale) / (f32(y_scale) * f32(out_scale)), march)
+    return int(m), int(s)
+
+
+def div_int(x: torch.Tensor, y: torch.Tensor, multiplier: int, shift: int, out_dtype: DTypeLike) -> torch.Tensor:
+    """``sat(round_half_up(x * M / (y * 2**shift)))`` in exact int64 arithmetic.
+
+    ``y == 0`` gives the saturated sign of ``x`` (``0`` for ``0 / 0``), like a float
+    ``±inf`` that is then quantized.
+    """
+    qd = qdtype(out_dtype)
+    lo, hi = qd.qrange
+    num = x.to(torch.int64) * multiplier
+    den = y.to(torch.int64) << shift
+    sign = torch.where(den < 0, -1, 1)
+    num, den = num * sign, den * sign
+    zero = den == 0
+    safe = torch.where(zero, torch.ones_like(den), den)
+    # floor((2n + d) / 2d) == floor(n/d + 1/2) for d > 0: half up, exactly.
+    q = torch.div(2 * num + safe, 2 * safe, rounding_mode="floor")
+    inf = torch.where(num > 0, hi, torch.where(num < 0, lo, 0)).to(torch.int64)
+    return saturate(torch.where(zero, inf, q), qd)
+

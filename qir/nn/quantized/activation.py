@@ -1,0 +1,83 @@
+"""Quantized ReLU / ReLU6 (exact, scale-preserving) and table-lookup unary ops."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from backends.common import numerics
+from qir.nn.qat.activation import ReLU as QATReLU
+from qir.nn.qat.activation import ReLU6 as QATReLU6
+from qir.nn.qat.activation import UnaryLUT as QATUnaryLUT
+from qir.nn.quantized._base import QuantizedModule, check_qat, output_fq
+
+__all__ = ["ReLU", "ReLU6", "UnaryLUT"]
+
+
+class ReLU(QuantizedModule):
+    """``max(q, 0)``: exact; the output keeps the input's scale and dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(x, min=0)
+
+    @classmethod
+    def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any], march: Any = None) -> ReLU:
+        check_qat(cls, qat, QATReLU)
+        new = cls()
+        new._set_scales(input_scales, None, None)
+        new.register_buffer("scale", new.input_scale_0.clone())
+        return new
+
+
+class ReLU6(QuantizedModule):
+    """``clamp(q, 0, round(6 / s_in))``: the input's scale and dtype are kept."""
+
+    bound: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.int64).clamp(0, self.bound).to(x.dtype)
+
+    @classmethod
+    def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any], march: Any = None) -> ReLU6:
+        check_qat(cls, qat, QATReLU6)
+        new = cls()
+        new._set_scales(input_scales, None, None)
+        new.register_buffer("scale", new.input_scale_0.clone())
+        new.bound = int(numerics.quantize(torch.tensor([6.0]), new.per_tensor_input(0), "qint32")[0])
+        return new
+
+
+class UnaryLUT(QuantizedModule):
+    """``table[q + 128]``: a 256-entry table of ``f`` (``numerics.lut_int8``) for qint8 input."""
+
+    table: torch.Tensor
+    op_name: str
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.int8:
+            raise NotImplementedError(
+                f"{self.op_name}: only qint8 input is implemented (one 256-entry table); qint16 input needs "
+                "segmented tables, which are not implemented. Use a qint8 qconfig for the producer"
+            )
+        return numerics.lut_apply(self.table, x)
+
+    @classmethod
+    def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any], march: Any = None) -> UnaryLUT:
+        check_qat(cls, qat, QATUnaryLUT)
+        assert isinstance(qat, QATUnaryLUT)
+        fq = output_fq(qat)
+        assert fq is not None
+        new = cls()
+        new._set_scales(input_scales, fq.scale.detach(), fq.dtype)
+        new.op_name = qat.op_name
+        fn = qat.function()
+        with torch.no_grad():
+            table = numerics.lut_int8(fn, new.per_tensor_input(0), float(new.scale[0]), fq.dtype)
+        new.register_buffer("table", table)
+        return new
+
+    def extra_repr(self) -> str:
+        return f"op={self.op_name}, {super().extra_repr()}"

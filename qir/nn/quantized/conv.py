@@ -1,0 +1,230 @@
+"""Quantized conv / linear modules, plain and fused, generated from the same table as the QAT ones.
+
+Integer rules (docs/semantics.md "Conv / linear", docs/modules.md "Fused conv + add"):
+the int32 accumulator is computed exactly (float64 kernels on integer values are exact
+while sums stay below 2**53), the bias is added as int32 at ``s_in * s_w[c]``
+(``quantize_bias``), and the result is requantized per output channel
+(``conv_requant_params`` + ``requantize``) with ReLU / ReLU6 folded into the clamp
+(ReLU6 bound ``round(6 / s_out)``). Without an output fake quant the module returns the
+accumulator as qint32 with the per-channel scale ``s_in * s_w[c]``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any, ClassVar, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backends.common import numerics
+from qir.ir.types import DType
+from qir.nn.qat.conv import QAT_CONV_CLASSES, QATConvBase, class_name
+from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
+from qir.nn.quantized._rules import fused_add_int, fused_add_params
+
+__all__ = ["QUANTIZED_CONV_CLASSES", "QuantizedConvBase"]
+
+Q = TypeVar("Q", bound="QuantizedConvBase")
+
+
+def weight_scale_of(qat: QATConvBase) -> tuple[torch.Tensor, DType]:
+    """The weight scale the QAT forward would use now (observed on a copy; the QAT module is untouched)."""
+    fq = copy.deepcopy(qat.weight_fake_quant)
+    with torch.no_grad():
+        fq(qat.weight.detach())
+    return fq.scale.detach().to(torch.float32).clone(), fq.dtype
+
+
+class QuantizedConvBase(QuantizedModule):
+    """Behaviour shared by every generated quantized conv / linear class."""
+
+    qat_class: ClassVar[type[QATConvBase]]
+    kind: ClassVar[str] = "Conv2d"
+    has_add: ClassVar[bool] = False
+    act: ClassVar[str | None] = None
+    out_axis: ClassVar[int] = 1
+    weight: torch.Tensor
+    bias: torch.Tensor
+    multiplier: torch.Tensor
+    shift: torch.Tensor
+    relu6_bound: torch.Tensor
+    hp: dict[str, Any]
+    march: str
+    add_multiplier: int
+    add_shift: int
+    extra_bits: int
+
+    @classmethod
+    def from_qat(cls: type[Q], qat: nn.Module, input_scales: Sequence[Any], march: Any) -> Q:
+        """Integer module from a QAT one; ``input_scales``: the input's (and the addend's) scale."""
+        check_qat(cls, qat, cls.qat_class)
+        assert isinstance(qat, QATConvBase)
+        new = cls()
+        new._convert(qat, input_scales, march_name(march))
+        return new
+
+    def _convert(self, qat: QATConvBase, input_scales: Sequence[Any], march: str) -> None:
+        name = type(self).__name__
+        fq = output_fq(qat)
+        self._set_scales(input_scales, None, None, 2 if self.has_add else 1)
+        s_in = self.per_tensor_input(0)
+        m: Any = qat
+        self.hp = {"stride": getattr(m, "stride", None), "padding": getattr(m, "padding", None),
+                                   "dilation": getattr(m, "dilation", None), "groups": getattr(m, "groups", 1),
+                                   "output_padding": getattr(m, "output_padding", None),
+                                   "padding_mode": getattr(m, "padding_mode", "zeros"),
+                                   "reversed_padding": getattr(m, "_reversed_padding_repeated_twice", None)}
+        s_w, w_dtype = weight_scale_of(qat)
+        w_axis = qat.weight_axis if s_w.numel() > 1 else None
+        self.register_buffer("weight", numerics.quantize(qat.weight.detach(), s_w, w_dtype, axis=w_axis))
+        c_out = self._out_channels(qat)
+        if s_w.numel() > 1 and s_w.numel() != c_out:  # grouped conv transpose: axis 1 holds out/groups channels
+            s_w = s_w.repeat(c_out // s_w.numel())
+        s_w_out = s_w if s_w.numel() > 1 else s_w.reshape(())
+        bias = qat.bias.detach() if qat.bias is not None else torch.zeros(c_out)
+        self.register_buffer("bias", numerics.quantize_bias(bias, s_in, s_w_out).to(torch.int32))
+        s_acc = numerics.accumulator_scale(s_in, s_w_out).reshape(-1).expand(c_out).clone()
+        if fq is None:
+            if self.has_add:
+                raise NotImplementedError(
+                    f"{name}: a fused add with a high-precision (qint32) output is not implemented; "
+                    "give the module an activation fake quant (qconfig.activation) or unfuse the add"
+                )
+            self.dtype = DType.qint32
+            shape = [c_out] + [1] * (self._out_ndim_after_channel())
+            self.register_buffer("scale", s_acc.to(torch.float32).reshape(shape))
+            self.register_buffer("multiplier", torch.ones(c_out, dtype=torch.int64))
+            self.register_buffer("shift", torch.zeros(c_out, dtype=torch.int64))
+            bound = numerics.quantize(torch.full((c_out,), 6.0, dtype=torch.float64), s_acc, "qint32", axis=0)
+        else:
+            s_out = fq.scale.detach()
+            if s_out.numel() != 1:
+                raise ValueError(f"{name}: the output fake quant must be per tensor, got {s_out.numel()} scales")
+            self.dtype = fq.dtype
+            self.register_buffer("scale", s_out.to(torch.float32).reshape(1).clone())
+            if self.has_add:
+                s_add = self.per_tensor_input(1)
+                p = fused_add_params(s_acc, s_add, float(s_out), march, fq.dtype)
+                self.register_buffer("multiplier", p.acc_multiplier.expand(c_out).clone())
+                self.register_buffer("shift", p.acc_shift.expand(c_out).clone())
+                self.add_multiplier, self.add_shift, self.extra_bits = p.add_multiplier, p.add_shift, p.extra_bits
+            else:
+                mult, sh = numerics.conv_requant_params(s_in, s_w_out, s_out, march, fq.dtype)
+                self.register_buffer("multiplier", mult.reshape(-1).expand(c_out).clone())
+                self.register_buffer("shift", sh.reshape(-1).expand(c_out).clone())
+            bound = numerics.quantize(torch.tensor([6.0]), s_out, fq.dtype).to(torch.int64).expand(c_out).clone()
+        self.register_buffer("relu6_bound", bound.to(torch.int64))
+        self.march = march
+
+    def _out_channels(self, qat: QATConvBase) -> int:
+        m: Any = qat
+        return int(m.out_features if self.kind == "Linear" else m.out_channels)
+
+    def _out_ndim_after_channel(self) -> int:
+        return {"Conv1d": 1, "Conv2d": 2, "Conv3d": 3, "ConvTranspose2d": 2, "Linear": 0}[self.kind]
+
+    def _accumulate(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_floating_point():
+            raise TypeError(f"{type(self).__name__} takes integer code tensors, got {x.dtype}; quantize with QuantStub")
+        xf = x.to(torch.float64)
+        w = self.weight.to(torch.float64)
+        hp = self.hp
+        if self.kind == "Linear":
+            y = F.linear(xf, w)
+        elif self.kind == "ConvTranspose2d":
+            y = F.conv_transpose2d(xf, w, None, hp["stride"], hp["padding"], hp["output_padding"], hp["groups"],
+                                   hp["dilation"])
+        else:
+            conv = {"Conv1d": F.conv1d, "Conv2d": F.conv2d, "Conv3d": F.conv3d}[self.kind]
+            padding = hp["padding"]
+            if hp["padding_mode"] != "zeros":
+                xf = F.pad(xf, hp["reversed_padding"], mode=hp["padding_mode"])
+                padding = 0
+            y = conv(xf, w, None, hp["stride"], padding, hp["dilation"], hp["groups"])
+        acc = y.to(torch.int64)
+        return acc + numerics.broadcast_along(self.bias.to(torch.int64), self.out_axis, acc.dim())
+
+    def forward(self, x: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
+        acc = self._accumulate(x)
+        ax = self.out_axis
+        if self.has_add:
+            if addend is None:
+                raise TypeError(f"{type(self).__name__}.forward needs the addend (second input)")
+            assert self.dtype is not None
+            out = fused_add_int(acc, addend, self.multiplier, self.shift, self.add_multiplier, self.add_shift,
+                                self.extra_bits, self.dtype, ax)
+        elif addend is not None:
+            raise TypeError(f"{type(self).__name__} has no fused add; got a second input")
+        elif self.dtype is DType.qint32:
+            out = acc
+        else:
+            assert self.dtype is not None
+            out = numerics.requantize(acc, self.multiplier, self.shift, self.dtype, axis=ax)
+        if self.act is not None:
+            wide = out.to(torch.int64).clamp(min=0)
+            if self.act == "relu6":
+                wide = torch.minimum(wide, numerics.broadcast_along(self.relu6_bound, ax, wide.dim()))
+            out = wide
+        assert self.dtype is not None
+        return numerics.saturate(out, self.dtype) if out.dtype != self.dtype.to_torch() else out
+
+
+#: QAT class -> quantized class
+QUANTIZED_CONV_CLASSES: dict[type[QATConvBase], type[QuantizedConvBase]] = {}
+
+_SUFFIX = {(False, None): "", (False, "relu"): "ReLU", (False, "relu6"): "ReLU6", (True, None): "Add",
+           (True, "relu"): "AddReLU", (True, "relu6"): "AddReLU6"}
+
+
+def _make() -> dict[str, Any]:
+    made: dict[str, Any] = {}
+    for (torch_cls, has_add, act), qat_cls in QAT_CONV_CLASSES.items():
+        kind = torch_cls.__name__
+        name = class_name(kind, _SUFFIX[(has_add, act)])
+        cls = type(name, (QuantizedConvBase,), {
+            "qat_class": qat_cls, "kind": kind, "has_add": has_add, "act": act, "out_axis": qat_cls.out_axis,
+            "__module__": __name__, "__qualname__": name,
+            "__doc__": f"Quantized {kind}{' + add' if has_add else ''}{' + ' + act if act else ''} (integer codes).",
+        })
+        QUANTIZED_CONV_CLASSES[qat_cls] = cls
+        made[name] = cls
+    return made
+
+
+_GENERATED = _make()
+globals().update(_GENERATED)
+__all__ += sorted(_GENERATED)
+
+Conv1d: type[QuantizedConvBase]
+Conv2d: type[QuantizedConvBase]
+Conv3d: type[QuantizedConvBase]
+ConvTranspose2d: type[QuantizedConvBase]
+Linear: type[QuantizedConvBase]
+ConvReLU1d: type[QuantizedConvBase]
+ConvReLU2d: type[QuantizedConvBase]
+ConvReLU3d: type[QuantizedConvBase]
+ConvReLU61d: type[QuantizedConvBase]
+ConvReLU62d: type[QuantizedConvBase]
+ConvReLU63d: type[QuantizedConvBase]
+ConvAdd1d: type[QuantizedConvBase]
+ConvAdd2d: type[QuantizedConvBase]
+ConvAdd3d: type[QuantizedConvBase]
+ConvAddReLU1d: type[QuantizedConvBase]
+ConvAddReLU2d: type[QuantizedConvBase]
+ConvAddReLU3d: type[QuantizedConvBase]
+ConvAddReLU61d: type[QuantizedConvBase]
+ConvAddReLU62d: type[QuantizedConvBase]
+ConvAddReLU63d: type[QuantizedConvBase]
+ConvTransposeReLU2d: type[QuantizedConvBase]
+ConvTransposeReLU62d: type[QuantizedConvBase]
+ConvTransposeAdd2d: type[QuantizedConvBase]
+ConvTransposeAddReLU2d: type[QuantizedConvBase]
+ConvTransposeAddReLU62d: type[QuantizedConvBase]
+LinearReLU: type[QuantizedConvBase]
+LinearReLU6: type[QuantizedConvBase]
+LinearAdd: type[QuantizedConvBase]
+LinearAddReLU: type[QuantizedConvBase]
+LinearAddReLU6: type[QuantizedConvBase]

@@ -1,0 +1,184 @@
+"""``QFunctional``: the integer FloatFunctional, plus the float ``FloatFunctional`` re-exported here.
+
+``from_qat(qat_ff, input_scales, march)`` takes the scales of the call site's tensor inputs
+in order (``cat`` / ``stack``: one per list element). Integer parameters are derived from
+those fixed scales on the first call of a method and cached. Rules (docs/modules.md
+"FloatFunctional"): add / sub via ``add_params`` + ``add_int``; mul / matmul via the exact
+product and ``conv_requant_params``; cat / stack / maximum / minimum requantize each input
+to the output scale (a copy when the scales are equal); sum / mean sum exactly in int64 and
+requantize (mean folds ``1 / n`` into the multiplier); div via ``div_int``; exp via a LUT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from backends.common import numerics
+from qir.ir.types import DType
+from qir.nn.modules.functional import Dims, FloatFunctional, _dims
+from qir.nn.qat.functional import FloatFunctional as QATFloatFunctional
+from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
+from qir.nn.quantized._rules import check_out_dtype, div_int, div_params, f32, ratio_params
+
+__all__ = ["FloatFunctional", "QFunctional"]
+
+#: A scalar operand is coded as ``±127`` at scale ``|c| / 127``.
+_SCALAR_CODE = 127
+
+
+class QFunctional(QuantizedModule):
+    """Integer implementations of the FloatFunctional methods (codes in, codes out)."""
+
+    num_inputs = -1  # any number: one per tensor input of the call site
+    march: str
+
+    @classmethod
+    def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any], march: Any) -> QFunctional:
+        check_qat(cls, qat, QATFloatFunctional)
+        fq = output_fq(qat)
+        new = cls()
+        new.march = march_name(march)
+        if fq is None:  # high-precision matmul: int32 product at s_x * s_y
+            if len(input_scales) != 2:
+                raise ValueError(
+                    "QFunctional without an output fake quant is a high-precision matmul: give 2 input scales"
+                )
+            new._set_scales(input_scales, None, DType.qint32)
+            acc = numerics.accumulator_scale(new.per_tensor_input(0), new.per_tensor_input(1))
+            new.register_buffer("scale", acc.to(torch.float32).reshape(1))
+        else:
+            new._set_scales(input_scales, fq.scale.detach(), fq.dtype)
+            check_out_dtype(new.march, fq.dtype, cls.__name__)
+        return new
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _cached(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        cache: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_param_cache", {})
+        if key not in cache:
+            cache[key] = make()
+        return cache[key]
+
+    def _in(self, i: int) -> float:
+        if i >= self.num_input_scales:
+            raise ValueError(
+                f"QFunctional was converted with {self.num_input_scales} input scale(s) but the call uses input {i}; "
+                "from_qat needs one scale per tensor input of the call site"
+            )
+        return self.per_tensor_input(i)
+
+    @property
+    def _out(self) -> float:
+        return float(self.scale.reshape(-1)[0])
+
+    def _qdtype(self, method: str) -> DType:
+        if self.dtype is None or self.dtype is DType.qint32:
+            raise ValueError(f"QFunctional.{method} needs an output fake quant; only matmul has a qint32 output")
+        return self.dtype
+
+    def _to_out(self, x: torch.Tensor, i: int, method: str) -> torch.Tensor:
+        """Input ``i`` requantized to the output scale and dtype (an exact copy when the scales match)."""
+        dt = self._qdtype(method)
+        if f32(self._in(i)) == f32(self._out):
+            return numerics.saturate(x.to(torch.int64), dt)
+        m, s = self._cached(("to_out", i), lambda: numerics.requant_params(self._in(i), self._out, self.march, dt))
+        return numerics.requantize(x, m, s, dt)
+
+    def _add(self, x: torch.Tensor, y: torch.Tensor, sy: float, key: str) -> torch.Tensor:
+        dt = self._qdtype(key)
+        p = self._cached((key,), lambda: numerics.add_params(self._in(0), sy, self._out, self.march, dt))
+        return numerics.add_int(x, y, p, dt)
+
+    def _product(self, acc: torch.Tensor, s_a: float, s_b: float, key: str) -> torch.Tensor:
+        if self.dtype is DType.qint32:
+            return numerics.saturate(acc, DType.qint32)
+        dt = self._qdtype(key)
+        m, s = self._cached((key,), lambda: numerics.conv_requant_params(s_a, s_b, self._out, self.march, dt))
+        return numerics.requantize(acc, m.reshape(()), s.reshape(()), dt)
+
+    @staticmethod
+    def _scalar(c: float) -> tuple[int, float]:
+        return (_SCALAR_CODE if c > 0 else -_SCALAR_CODE), abs(float(c)) / _SCALAR_CODE
+
+    # -- methods -----------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("QFunctional is not called directly; call one of its methods (add, cat, ...)")
+
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self._add(x, y, self._in(1), "add")
+
+    def add_relu(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(self._add(x, y, self._in(1), "add"), min=0)
+
+    def sub(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self._add(x, y.to(torch.int64).neg(), self._in(1), "sub")
+
+    def add_scalar(self, x: torch.Tensor, y: float) -> torch.Tensor:
+        if float(y) == 0.0:
+            return self._to_out(x, 0, "add_scalar")
+        code, s_c = self._scalar(y)
+        return self._add(x, torch.full_like(x, code, dtype=torch.int64), s_c, f"add_scalar:{float(y)!r}")
+
+    def mul(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self._product(x.to(torch.int64) * y.to(torch.int64), self._in(0), self._in(1), "mul")
+
+    def mul_scalar(self, x: torch.Tensor, y: float) -> torch.Tensor:
+        if float(y) == 0.0:
+            return torch.zeros_like(x, dtype=self._qdtype("mul_scalar").to_torch())
+        code, s_c = self._scalar(y)
+        return self._product(x.to(torch.int64) * code, self._in(0), s_c, f"mul_scalar:{float(y)!r}")
+
+    def div(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        dt = self._qdtype("div")
+        m, s = self._cached(("div",), lambda: div_params(self._in(0), self._in(1), self._out, self.march))
+        return div_int(x, y, m, s, dt)
+
+    def cat(self, x: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+        return torch.cat([self._to_out(t, i, "cat") for i, t in enumerate(x)], dim=dim)
+
+    def concat(self, x: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+        return self.cat(x, dim)
+
+    def stack(self, x: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+        return torch.stack([self._to_out(t, i, "stack") for i, t in enumerate(x)], dim=dim)
+
+    def matmul(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        acc = torch.matmul(x.to(torch.float64), y.to(torch.float64)).to(torch.int64)  # exact below 2**53
+        return self._product(acc, self._in(0), self._in(1), "matmul")
+
+    def sum(self, x: torch.Tensor, dim: Dims = None, keepdim: bool = False) -> torch.Tensor:
+        d = _dims(dim)
+        acc = x.to(torch.int64).sum() if d is None else x.to(torch.int64).sum(dim=d, keepdim=keepdim)
+        dt = self._qdtype("sum")
+        m, s = self._cached(("sum",), lambda: numerics.requant_params(self._in(0), self._out, self.march, dt))
+        return numerics.requantize(acc, m, s, dt)
+
+    def mean(self, x: torch.Tensor, dim: Dims = None, keepdim: bool = False) -> torch.Tensor:
+        d = _dims(dim)
+        acc = x.to(torch.int64).sum() if d is None else x.to(torch.int64).sum(dim=d, keepdim=keepdim)
+        n = x.numel() // max(acc.numel(), 1)
+        dt = self._qdtype("mean")
+        m, s = self._cached(("mean", n), lambda: ratio_params(f32(self._in(0)) / (n * f32(self._out)), self.march))
+        return numerics.requantize(acc, m, s, dt)
+
+    def maximum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.maximum(self._to_out(x, 0, "maximum"), self._to_out(y, 1, "maximum"))
+
+    def minimum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.minimum(self._to_out(x, 0, "minimum"), self._to_out(y, 1, "minimum"))
+
+    def exp(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.int8:
+            raise NotImplementedError(
+                "QFunctional.exp: only qint8 input is implemented; qint16 input needs segmented tables, "
+                "which are not implemented"
+            )
+        dt = self._qdtype("exp")
+        table = self._cached(("exp",), lambda: numerics.lut_int8(torch.exp, self._in(0), self._out, dt))
+        return numerics.lut_apply(table, x)
+

@@ -1,0 +1,91 @@
+"""Quantized Interpolate: nearest copies codes (exact); bilinear uses fixed-point weights.
+
+Bilinear rule (docs/modules.md "Bilinear interpolation"): per axis, source indices and
+weights ``w0 + w1 = 2**B`` (``B = 12`` for qint8 input, 16 for qint16) from
+:func:`qir.nn.quantized._rules.bilinear_taps`; ``acc = sum w_y * w_x * q`` exactly in
+int64 at scale ``s_in / 2**(2B)``; ``out = requantize(acc, M, shift)`` for the ratio
+``s_in / (2**(2B) * s_out)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backends.common import numerics
+from qir.nn.qat.interpolate import Interpolate as QATInterpolate
+from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
+from qir.nn.quantized._rules import bilinear_taps, bilinear_weight_bits, check_out_dtype, ratio_params
+
+__all__ = ["Interpolate"]
+
+
+class Interpolate(QuantizedModule):
+    """Resize integer codes (N, C, H, W)."""
+
+    size: Any
+    scale_factor: Any
+    mode: str
+    align_corners: bool | None
+    recompute_scale_factor: bool | None
+    mult8: int
+    shift8: int
+    mult16: int
+    shift16: int
+
+    def _out_size(self, h: int, w: int) -> tuple[int, int, float | None, float | None]:
+        if self.size is not None:
+            oh, ow = (self.size, self.size) if isinstance(self.size, int) else self.size
+            return int(oh), int(ow), None, None
+        sf = self.scale_factor
+        fh, fw = (sf, sf) if isinstance(sf, (int, float)) else sf
+        oh, ow = math.floor(h * float(fh)), math.floor(w * float(fw))
+        if self.recompute_scale_factor:
+            return oh, ow, None, None
+        return oh, ow, float(fh), float(fw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "nearest":
+            y = F.interpolate(x.to(torch.float64), size=self.size, scale_factor=self.scale_factor, mode="nearest",
+                              recompute_scale_factor=self.recompute_scale_factor)
+            return y.to(x.dtype)
+        h, w = int(x.shape[-2]), int(x.shape[-1])
+        oh, ow, fh, fw = self._out_size(h, w)
+        bits = bilinear_weight_bits(x.dtype)
+        ac = bool(self.align_corners)
+        hi0, hi1, hw0, hw1 = bilinear_taps(h, oh, fh, ac, bits)
+        wi0, wi1, ww0, ww1 = bilinear_taps(w, ow, fw, ac, bits)
+        q = x.to(torch.int64)
+        rows = q[..., hi0, :] * hw0[:, None] + q[..., hi1, :] * hw1[:, None]
+        acc = rows[..., wi0] * ww0 + rows[..., wi1] * ww1
+        mult, shift = (self.mult8, self.shift8) if bits == 12 else (self.mult16, self.shift16)
+        assert self.dtype is not None
+        return numerics.requantize(acc, mult, shift, self.dtype)
+
+    @classmethod
+    def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any], march: Any) -> Interpolate:
+        check_qat(cls, qat, QATInterpolate)
+        assert isinstance(qat, QATInterpolate)
+        new = cls()
+        new.size, new.scale_factor, new.mode = qat.size, qat.scale_factor, qat.mode
+        new.align_corners, new.recompute_scale_factor = qat.align_corners, qat.recompute_scale_factor
+        if qat.mode == "nearest":
+            new._set_scales(input_scales, None, None)
+            new.register_buffer("scale", new.input_scale_0.clone())
+            return new
+        fq = output_fq(qat)
+        assert fq is not None
+        new._set_scales(input_scales, fq.scale.detach(), fq.dtype)
+        mname = march_name(march)
+        check_out_dtype(mname, fq.dtype, "Interpolate")
+        s_in, s_out = new.per_tensor_input(0), float(new.scale[0])
+        for bits, tag in ((12, "8"), (16, "16")):
+            m, s = ratio_params(s_in / (2.0 ** (2 * bits) * s_out), mname)
+            setattr(new, f"mult{tag}", int(m))
+            setattr(new, f"shift{tag}", int(s))
+        return new

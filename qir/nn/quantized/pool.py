@@ -1,0 +1,164 @@
+"""Quantized pooling: exact max pool; average pools by an exact window sum and one requantization.
+
+Average-pool rule (docs/modules.md "Average pooling"): ``sum`` is the exact int64 sum of
+the window (padding contributes 0); ``d`` is torch's divisor for that output position
+(window size, or the count of real elements when ``count_include_pad=False``, or
+``divisor_override``); ``out = requantize(sum, M[d], shift[d])`` with ``M[d] / 2**shift[d]``
+approximating ``s_in / (d * s_out)`` (:func:`qir.nn.quantized._rules.avg_pool_params`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backends.common import numerics
+from qir.nn.qat.pool import AdaptiveAvgPool2d as QATAdaptiveAvgPool2d
+from qir.nn.qat.pool import AvgPool2d as QATAvgPool2d
+from qir.nn.qat.pool import MaxPool2d as QATMaxPool2d
+from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
+from qir.nn.quantized._rules import avg_pool_params, check_out_dtype
+
+__all__ = ["AdaptiveAvgPool2d", "AvgPool2d", "MaxPool2d"]
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
+
+
+def _requant_windows(sums: torch.Tensor, divisor: torch.Tensor, mult: torch.Tensor, shift: torch.Tensor,
+                     dtype: Any) -> torch.Tensor:
+    """Requantize (N, C, OH, OW) sums with per-position parameters picked by ``divisor`` (OH, OW)."""
+    n, c, oh, ow = sums.shape
+    idx = (divisor.reshape(-1) - 1).to(torch.int64)
+    flat = sums.reshape(n * c, oh * ow)  # positions on axis 1, so requantize's per-channel path applies
+    out = numerics.requantize(flat, mult[idx], shift[idx], dtype, axis=1)
+    return out.reshape(n, c, oh, ow)
+
+
+class MaxPool2d(QuantizedModule):
+    """Max pool on codes (exact; the output keeps the input's scale and dtype)."""
+
+    kernel_size: Any
+    stride: Any
+    padding: Any
+    dilation: Any
+    ceil_mode: bool
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.max_pool2d(x.to(torch.float64), self.kernel_size, self.stride, self.padding, self.dilation,
+                         self.ceil_mode)
+        return y.to(x.dtype)
+
+    @classmethod
+    def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any], march: Any = None) -> MaxPool2d:
+        check_qat(cls, qat, QATMaxPool2d)
+        m: Any = qat
+        new = cls()
+        new._set_scales(input_scales, None, None)
+        new.register_buffer("scale", new.input_scale_0.clone())
+        new.kernel_size, new.stride, new.padding = m.kernel_size, m.stride, m.padding
+        new.dilation, new.ceil_mode = m.dilation, m.ceil_mode
+        return new
+
+
+class AvgPool2d(QuantizedModule):
+    """Average pool: exact window sums, requantized with the window's divisor (see the module docstring)."""
+
+    multipliers: torch.Tensor
+    shifts: torch.Tensor
+    kernel_size: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    ceil_mode: bool
+    count_include_pad: bool
+    divisor_override: int | None
+
+    def _divisor(self, h: int, w: int, like: torch.Tensor) -> torch.Tensor:
+        if self.divisor_override is not None:
+            ones = torch.ones(1, 1, h, w, dtype=torch.float64, device=like.device)
+            pooled = F.avg_pool2d(ones, self.kernel_size, self.stride, self.padding, self.ceil_mode, True, 1)
+            return torch.full_like(pooled[0, 0], float(self.divisor_override))
+        ones = torch.ones(1, 1, h, w, dtype=torch.float64, device=like.device)
+        valid = F.avg_pool2d(ones, self.kernel_size, self.stride, self.padding, self.ceil_mode, True, 1)
+        frac = F.avg_pool2d(ones, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+        return torch.round(valid / frac)[0, 0]  # torch's divisor for each output position
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sums = F.avg_pool2d(x.to(torch.float64), self.kernel_size, self.stride, self.padding, self.ceil_mode, True, 1)
+        d = self._divisor(x.shape[-2], x.shape[-1], x)
+        assert self.dtype is not None
+        return _requant_windows(sums.to(torch.int64), d, self.multipliers, self.shifts, self.dtype)
+
+    @classmethod
+    def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any], march: Any) -> AvgPool2d:
+        check_qat(cls, qat, QATAvgPool2d)
+        m: Any = qat
+        fq = output_fq(qat)
+        assert fq is not None
+        new = cls()
+        new._set_scales(input_scales, fq.scale.detach(), fq.dtype)
+        mname = march_name(march)
+        check_out_dtype(mname, fq.dtype, cls.__name__)
+        new.kernel_size, new.padding = _pair(m.kernel_size), _pair(m.padding)
+        new.stride = _pair(m.stride or m.kernel_size)
+        new.ceil_mode, new.count_include_pad = m.ceil_mode, m.count_include_pad
+        new.divisor_override = m.divisor_override
+        kh, kw = new.kernel_size
+        top = int(m.divisor_override) if m.divisor_override else kh * kw
+        mult, sh = avg_pool_params(new.per_tensor_input(0), float(new.scale[0]), top, mname)
+        new.register_buffer("multipliers", mult)
+        new.register_buffer("shifts", sh)
+        return new
+
+
+class AdaptiveAvgPool2d(QuantizedModule):
+    """Adaptive average pool: torch's adaptive windows, same sum-and-requantize rule as AvgPool2d."""
+
+    output_size: Any
+    march: str
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, w = int(x.shape[-2]), int(x.shape[-1])
+        oh, ow = self._out_size(h, w)
+        hs, he = self._bounds(h, oh)
+        ws, we = self._bounds(w, ow)
+        count = torch.tensor([[(he[i] - hs[i]) * (we[j] - ws[j]) for j in range(ow)] for i in range(oh)],
+                             dtype=torch.float64, device=x.device)
+        avg = F.adaptive_avg_pool2d(x.to(torch.float64), (oh, ow))
+        sums = torch.round(avg * count).to(torch.int64)  # exact: |sum| << 2**52
+        mult, sh = self._params(int(count.max()))
+        return _requant_windows(sums, count, mult, sh, self.dtype)
+
+    def _out_size(self, h: int, w: int) -> tuple[int, int]:
+        o = self.output_size
+        oh, ow = (o, o) if isinstance(o, int) else (o[0], o[1])
+        return (h if oh is None else int(oh)), (w if ow is None else int(ow))
+
+    @staticmethod
+    def _bounds(size: int, out: int) -> tuple[list[int], list[int]]:
+        starts = [(i * size) // out for i in range(out)]
+        ends = [-((-(i + 1) * size) // out) for i in range(out)]
+        return starts, ends
+
+    def _params(self, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = self.__dict__.setdefault("_param_cache", {})
+        if top not in cache:
+            cache[top] = avg_pool_params(self.per_tensor_input(0), float(self.scale[0]), top, self.march)
+        return cache[top]
+
+    @classmethod
+    def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any], march: Any) -> AdaptiveAvgPool2d:
+        check_qat(cls, qat, QATAdaptiveAvgPool2d)
+        fq = output_fq(qat)
+        assert fq is not None
+        new = cls()
+        new._set_scales(input_scales, fq.scale.detach(), fq.dtype)
+        new.march = march_name(march)
+        check_out_dtype(new.march, fq.dtype, cls.__name__)
+        new.output_size = getattr(qat, "output_size")  # noqa: B009
+        return new

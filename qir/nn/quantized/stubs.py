@@ -1,0 +1,59 @@
+"""Quantized QuantStub (float -> codes) and DeQuantStub (codes -> float)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from backends.common import numerics
+from qir.nn.qat.stubs import DeQuantStub as QATDeQuantStub
+from qir.nn.qat.stubs import QuantStub as QATQuantStub
+from qir.nn.quantized._base import QuantizedModule, check_qat, output_fq
+
+__all__ = ["DeQuantStub", "QuantStub"]
+
+
+class QuantStub(QuantizedModule):
+    """``quantize(x, scale, dtype)``: half-up, saturating. ``scale`` is a buffer read at every call,
+    so ``stub.scale.fill_(1.0)`` re-targets it (raw centered YUV input, docs/modules.md)."""
+
+    num_inputs: ClassVar[int] = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_floating_point():
+            raise TypeError(f"QuantStub takes a float tensor, got {x.dtype}")
+        assert self.dtype is not None
+        return numerics.quantize(x, self.scale, self.dtype)
+
+    @classmethod
+    def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any] = (), march: Any = None) -> QuantStub:
+        """``input_scales`` must be empty (the input is float); ``march`` is unused."""
+        check_qat(cls, qat, QATQuantStub)
+        fq = output_fq(qat)
+        if fq is None:
+            raise ValueError("QuantStub.from_qat: the QAT stub has no activation_post_process")
+        new = cls()
+        new._set_scales(input_scales, fq.scale.detach(), fq.dtype)
+        return new
+
+
+class DeQuantStub(QuantizedModule):
+    """``codes * scale`` in float32, ``scale`` being the input's scale (per channel for a qint32 output)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_floating_point():
+            return x  # already float (a float segment feeds the stub)
+        s = self.scale
+        axis = None if s.numel() == 1 else -s.dim()
+        return numerics.dequantize(x, s.reshape(-1), axis=axis)
+
+    @classmethod
+    def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any], march: Any = None) -> DeQuantStub:
+        check_qat(cls, qat, QATDeQuantStub)
+        new = cls()
+        new._set_scales(input_scales, None, None)
+        new.register_buffer("scale", new.input_scale_0.clone())
+        return new
