@@ -1,0 +1,326 @@
+"""``convert_fx``: QAT GraphModule -> integer model, with every scale fixed at conversion.
+
+Quantized modules see integer codes only, so conversion computes each module's input
+scales from the graph (:func:`input_scales`): a tensor's scale is its producer's output
+fake-quant scale, passed unchanged through scale-preserving ops (relu, max pool,
+reshape / view / flatten / permute / getitem, nearest interpolate, identity, dropout).
+Each QAT module is then replaced by ``QUANTIZED_MODULE_MAP[type].from_qat(module,
+input_scales, march)``. Functional ops that are exact on codes stay; ``relu6`` becomes a
+clamp at ``round(6 / s)``, nearest ``interpolate`` a float round trip (exact), ``dropout``
+disappears.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from backends.common import numerics
+from qir.march import March
+from qir.quantization.fuse import trace_fx
+from qir.quantization.prepare import PREPARE_RECORD_KEY, PrepareRecord, require_march, set_submodule
+
+__all__ = ["ConvertError", "ScalePlan", "convert_fx", "input_scales", "nearest_interpolate_codes",
+           "quantized_class_for"]
+
+
+class ConvertError(RuntimeError):
+    """The QAT model cannot be converted; the message names the module or op and the fix."""
+
+
+# ---------------------------------------------------------------------------------------------
+# which ops keep their input's scale
+
+_PRESERVING_FUNCTIONS: set[Any] = {
+    operator.getitem, torch.flatten, torch.reshape, torch.permute, torch.transpose, torch.squeeze,
+    torch.unsqueeze, torch.split, torch.chunk, torch.unbind, torch.relu, F.relu, F.max_pool1d, F.max_pool2d,
+    F.max_pool3d, torch.max_pool2d, F.adaptive_max_pool2d, F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle,
+    torch.flip, torch.roll, F.dropout, F.dropout2d, torch.dropout, F.interpolate, F.relu6, F.hardtanh,
+}
+_PRESERVING_METHODS = {
+    "view", "reshape", "flatten", "permute", "transpose", "contiguous", "squeeze", "unsqueeze", "expand",
+    "expand_as", "repeat", "split", "chunk", "unbind", "relu", "clone", "detach", "flip", "roll", "view_as",
+    "reshape_as", "__getitem__", "tile",
+}
+#: calls whose result is not a tensor (shape queries)
+_QUERY_METHODS = {"size", "dim", "numel", "nelement", "ndimension"}
+_PRESERVING_MODULES: tuple[type[nn.Module], ...] = (
+    nn.ReLU, nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
+    nn.Dropout3d, nn.Flatten, nn.Unflatten, nn.PixelShuffle, nn.PixelUnshuffle, nn.ChannelShuffle,
+)
+
+
+def quantized_class_for(m: nn.Module, mapping: Mapping[type, type] | None = None) -> type | None:
+    if mapping is None:
+        from qir.nn.quantized import QUANTIZED_MODULE_MAP
+
+        mapping = QUANTIZED_MODULE_MAP
+    return mapping.get(type(m))
+
+
+def _is_qat_module(m: nn.Module) -> bool:
+    from qir.nn.qat import QATModule
+
+    return isinstance(m, QATModule)
+
+
+def _is_nearest(n: torch.fx.Node) -> bool:
+    mode = n.kwargs.get("mode", n.args[3] if len(n.args) > 3 else "nearest")
+    return mode == "nearest"
+
+
+# ---------------------------------------------------------------------------------------------
+# scale propagation
+
+
+Scale = torch.Tensor | None
+
+
+@dataclass
+class ScalePlan:
+    """Per QAT module path: its call sites' input scales; per fx node: its output scale."""
+
+    module_inputs: dict[str, list[list[torch.Tensor]]] = field(default_factory=dict)
+    node_scales: dict[str, Scale] = field(default_factory=dict)
+
+    def inputs_of(self, path: str) -> list[torch.Tensor]:
+        sites = self.module_inputs.get(path, [])
+        if not sites:
+            return []
+        first = sites[0]
+        for other in sites[1:]:
+            same = len(other) == len(first) and all(
+                a.shape == b.shape and bool(torch.equal(a, b)) for a, b in zip(first, other, strict=True))
+            if not same:
+                raise ConvertError(
+                    f"module '{path}' is called at several places with different input scales "
+                    f"({[s.tolist() for s in first]} vs {[s.tolist() for s in other]}); a quantized module has "
+                    "fixed input scales: use one module instance per call site"
+                )
+        return first
+
+
+def _nodes_in(args: Any) -> list[torch.fx.Node]:
+    found: list[torch.fx.Node] = []
+    torch.fx.node.map_arg(args, found.append)
+    return found
+
+
+def _out_scale_of_qat(m: nn.Module, ins: Sequence[torch.Tensor]) -> Scale:
+    from qir.quantization.fake_quantize import FakeQuantize
+
+    fq = getattr(m, "activation_post_process", None)
+    if isinstance(fq, FakeQuantize):
+        return fq.scale.detach().clone()
+    if getattr(type(m), "scale_preserving", False):
+        return ins[0] if ins else None
+    return None  # a high-precision output: known once the quantized module exists
+
+
+def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, list[torch.Tensor]], Scale]
+                 | None = None) -> ScalePlan:
+    """Walk ``gm``'s graph once: every QAT module call site's input scales.
+
+    ``out_scale(path, module, ins)`` may supply the output scale of a module whose QAT
+    form does not show it (high-precision convs: convert passes the quantized module's).
+    """
+    plan = ScalePlan()
+    env = plan.node_scales
+    for n in gm.graph.nodes:
+        ins = [env.get(a.name) for a in _nodes_in((n.args, n.kwargs))]
+        quantized = [s for s in ins if s is not None]
+        if n.op in ("placeholder", "output"):
+            env[n.name] = None
+            continue
+        if n.op == "get_attr":
+            env[n.name] = None
+            continue
+        if n.op == "call_module" or (n.op == "call_method" and _module_self(gm, n) is not None):
+            path = str(n.target) if n.op == "call_module" else str(n.args[0].target)  # type: ignore[union-attr]
+            m = gm.get_submodule(path)
+            if _is_qat_module(m):
+                tensor_ins = [s for s in ins if s is not None]
+                if len(tensor_ins) != len([a for a in _nodes_in((n.args, n.kwargs)) if a.op != "get_attr"]) \
+                        and not _is_quant_stub(m):
+                    raise ConvertError(
+                        f"module '{path}' ({type(m).__name__}) receives a float tensor; quantized modules take "
+                        "quantized inputs: put a QuantStub in front of it"
+                    )
+                if _is_quant_stub(m):
+                    tensor_ins = []
+                plan.module_inputs.setdefault(path, []).append(tensor_ins)
+                s = _out_scale_of_qat(m, tensor_ins)
+                if s is None and out_scale is not None and not _is_dequant_stub(m):
+                    s = out_scale(path, m, tensor_ins)
+                env[n.name] = None if _is_dequant_stub(m) else s
+                continue
+            if not quantized:
+                env[n.name] = None
+                continue
+            if isinstance(m, _PRESERVING_MODULES):
+                env[n.name] = quantized[0]
+                continue
+            raise ConvertError(
+                f"module '{path}' ({type(m).__name__}) receives quantized tensors but has no quantized form; "
+                "give it a qconfig so prepare swaps it (see qir.nn.qat.QAT_MODULE_MAP), or put a DeQuantStub "
+                "in front of it to run it in float"
+            )
+        # call_function / call_method
+        if not quantized:
+            env[n.name] = None
+            continue
+        target = n.target
+        if n.op == "call_method" and target in _QUERY_METHODS or target is getattr:
+            env[n.name] = None
+            continue
+        if (n.op == "call_function" and target in _PRESERVING_FUNCTIONS) or \
+                (n.op == "call_method" and target in _PRESERVING_METHODS):
+            if target is F.interpolate and not _is_nearest(n):
+                raise ConvertError(
+                    f"F.interpolate at node '{n.name}' (mode={n.kwargs.get('mode')}) on a quantized tensor "
+                    "changes its values; use qir.nn.Interpolate so it gets a quantized form"
+                )
+            env[n.name] = quantized[0]
+            continue
+        name = getattr(target, "__name__", str(target))
+        raise ConvertError(
+            f"op {name} at node '{n.name}' runs on quantized tensors but has no integer form; "
+            "prepare_qat_fx turns +, cat, mul, mean, ... into generated FloatFunctional modules: prepare "
+            "again with a qconfig that covers it, or put a DeQuantStub before it"
+        )
+    return plan
+
+
+def _module_self(gm: torch.fx.GraphModule, n: torch.fx.Node) -> nn.Module | None:
+    """The module whose method a ``call_method`` node calls (``self.ff.add(...)``), else None."""
+    if not n.args or not isinstance(n.args[0], torch.fx.Node) or n.args[0].op != "get_attr":
+        return None
+    try:
+        obj = gm.get_submodule(str(n.args[0].target))
+    except AttributeError:
+        return None
+    return obj
+
+
+def _is_quant_stub(m: nn.Module) -> bool:
+    from qir.nn.qat import QuantStub
+
+    return isinstance(m, QuantStub)
+
+
+def _is_dequant_stub(m: nn.Module) -> bool:
+    from qir.nn.qat import DeQuantStub
+
+    return isinstance(m, DeQuantStub)
+
+
+# ---------------------------------------------------------------------------------------------
+# swapping
+
+
+def nearest_interpolate_codes(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """Nearest resize of integer codes (torch has no integer kernel; the float round trip is exact)."""
+    if x.is_floating_point():
+        return F.interpolate(x, *args, **kwargs)
+    return F.interpolate(x.to(torch.float32), *args, **kwargs).to(x.dtype)
+
+
+def _relu6_bound(scale: torch.Tensor) -> int:
+    return int(numerics.quantize(torch.tensor([6.0]), float(scale.reshape(-1)[0]), "qint32")[0])
+
+
+def _rewrite_functionals(gm: torch.fx.GraphModule, plan: ScalePlan) -> None:
+    """Functional ops on codes that are not exact as written: relu6, hardtanh(0, 6), interpolate, dropout."""
+    g = gm.graph
+    for n in list(g.nodes):
+        if n.op != "call_function":
+            continue
+        ins = [plan.node_scales.get(a.name) for a in _nodes_in(n.args[:1])]
+        s = ins[0] if ins else None
+        if s is None:
+            continue
+        if n.target is F.relu6 or n.target is F.hardtanh:
+            if n.target is F.hardtanh and (n.kwargs.get("min_val", n.args[1] if len(n.args) > 1 else -1.0) != 0.0):
+                raise ConvertError(f"F.hardtanh at node '{n.name}' on a quantized tensor: only hardtanh(0, 6) (relu6)")
+            with g.inserting_after(n):
+                new = g.call_function(torch.clamp, (n.args[0],), {"min": 0, "max": _relu6_bound(s)})
+            n.replace_all_uses_with(new)
+            g.erase_node(n)
+        elif n.target is F.interpolate:
+            n.target = nearest_interpolate_codes
+        elif n.target in (F.dropout, F.dropout2d, torch.dropout):
+            n.replace_all_uses_with(n.args[0])  # type: ignore[arg-type]
+            g.erase_node(n)
+    gm.recompile()
+
+
+def _convert_modules(root: nn.Module, gm: torch.fx.GraphModule, march: March,
+                     mapping: Mapping[type, type] | None) -> None:
+    """Swap every called QAT module of ``gm`` (submodules shared with ``root``) in ``root``."""
+    built: dict[str, nn.Module] = {}
+
+    def out_scale(path: str, m: nn.Module, ins: list[torch.Tensor]) -> Scale:
+        q = build(path, m, ins)
+        s = getattr(q, "scale", None)
+        return s.detach().clone() if isinstance(s, torch.Tensor) else None
+
+    def build(path: str, m: nn.Module, ins: Sequence[torch.Tensor]) -> nn.Module:
+        if path not in built:
+            cls = quantized_class_for(m, mapping)
+            if cls is None:
+                raise ConvertError(
+                    f"module '{path}' ({type(m).__name__}) has no quantized class in QUANTIZED_MODULE_MAP"
+                )
+            try:
+                built[path] = cls.from_qat(m, list(ins), march)  # type: ignore[attr-defined]
+            except (ValueError, TypeError) as e:
+                raise ConvertError(f"converting module '{path}' ({type(m).__name__}): {e}") from e
+        return built[path]
+
+    plan = input_scales(gm, out_scale)
+    for path in plan.module_inputs:
+        m = gm.get_submodule(path)
+        q = build(path, m, plan.inputs_of(path))
+        q.train(False)
+        set_submodule(root, path, q)
+        if root is not gm:
+            set_submodule(gm, path, q)
+    _rewrite_functionals(gm, plan)
+
+
+def _march_for(model: nn.Module, what: str) -> March:
+    record = model.meta.get(PREPARE_RECORD_KEY) if isinstance(model, torch.fx.GraphModule) else None
+    march = require_march(what)
+    if isinstance(record, PrepareRecord) and record.march != march:
+        raise ConvertError(
+            f"the model was prepared for march {record.march.value} but the current march is {march.value}; "
+            f"call qir.march.set_march('{record.march.value}') before {what}"
+        )
+    return march
+
+
+def convert_fx(qat_model: nn.Module, mapping: Mapping[type, type] | None = None) -> torch.fx.GraphModule:
+    """The integer model of a deep copy of ``qat_model`` (a :func:`prepare_qat_fx` result).
+
+    Tensors between quantized modules are integer codes; the result is in eval mode,
+    traceable by ``torch.jit.trace``, and its ``graph`` can be edited (seed 001's
+    ``centered_yuv2rgb`` insertion). The input is not modified.
+    """
+    march = _march_for(qat_model, "convert_fx")
+    model = copy.deepcopy(qat_model)
+    if isinstance(model, torch.fx.GraphModule):
+        gm = model
+    else:
+        gm = torch.fx.GraphModule(model, trace_fx(model), class_name=type(model).__name__)
+    _convert_modules(gm, gm, march, mapping)
+    gm.eval()
+    gm.meta.pop(PREPARE_RECORD_KEY, None)
+    return gm

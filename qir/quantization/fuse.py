@@ -1,0 +1,467 @@
+"""``fuse_fx``: trace, absorb batch norms, fuse conv[+add][+relu], emit a GraphModule.
+
+The model is deep-copied first, traced with qir's tracer, turned into IR, rewritten by the
+``fuse`` pass (absorb-bn included) and emitted again. The emitted module keeps the user's
+module tree:
+
+* a fused conv that absorbed an add lives under the add's name: the FloatFunctional's
+  path when the add was ``ff.add``, else a generated name (``_generated_add_0``, scoped to
+  the module whose forward holds the add, see :mod:`qir.quantization.names`);
+* a conv fused only with batch norm / activation stays at the conv's path;
+* every module the fusion consumed (``conv``, ``bn``, ``relu``) becomes ``Identity()``;
+* functional ``+`` / ``torch.add`` that did not fuse become generated FloatFunctionals.
+
+A load_state_dict pre-hook on the root (:class:`StateDictRemap`) maps a float checkpoint's
+original keys (``conv.weight``, ``bn.running_mean``...) onto the fused layout, folding the
+batch norm the same way the pass did, so ``fused.load_state_dict(float_sd)`` just works.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import attrs
+import torch
+import torch.fx
+from torch import nn
+
+from passes.absorb_bn import fold_batch_norm
+from passes.base import Pass
+from passes.dce import DeadCodeElimination
+from passes.fuse import FUSABLE, Fuse
+from passes.manager import run_pipeline
+from passes.rewrite import FusedFrom, fused_from
+from qir.frontend.convert import MODULE_ORDER_KEY, _Converter, propagate
+from qir.frontend.emit import emit
+from qir.frontend.tracer import QirTracer, TraceError, patch_float_functional, trace_error
+from qir.ir.graph import Graph, Node
+from qir.ir.op import Ref
+from qir.ir.ops.core import Call, Constant
+from qir.ir.ops.elementwise import BinaryOp
+from qir.ir.ops.nn import ConvNd, ConvTransposeNd, Linear
+from qir.quantization.names import NameAllocator, join, owner_of_stack
+
+__all__ = [
+    "FUSER_RECORD_KEY",
+    "FuseRecord",
+    "KeyRemap",
+    "StateDictRemap",
+    "build_fused",
+    "fuse_fx",
+    "trace_fx",
+]
+
+#: ``GraphModule.meta`` key of the :class:`FuseRecord` (GraphModule deep copies keep ``meta``).
+FUSER_RECORD_KEY = "qir.fuse_record"
+
+
+# ---------------------------------------------------------------------------------------------
+# state-dict remapping
+
+
+@dataclass(frozen=True)
+class KeyRemap:
+    """One conv whose float keys moved (and maybe absorbed a batch norm)."""
+
+    conv_prefix: str  # "conv." in the float model
+    new_prefix: str  # "_generated_add_0.conv." in the fused model
+    conv_op: Any  # the IR conv op (fold_batch_norm reads its kind and groups)
+    bn_prefix: str | None = None
+    bn_eps: float = 1e-5
+
+
+@dataclass
+class StateDictRemap:
+    """load_state_dict pre-hook: float-model keys -> fused (and prepared) model keys.
+
+    ``remaps`` move conv keys and fold batch norms; ``key_map`` then renames fused-model
+    keys to the final model's (prepare fills it when QAT modules name tensors differently).
+    Keys already in the fused layout pass through untouched.
+    """
+
+    remaps: list[KeyRemap] = field(default_factory=list)
+    key_map: dict[str, str] = field(default_factory=dict)
+
+    def __call__(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        for r in self.remaps:
+            w_key = prefix + r.conv_prefix + "weight"
+            if w_key not in state_dict:
+                continue
+            weight = state_dict.pop(w_key)
+            bias = state_dict.pop(prefix + r.conv_prefix + "bias", None)
+            if r.bn_prefix is not None:
+                bn = {k: state_dict.pop(prefix + r.bn_prefix + k) for k in
+                      ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+                      if prefix + r.bn_prefix + k in state_dict}
+                if "running_mean" in bn and "running_var" in bn:
+                    w64, b64 = fold_batch_norm(r.conv_op, weight, bias, bn["running_mean"], bn["running_var"],
+                                               bn.get("weight"), bn.get("bias"), r.bn_eps)
+                    weight, bias = w64.to(weight.dtype), b64.to(weight.dtype)
+            state_dict[prefix + r.new_prefix + "weight"] = weight
+            if bias is not None:
+                state_dict[prefix + r.new_prefix + "bias"] = bias
+        for old, new in self.key_map.items():
+            if prefix + old in state_dict and old != new:
+                state_dict[prefix + new] = state_dict.pop(prefix + old)
+
+
+@dataclass
+class FuseRecord:
+    """What fusion did, for prepare (qconfig lookup by original names) and checkpoints."""
+
+    #: module path in the fused model -> original module paths it stands for (conv first)
+    sources: dict[str, list[str]] = field(default_factory=dict)
+    #: module path in the fused model -> original module type (the conv's for fused modules)
+    source_types: dict[str, type] = field(default_factory=dict)
+    #: generated FloatFunctional path -> the torch callable it replaced (operator.add, torch.cat...)
+    generated: dict[str, Any] = field(default_factory=dict)
+    #: ``.qconfig`` attributes of the original modules (path -> qconfig)
+    qconfig_attrs: dict[str, Any] = field(default_factory=dict)
+    remap: StateDictRemap = field(default_factory=StateDictRemap)
+
+
+# ---------------------------------------------------------------------------------------------
+# tracing
+
+
+def trace_fx(root: nn.Module) -> torch.fx.Graph:
+    """fx-trace ``root`` with qir's tracer (stubs, FloatFunctional calls and qir modules as leaves)."""
+    tracer = QirTracer()
+    try:
+        with patch_float_functional(tracer):
+            return tracer.trace(root)
+    except TraceError:
+        raise
+    except Exception as e:
+        raise trace_error(tracer, root, e) from e
+
+
+def _meta_like(rank: int) -> torch.Tensor:
+    return torch.empty((1,) * rank, device="meta")
+
+
+def _first_tensor(args: Any) -> torch.Tensor | None:
+    found: list[torch.Tensor] = []
+    torch.fx.node.map_aggregate(args, lambda a: found.append(a) if isinstance(a, torch.Tensor) else None)
+    return found[0] if found else None
+
+
+class _RankOnly(torch.fx.Interpreter):
+    """Types a graph without example inputs: every tensor is a meta tensor of size-1 dims.
+
+    Only ranks are meaningful: a conv/linear module's output has its weight's rank (2 for
+    linear), other modules keep their input's, torch functions run on the meta tensors
+    (falling back to their first input's value when they cannot). Enough for the fusion
+    legality checks (same-rank add operands, batch norm on axis 1); fuse_fx without
+    example inputs therefore fuses an add whose operands have equal rank.
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.values: dict[str, Any] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        out = self._value(n)
+        self.values[n.name] = out
+        return out
+
+    def _value(self, n: torch.fx.Node) -> Any:
+        if n.op == "placeholder":
+            return n.args[0] if n.args else _meta_like(4)
+        if n.op == "output":
+            return None
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        if n.op == "get_attr":
+            obj = self.fetch_attr(str(n.target))
+            return obj.to("meta") if isinstance(obj, torch.Tensor) else obj
+        if n.op == "call_module":
+            m = self.module.get_submodule(str(n.target))
+            w = getattr(m, "weight", None)
+            if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+                              nn.ConvTranspose3d)) and isinstance(w, torch.Tensor):
+                return _meta_like(w.dim())
+            if isinstance(m, nn.Linear):
+                return _meta_like(2)
+            first = _first_tensor((args, kwargs))
+            return first if first is not None else _meta_like(4)
+        try:
+            return getattr(self, n.op)(n.target, args, kwargs)
+        except Exception:  # shapes are invented here: keep the first input's value
+            first = _first_tensor((args, kwargs))
+            return first if first is not None else _meta_like(4)
+
+
+def _values(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Any) -> dict[str, Any]:
+    if example_inputs is not None:
+        if isinstance(example_inputs, torch.Tensor):
+            example_inputs = (example_inputs,)
+        return propagate(root, fx_graph, tuple(example_inputs))
+    gm = torch.fx.GraphModule(root, copy.deepcopy(fx_graph))
+    interp = _RankOnly(gm)
+    with torch.no_grad():
+        interp.run(*[None for n in fx_graph.nodes if n.op == "placeholder"])
+    return interp.values
+
+
+def build_ir(root: nn.Module, example_inputs: Any = None) -> tuple[Graph, dict[str, str]]:
+    """IR of ``root`` plus, per node name, the qualified name of the module owning it."""
+    fx_graph = trace_fx(root)
+    owners = {n.name: owner_of_stack(n.meta.get("nn_module_stack"), is_module_call=n.op == "call_module")
+              for n in fx_graph.nodes}
+    values = _values(root, fx_graph, example_inputs)
+    return _Converter(root, values).run(fx_graph), owners
+
+
+# ---------------------------------------------------------------------------------------------
+# functionals -> generated FloatFunctional modules
+
+_TWO_TENSOR = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum",
+               "minimum": "minimum", "matmul": "matmul"}
+_SCALAR = {"add": "add_scalar", "mul": "mul_scalar"}
+_SEQUENCE = {"cat": "cat", "stack": "stack"}
+_UNARY = {"mean": "mean", "sum": "sum"}
+
+#: every FloatFunctional method prepare may generate
+ALL_FUNCTIONALS = frozenset({*_TWO_TENSOR.values(), *_SCALAR.values(), *_SEQUENCE.values(), *_UNARY.values()})
+#: what fuse_fx itself replaces (``+``: seed 001)
+ADD_FUNCTIONALS = frozenset({"add", "add_scalar"})
+
+
+def float_functional_class() -> type[nn.Module]:
+    """qir's float FloatFunctional (generated modules are always qir's)."""
+    try:
+        from qir.nn.quantized import FloatFunctional
+    except ImportError:  # the quantized package may not re-export it; the class lives here
+        from qir.nn.modules import FloatFunctional
+    return FloatFunctional
+
+
+def ff_method_for(n: Node) -> str | None:
+    """The FloatFunctional method computing node ``n``, or None."""
+    op = n.op
+    name = op.name
+    if isinstance(op, BinaryOp):
+        if getattr(op, "rounding_mode", None) is not None:
+            return None
+        if op.other is None:
+            return _TWO_TENSOR.get(name)
+        if isinstance(op.other, (int, float)) and not isinstance(op.other, bool) and not isinstance(op.other, Ref):
+            return _SCALAR.get(name)
+        return None
+    if name in _SEQUENCE:
+        return _SEQUENCE[name]
+    if name in _UNARY:
+        attrs_ = op.attrs() if hasattr(op, "attrs") else {}
+        if attrs_.get("dtype") is not None:
+            return None
+        return _UNARY[name]
+    return None
+
+
+def _torch_target(n: Node) -> Any:
+    """The callable a generated FloatFunctional replaces (for ``module_type`` qconfig keys)."""
+    funcs = getattr(type(n.op), "functions", ())
+    return funcs[0] if funcs else n.op.name
+
+
+def _replace_functionals(g: Graph, owners: Mapping[str, str], methods: frozenset[str], alloc: NameAllocator,
+                         record: FuseRecord) -> None:
+    ff_cls = float_functional_class()
+    for n in g.nodes:
+        if n.scope is not None or isinstance(n.op, (Call, Constant)):
+            continue
+        method = ff_method_for(n)
+        if method is None or method not in methods or not hasattr(ff_cls, method):
+            continue
+        path = alloc.new(owners.get(n.name, ""), method.removesuffix("_scalar"))
+        n.scope = path
+        n.meta["float_functional"] = method
+        g.objects[f"module:{path}"] = ff_cls()
+        record.generated[path] = _torch_target(n)
+        record.sources[path] = [path]
+
+
+# ---------------------------------------------------------------------------------------------
+# fused modules: names, constants, remaps
+
+
+def _rekey(g: Graph, node: Node, new_key: str) -> str:
+    """Move constant ``node`` to ``new_key`` (graph.constants and the op)."""
+    op = node.op
+    assert isinstance(op, Constant)
+    old = op.key
+    if old == new_key:
+        return old
+    g.constants = {(new_key if k == old else k): t for k, t in g.constants.items()}
+    node.op = attrs.evolve(op, key=new_key)
+    return old
+
+
+def _place_fused(g: Graph, owners: Mapping[str, str], alloc: NameAllocator, record: FuseRecord,
+                 module_types: Mapping[str, type], ff_users: Mapping[str, int]) -> set[str]:
+    """Name each fused conv's module, re-key its tensors under it, record remaps.
+
+    Returns the original module paths the fusion consumed (they become Identity)."""
+    consumed: set[str] = set()
+    for n in g.nodes:
+        if not isinstance(n.op, FUSABLE):
+            continue
+        fused = fused_from(n)
+        if not fused or n.scope is None:
+            continue
+        conv_path = n.scope
+        add: FusedFrom | None = next((f for f in fused if f.role == "add"), None)
+        bn = next((f for f in fused if f.role == "bn"), None)
+        path = conv_path
+        if add is not None:
+            if add.scope is not None and ff_users.get(add.scope, 0) == 1:
+                path = add.scope  # the user's FloatFunctional slot takes the fused module
+                g.objects.pop(f"module:{add.scope}", None)
+            else:
+                path = alloc.new(owners.get(add.node, ""), "add")
+        is_fused_module = bool(n.op.add or n.op.act is not None)  # type: ignore[attr-defined]
+        new_prefix = f"{path}.conv." if is_fused_module else f"{path}."
+        for role_index, role in enumerate(n.op.param_roles()):  # type: ignore[attr-defined]
+            c = n.operands[1 + role_index]
+            if isinstance(c, Node) and isinstance(c.op, Constant):
+                _rekey(g, c, new_prefix + role)
+        n.scope = path
+        record.remap.remaps.append(KeyRemap(
+            conv_prefix=f"{conv_path}.", new_prefix=new_prefix, conv_op=n.op,
+            bn_prefix=f"{bn.scope}." if bn is not None and bn.scope else None,
+            bn_eps=_bn_eps(n, bn),
+        ))
+        sources = [conv_path] + [f.scope for f in fused if f.scope and f.scope != path]
+        record.sources[path] = list(dict.fromkeys(sources))
+        if conv_path in module_types:
+            record.source_types[path] = module_types[conv_path]
+        consumed.update(s for s in sources if s != path)
+    return consumed
+
+
+def _bn_eps(n: Node, bn: FusedFrom | None) -> float:
+    eps = n.meta.get("qir.bn_eps", {})
+    return float(eps.get(bn.node, 1e-5)) if bn is not None and isinstance(eps, dict) else 1e-5
+
+
+def _note_bn_eps(g: Graph) -> None:
+    """Remember every batch norm's eps by node name (the remap hook folds with it)."""
+    eps = {n.name: n.op.eps for n in g.nodes if n.op.name == "batch_norm"}  # type: ignore[attr-defined]
+    for n in g.nodes:
+        if isinstance(n.op, (ConvNd, ConvTransposeNd, Linear)):
+            n.meta["qir.bn_eps"] = eps
+
+
+# ---------------------------------------------------------------------------------------------
+# the module tree
+
+
+def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, leaf = path.rpartition(".")
+    parent = root
+    for part in parent_path.split(".") if parent_path else []:
+        child = parent._modules.get(part)
+        if child is None:
+            child = nn.Module()
+            parent._modules[part] = child
+        parent = child
+    parent._modules[leaf] = module
+
+
+def _has_path(root: nn.Module, path: str) -> bool:
+    m: nn.Module | None = root
+    for part in path.split("."):
+        m = m._modules.get(part) if m is not None else None
+        if m is None:
+            return False
+    return True
+
+
+def _reorder(root: nn.Module, order: Sequence[str]) -> None:
+    """Children of every container in the original model's order, generated ones last."""
+    rank = {p: i for i, p in enumerate(order)}
+    for path, m in list(root.named_modules()):
+        if not m._modules:
+            continue
+        prefix = f"{path}." if path else ""
+        items = list(m._modules.items())
+        items.sort(key=lambda kv: rank.get(prefix + kv[0], len(rank)))
+        m._modules.clear()
+        m._modules.update(items)
+
+
+# ---------------------------------------------------------------------------------------------
+# driver
+
+
+def build_fused(
+    model: nn.Module,
+    example_inputs: Any = None,
+    *,
+    functionals: frozenset[str] = ADD_FUNCTIONALS,
+    prepare_objects: Callable[[Graph], None] | None = None,
+) -> tuple[torch.fx.GraphModule, FuseRecord]:
+    """The fused float GraphModule of a deep copy of ``model``, and what fusion did.
+
+    ``functionals`` are the FloatFunctional methods whose functional spellings become
+    generated modules; ``prepare_objects`` may swap opaque module objects in the IR
+    (prepare turns torch's stubs into qir's) before emission.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
+    root = copy.deepcopy(model)
+    record = FuseRecord()
+    prior = root.meta.get(FUSER_RECORD_KEY) if isinstance(root, torch.fx.GraphModule) else None
+    if isinstance(prior, FuseRecord):  # fusing an already-fused model: keep its history
+        record = copy.deepcopy(prior)
+    module_types = {p: type(m) for p, m in root.named_modules()}
+    for p, m in root.named_modules():
+        qc = getattr(m, "qconfig", None)
+        if qc is not None:
+            record.qconfig_attrs.setdefault(p, qc)
+    g, owners = build_ir(root, example_inputs)
+    _note_bn_eps(g)
+    passes_: list[Pass] = [Fuse(absorb_bn=True, force_bn=True), DeadCodeElimination()]
+    # rank-only types (no example inputs) are not real shapes: skip the type verifier then
+    g = run_pipeline(g, passes_, verify_each=example_inputs is not None).graph
+    alloc = NameAllocator(p for p, _ in root.named_modules())
+    ff_users: dict[str, int] = {}
+    for n in g.nodes:
+        if n.scope is not None and n.meta.get("float_functional"):
+            ff_users[n.scope] = ff_users.get(n.scope, 0) + 1
+    for n in g.nodes:  # an FF whose add fused is still counted once
+        for f in fused_from(n):
+            if f.role == "add" and f.scope:
+                ff_users[f.scope] = ff_users.get(f.scope, 0) + 1
+    consumed = _place_fused(g, owners, alloc, record, module_types, ff_users)
+    _replace_functionals(g, owners, functionals, alloc, record)
+    if prepare_objects is not None:
+        prepare_objects(g)
+    gm = emit(g, class_name=type(model).__name__)
+    order: Sequence[str] = g.objects.get(MODULE_ORDER_KEY, ())
+    for path in consumed:
+        if path and not _has_path(gm, path):
+            _set_submodule(gm, path, nn.Identity())
+    for path in order:  # modules the graph no longer calls (fused away, unused) stay as Identity
+        if path and not _has_path(gm, path) and not root.get_submodule(path)._modules:
+            _set_submodule(gm, path, nn.Identity())
+    _reorder(gm, order)
+    gm.recompile()
+    gm.training = model.training
+    gm.meta[FUSER_RECORD_KEY] = record
+    gm.register_load_state_dict_pre_hook(record.remap)
+    return gm, record
+
+
+def fuse_fx(model: nn.Module, example_inputs: Any = None) -> torch.fx.GraphModule:
+    """Fuse conv[+bn][+add][+relu/relu6] of a deep copy of ``model`` into qir.nn.intrinsic modules.
+
+    The input is never modified. ``example_inputs`` is optional: without it the graph is
+    typed by rank only (an add fuses when its operands have the same rank). Float
+    checkpoints load into the result by their original keys (batch norms folded on load).
+    """
+    gm, _ = build_fused(model, example_inputs)
+    return gm

@@ -1,0 +1,241 @@
+"""``prepare_qat_fx``: fuse a copy of the model, choose qconfigs, swap in QAT modules.
+
+Flow (docs/tutorial.md): the model is deep-copied and fused (:func:`build_fused`, even if
+it was fused before), functional ops that quantize (``+``, ``torch.cat``, ``*``, ``mean``
+...) become generated ``FloatFunctional`` modules, every module's qconfig is resolved
+(:mod:`qir.quantization.qconfig_dict`), and each module with a qconfig whose class is in
+``qir.nn.qat.QAT_MODULE_MAP`` is replaced by ``from_float(module, qconfig)``.
+Scale-preserving functional ops (relu, reshape, max pool, ...) stay as they are.
+
+Preparing a model that was itself prepared (calibration, then QAT: seed 003) starts from
+the fused float model recorded in it and carries every calibrated scale into the new
+fake quants, so QAT starts from the calibrated ranges.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+
+from backends.common.numerics import scale_denominator
+from qir.march import March, get_march
+from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.fuse import ALL_FUNCTIONALS, FUSER_RECORD_KEY, FuseRecord, build_fused
+from qir.quantization.qconfig import QConfig, qconfig_kind
+from qir.quantization.qconfig_dict import QConfigSpec, parse_hybrid_dict, parse_qconfig_dict
+
+__all__ = ["PREPARE_RECORD_KEY", "PrepareRecord", "prepare_qat_fx", "qat_class_for", "require_march"]
+
+#: ``GraphModule.meta`` key of the :class:`PrepareRecord`.
+PREPARE_RECORD_KEY = "qir.prepare_record"
+
+
+@dataclass
+class PrepareRecord:
+    """What a prepared model was made from (a later prepare starts from ``float_model``)."""
+
+    float_model: torch.fx.GraphModule
+    march: March
+    kind: str  # "qat" or "calibration"
+
+
+def require_march(what: str) -> March:
+    """The current march, or an error telling how to set one."""
+    march = get_march(None)
+    if march is None:
+        raise RuntimeError(
+            f"{what} needs a target march: call qir.march.set_march(qir.march.March.BAYES) "
+            "(or 'bernoulli2') first"
+        )
+    return march
+
+
+def qat_class_for(m: nn.Module, mapping: Mapping[type, type] | None = None) -> type | None:
+    """The QAT class of ``m``: exact type first, then its base classes (eager fused variants)."""
+    if mapping is None:
+        from qir.nn.qat import QAT_MODULE_MAP
+
+        mapping = QAT_MODULE_MAP
+    for cls in type(m).__mro__:
+        if cls in mapping:
+            return mapping[cls]
+        if cls is nn.Module:
+            break
+    return None
+
+
+def _is_qat(m: nn.Module) -> bool:
+    from qir.nn.qat import QATModule
+
+    return any(isinstance(x, QATModule) for x in m.modules())
+
+
+def _called_modules(gm: torch.fx.GraphModule) -> list[str]:
+    """Module paths the graph calls (call_module) or whose methods it calls (FloatFunctional)."""
+    paths: list[str] = []
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            paths.append(str(n.target))
+        elif n.op == "get_attr" and isinstance(_get(gm, str(n.target)), nn.Module):
+            paths.append(str(n.target))
+    return list(dict.fromkeys(paths))
+
+
+def _get(gm: nn.Module, path: str) -> Any:
+    obj: Any = gm
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, leaf = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    parent._modules[leaf] = module
+
+
+def _key_map(path: str, float_mod: nn.Module, qat_mod: nn.Module) -> dict[str, str]:
+    """Float key -> QAT key for one swapped module (``conv.weight`` -> ``weight``)."""
+    qat_keys = set(qat_mod.state_dict())
+    out: dict[str, str] = {}
+    prefix = f"{path}." if path else ""
+    for k in float_mod.state_dict():
+        if k in qat_keys:
+            continue
+        short = k.split(".", 1)[1] if "." in k else k
+        if short in qat_keys:
+            out[prefix + k] = prefix + short
+    return out
+
+
+def check_kinds(chosen: Mapping[str, QConfig]) -> str:
+    """The one qconfig kind of ``chosen``; a clear error when calibration and QAT mix."""
+    by_kind: dict[str, tuple[str, QConfig]] = {}
+    for path, qc in chosen.items():
+        if qc.activation is None and qc.weight is None:
+            continue
+        by_kind.setdefault(qconfig_kind(qc), (path, qc))
+    if len(by_kind) > 1:
+        (p1, q1), (p2, q2) = by_kind["qat"], by_kind["calibration"]
+        raise ValueError(
+            "calibration and QAT qconfigs cannot be mixed in one prepare: "
+            f"module '{p1 or '<root>'}' has a QAT qconfig ({q1.activation!r}), module '{p2 or '<root>'}' has a "
+            f"calibration qconfig ({q2.activation!r}); prepare with calibration qconfigs only, run calibration, "
+            "then call prepare_qat_fx again on the calibrated model with QAT qconfigs"
+        )
+    return next(iter(by_kind), "qat")
+
+
+def _swap(gm: torch.fx.GraphModule, record: FuseRecord, spec: QConfigSpec) -> str:
+    """Replace every quantizable called module by its QAT class; returns the qconfig kind."""
+    plan: list[tuple[str, nn.Module, type, QConfig]] = []
+    for path in _called_modules(gm):
+        m = gm.get_submodule(path)
+        cls = qat_class_for(m)
+        if cls is None:
+            continue
+        names = record.sources.get(path, [])
+        types: list[Any] = [type(m)]
+        if path in record.source_types:
+            types.insert(0, record.source_types[path])
+        if path in record.generated:
+            types.insert(0, record.generated[path])
+        qc = spec.resolve(path, names, types)
+        if qc is None:
+            continue
+        plan.append((path, m, cls, qc))
+    kind = check_kinds({p: qc for p, _, _, qc in plan})
+    for path, m, cls, qc in plan:
+        qat = cls.from_float(m, qc)  # type: ignore[attr-defined]
+        record.remap.key_map.update(_key_map(path, m, qat))
+        set_submodule(gm, path, qat)
+    return kind
+
+
+def _carry_scales(src: nn.Module, dst: nn.Module) -> None:
+    """Start ``dst``'s fake quants from ``src``'s (calibrated) scales; copy other matching state."""
+    src_fq = {n: m for n, m in src.named_modules() if isinstance(m, FakeQuantize)}
+    fq_prefixes = tuple(f"{n}." for n, m in dst.named_modules() if isinstance(m, FakeQuantize))
+    src_sd, dst_sd = src.state_dict(), dst.state_dict()
+    plain = {k: v for k, v in src_sd.items()
+             if k in dst_sd and not k.startswith(fq_prefixes) and dst_sd[k].shape == v.shape}
+    with torch.no_grad():
+        for k, v in plain.items():
+            dst_sd[k].copy_(v)
+        for name, fq in dst.named_modules():
+            old = src_fq.get(name)
+            if not isinstance(fq, FakeQuantize) or old is None or fq.has_fixed_scale or old.scale.numel() == 0:
+                continue
+            if fq.ch_axis != old.ch_axis:
+                continue
+            amax = old.scale.detach() * scale_denominator(old.dtype)
+            scale = amax / scale_denominator(fq.dtype)
+            fq.scale = scale.clone()
+            fq.zero_point = torch.zeros(scale.shape, dtype=torch.int32, device=scale.device)
+            obs = fq.observer
+            obs.min_val = -amax.clone()
+            obs.max_val = amax.clone()
+            obs.scale = scale.clone()
+
+
+def _prepare_float(model: nn.Module, qconfig_dict: Mapping[str, Any] | None, example_inputs: Any,
+                   march: March) -> torch.fx.GraphModule:
+    gm, record = build_fused(model, example_inputs, functionals=ALL_FUNCTIONALS)
+    float_copy = copy.deepcopy(gm)
+    spec = parse_qconfig_dict(qconfig_dict, record.qconfig_attrs)
+    kind = _swap(gm, record, spec)
+    gm.meta[PREPARE_RECORD_KEY] = PrepareRecord(float_model=float_copy, march=march, kind=kind)
+    gm.train(model.training)
+    return gm
+
+
+def prepare_qat_fx(
+    model: nn.Module,
+    qconfig_dict: Mapping[str, Any] | None = None,
+    example_inputs: Any = None,
+    hybrid: bool = False,
+    hybrid_dict: Mapping[str, Any] | None = None,
+) -> torch.fx.GraphModule:
+    """A QAT (or calibration) GraphModule built from a deep copy of ``model``.
+
+    ``qconfig_dict``: see :mod:`qir.quantization.qconfig_dict` (``""``, ``module_type``,
+    ``module_name``); without it, ``.qconfig`` attributes (``model.qconfig``) decide.
+    ``example_inputs`` types the traced graph (optional). A model returned by an earlier
+    ``prepare_qat_fx`` (e.g. after calibration) is re-prepared from its float model with
+    its calibrated scales carried over. The input model is never modified.
+    """
+    parse_hybrid_dict(hybrid_dict)
+    if hybrid:
+        raise NotImplementedError(
+            "prepare_qat_fx(hybrid=True) (CPU/BPU heterogeneous models) is not implemented yet; "
+            "prepare without hybrid (all operators on the BPU)"
+        )
+    march = require_march("prepare_qat_fx")
+    if _is_qat(model):
+        record = model.meta.get(PREPARE_RECORD_KEY) if isinstance(model, torch.fx.GraphModule) else None
+        if not isinstance(record, PrepareRecord):
+            raise ValueError(
+                f"{type(model).__name__} already holds QAT modules but was not made by prepare_qat_fx; "
+                "prepare the float model instead"
+            )
+        new = _prepare_float(record.float_model, qconfig_dict, example_inputs, march)
+        _carry_scales(model, new)
+        new.train(model.training)
+        return new
+    return _prepare_float(model, qconfig_dict, example_inputs, march)
+
+
+def fuse_record(model: nn.Module) -> FuseRecord | None:
+    """The fusion record of a fused / prepared GraphModule (None for other modules)."""
+    if isinstance(model, torch.fx.GraphModule):
+        rec = model.meta.get(FUSER_RECORD_KEY)
+        return rec if isinstance(rec, FuseRecord) else None
+    return None
