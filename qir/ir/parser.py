@@ -15,6 +15,7 @@ import ast
 import difflib
 import math
 import re
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -196,10 +197,15 @@ class _Line:
         body = "".join("_" if start + i in refs else c for i, c in enumerate(self.text[start:end]))
         src = prefix + body
         try:
-            tree = ast.parse(src, mode="eval")
+            with warnings.catch_warnings():  # "1x" or "\d" warn before failing or parsing: our errors suffice
+                warnings.simplefilter("ignore", SyntaxWarning)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                tree = ast.parse(src, mode="eval")
         except SyntaxError as e:
             col = start + max((e.offset or 1) - 1 - len(prefix), 0)
             raise self.error(f"bad expression: {e.msg}", col) from None
+        except (ValueError, RecursionError, MemoryError) as e:  # null bytes, absurd nesting
+            raise self.error(f"bad expression: {type(e).__name__}: {e}", start) from None
         return tree.body, _Walker(self, src, start - len(prefix), refs)
 
 
@@ -316,8 +322,8 @@ class _Walker:
             cls = ATTR_CLASSES.get(fname)
             if cls is not None and attrs.has(cls) and not args:
                 return cls(**kwargs)
-        except (TypeError, ValueError, IRError) as e:
-            raise self.error(node, f"bad {fname}(...): {e}") from None
+        except Exception as e:  # constructors report bad arguments in many ways (torch: RuntimeError)
+            raise self.error(node, f"bad {fname}(...): {type(e).__name__}: {e}") from None
         raise self.error(node, f"cannot call {fname}(...) here; expected slice(a, b, c), torch.device(s), "
                                "torch.Size([...]), Type(s) or a registered attribute class with keyword arguments")
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from qir.ir import ParseError, parse_graph
+from qir.ir import ParseError, parse_graph, print_graph
 
 HEAD = "graph @m(%x: tensor<2xf32>) {\n"
 
@@ -114,3 +116,29 @@ def test_nothing_is_evaluated() -> None:
     finally:
         builtins.print = original
     assert calls == []
+
+
+SAMPLE = """graph @main(%x: tensor<1x2x4x4xf32>, %k: int = 2) {
+  %w: tensor<3x2x1x1xf32> = constant(key="conv.weight") @conv
+  %c: tensor<1x3x4x4xf32> = conv2d(%x, %w, bias=False) @conv
+  %g: tensor<1x3x2x4xf32> = getitem(%c, %k, index=(slice(None, %k, None), ..., {"a": [1.5, -inf]}))
+  %t: tensor<1x3x4x4xf32> = call(%c, %c, kind="function", target="torch.add", args=(%c, %1), kwargs={"d": torch.int8})
+  return (%c, {"g": %g, "t": %t})
+}"""
+
+_PIECES = st.lists(
+    st.sampled_from([*"%@(){}[]<>,.:=\"'/ \n\\x0123456789-_abcdefgiknrstuxé\x00", "tensor<", "//", "%1"]), max_size=3
+).map("".join)
+
+
+@given(st.lists(st.tuples(st.integers(0, len(SAMPLE)), st.integers(0, 3), _PIECES), min_size=1, max_size=3))
+def test_mangled_text_parses_or_raises_parse_error(edits: list[tuple[int, int, str]]) -> None:
+    text = SAMPLE
+    for pos, cut, insert in edits:
+        text = text[:pos] + insert + text[pos + cut :]
+    try:
+        g = parse_graph(text, allow_unbound=True)
+    except ParseError as e:
+        assert e.line >= 1 and e.column >= 1
+    else:
+        assert parse_graph(print_graph(g), allow_unbound=True) is not None
