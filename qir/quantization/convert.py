@@ -178,7 +178,7 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
             env[n.name] = None
             continue
         target = n.target
-        if n.op == "call_method" and target in _QUERY_METHODS or target is getattr:
+        if (n.op == "call_method" and target in _QUERY_METHODS) or target is getattr:
             env[n.name] = None
             continue
         if (n.op == "call_function" and target in _PRESERVING_FUNCTIONS) or \
@@ -237,8 +237,10 @@ def _relu6_bound(scale: torch.Tensor) -> int:
     return int(numerics.quantize(torch.tensor([6.0]), float(scale.reshape(-1)[0]), "qint32")[0])
 
 
-def _rewrite_functionals(gm: torch.fx.GraphModule, plan: ScalePlan) -> None:
-    """Functional ops on codes that are not exact as written: relu6, hardtanh(0, 6), interpolate, dropout."""
+def _rewrite_functionals(gm: torch.fx.GraphModule, plan: ScalePlan, eager: bool = False) -> None:
+    """Functional ops on codes that are not exact as written: relu6, hardtanh(0, 6), interpolate, dropout.
+
+    An eager model's forward cannot be rewritten: there they are errors naming the module to use."""
     g = gm.graph
     for n in list(g.nodes):
         if n.op != "call_function":
@@ -246,6 +248,14 @@ def _rewrite_functionals(gm: torch.fx.GraphModule, plan: ScalePlan) -> None:
         ins = [plan.node_scales.get(a.name) for a in _nodes_in(n.args[:1])]
         s = ins[0] if ins else None
         if s is None:
+            continue
+        if eager and n.target in (F.relu6, F.hardtanh, F.interpolate):
+            fix = "nn.ReLU6" if n.target is not F.interpolate else "qir.nn.Interpolate"
+            raise ConvertError(
+                f"the forward calls {n.target.__name__} on a quantized tensor (node '{n.name}'); eager convert "
+                f"cannot rewrite a forward: use the module {fix} instead so it gets a quantized form"
+            )
+        if eager:
             continue
         if n.target is F.relu6 or n.target is F.hardtanh:
             if n.target is F.hardtanh and (n.kwargs.get("min_val", n.args[1] if len(n.args) > 1 else -1.0) != 0.0):
@@ -263,7 +273,7 @@ def _rewrite_functionals(gm: torch.fx.GraphModule, plan: ScalePlan) -> None:
 
 
 def _convert_modules(root: nn.Module, gm: torch.fx.GraphModule, march: March,
-                     mapping: Mapping[type, type] | None) -> None:
+                     mapping: Mapping[type, type] | None, eager: bool = False) -> None:
     """Swap every called QAT module of ``gm`` (submodules shared with ``root``) in ``root``."""
     built: dict[str, nn.Module] = {}
 
@@ -286,6 +296,7 @@ def _convert_modules(root: nn.Module, gm: torch.fx.GraphModule, march: March,
         return built[path]
 
     plan = input_scales(gm, out_scale)
+    _rewrite_functionals(gm, plan, eager)  # before any swap: an eager error leaves the model whole
     for path in plan.module_inputs:
         m = gm.get_submodule(path)
         q = build(path, m, plan.inputs_of(path))
@@ -293,7 +304,6 @@ def _convert_modules(root: nn.Module, gm: torch.fx.GraphModule, march: March,
         set_submodule(root, path, q)
         if root is not gm:
             set_submodule(gm, path, q)
-    _rewrite_functionals(gm, plan)
 
 
 def _march_for(model: nn.Module, what: str) -> March:

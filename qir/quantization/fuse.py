@@ -19,7 +19,7 @@ batch norm the same way the pass did, so ``fused.load_state_dict(float_sd)`` jus
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +42,7 @@ from qir.ir.op import Ref
 from qir.ir.ops.core import Call, Constant
 from qir.ir.ops.elementwise import BinaryOp
 from qir.ir.ops.nn import ConvNd, ConvTransposeNd, Linear
-from qir.quantization.names import NameAllocator, join, owner_of_stack
+from qir.quantization.names import NameAllocator, owner_of_stack
 
 __all__ = [
     "FUSER_RECORD_KEY",

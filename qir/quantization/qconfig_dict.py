@@ -99,7 +99,9 @@ def parse_qconfig_dict(qconfig_dict: Mapping[str, Any] | None, attrs: Mapping[st
         raise TypeError(f"qconfig_dict must be a dict, got {type(qconfig_dict).__name__}")
     unknown = [k for k in qconfig_dict if k not in _KEYS]
     if unknown:
-        raise KeyError(f"qconfig_dict has unknown keys {unknown}; valid keys: '' (global), 'module_type', 'module_name'")
+        raise KeyError(
+            f"qconfig_dict has unknown keys {unknown}; valid keys: '' (global), 'module_type', 'module_name'"
+        )
     if "" in qconfig_dict:
         spec.global_qconfig = _check_qconfig(qconfig_dict[""], "['']")
     for key, qc in _pairs(qconfig_dict.get("module_type", []), "module_type"):

@@ -1,0 +1,217 @@
+"""Eager mode: ``fuse_known_modules`` (for ``torch.quantization.fuse_modules``), ``prepare_qat``, ``convert``.
+
+Eager fusion returns modules that print like the seeds' (``ConvReLU2d((0): Conv2d, (1): ReLU())``):
+the same :mod:`qir.nn.intrinsic` classes, with the children stored under ``"0"`` / ``"1"``
+(``conv`` / ``relu`` stay readable as attributes). Batch norms are folded into the conv.
+
+``prepare_qat`` swaps modules by class, honouring ``.qconfig`` attributes propagated from
+parents to children; ``convert`` needs each module's input scales, so it fx-traces the QAT
+model once (QAT modules as leaves) to learn which module feeds which.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch.fx
+from torch import nn
+
+from passes.absorb_bn import fold_batch_norm
+from qir.frontend.lookup import tables
+from qir.nn.intrinsic.fused import FUSED_CLASSES, FusedModule
+from qir.quantization.convert import ConvertError, _convert_modules
+from qir.quantization.fuse import trace_fx
+from qir.quantization.prepare import check_kinds, qat_class_for, require_march, set_submodule
+from qir.quantization.qconfig import QConfig
+
+__all__ = ["convert", "fuse_known_modules", "positional", "prepare_qat"]
+
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d, nn.Linear)
+_BNS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+_ACTS: dict[type, str] = {nn.ReLU: "relu", nn.ReLU6: "relu6"}
+_ALIASES = {"conv": "0", "relu": "1"}
+
+
+class _Positional:
+    """Mixin: children live under ``"0"`` / ``"1"`` (eager printout and keys); ``conv`` /
+    ``relu`` remain attributes."""
+
+    _modules: dict[str, nn.Module]
+
+    def __getattr__(self, name: str) -> Any:
+        alias = _ALIASES.get(name)
+        if alias is not None and alias in self.__dict__.get("_modules", {}):
+            return self.__dict__["_modules"][alias]
+        return super().__getattr__(name)  # type: ignore[misc]
+
+    def to_standard(self) -> FusedModule:
+        """The plain :mod:`qir.nn.intrinsic` module (children named ``conv`` / ``relu``)."""
+        base = next(c for c in type(self).__mro__ if c in _STANDARD)
+        conv = self._modules["0"]
+        relu = self._modules.get("1")
+        m = base(conv, relu)
+        m.train(getattr(self, "training", True))
+        return m
+
+
+_STANDARD: set[type] = set(FUSED_CLASSES.values())
+_POSITIONAL: dict[type, type] = {}
+
+
+def _make_positional() -> None:
+    for cls in FUSED_CLASSES.values():
+        name = cls.__name__
+        # same class name (the printout says ConvReLU2d); importable here under it for pickling
+        pos: type = type(name, (_Positional, cls), {"__module__": __name__, "__qualname__": f"_eager.{name}",
+                                              "__doc__": f"{cls.__doc__} Eager layout: children '0', '1'."})
+        _POSITIONAL[cls] = pos
+        _EAGER_NS[name] = pos
+
+
+class _Namespace:
+    """Holds the eager classes so ``__qualname__`` ``_eager.ConvReLU2d`` resolves for pickle."""
+
+
+_EAGER_NS: dict[str, type] = {}
+_eager = _Namespace()
+_make_positional()
+for _n, _c in _EAGER_NS.items():
+    setattr(_eager, _n, _c)
+
+
+def positional(m: FusedModule) -> FusedModule:
+    """``m`` with its children re-keyed ``"0"``/``"1"`` (the eager layout)."""
+    cls = _POSITIONAL[type(m)]
+    new: Any = object.__new__(cls)
+    nn.Module.__init__(new)
+    new._modules["0"] = m.conv
+    if "relu" in m._modules:
+        new._modules["1"] = m.relu
+    new.train(m.training)
+    return new  # type: ignore[no-any-return]
+
+
+def _fold(conv: nn.Module, bn: nn.Module) -> nn.Module:
+    """A copy of ``conv`` with ``bn`` (running statistics) folded in."""
+    op_cls = tables().for_module(conv)
+    assert op_cls is not None
+    op: Any = op_cls.from_module(conv)
+    c: Any = conv
+    b: Any = bn
+    w, bias = fold_batch_norm(op, c.weight, c.bias, b.running_mean, b.running_var,
+                              b.weight if b.affine else None, b.bias if b.affine else None, float(b.eps))
+    new: Any = copy.deepcopy(conv)
+    new.weight = nn.Parameter(w.to(c.weight.dtype), requires_grad=bool(c.weight.requires_grad))
+    new.bias = nn.Parameter(bias.to(c.weight.dtype), requires_grad=True)
+    return new  # type: ignore[no-any-return]
+
+
+def fuse_known_modules(
+    mod_list: Sequence[nn.Module],
+    is_qat: bool = False,
+    additional_fuser_method_mapping: Mapping[tuple[type, ...], Callable[..., nn.Module]] | None = None,
+) -> list[nn.Module]:
+    """``fuser_func`` for ``torch.quantization.fuse_modules``: fuse ``[conv, bn?, relu?]``.
+
+    Returns a list as long as ``mod_list``: the fused module first, ``Identity()`` after.
+    The batch norm is folded with its running statistics (in QAT too, as the seeds do).
+    ``additional_fuser_method_mapping`` maps type tuples to ``fn(is_qat, *mods)``.
+    """
+    mods = list(mod_list)
+    types = tuple(type(m) for m in mods)
+    if additional_fuser_method_mapping and types in additional_fuser_method_mapping:
+        custom = additional_fuser_method_mapping[types](is_qat, *mods)
+        return [custom] + [nn.Identity() for _ in mods[1:]]
+    if not mods or not isinstance(mods[0], _CONVS):
+        raise ValueError(
+            f"fuse_known_modules cannot fuse {[t.__name__ for t in types]}: the first module must be one of "
+            f"{', '.join(c.__name__ for c in _CONVS)}, followed by an optional batch norm and ReLU / ReLU6 "
+            "(fuse an add in fx mode: prepare_qat_fx does it automatically)"
+        )
+    conv: nn.Module = mods[0]
+    rest = mods[1:]
+    if rest and isinstance(rest[0], _BNS):
+        conv = _fold(conv, rest[0])
+        rest = rest[1:]
+    act = None
+    relu: nn.Module | None = None
+    if rest and type(rest[0]) in _ACTS:
+        act, relu = _ACTS[type(rest[0])], rest[0]
+        rest = rest[1:]
+    if rest:
+        raise ValueError(
+            f"fuse_known_modules cannot fuse {[t.__name__ for t in types]}: supported sequences are "
+            "conv, conv+bn, conv+relu(6), conv+bn+relu(6)"
+        )
+    if act is None:
+        fused: nn.Module = conv
+    else:
+        fused = positional(FUSED_CLASSES[(type(conv), False, act)](conv, relu))
+    fused.train(mods[0].training)
+    return [fused] + [nn.Identity() for _ in mods[1:]]
+
+
+# ---------------------------------------------------------------------------------------------
+# prepare_qat
+
+
+def _standard(m: nn.Module) -> nn.Module:
+    return m.to_standard() if isinstance(m, _Positional) else m
+
+
+def prepare_qat(model: nn.Module, mapping: Mapping[type, type] | None = None, inplace: bool = False) -> nn.Module:
+    """Swap the modules of ``model`` (a copy unless ``inplace``) for their QAT classes.
+
+    A module's qconfig is its ``.qconfig`` or its nearest ancestor's (as torch's
+    ``propagate_qconfig_``); modules without one stay float. ``mapping`` defaults to
+    ``qir.nn.qat.QAT_MODULE_MAP``.
+    """
+    require_march("prepare_qat")
+    if not inplace:
+        model = copy.deepcopy(model)
+    plan: list[tuple[str, nn.Module, type, QConfig]] = []
+
+    def visit(m: nn.Module, path: str, qc: QConfig | None) -> None:
+        for name, child in m.named_children():
+            child_path = f"{path}.{name}" if path else name
+            own = getattr(child, "qconfig", None)  # stubs carry qconfig=None: that inherits
+            cqc = own if own is not None else qc
+            cls = qat_class_for(child, mapping)
+            if cls is not None and cqc is not None:
+                plan.append((child_path, child, cls, cqc))
+            else:
+                visit(child, child_path, cqc)
+
+    visit(model, "", getattr(model, "qconfig", None))
+    check_kinds({p: qc for p, _, _, qc in plan})
+    for path, m, cls, qc in plan:
+        set_submodule(model, path, cls.from_float(_standard(m), qc))  # type: ignore[attr-defined]
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# convert
+
+
+def convert(model: nn.Module, mapping: Mapping[type, type] | None = None, inplace: bool = False) -> nn.Module:
+    """Swap the QAT modules of ``model`` (a copy unless ``inplace``) for quantized ones.
+
+    The module structure and ``forward`` stay the user's; input scales come from one fx
+    trace of the model (raising, naming the module, when it cannot be traced).
+    """
+    march = require_march("convert")
+    if not inplace:
+        model = copy.deepcopy(model)
+    try:
+        fx_graph = trace_fx(model)
+    except Exception as e:
+        raise ConvertError(
+            f"convert needs to trace {type(model).__name__} to learn each module's input scales: {e}\n"
+            "Decorate the untraceable code with qir.utils.fx_helper.wrap so it stays one opaque call"
+        ) from e
+    gm = torch.fx.GraphModule(model, fx_graph)  # shares model's submodules
+    _convert_modules(model, gm, march, mapping, eager=True)
+    model.eval()
+    return model
