@@ -545,7 +545,10 @@ class _Parser:
                     raise ln.error(f"constant {key!r} (%{n.name}) is declared {n.type} but the tensor given "
                                    f"has shape {tuple(t.shape)}", ln.text.find("%"))
             elif self.allow_unbound and isinstance(n.type, TensorType):
-                t = torch.zeros(n.type.shape, dtype=n.type.dtype.to_torch())
+                try:
+                    t = torch.zeros(n.type.shape, dtype=n.type.dtype.to_torch())
+                except RuntimeError as e:  # negative dimensions
+                    raise ln.error(f"cannot bind zeros for constant {key!r}: {e}", ln.text.find("%")) from None
             else:
                 where = "pass it in constants=" if self.constants is not None else "pass constants={...}"
                 raise ln.error(f"constant {key!r} (%{n.name}) has no tensor; {where} or allow_unbound=True "

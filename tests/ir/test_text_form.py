@@ -150,6 +150,12 @@ def test_constants_binding() -> None:
         parse_graph(src, {"w": torch.ones(3)})
 
 
+def test_unbound_constant_with_a_negative_dimension() -> None:
+    src = 'graph @m() {\n  %w: tensor<-1xf32> = constant(key="w")\n  return %w\n}'
+    with pytest.raises(IRError, match="cannot bind zeros for constant 'w'"):
+        parse_graph(src, allow_unbound=True)
+
+
 def test_unbound_quantized_constant_gets_storage_dtype() -> None:
     src = 'graph @m() {\n  %w: tensor<2xqi8,scale=[0.5]> = constant(key="w")\n  return %w\n}'
     assert parse_graph(src, allow_unbound=True).constants["w"].dtype == torch.int8
