@@ -20,6 +20,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "absorb-bn": "passes.absorb_bn",
     "dce": "passes.dce",
     "fuse": "passes.fuse",
+    "legalize": "passes.legalize",
     "remove-identity": "passes.remove_identity",
 }
 
