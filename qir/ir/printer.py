@@ -39,7 +39,7 @@ from qir.ir.types import DType, QuantSpec, Type, format_type
 #: :func:`register_attr_class`.
 ATTR_CLASSES: dict[str, type] = {}
 
-_BARE = re.compile(r"^[A-Za-z0-9_.]+$")
+_BARE = re.compile(r"[A-Za-z0-9_.]+")
 
 
 def register_attr_class(cls: type) -> type:
@@ -79,7 +79,7 @@ def format_str(s: str) -> str:
 
 def format_name(name: str) -> str:
     """Graph names and scopes: bare when made of ``[A-Za-z0-9_.]``, else a string literal."""
-    return name if _BARE.match(name) else format_str(name)
+    return name if _BARE.fullmatch(name) else format_str(name)  # fullmatch: "a\n" must be quoted
 
 
 def format_value(value: Any, operands: Sequence[Value] = ()) -> str:

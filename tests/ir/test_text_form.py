@@ -125,6 +125,15 @@ def test_graph_attributes_names_and_scopes_that_need_quotes() -> None:
     assert_roundtrip(g)
 
 
+@pytest.mark.parametrize("scope", ["", "a\n", "a b", "é", "x//y", '"q"', "layer1.0.conv"])
+def test_any_scope_or_graph_name_round_trips(scope: str) -> None:
+    g = Graph(scope)
+    x = g.add_input("x", T)
+    g.set_output(g.add_node(Relu(), [x], scope=scope))
+    assert len(print_graph(g).splitlines()) == 4
+    assert_roundtrip(g)
+
+
 def test_empty_graph_and_none_output() -> None:
     g = Graph("e")
     assert print_graph(g) == "graph @e() {\n  return None\n}"
