@@ -18,7 +18,7 @@ from qir.ir.graph import Value, split_operands
 from qir.ir.op import Op
 from qir.ir.ops.core import GetAttr, GetItem
 from qir.ir.ops.elementwise import BinaryOp, Div, Maximum, Minimum
-from qir.ir.ops.misc import Dropout, Einsum
+from qir.ir.ops.misc import CAST_METHODS, Cast, Dropout, Einsum
 from qir.ir.ops.nn import ConvTransposeNd, Linear, WeightedOp
 from qir.ir.ops.norm import GroupNorm, LayerNorm
 from qir.ir.ops.reduce import Max, Min
@@ -176,6 +176,21 @@ def bind_norm(cls: type[Op], args: Sequence[Any], kwargs: dict[str, Any]) -> Bou
     return op, [v for v in (x, w, bias) if v is not None]
 
 
+def bind_cast(method: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Bound:
+    """``x.float()`` / ``x.to(torch.float16)`` / ``x.to(dtype=...)`` / ``x.type(torch.int32)``."""
+    if not args or not isinstance(args[0], Value):
+        raise Unbindable("a cast needs a tensor")
+    if method in CAST_METHODS:
+        if len(args) > 1 or set(kwargs) - {"memory_format"} or kwargs.get("memory_format") not in (None,):
+            raise Unbindable(f"Tensor.{method} with arguments is not modelled")
+        return Cast(dtype=CAST_METHODS[method]), [args[0]]
+    rest = list(args[1:])
+    dtype = kwargs.get("dtype", rest[0] if len(rest) == 1 else None)
+    if not isinstance(dtype, torch.dtype) or len(rest) + len(kwargs) != 1:
+        raise Unbindable(f"Tensor.{method} other than a plain dtype cast is not modelled")
+    return Cast(dtype=dtype), [args[0]]
+
+
 def bind(cls: type[Op], fn: Any, args: Sequence[Any], kwargs: dict[str, Any], form: str) -> Bound:
     """Bind a call spelled as a function (``form="function"``) or a method (``"method"``,
     with the tensor first in ``args``) to op class ``cls``."""
@@ -187,6 +202,8 @@ def bind(cls: type[Op], fn: Any, args: Sequence[Any], kwargs: dict[str, Any], fo
         return bind_weighted(cls, args, kwargs)
     if cls in (LayerNorm, GroupNorm):
         return bind_norm(cls, args, kwargs)
+    if cls is Cast:
+        return bind_cast(fn, args, kwargs)
     if cls is Einsum:
         tensors = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
         if kwargs or not args or not isinstance(args[0], str) or not all(isinstance(t, Value) for t in tensors):

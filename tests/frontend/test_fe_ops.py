@@ -162,6 +162,8 @@ CASES: list[tuple[str, Callable[[], nn.Module], Callable[[], tuple[Any, ...]], s
     ("nn.LSTMCell", lambda: Fn(lambda s, x, h, c: s.mods[0](x, (h, c)), nn.LSTMCell(4, 6)),
      lambda: (x4(3, 4), x4(3, 6), x4(3, 6)), "lstm_cell"),
     ("nn.LSTMCell no state", lambda: nn.Sequential(nn.LSTMCell(4, 6)), lambda: (x4(3, 4),), "lstm_cell"),
+    ("cast", lambda: Fn(lambda s, x: x.to(torch.float16).float() + x.long().to(dtype=torch.float32)
+                        + (x > 0).type(torch.float32)), lambda: (x4(),), "cast"),
     ("size/dim/numel", lambda: Fn(lambda s, x: x * x.dim() + x.numel() + x.size(1)), lambda: (x4(),), "size"),
     ("operator.getitem on size", lambda: Fn(lambda s, x: x.new_zeros(1) + x.size()[1]), lambda: (x4(),), "getitem"),
 ]

@@ -128,3 +128,35 @@ class Einsum(Op):
 
     def compute(self, *operands: Any) -> Any:
         return torch.einsum(self.equation, *operands)
+
+
+#: Tensor methods that are casts to one fixed dtype.
+CAST_METHODS: dict[str, torch.dtype] = {
+    "float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16,
+    "int": torch.int32, "long": torch.int64, "short": torch.int16, "char": torch.int8, "byte": torch.uint8,
+    "bool": torch.bool,
+}
+
+
+@register_op
+@attrs.frozen
+class Cast(Op):
+    """``Tensor.to(dtype)`` and the fixed casts ``Tensor.float()``, ``.long()``, ... (dtype only;
+    device moves stay opaque calls)."""
+
+    name: ClassVar[str] = "cast"
+    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure, ShapePreserving})
+    arity: ClassVar[tuple[int, int | None]] = (1, 1)
+    methods: ClassVar[tuple[str, ...]] = ("to", "type", *CAST_METHODS)
+
+    dtype: Any = torch.float32
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.dtype, torch.dtype):
+            raise IRError(f"op 'cast': dtype must be a torch.dtype, got {self.dtype!r}")
+
+    def torch_call(self, operands: Sequence[Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        return torch.Tensor.to, (operands[0], self.dtype), {}
+
+    def compute(self, x: Any) -> Any:
+        return x.to(self.dtype)
