@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -39,7 +39,7 @@ from qir.ir.ops.pool import AdaptivePool, AvgPoolNd, MaxPoolNd
 from qir.ir.ops.reduce import Argmax, Argmin, Max, Reduction
 from qir.ir.ops.shape import Permute, Transpose
 from qir.ir.ops.vision import GridSample, Interpolate, Pad
-from qir.ir.types import DType, ObjectType, QuantSpec, SequenceType, TensorType, Type
+from qir.ir.types import DType, ObjectType, SequenceType, TensorType, Type
 
 #: The section id the tables give rows spelled as ``torch.nn`` module classes.
 MODULE_SECTION = "torch_nn_module"
@@ -142,8 +142,7 @@ class Subject:
 
     ``op`` is the node's op, or for an opaque module call the op rebuilt from the module
     (None when no registered op describes it). ``inputs`` are the data operands (not the
-    weights), ``addend`` the fused add operand of a conv, ``module`` the called module
-    object when the graph has it.
+    weights), ``addend`` the fused add operand of a conv.
     """
 
     node: Node
@@ -153,7 +152,8 @@ class Subject:
     inputs: tuple[Value, ...]
     params: Params
     addend: Value | None = None
-    module: nn.Module | None = None
+    #: The module class the row is looked up by (opaque module calls).
+    row_class: type | None = None
 
     @property
     def scope(self) -> str | None:
@@ -173,42 +173,67 @@ def _module_op_classes() -> dict[type, type[ModuleOp]]:
     return out
 
 
-def _tensor_type(t: torch.Tensor | None) -> TensorType | None:
-    if t is None or not isinstance(t, torch.Tensor):
+def _tensor_type(t: Any) -> TensorType | None:
+    if not isinstance(t, torch.Tensor):
         return None
-    try:
-        return TensorType(tuple(t.shape), DType.from_torch(t.dtype))
-    except ValueError:  # torch's own quantized tensors: their int representation is int8
-        return TensorType(tuple(t.shape), DType.qint8, QuantSpec((1.0,), DType.qint8))
+    if t.is_quantized:  # torch's own quantized tensors
+        dtype = {torch.qint32: DType.qint32}.get(t.dtype, DType.qint8)
+        return TensorType(tuple(t.shape), dtype)
+    return TensorType(tuple(t.shape), DType.from_torch(t.dtype))
 
 
-def _op_from_module(m: nn.Module) -> tuple[Op | None, nn.Module]:
+#: Functions mapping a module the tables do not name (a QAT or integer module) to the float
+#: module or module class it stands for, or None. The layers that define such modules
+#: register one (qir.quantization.check does for qir.nn.qat / qir.nn.quantized).
+ModuleView = Callable[[nn.Module], "nn.Module | type | None"]
+_MODULE_VIEWS: list[ModuleView] = []
+
+
+def register_module_view(view: ModuleView) -> ModuleView:
+    """Add ``view`` to the functions :func:`module_view` tries (idempotent)."""
+    if view not in _MODULE_VIEWS:
+        _MODULE_VIEWS.append(view)
+    return view
+
+
+def module_view(m: nn.Module) -> nn.Module | type:
+    """The float module (or class) the tables describe ``m`` as: the first registered view's
+    answer, else ``m`` itself."""
+    for view in _MODULE_VIEWS:
+        found = view(m)
+        if found is not None:
+            return found
+    return m
+
+
+def _fusion(cls: type) -> tuple[bool, str | None] | None:
+    """Class-level ``has_add`` / ``act`` of a fused module class (float, QAT or integer)."""
+    has_add = getattr(cls, "has_add", None)
+    return (has_add, getattr(cls, "act", None)) if isinstance(has_add, bool) else None
+
+
+def _op_from_module(m: nn.Module, fusion: tuple[bool, str | None] | None) -> tuple[Op | None, nn.Module]:
     """The registered op a module computes, and the module holding its weights.
 
-    A fused module (``ConvAddReLU2d``: a ``conv`` child plus class-level ``has_add`` /
-    ``act``) is its conv's op with the fusion attributes set; QAT and quantized classes
-    are found through their bases or ``_FLOAT_MODULE``.
+    A fused module (a ``conv`` child, ``FusedModule``) is its conv's op; ``fusion``
+    (the called class's ``has_add`` / ``act``) sets the fused add and activation. QAT and
+    integer classes are found through their bases or ``_FLOAT_MODULE``.
     """
     by_module = _module_op_classes()
     inner = getattr(m, "conv", None)
-    has_add, act = getattr(type(m), "has_add", None), getattr(type(m), "act", None)
-    if isinstance(inner, nn.Module) and isinstance(has_add, bool):
-        for c in _module_lineage(type(inner)):
-            cls = by_module.get(c)
-            if cls is not None and issubclass(cls, WeightedOp):
-                try:
-                    op = cls.from_module(inner)
-                    return attrs.evolve(op, add=has_add, act=act), inner  # type: ignore[call-arg]
-                except (NotImplementedError, TypeError, ValueError, AttributeError):
-                    break
-    for c in _module_lineage(type(m)):
+    holder = inner if isinstance(inner, nn.Module) and fusion is not None else m
+    for c in _module_lineage(type(holder)):
         cls = by_module.get(c)
-        if cls is not None:
-            try:
-                return cls.from_module(m), m
-            except (NotImplementedError, TypeError, ValueError, AttributeError, KeyError):
-                return None, m
-    return None, m
+        if cls is None:
+            continue
+        try:
+            op = cls.from_module(holder)
+        except (NotImplementedError, TypeError, ValueError, AttributeError, KeyError):
+            return None, holder
+        if isinstance(op, WeightedOp) and fusion is not None:
+            op = attrs.evolve(op, add=fusion[0], act=fusion[1])  # type: ignore[call-arg]
+        return op, holder
+    return None, holder
 
 
 def _weighted_params(op: WeightedOp, operands: Sequence[Value]) -> tuple[Params, Value | None, Value]:
@@ -228,14 +253,18 @@ def subject_of(node: Node, graph: Graph) -> Subject:
         call_args = [a for a in resolve(op.args, node.operands) if isinstance(a, Value)]
         tensors = tuple(v for v in call_args if isinstance(v.type, TensorType))
         if isinstance(module, nn.Module):
-            rebuilt, holder = _op_from_module(module)
-            weight = _tensor_type(getattr(holder, "weight", None))
-            bias = _tensor_type(getattr(holder, "bias", None))
+            view = module_view(module)
+            if not isinstance(view, nn.Module):  # a class: enough to find the row
+                return Subject(node, None, FORM_MODULE, spelling, tensors, Params(), row_class=view)
+            rebuilt, holder = _op_from_module(view, _fusion(type(module)))
+            # the called module's own tensors first: an integer module keeps int8 / int32 weights
+            weight = _tensor_type(getattr(module, "weight", None)) or _tensor_type(getattr(holder, "weight", None))
+            bias = _tensor_type(getattr(module, "bias", None)) or _tensor_type(getattr(holder, "bias", None))
             fused_add = isinstance(rebuilt, WeightedOp) and bool(getattr(rebuilt, "add", False))
             addend = tensors[1] if fused_add and len(tensors) > 1 else None
             inputs = tensors[:1] if addend is not None else tensors
             # a fused module is looked up by its conv (the module holding the weights)
-            return Subject(node, rebuilt, FORM_MODULE, spelling, inputs, Params(weight, bias), addend, holder)
+            return Subject(node, rebuilt, FORM_MODULE, spelling, inputs, Params(weight, bias), addend, type(holder))
         return Subject(node, None, FORM_OPAQUE, spelling, tensors, Params())
     if "float_functional" in node.meta:
         form = FORM_FLOAT_FUNCTIONAL
@@ -255,8 +284,8 @@ def subject_of(node: Node, graph: Graph) -> Subject:
 
 def _module_class_of(subject: Subject) -> type | None:
     """The module class a module-form node was built from (the op rebuilds it on meta)."""
-    if subject.module is not None:
-        return type(subject.module)
+    if subject.row_class is not None:
+        return subject.row_class
     op = subject.op
     if not isinstance(op, ModuleOp):
         return None

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from passes.base import PassContext
+from passes.legality_facts import register_module_view
 from passes.legality_registry import get_table
 from passes.legalize import (
     ADVISORY,
@@ -275,6 +276,9 @@ def _dtype_advice(f: Finding) -> str | None:
         return None
     allowed = ", ".join(str(b) for b in f.bound)
     who = f"'{f.scope}'" if f.scope else f"%{f.node}"
+    if f.fields == ("output_dtype",) and f.actual == "qint32":
+        return (f"{f.spelling} cannot give a high-precision qint32 output on this march (it takes {allowed}): "
+                f"give {who} get_default_qat_qconfig() instead of get_default_qat_out_qconfig()")
     return f"{f.fields[0]} is {f.actual}; the march takes {allowed}: give {who} a qconfig that produces {f.bound[0]}"
 
 
@@ -328,6 +332,71 @@ def advise(f: Finding, table: Any) -> tuple[str, ...]:
     if eager:
         out.append(eager)
     return tuple(out)
+
+
+# ----------------------------------------------------------------------------- qir's modules
+
+
+def _conv_view(m: Any) -> nn.Module:
+    """The float conv / linear an integer conv module was converted from (on the meta device)."""
+    w, hp = m.weight, m.hp
+    kind: type[nn.Module] = getattr(nn, m.kind)
+    bias = getattr(m, "bias", None) is not None
+    if kind is nn.Linear:
+        return nn.Linear(w.shape[1], w.shape[0], bias=bias, device="meta")
+    groups = hp.get("groups") or 1
+    transposed = m.kind.startswith("ConvTranspose")
+    cin, cout = (w.shape[0], w.shape[1] * groups) if transposed else (w.shape[1] * groups, w.shape[0])
+    kw = {k: hp[k] for k in ("stride", "padding", "dilation") if hp.get(k) is not None}
+    if transposed and hp.get("output_padding") is not None:
+        kw["output_padding"] = hp["output_padding"]
+    return kind(cin, cout, tuple(w.shape[2:]), groups=groups, bias=bias, device="meta", **kw)
+
+
+def qir_module_view(m: nn.Module) -> nn.Module | type | None:
+    """The float module (or class) one of qir's QAT / integer modules stands for, or None.
+
+    Registered with :func:`passes.legality_facts.register_module_view`, so the legality
+    pass finds the table rows of converted and QAT models.
+    """
+    mod = type(m).__module__
+    if not (mod.startswith("qir.nn.qat") or mod.startswith("qir.nn.quantized") or mod.startswith("qir.nn.modules")):
+        return None
+    from qir.nn import qat, quantized
+    from qir.nn.modules.interpolate import Interpolate
+    from qir.nn.modules.unary import UNARY_MODULES
+
+    name = type(m).__name__
+    if isinstance(m, quantized.QuantizedConvBase):
+        return _conv_view(m)
+    if isinstance(m, (qat.QuantStub, quantized.QuantStub)):
+        return torch.ao.quantization.QuantStub
+    if isinstance(m, (qat.DeQuantStub, quantized.DeQuantStub)):
+        return torch.ao.quantization.DeQuantStub
+    if isinstance(m, qat.UnaryLUT):
+        return m.function_module
+    if isinstance(m, quantized.UnaryLUT):
+        cls = UNARY_MODULES.get(m.op_name) or getattr(nn, m.op_name, None)
+        return cls if isinstance(cls, type) else None
+    if isinstance(m, (Interpolate, quantized.Interpolate)):
+        return nn.Upsample(size=m.size, scale_factor=m.scale_factor, mode=m.mode, align_corners=m.align_corners)
+    if isinstance(m, quantized.MaxPool2d):
+        return nn.MaxPool2d(m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode)
+    if isinstance(m, quantized.AvgPool2d):
+        return nn.AvgPool2d(m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad, m.divisor_override)
+    if isinstance(m, quantized.AdaptiveAvgPool2d):
+        return nn.AdaptiveAvgPool2d(m.output_size)
+    plain = {"ReLU": nn.ReLU, "ReLU6": nn.ReLU6, "Identity": nn.Identity}
+    if isinstance(m, quantized.QuantizedModule) and name in plain:
+        return plain[name]()
+    if name == "Div":
+        from qir.nn.modules.binary import Div
+
+        return Div
+    return None
+
+
+register_module_view(qir_module_view)
 
 
 # ----------------------------------------------------------------------------- entry point

@@ -194,6 +194,59 @@ def test_report_views() -> None:
     assert report.checked == 1  # dropout in eval is optimized out
 
 
+# ----------------------------------------------------------------------------- QAT and converted models
+
+
+class Deployable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from qir.quantization import DeQuantStub, QuantStub
+
+        self.quant, self.body, self.dequant = QuantStub(scale=1 / 128), TinyResNet(), DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.body(self.quant(x)))
+
+
+def _flow(march: str, out_qconfig: bool = False) -> tuple[nn.Module, nn.Module, torch.Tensor]:
+    from qir.quantization import convert_fx, get_default_qat_out_qconfig, get_default_qat_qconfig, prepare_qat_fx
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 32, 32)
+    qconfig: dict[str, Any] = {"": get_default_qat_qconfig()}
+    if out_qconfig:
+        qconfig["module_name"] = {"body.fc": get_default_qat_out_qconfig()}
+    with march_scope(march):
+        qat = prepare_qat_fx(Deployable().eval(), qconfig, x)
+        qat.train()
+        qat(x)
+        qat.eval()
+        return qat, convert_fx(qat), x
+
+
+@pytest.mark.parametrize("march", ["bernoulli2", "bayes"])
+def test_qat_and_converted_models_get_the_float_verdicts(march: str) -> None:
+    qat, converted, x = _flow(march)
+    for model in (qat, converted):
+        report = check_model(model, x, march=march)
+        errors = {(v.module, v.spelling) for v in report.violations}
+        if march == "bernoulli2":
+            assert errors == {("body.fc", "torch.nn.Linear"), ("body.avgpool", "torch.nn.AdaptiveAvgPool2d")}
+        else:
+            assert errors == set()
+        spellings = {f.spelling for f in report.findings}
+        assert {"torch.quantization.QuantStub", "torch.quantization.DeQuantStub"} <= spellings
+        assert [u.node for u in report.unknown] == ["flatten"]  # every QAT / integer module has its row
+
+
+def test_converted_high_precision_linear_output_on_bayes() -> None:
+    _, converted, x = _flow("bayes", out_qconfig=True)
+    report = check_model(converted, x, march="bayes", advice=1)
+    (v,) = report.violations
+    assert (v.module, v.rule, v.actual, v.bound) == ("body.fc", "Output: qint8", "qint32", ("qint8",))
+    assert "get_default_qat_qconfig() instead of get_default_qat_out_qconfig()" in v.advice[0]
+
+
 # ----------------------------------------------------------------------------- bounds
 
 
