@@ -29,7 +29,7 @@ from qir.quantization.fuse import trace_fx
 from qir.quantization.prepare import PREPARE_RECORD_KEY, PrepareRecord, require_march, set_submodule
 
 __all__ = ["ConvertError", "ScalePlan", "convert_fx", "input_scales", "nearest_interpolate_codes",
-           "quantized_class_for"]
+           "quantized_class_for", "relu6_codes"]
 
 
 class ConvertError(RuntimeError):
@@ -233,6 +233,13 @@ def nearest_interpolate_codes(x: torch.Tensor, *args: Any, **kwargs: Any) -> tor
     return F.interpolate(x.to(torch.float32), *args, **kwargs).to(x.dtype)
 
 
+def relu6_codes(x: torch.Tensor, bound: int) -> torch.Tensor:
+    """``relu6`` on codes at scale ``s``: clamp to ``[0, round(6 / s)]`` (within the code dtype's range)."""
+    if x.is_floating_point():
+        return F.relu6(x)
+    return x.clamp(0, min(bound, int(torch.iinfo(x.dtype).max)))
+
+
 def _relu6_bound(scale: torch.Tensor) -> int:
     return int(numerics.quantize(torch.tensor([6.0]), float(scale.reshape(-1)[0]), "qint32")[0])
 
@@ -261,7 +268,8 @@ def _rewrite_functionals(gm: torch.fx.GraphModule, plan: ScalePlan, eager: bool 
             if n.target is F.hardtanh and (n.kwargs.get("min_val", n.args[1] if len(n.args) > 1 else -1.0) != 0.0):
                 raise ConvertError(f"F.hardtanh at node '{n.name}' on a quantized tensor: only hardtanh(0, 6) (relu6)")
             with g.inserting_after(n):
-                new = g.call_function(torch.clamp, (n.args[0],), {"min": 0, "max": _relu6_bound(s)})
+                new = g.call_function(relu6_codes, (n.args[0], _relu6_bound(s)))
+            plan.node_scales[new.name] = s
             n.replace_all_uses_with(new)
             g.erase_node(n)
         elif n.target is F.interpolate:

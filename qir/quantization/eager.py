@@ -207,9 +207,10 @@ def convert(model: nn.Module, mapping: Mapping[type, type] | None = None, inplac
     try:
         fx_graph = trace_fx(model)
     except Exception as e:
+        hint = "" if "fx_helper.wrap" in str(e) else (
+            "\nDecorate the untraceable code with qir.utils.fx_helper.wrap so it stays one opaque call")
         raise ConvertError(
-            f"convert needs to trace {type(model).__name__} to learn each module's input scales: {e}\n"
-            "Decorate the untraceable code with qir.utils.fx_helper.wrap so it stays one opaque call"
+            f"convert traces {type(model).__name__} once to learn each module's input scales: {e}{hint}"
         ) from e
     gm = torch.fx.GraphModule(model, fx_graph)  # shares model's submodules
     _convert_modules(model, gm, march, mapping, eager=True)

@@ -19,6 +19,7 @@ batch norm the same way the pass did, so ``fused.load_state_dict(float_sd)`` jus
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,14 +155,15 @@ class _RankOnly(torch.fx.Interpreter):
 
     Only ranks are meaningful: a conv/linear module's output has its weight's rank (2 for
     linear), other modules keep their input's, torch functions run on the meta tensors
-    (falling back to their first input's value when they cannot). Enough for the fusion
-    legality checks (same-rank add operands, batch norm on axis 1); fuse_fx without
-    example inputs therefore fuses an add whose operands have equal rank.
+    (falling back to their first input's value when they cannot). A model input's rank is
+    guessed (4, or the rank of what it is added to; see :func:`_rank_only_values`). Enough
+    for the fusion legality checks (same-rank add operands, batch norm on axis 1).
     """
 
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, input_ranks: Mapping[str, int]) -> None:
         super().__init__(gm)
         self.values: dict[str, Any] = {}
+        self.input_ranks = input_ranks
 
     def run_node(self, n: torch.fx.Node) -> Any:
         out = self._value(n)
@@ -170,7 +172,7 @@ class _RankOnly(torch.fx.Interpreter):
 
     def _value(self, n: torch.fx.Node) -> Any:
         if n.op == "placeholder":
-            return n.args[0] if n.args else _meta_like(4)
+            return n.args[0] if n.args else _meta_like(self.input_ranks.get(n.name, 4))
         if n.op == "output":
             return None
         args, kwargs = self.fetch_args_kwargs_from_env(n)
@@ -179,12 +181,9 @@ class _RankOnly(torch.fx.Interpreter):
             return obj.to("meta") if isinstance(obj, torch.Tensor) else obj
         if n.op == "call_module":
             m = self.module.get_submodule(str(n.target))
-            w = getattr(m, "weight", None)
-            if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
-                              nn.ConvTranspose3d)) and isinstance(w, torch.Tensor):
-                return _meta_like(w.dim())
-            if isinstance(m, nn.Linear):
-                return _meta_like(2)
+            rank = _weighted_rank(m)
+            if rank is not None:
+                return _meta_like(rank)
             first = _first_tensor((args, kwargs))
             return first if first is not None else _meta_like(4)
         try:
@@ -194,16 +193,77 @@ class _RankOnly(torch.fx.Interpreter):
             return first if first is not None else _meta_like(4)
 
 
-def _values(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Any) -> dict[str, Any]:
-    if example_inputs is not None:
-        if isinstance(example_inputs, torch.Tensor):
-            example_inputs = (example_inputs,)
-        return propagate(root, fx_graph, tuple(example_inputs))
+_WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+
+
+def _weighted_rank(m: nn.Module) -> int | None:
+    """Output rank of a conv (its weight's rank) or linear (2) module, else None."""
+    w = getattr(m, "weight", None)
+    if isinstance(m, _WEIGHTED) and isinstance(w, torch.Tensor):
+        return w.dim()
+    if isinstance(m, nn.Linear):
+        return 2
+    return None
+
+
+def _add_operands(n: torch.fx.Node) -> list[torch.fx.Node]:
+    """The two tensor operands of an add node (``+``, torch.add, Tensor.add, ff.add), else []."""
+    args = list(n.args)
+    if n.op == "call_method" and n.target == "add" and args and isinstance(args[0], torch.fx.Node) \
+            and args[0].op == "get_attr":
+        args = args[1:]
+    is_add = (n.op == "call_function" and n.target in (operator.add, torch.add)) or \
+        (n.op == "call_method" and n.target == "add")
+    ops = [a for a in args[:2] if isinstance(a, torch.fx.Node)]
+    return ops if is_add and len(ops) == 2 else []
+
+
+def _input_behind(gm: torch.fx.GraphModule, n: torch.fx.Node) -> torch.fx.Node | None:
+    """The model input ``n`` is computed from through non-weighted single-input steps, if any."""
+    while n.op != "placeholder":
+        if n.op == "call_module" and _weighted_rank(gm.get_submodule(str(n.target))) is not None:
+            return None
+        srcs = [a for a in n.all_input_nodes if a.op != "get_attr"]
+        if not srcs:
+            return None
+        n = srcs[0]
+    return n
+
+
+def _rank_only_values(root: nn.Module, fx_graph: torch.fx.Graph) -> dict[str, Any]:
     gm = torch.fx.GraphModule(root, copy.deepcopy(fx_graph))
-    interp = _RankOnly(gm)
-    with torch.no_grad():
-        interp.run(*[None for n in fx_graph.nodes if n.op == "placeholder"])
+    ranks: dict[str, int] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for _ in range(len(placeholders) + 1):  # each round fixes at least one input's rank
+        interp = _RankOnly(gm, ranks)
+        with torch.no_grad():
+            interp.run(*[None for _ in placeholders])
+        changed = False
+        for n in gm.graph.nodes:
+            ops = _add_operands(n)
+            if not ops:
+                continue
+            a, b = (interp.values.get(o.name) for o in ops)
+            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() == b.dim():
+                continue
+            for this, other in ((ops[0], b), (ops[1], a)):
+                src = _input_behind(gm, this)
+                if src is not None and src.name not in ranks:
+                    ranks[src.name] = other.dim()
+                    changed = True
+                    break
+        if not changed:
+            return interp.values
     return interp.values
+
+
+def _values(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Any) -> dict[str, Any]:
+    """fx node name -> a value typing it: a real run on ``example_inputs``, else rank-only."""
+    if example_inputs is None:
+        return _rank_only_values(root, fx_graph)
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    return propagate(root, fx_graph, tuple(example_inputs))
 
 
 def build_ir(root: nn.Module, example_inputs: Any = None) -> tuple[Graph, dict[str, str]]:
