@@ -44,3 +44,11 @@ __all__ = [
     "get_default_calib_qconfig", "get_default_qat_out_qconfig", "get_default_qat_qconfig", "qconfig_kind",
     "set_fake_quantize",
 ]
+
+# -- the fx and eager flows (fuse / prepare / convert) ------------------------------------------
+from qir.quantization.convert import convert_fx
+from qir.quantization.eager import convert, fuse_known_modules, prepare_qat
+from qir.quantization.fuse import fuse_fx
+from qir.quantization.prepare import prepare_qat_fx
+
+__all__ += ["convert", "convert_fx", "fuse_fx", "fuse_known_modules", "prepare_qat", "prepare_qat_fx"]
