@@ -10,8 +10,8 @@ linear output.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import nn
@@ -20,7 +20,27 @@ from qir.ir.types import DType
 from qir.march import March
 from qir.quantization.fake_quantize import FakeQuantize
 
-__all__ = ["QuantizedModule", "as_scale_tensor", "check_qat", "march_name"]
+__all__ = ["QuantizedModule", "as_scale_tensor", "check_qat", "march_name", "untraced"]
+
+T = TypeVar("T")
+
+
+def untraced(make: Callable[[], T]) -> T:
+    """Run ``make`` with jit tracing suspended.
+
+    Integer parameters derived lazily (on a method's first call) must not be recorded as
+    graph ops: they would appear in the first traced invocation only, and ``jit.trace``'s
+    check would see two different graphs. Computed here, they enter the trace as constants.
+    """
+    get_state, set_state = torch._C._get_tracing_state, getattr(torch._C, "_set_tracing_state")  # noqa: B009
+    state = get_state()
+    if state is None:
+        return make()
+    set_state(None)
+    try:
+        return make()
+    finally:
+        set_state(state)
 
 
 def march_name(march: Any) -> str:

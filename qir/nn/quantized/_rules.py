@@ -30,6 +30,8 @@ from qir.ir.types import DType
 
 __all__ = [
     "FUSED_ADD_MAX_EXTRA_BITS",
+    "FUSED_ADD_MID_MAX_MULTIPLIER",
+    "FUSED_ADD_MID_MAX_SHIFT",
     "FusedAddParams",
     "avg_pool_params",
     "bilinear_taps",
@@ -45,6 +47,10 @@ __all__ = [
 
 #: Extra fraction bits of the fused-add intermediate (its scale is ``s_out / 2**p``, ``p <= 8``).
 FUSED_ADD_MAX_EXTRA_BITS = 8
+#: The fused add aligns its two operands with 31-bit multipliers (shift <= 62): products stay
+#: below 2**62 in int64 and the alignment error is negligible next to the final rounding.
+FUSED_ADD_MID_MAX_MULTIPLIER = 2**31 - 1
+FUSED_ADD_MID_MAX_SHIFT = 62
 
 
 def f32(v: float | torch.Tensor) -> float:
@@ -93,29 +99,29 @@ def fused_add_params(
     """Parameters of the fused conv + add rule.
 
     Both operands are requantized onto one intermediate grid ``s_mid = s_out / 2**p``
-    (``r_acc[c] = s_acc[c] * 2**p / s_out``, ``r_add = s_add * 2**p / s_out``, each through
-    :func:`~backends.common.numerics.multiplier_shift` with the march's limits), summed
-    exactly, and shifted right by ``p`` with half-up rounding. ``p`` is the largest value
-    ``<= 8`` for which every ratio is below ``max_multiplier + 1/2``.
+    (ratios ``r_acc[c] = s_acc[c] * 2**p / s_out`` and ``r_add = s_add * 2**p / s_out``,
+    each through :func:`~backends.common.numerics.multiplier_shift` with 31-bit multipliers
+    and shifts up to 62), summed exactly, and shifted right by ``p`` with half-up rounding,
+    then saturated to ``dtype``. ``p`` is the largest value ``<= 8`` for which every ratio is
+    below ``2**31 - 1/2``. The march only decides which output dtypes are allowed.
     """
     check_out_dtype(march, dtype, "fused conv + add")
-    lim = requant_limits(march)
+    max_m, max_s = FUSED_ADD_MID_MAX_MULTIPLIER, FUSED_ADD_MID_MAX_SHIFT
     so = f32(out_scale)
     r_acc = acc_scale.to(torch.float64).reshape(-1) / so
     r_add = f32(addend_scale) / so
     top = max(float(r_acc.max()), r_add)
     p = FUSED_ADD_MAX_EXTRA_BITS
-    while p >= 0 and top * 2.0**p >= lim.max_multiplier + 0.5:
+    while p >= 0 and top * 2.0**p >= max_m + 0.5:
         p -= 1
     if p < 0:
         raise ValueError(
             f"fused conv + add: output scale {so:.6g} is too small for the addend scale {f32(addend_scale):.6g} "
-            f"or the accumulator scale {float(acc_scale.max()):.6g} (ratio above {lim.max_multiplier}); "
+            f"or the accumulator scale {float(acc_scale.max()):.6g} (ratio above {max_m}); "
             "the output fake quant must observe a wider range"
         )
-    m_acc, s_acc = multiplier_shift(r_acc * 2.0**p, lim.max_multiplier, lim.max_shift)
-    r_add_p = torch.tensor(r_add * 2.0**p, dtype=torch.float64)
-    m_add, s_add = multiplier_shift(r_add_p, lim.max_multiplier, lim.max_shift)
+    m_acc, s_acc = multiplier_shift(r_acc * 2.0**p, max_m, max_s)
+    m_add, s_add = multiplier_shift(torch.tensor(r_add * 2.0**p, dtype=torch.float64), max_m, max_s)
     return FusedAddParams(m_acc, s_acc, int(m_add), int(s_add), p)
 
 

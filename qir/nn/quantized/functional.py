@@ -21,7 +21,7 @@ from backends.common import numerics
 from qir.ir.types import DType
 from qir.nn.modules.functional import Dims, FloatFunctional, _dims
 from qir.nn.qat.functional import FloatFunctional as QATFloatFunctional
-from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
+from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq, untraced
 from qir.nn.quantized._rules import check_out_dtype, div_int, div_params, f32, ratio_params
 
 __all__ = ["FloatFunctional", "QFunctional"]
@@ -60,7 +60,7 @@ class QFunctional(QuantizedModule):
     def _cached(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         cache: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_param_cache", {})
         if key not in cache:
-            cache[key] = make()
+            cache[key] = untraced(make)
         return cache[key]
 
     def _in(self, i: int) -> float:

@@ -20,7 +20,7 @@ from backends.common import numerics
 from qir.nn.qat.pool import AdaptiveAvgPool2d as QATAdaptiveAvgPool2d
 from qir.nn.qat.pool import AvgPool2d as QATAvgPool2d
 from qir.nn.qat.pool import MaxPool2d as QATMaxPool2d
-from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
+from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq, untraced
 from qir.nn.quantized._rules import avg_pool_params, check_out_dtype
 
 __all__ = ["AdaptiveAvgPool2d", "AvgPool2d", "MaxPool2d"]
@@ -148,7 +148,8 @@ class AdaptiveAvgPool2d(QuantizedModule):
     def _params(self, top: int) -> tuple[torch.Tensor, torch.Tensor]:
         cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = self.__dict__.setdefault("_param_cache", {})
         if top not in cache:
-            cache[top] = avg_pool_params(self.per_tensor_input(0), float(self.scale[0]), top, self.march)
+            s_in, s_out = self.per_tensor_input(0), float(self.scale[0])
+            cache[top] = untraced(lambda: avg_pool_params(s_in, s_out, top, self.march))
         return cache[top]
 
     @classmethod
