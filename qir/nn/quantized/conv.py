@@ -35,6 +35,11 @@ def weight_scale_of(qat: QATConvBase) -> tuple[torch.Tensor, DType]:
     fq = copy.deepcopy(qat.weight_fake_quant)
     with torch.no_grad():
         fq(qat.weight.detach())
+    if fq.scale.numel() == 0:
+        raise ValueError(
+            f"{type(qat).__name__}: the weight fake quant has no scale (observer disabled before any batch); "
+            "enable its observer or load a QAT state dict that holds weight_fake_quant.scale"
+        )
     return fq.scale.detach().to(torch.float32).clone(), fq.dtype
 
 
