@@ -1,0 +1,160 @@
+"""Seed 003's non-hybrid fx flow (calibration, then QAT with a high-precision last conv), run with qir.
+
+Changes from the seed: ``horizon_plugin_pytorch`` -> ``qir``. ``export_to_onnx`` runs when
+``qir.utils.onnx_helper`` exists and ``check_model`` / ``compile_model`` when they exist
+(later pieces of work); the hybrid variant raises NotImplementedError (a later issue).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def test_seed_003_non_hybrid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    import torch
+    from torch import nn
+    from torch.quantization import DeQuantStub, QuantStub
+
+    import qir.quantization as qq
+    from qir.march import March, set_march
+    from qir.quantization import (
+        convert_fx,
+        get_default_calib_qconfig,
+        get_default_qat_out_qconfig,
+        get_default_qat_qconfig,
+        prepare_qat_fx,
+    )
+
+    # 1.浮点模型准备
+    class ConvBNReLU(nn.Sequential):
+        def __init__(self, channels=3):
+            super(ConvBNReLU, self).__init__(
+                nn.Conv2d(channels, channels, 1),
+                nn.BatchNorm2d(channels),
+                nn.ReLU(),
+            )
+
+    class ConvBNAddReLU(nn.Sequential):
+        def __init__(self, channels=3):
+            super(ConvBNAddReLU, self).__init__()
+            self.conv = nn.Conv2d(channels, channels, 1)
+            self.bn = nn.BatchNorm2d(channels)
+            self.relu = nn.ReLU()
+            self.add = torch.nn.quantized.FloatFunctional()
+
+        def forward(self, x):
+            out = self.conv(x)
+            out = self.bn(out)
+            return self.relu(self.add.add(x,out))
+
+    class ConvAddReLU(nn.Sequential):
+        def __init__(self, channels=3):
+            super(ConvAddReLU, self).__init__()
+            self.conv = nn.Conv2d(channels, channels, 1)
+            self.relu = nn.ReLU()
+            self.add = torch.nn.quantized.FloatFunctional()
+
+        def forward(self, x):
+            out = self.conv(x)
+            return self.relu(self.add.add(x,out))
+
+    class NonHybridModel(nn.Module):
+        def __init__(self, channels=3):
+            super().__init__()
+            # 插入 QuantStub
+            self.quant = QuantStub()
+            self.layer0 = ConvBNReLU()
+            self.layer1 = ConvAddReLU()
+            self.layer2 = ConvBNAddReLU()
+            self.conv1 = nn.Conv2d(channels, channels, 1)
+            # 插入 DequantStub
+            self.dequant = DeQuantStub()
+
+        def forward(self, input):
+            x = self.quant(input)
+            x = self.layer0(x)
+            x = self.layer1(x)
+            x = self.layer2(x)
+            x = self.conv1(x)
+            return self.dequant(x)
+
+    data_shape = [1, 3, 224, 224]
+    data = torch.rand(size=data_shape)
+    model = NonHybridModel()
+    float_res = model(data)
+    # 2.设置 march
+    set_march(March.BAYES)
+    # 3.校准(推荐默认使用)
+    calibration_model = prepare_qat_fx(
+        model,
+        {
+            "": get_default_calib_qconfig(),
+        },
+    )
+    calibration_model.eval()
+    for i in range(5):
+        calibration_model(torch.rand(size=data_shape))
+    # 4.模型量化
+    qat_model = prepare_qat_fx(
+        calibration_model,
+        {
+            "": get_default_qat_qconfig(),
+            # 设置最后一个conv高精度输出
+            "module_name": [("conv1", get_default_qat_out_qconfig())]
+        },
+    )
+    qat_res = qat_model(data)
+    # 5.量化训练&精度验证
+    # 6.评测定点精度
+    quantize_model = convert_fx(qat_model)
+    quantize_res = quantize_model(data)
+
+    # what the flow must show
+    assert float_res.shape == qat_res.shape == quantize_res.shape
+    assert qat_model.get_submodule("conv1").activation_post_process is None  # high-precision output
+    assert quantize_model.get_submodule("conv1").dtype.name == "qint32"
+    qat_model.eval()
+    qat_eval = qat_model(data)
+    assert (quantize_res - qat_eval).abs().max() <= 0.02 * qat_eval.abs().max()
+    # the input model was not touched by either prepare
+    assert isinstance(model.layer0[1], nn.BatchNorm2d) and isinstance(model.layer2.add,
+                                                                      torch.nn.quantized.FloatFunctional)
+
+    # 7.模型编译
+    if importlib.util.find_spec("qir.utils.onnx_helper") is not None:
+        export_to_onnx = importlib.import_module("qir.utils.onnx_helper").export_to_onnx
+        export_to_onnx(qat_model, data, "qat.onnx", enable_onnx_checker=True, operator_export_type=None)
+        assert (tmp_path / "qat.onnx").exists()
+    traced_model = torch.jit.trace(quantize_model, data)
+    assert torch.equal(traced_model(data), quantize_res)
+    if hasattr(qq, "check_model"):
+        qq.check_model(quantize_model, data, advice=1)
+    if hasattr(qq, "compile_model"):
+        (tmp_path / "model_output").mkdir()
+        qq.compile_model(traced_model, [data], opt=3, hbm="./model_output/model.hbm")
+
+
+def test_seed_003_hybrid_is_deferred() -> None:
+    from torch import nn
+
+    from qir.march import March, set_march
+    from qir.quantization import get_default_calib_qconfig, prepare_qat_fx
+
+    class _SeluModule(nn.Module):
+        def forward(self, input):
+            return torch.nn.functional.selu(input)
+
+    set_march(March.BAYES)
+    with pytest.raises(NotImplementedError, match="hybrid"):
+        prepare_qat_fx(
+            nn.Sequential(nn.Conv2d(3, 3, 1), _SeluModule()),
+            {"": get_default_calib_qconfig()},
+            hybrid=True,
+            hybrid_dict={"module_name": ["layer1.conv", "conv0"], "module_type": [_SeluModule]},
+        )
