@@ -243,7 +243,12 @@ def _adaptive_as_avgpool(f: Finding, table: Any) -> str | None:
     k = tuple(kernel)
     text = (f"AvgPool2d with kernel=H,W instead of AdaptiveAvgPool2d: nn.AvgPool2d(kernel_size={k}, stride={k}) "
             f"gives the same result on this {h}x{w} input")
-    return text + (f" - but it breaks: {'; '.join(broken)} (pool in several steps)" if broken else "")
+    if not broken:
+        return text
+    entry = table.get("torch.nn.AvgPool2d")
+    steps = _pool_steps_advice(attrs.evolve(f, spelling=entry.spelling, fields=("kernel",), facts=pool,
+                                            bound=_kernel_range(entry)))
+    return text + f" - but it breaks: {'; '.join(broken)}" + (f"; {steps}" if steps else "")
 
 
 #: Operators a march lacks -> a supported spelling that computes the same, checked on the
@@ -269,6 +274,45 @@ def _split_advice(f: Finding) -> str | None:
     else:
         how = f"{parts} {layer}s over slices of {each} {what}, summed (FloatFunctional.add)"
     return f"split the layer: {what} {_show(actual)} > {_show(limit)} -> {how}"
+
+
+def _kernel_range(entry: Any) -> tuple[Any, Any] | None:
+    """(low, high) of the row's range rule on ``kernel``, if it has one."""
+    for rule in entry.checks():
+        low, high = getattr(rule, "low", None), getattr(rule, "high", None)
+        if "kernel" in rule.fields() and low is not None and high is not None:
+            return (getattr(low, "value", low), getattr(high, "value", high))
+    return None
+
+
+def _factor(n: int, limit: int) -> list[int] | None:
+    """``n`` as a product of factors each <= ``limit`` (largest first), or None when a prime factor exceeds it."""
+    out: list[int] = []
+    while n > limit:
+        d = next((d for d in range(limit, 1, -1) if n % d == 0), None)
+        if d is None:
+            return None
+        out.append(d)
+        n //= d
+    return out + ([n] if n > 1 or not out else [])
+
+
+def _pool_steps_advice(f: Finding) -> str | None:
+    """A too-large pooling window with stride = kernel equals pooling in steps whose kernels multiply to it."""
+    facts = f.facts
+    kernel, stride, padding = facts.get("kernel"), facts.get("stride"), facts.get("padding") or ()
+    if "kernel" not in f.fields or kernel is None or not isinstance(f.bound, tuple):
+        return None
+    if tuple(kernel) != tuple(stride or ()) or any(p != 0 for p in padding):
+        return None
+    limit = int(f.bound[1])
+    steps = [_factor(int(k), limit) for k in kernel]
+    if any(s is None for s in steps):
+        return None
+    n = max(len(s) for s in steps if s is not None)
+    padded = [(s or []) + [1] * (n - len(s or [])) for s in steps]
+    chain = " then ".join(f"{f.spelling.rsplit('.', 1)[-1]}({tuple(p[i] for p in padded)})" for i in range(n))
+    return f"pool in steps: {chain} (same result: windows of {tuple(kernel)} with stride = kernel)"
 
 
 def _dtype_advice(f: Finding) -> str | None:
@@ -312,7 +356,7 @@ def advise(f: Finding, table: Any) -> tuple[str, ...]:
             out.append(text)
         out.append(_hybrid(f))
     elif f.kind == VIOLATION:
-        for fn in (_split_advice, _dtype_advice, _int16_advice):
+        for fn in (_split_advice, _pool_steps_advice, _dtype_advice, _int16_advice):
             text = fn(f)
             if text:
                 out.append(text)
@@ -325,7 +369,8 @@ def advise(f: Finding, table: Any) -> tuple[str, ...]:
     elif f.kind == UNKNOWN and f.rule == "spellings disagree":
         out.append(f"call it the way the march supports: {f.message}")
     elif f.kind == UNKNOWN:
-        out.append(f"the tables do not decide {f.spelling}: confirm with the compiler, or " + _hybrid(f))
+        out.append(f"the {table.march} tables do not list {f.spelling}: confirm with the compiler; if it refuses, "
+                   + _hybrid(f))
     elif f.kind == UNCHECKED:
         out.append(f"check '{f.rule}' by hand: {f.message}")
     eager = _eager_advice(f)

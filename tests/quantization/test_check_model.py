@@ -116,6 +116,28 @@ def test_adaptive_pool_advice_checks_the_avgpool_bounds() -> None:
     report = check_model(model, torch.randn(1, 2, 14, 14), march="bernoulli2", advice=True)
     (v,) = report.violations
     assert "kernel_size=(14, 14)" in v.advice[0] and "but it breaks: 1<=kernel<=7" in v.advice[0]
+    assert "pool in steps: AvgPool2d((7, 7)) then AvgPool2d((2, 2))" in v.advice[0]
+
+
+def test_docs_legality_md_examples_run(capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "legality.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+    assert blocks
+    for code in blocks:
+        exec(compile(code, "docs/legality.md", "exec"), {"__name__": "docs_example"})
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_pool_window_advice_splits_into_steps() -> None:
+    report = check_model(nn.Sequential(nn.AvgPool2d(8)), torch.randn(1, 2, 8, 8), march="bernoulli2", advice=1)
+    (v,) = report.violations
+    assert v.rule == "1<=kernel<=7"
+    assert v.advice[0].startswith("pool in steps: AvgPool2d((4, 4)) then AvgPool2d((2, 2))")
+    report = check_model(nn.Sequential(nn.AvgPool2d(11)), torch.randn(1, 2, 11, 11), march="bernoulli2", advice=1)
+    assert report.violations[0].advice[0].startswith("change %_0 so that 1 <= kernel <= 7 holds")
 
 
 def test_split_advice_for_channel_bounds(capsys: pytest.CaptureFixture[str]) -> None:

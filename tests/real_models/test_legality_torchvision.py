@@ -6,6 +6,9 @@ Runs only when selected: ``python -m pytest -m torchvision tests/real_models/tes
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -38,3 +41,12 @@ def test_resnet18_accepted_on_bayes(resnet18: torch.nn.Module) -> None:
     assert report.ok and not report.violations
     assert report.checked > 60
     assert {a.spelling for a in report.advisories} >= {"torch.nn.BatchNorm2d", "torch.nn.Conv2d"}
+
+
+@pytest.mark.parametrize("march", ["bernoulli2", "bayes"])
+def test_docs_show_the_real_report(resnet18: torch.nn.Module, march: str) -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "legality.md").read_text()
+    m = re.search(rf"<!-- report:{march} -->\n```text\n(.*?)\n```", page, re.S)
+    assert m is not None, f"docs/legality.md has no report block for {march}"
+    report = check_model(resnet18, torch.randn(1, 3, 224, 224), march=march, advice=1)
+    assert m.group(1) == str(report)
