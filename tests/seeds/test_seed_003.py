@@ -5,6 +5,9 @@ Changes from the seed: ``horizon_plugin_pytorch`` -> ``qir``. ``export_to_onnx``
 (later pieces of work); the hybrid variant raises NotImplementedError (a later issue).
 """
 
+# The seeds' code is kept as the seeds wrote it (only imports changed), old idioms included.
+# ruff: noqa: UP008, B007
+
 from __future__ import annotations
 
 import importlib
