@@ -1,0 +1,143 @@
+"""The compiled-model file: one versioned, checksummed file, no pickle, no code.
+
+Byte layout (all integers little-endian)::
+
+    offset  size  field
+    0       8     magic  b"QIRPROG\\x00"
+    8       4     format version (uint32)
+    12      8     header length H (uint64)
+    20      H     header: UTF-8 JSON {"program": ..., "tensors": [{name, dtype, shape, offset, nbytes}]}
+    20+H    pad   zero bytes up to a multiple of 64
+    D       ...   tensor data: raw little-endian arrays, each at ``D + offset`` (64-byte aligned)
+    end-32  32    SHA-256 of every byte before it
+
+Loading checks, in order: the file is long enough, the magic, the version (newer than
+:data:`FORMAT_VERSION` is refused), the checksum, the header JSON, each tensor's dtype
+(from a fixed list), shape and byte range. Every failure raises :class:`ArtifactError`
+naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from backends.common.program import CONST_DTYPES, Program, ProgramError
+
+__all__ = ["FORMAT_VERSION", "MAGIC", "ArtifactError", "read_program", "write_program"]
+
+MAGIC = b"QIRPROG\x00"
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<8sIQ")  # magic, version, header length
+_DIGEST = 32
+_ALIGN = 64
+_NAMES = {v: k for k, v in CONST_DTYPES.items()}
+
+
+class ArtifactError(ValueError):
+    """A compiled-model file cannot be read: the message names the file and the problem."""
+
+
+def _pad(n: int) -> int:
+    return (-n) % _ALIGN
+
+
+def _raw(t: torch.Tensor) -> bytes:
+    a = t.detach().contiguous().cpu()
+    if sys.byteorder != "little" and a.element_size() > 1:
+        raise ArtifactError("writing artifacts on a big-endian host is not supported")
+    return a.view(torch.uint8).numpy().tobytes() if a.numel() else b""
+
+
+def write_program(program: Program, path: str | os.PathLike[str]) -> Path:
+    """Write ``program`` to ``path`` (atomically: a temporary file renamed into place)."""
+    program.validate()
+    table: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    offset = 0
+    for name, t in program.constants.items():
+        raw = _raw(t)
+        table.append({"name": name, "dtype": _NAMES[t.dtype], "shape": list(t.shape), "offset": offset,
+                      "nbytes": len(raw)})
+        blobs.append(raw + b"\x00" * _pad(len(raw)))
+        offset += len(raw) + _pad(len(raw))
+    header = json.dumps({"program": program.header(), "tensors": table}, separators=(",", ":"),
+                        allow_nan=False).encode("utf-8")
+    head = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header
+    body = head + b"\x00" * _pad(len(head)) + b"".join(blobs)
+    data = body + hashlib.sha256(body).digest()
+    out = Path(path)
+    if out.parent and not out.parent.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, out)
+    return out
+
+
+def read_program(path: str | os.PathLike[str]) -> Program:
+    """Read and verify a file written by :func:`write_program`."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise ArtifactError(f"{p}: cannot read the compiled model: {e.strerror or e}") from None
+    if len(data) < _PREFIX.size + _DIGEST:
+        raise ArtifactError(f"{p}: truncated: {len(data)} bytes is shorter than the fixed header and checksum")
+    magic, version, hlen = _PREFIX.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise ArtifactError(f"{p}: not a qir compiled model (magic {magic!r}, expected {MAGIC!r})")
+    if version > FORMAT_VERSION:
+        raise ArtifactError(f"{p}: format version {version} is newer than this qir reads ({FORMAT_VERSION}); "
+                            "upgrade qir or recompile the model")
+    if version < 1:
+        raise ArtifactError(f"{p}: invalid format version {version}")
+    body, digest = data[:-_DIGEST], data[-_DIGEST:]
+    if _PREFIX.size + hlen > len(body):
+        raise ArtifactError(f"{p}: truncated: the header claims {hlen} bytes, the file holds {len(body)} in all")
+    if hashlib.sha256(body).digest() != digest:
+        raise ArtifactError(f"{p}: checksum mismatch: the file is corrupted or truncated")
+    try:
+        header = json.loads(body[_PREFIX.size:_PREFIX.size + hlen].decode("utf-8"))
+        table = header["tensors"]
+        prog_header = header["program"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ArtifactError(f"{p}: malformed header: {e}") from None
+    start = _PREFIX.size + hlen
+    start += _pad(start)
+    constants: dict[str, torch.Tensor] = {}
+    for entry in table:
+        constants[str(entry.get("name"))] = _tensor(p, entry, body, start)
+    try:
+        return Program.from_header(prog_header, constants)
+    except ProgramError as e:
+        raise ArtifactError(f"{p}: invalid program: {e}") from None
+
+
+def _tensor(p: Path, e: Any, body: bytes, start: int) -> torch.Tensor:
+    try:
+        name, dtype = str(e["name"]), CONST_DTYPES[e["dtype"]]
+        shape = [int(d) for d in e["shape"]]
+        off, nbytes = int(e["offset"]), int(e["nbytes"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ArtifactError(f"{p}: malformed tensor entry {e!r:.120}: {err}") from None
+    numel = 1
+    for d in shape:
+        if d < 0:
+            raise ArtifactError(f"{p}: tensor '{name}' has a negative dimension {shape}")
+        numel *= d
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if nbytes != numel * itemsize or off < 0 or start + off + nbytes > len(body):
+        raise ArtifactError(f"{p}: tensor '{name}' ({e['dtype']}{shape}) does not fit the data section "
+                            f"(offset {off}, {nbytes} bytes)")
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype)
+    raw = bytearray(body[start + off:start + off + nbytes])
+    return torch.frombuffer(raw, dtype=dtype).reshape(shape)

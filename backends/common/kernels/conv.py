@@ -1,0 +1,254 @@
+"""Convolution and linear kernels: exact int32/int64 accumulators from one of several engines,
+then bias, requantization (optionally fused with an add), and the ReLU / ReLU6 clamp.
+
+Engines (chosen per layer by the lowering, docs/backends.md "Kernel choices"):
+
+* ``int_mm`` / ``int_mm_t``: int8 im2col (NHWC, K padded to a multiple of 8) times the
+  int8 weight with ``torch._int_mm`` (int32 accumulation, exact while |acc| < 2**31); ``_t``
+  keeps the weight column-major.
+* ``f32``: float32 conv / linear; exact while every partial sum stays below 2**24, which
+  the lowering proves per layer from ``max|x| * max_c sum|w_c|``.
+* ``f32_chunked``: float32 over input-channel chunks that each keep that bound, summed in float64.
+* ``f64``: float64 (exact below 2**53); the fallback for anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from backends.common.kernels.base import RequantF64, qbounds, register_kernel, requant_i64, sat_to
+from backends.common.program import Instruction
+
+__all__ = ["ConvState", "conv_engines", "linear_engines"]
+
+CONV2D_ENGINES = ("int_mm", "int_mm_t", "f32", "f32_chunked", "f64")
+LINEAR_ENGINES = ("int_mm", "f32", "f64")
+
+
+def conv_engines() -> tuple[str, ...]:
+    return CONV2D_ENGINES
+
+
+def linear_engines() -> tuple[str, ...]:
+    return LINEAR_ENGINES
+
+
+@dataclass
+class ConvState:
+    """What a conv / linear instruction needs at run time (built once by ``prepare``)."""
+
+    weight: torch.Tensor  # engine layout
+    bias: torch.Tensor  # float64 (C,), or int64 for the i64 path
+    rq: RequantF64
+    relu6_bound: torch.Tensor
+    add_rq: RequantF64 | None
+    chunks: list[tuple[int, int, torch.Tensor]]
+    k: int  # unpadded reduction length (int_mm)
+    n: int  # output channels
+
+
+def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> ConvState:
+    a = inst.attrs
+    w = consts[inst.consts["weight"]]
+    engine = str(a["engine"])
+    c_out = int(w.shape[0]) if a["kind"] != "conv_transpose2d" else int(consts[inst.consts["bias"]].numel())
+    k = int(w[0].numel())
+    chunks: list[tuple[int, int, torch.Tensor]] = []
+    if engine in ("int_mm", "int_mm_t"):
+        # (K, N) int8 with K = kh*kw*C (NHWC order) and K, N padded to multiples of 8 (torch._int_mm)
+        flat = w.permute(0, 2, 3, 1).reshape(c_out, k) if w.dim() == 4 else w.reshape(c_out, k)
+        kp, np_ = -(-k // 8) * 8, -(-c_out // 8) * 8
+        wt = torch.zeros(kp, np_, dtype=torch.int8)
+        wt[:k, :c_out] = flat.t()
+        weight = wt.t().contiguous().t() if engine == "int_mm_t" else wt.contiguous()
+    elif engine == "f32":
+        weight = w.to(torch.float32)
+    elif engine == "f32_chunked":
+        weight = w.to(torch.float32)
+        chunks = [(int(c0), int(c1), weight[:, int(c0):int(c1)].contiguous()) for c0, c1 in a["chunks"]]
+    elif engine == "f64":
+        weight = w.to(torch.float64)
+    else:
+        raise ValueError(f"{inst.op} ({inst.source}): unknown engine '{engine}'")
+    bias = consts[inst.consts["bias"]].to(torch.int64).reshape(-1)
+    add_rq = None
+    if a.get("has_add"):
+        add_rq = RequantF64(torch.tensor(int(a["add_multiplier"])), torch.tensor(int(a["add_shift"])))
+    return ConvState(weight=weight, bias=bias.to(torch.float64) if a.get("requant", "f64") == "f64" else bias,
+                     rq=RequantF64(consts[inst.consts["multiplier"]], consts[inst.consts["shift"]]),
+                     relu6_bound=consts[inst.consts["relu6_bound"]].to(torch.int64).reshape(-1),
+                     add_rq=add_rq, chunks=chunks, k=k, n=c_out)
+
+
+# ----------------------------------------------------------------------------- accumulators
+
+
+def _im2col(x: torch.Tensor, kh: int, kw: int, stride: list[int], padding: list[int], dilation: list[int],
+            kp: int) -> tuple[torch.Tensor, int, int]:
+    """int8 (N*OH*OW, kp) columns in (kh, kw, C) order from NCHW ``x`` (any memory format)."""
+    n, c, h, w = x.shape
+    ph, pw = padding
+    sh, sw = stride
+    dh, dw = dilation
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    xh = x.permute(0, 2, 3, 1)
+    if ph or pw:
+        xp = x.new_zeros((n, h + 2 * ph, w + 2 * pw, c))
+        xp[:, ph:ph + h, pw:pw + w] = xh
+    else:
+        xp = xh.contiguous()
+    s0, s1, s2, s3 = xp.stride()
+    view = xp.as_strided((n, oh, ow, kh, kw, c), (s0, s1 * sh, s2 * sw, s1 * dh, s2 * dw, s3))
+    k = kh * kw * c
+    m = n * oh * ow
+    rows = max(m, 17)  # torch._int_mm needs more than 16 rows
+    if kp == k and rows == m:
+        return view.reshape(m, k), oh, ow
+    cols = x.new_zeros((rows, kp))
+    cols[:m].view(n, oh, ow, kp)[..., :k].unflatten(-1, (kh, kw, c)).copy_(view)
+    return cols, oh, ow
+
+
+def _acc_conv2d(x: torch.Tensor, st: ConvState, a: Mapping[str, Any]) -> torch.Tensor:
+    """Exact accumulator (no bias) as float64 in NHWC view order (N, OH, OW, C_out)."""
+    engine = a["engine"]
+    stride, padding, dilation, groups = list(a["stride"]), list(a["padding"]), list(a["dilation"]), int(a["groups"])
+    if a.get("padding_mode", "zeros") != "zeros":
+        x = F.pad(x.to(torch.float64), list(a["reversed_padding"]), mode=str(a["padding_mode"]))
+        padding = [0, 0]
+    if engine in ("int_mm", "int_mm_t"):
+        kh, kw = int(a["kernel_size"][0]), int(a["kernel_size"][1])
+        cols, oh, ow = _im2col(x, kh, kw, stride, padding, dilation, int(st.weight.shape[0]))
+        m = x.shape[0] * oh * ow
+        out = torch._int_mm(cols, st.weight)[:m, : st.n]
+        return out.to(torch.float64).view(x.shape[0], oh, ow, st.n)
+    if engine == "f32":
+        xf = x.to(torch.float32, memory_format=torch.channels_last)
+        return F.conv2d(xf, st.weight, None, stride, padding, dilation, groups).permute(0, 2, 3, 1).to(torch.float64)
+    if engine == "f32_chunked":
+        xf = x.to(torch.float32, memory_format=torch.channels_last)
+        total: torch.Tensor | None = None
+        for c0, c1, wc in st.chunks:
+            part = F.conv2d(xf[:, c0:c1], wc, None, stride, padding, dilation, 1).to(torch.float64)
+            total = part if total is None else total.add_(part)
+        assert total is not None
+        return total.permute(0, 2, 3, 1)
+    y = F.conv2d(x.to(torch.float64), st.weight, None, stride, padding, dilation, groups)
+    return y.permute(0, 2, 3, 1)
+
+
+def _finish(acc: torch.Tensor, addend: torch.Tensor | None, st: ConvState, a: Mapping[str, Any],
+            axis: int) -> torch.Tensor:
+    """Bias, requantization (or the fused add), activation clamp, saturation; ``axis``: channels."""
+    out_dtype = str(a["out_dtype"])
+    lo, hi = qbounds(out_dtype)
+    shape = [1] * acc.dim()
+    shape[axis % acc.dim()] = -1
+    if a.get("requant", "f64") != "f64":
+        return _finish_i64(acc, addend, st, a, axis)
+    acc = acc + st.bias.reshape(shape)
+    if st.add_rq is not None:
+        assert addend is not None
+        i32lo, i32hi = qbounds("qint32")
+        mid = st.rq.apply(acc, axis).clamp_(i32lo, i32hi)
+        mid += st.add_rq.apply(addend.to(torch.float64)).clamp_(i32lo, i32hi)
+        p = int(a["extra_bits"])
+        out = mid.add_(float((1 << p) >> 1)).mul_(2.0**-p).floor_() if p else mid
+        out = out.clamp_(lo, hi)
+    elif out_dtype == "qint32":
+        out = acc
+    else:
+        out = st.rq.apply(acc, axis).clamp_(lo, hi)
+    act = a.get("act")
+    if act is not None:
+        out = out.clamp_(min=0) if out is not acc else out.clamp(min=0)
+        if act == "relu6":
+            out = torch.minimum(out, st.relu6_bound.reshape(shape).to(out.dtype))
+    return sat_to(out, out_dtype)
+
+
+def _finish_i64(acc: torch.Tensor, addend: torch.Tensor | None, st: ConvState, a: Mapping[str, Any],
+                axis: int) -> torch.Tensor:
+    out_dtype = str(a["out_dtype"])
+    lo, hi = qbounds(out_dtype)
+    shape = [1] * acc.dim()
+    shape[axis % acc.dim()] = -1
+    acc64 = acc.to(torch.int64) + st.bias.to(torch.int64).reshape(shape)
+    if st.add_rq is not None:
+        assert addend is not None
+        i32lo, i32hi = qbounds("qint32")
+        mid = requant_i64(acc64, st.rq.multiplier, st.rq.shift, axis).clamp_(i32lo, i32hi)
+        mid += requant_i64(addend, st.add_rq.multiplier, st.add_rq.shift, None).clamp_(i32lo, i32hi)
+        p = int(a["extra_bits"])
+        out = torch.bitwise_right_shift(mid + ((1 << p) >> 1), p).clamp_(lo, hi)
+    elif out_dtype == "qint32":
+        out = acc64
+    else:
+        out = requant_i64(acc64, st.rq.multiplier, st.rq.shift, axis).clamp_(lo, hi)
+    if a.get("act") is not None:
+        out = out.clamp(min=0)
+        if a["act"] == "relu6":
+            out = torch.minimum(out, st.relu6_bound.reshape(shape))
+    return sat_to(out, out_dtype)
+
+
+@register_kernel("conv2d", prepare=_prepare)
+def conv2d(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
+    """``act(requant(conv(x, w) + b))`` or, with ``has_add``, the fused conv + add rule; NCHW in and out."""
+    x = args[0]
+    acc = _acc_conv2d(x, st, inst.attrs)
+    addend = args[1].permute(0, 2, 3, 1) if len(args) > 1 else None
+    return [_finish(acc, addend, st, inst.attrs, -1).permute(0, 3, 1, 2)]
+
+
+@register_kernel("conv_nd", prepare=_prepare)
+def conv_nd(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
+    """Conv1d / Conv3d / ConvTranspose2d on the f32 or f64 engine (channels on axis 1)."""
+    a = inst.attrs
+    x = args[0]
+    ct = torch.float32 if a["engine"] == "f32" else torch.float64
+    xf = x.to(ct)
+    w = st.weight.to(ct)
+    kind = a["kind"]
+    if kind == "conv_transpose2d":
+        y = F.conv_transpose2d(xf, w, None, a["stride"], a["padding"], a["output_padding"], int(a["groups"]),
+                               a["dilation"])
+    else:
+        padding = a["padding"]
+        if a.get("padding_mode", "zeros") != "zeros":
+            xf = F.pad(xf, list(a["reversed_padding"]), mode=str(a["padding_mode"]))
+            padding = 0
+        fn = F.conv1d if kind == "conv1d" else F.conv3d
+        y = fn(xf, w, None, a["stride"], padding, a["dilation"], int(a["groups"]))
+    addend = args[1] if len(args) > 1 else None
+    return [_finish(y.to(torch.float64), addend, st, a, 1)]
+
+
+@register_kernel("linear", prepare=_prepare)
+def linear(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
+    """``act(requant(x @ w.T + b))`` over the last axis (any leading shape)."""
+    x = args[0]
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    engine = inst.attrs["engine"]
+    if engine == "int_mm":
+        m = x2.shape[0]
+        kp = int(st.weight.shape[0])
+        if m <= 16 or kp != x2.shape[1]:
+            buf = x2.new_zeros((max(m, 17), kp))
+            buf[:m, : x2.shape[1]] = x2
+            x2 = buf
+        acc = torch._int_mm(x2.contiguous(), st.weight)[:m, : st.n].to(torch.float64)
+    elif engine == "f32":
+        acc = F.linear(x2.to(torch.float32), st.weight).to(torch.float64)
+    else:
+        acc = F.linear(x2.to(torch.float64), st.weight)
+    addend = args[1].reshape(-1, args[1].shape[-1]) if len(args) > 1 else None
+    out = _finish(acc, addend, st, inst.attrs, -1)
+    return [out.reshape(*lead, st.n)]

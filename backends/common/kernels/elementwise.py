@@ -1,0 +1,122 @@
+"""Elementwise integer kernels: add / sub (the Bayes add rule), mul, rescale, clamp (ReLU / ReLU6),
+table lookup, division, maximum / minimum.
+
+Sums and products of int8 / int16 codes are exact in float64 (all below 2**53), so the
+requantizations use the exact float64 path of :class:`~backends.common.kernels.base.RequantF64`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from backends.common.kernels.base import RequantF64, qbounds, register_kernel, sat_to
+from backends.common.program import Instruction
+
+
+def _prep_rq(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> RequantF64:
+    a = inst.attrs
+    return RequantF64(torch.tensor(int(a["multiplier"])), torch.tensor(int(a["shift"])))
+
+
+def _operand(v: Any, like: torch.Tensor) -> torch.Tensor:
+    return v.to(torch.float64) if isinstance(v, torch.Tensor) else torch.full_like(like, float(v), dtype=torch.float64)
+
+
+@register_kernel("add", prepare=_prep_rq)
+def add(inst: Instruction, args: list[Any], rq: RequantF64) -> list[Any]:
+    """``sat(requant((a << k) + b * qscale))``; ``b`` negated for ``sub``; ``y_code`` replaces ``y`` for
+    ``add_scalar``; operands exchanged when ``swap`` (the larger-scaled one is shifted)."""
+    a = inst.attrs
+    x = args[0]
+    y: Any = args[1] if len(args) > 1 else int(a["y_code"])
+    xf, yf = _operand(x, x), _operand(y, x)
+    if a.get("negate_y"):
+        yf = yf.neg()
+    p, q = (yf, xf) if a["swap"] else (xf, yf)
+    acc = torch.add(p * float(2 ** int(a["add_shift"])), q, alpha=int(a["qscale"]))
+    lo, hi = qbounds(str(a["out_dtype"]))
+    out = rq.apply(acc).clamp_(lo, hi)
+    if a.get("relu"):
+        out = out.clamp_(min=0)
+    return [sat_to(out, str(a["out_dtype"]))]
+
+
+@register_kernel("mul", prepare=_prep_rq)
+def mul(inst: Instruction, args: list[Any], rq: RequantF64) -> list[Any]:
+    """``sat(requant(x * y))`` (``y_code`` for a scalar operand); qint32 output keeps the product."""
+    a = inst.attrs
+    x = args[0]
+    acc = x.to(torch.float64) * (args[1].to(torch.float64) if len(args) > 1 else float(int(a["y_code"])))
+    dt = str(a["out_dtype"])
+    if dt == "qint32":
+        return [sat_to(acc, dt)]
+    lo, hi = qbounds(dt)
+    return [sat_to(rq.apply(acc).clamp_(lo, hi), dt)]
+
+
+@register_kernel("rescale", prepare=_prep_rq)
+def rescale(inst: Instruction, args: list[Any], rq: RequantF64) -> list[Any]:
+    """Codes at one scale to another (``copy``: equal scales, saturation only)."""
+    a = inst.attrs
+    dt = str(a["out_dtype"])
+    x = args[0]
+    if a.get("copy"):
+        return [sat_to(x.to(torch.int64), dt)]
+    lo, hi = qbounds(dt)
+    return [sat_to(rq.apply(x.to(torch.float64)).clamp_(lo, hi), dt)]
+
+
+@register_kernel("zeros_like")
+def zeros_like(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
+    return [sat_to(torch.zeros(args[0].shape, dtype=torch.int64), str(inst.attrs["out_dtype"]))]
+
+
+@register_kernel("clamp")
+def clamp(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
+    """``clamp(x, min, max)`` on codes (ReLU: min 0; ReLU6: max round(6 / s)); the dtype is kept."""
+    x = args[0]
+    lo, hi = inst.attrs.get("min"), inst.attrs.get("max")
+    if hi is not None and not x.is_floating_point():
+        hi = min(int(hi), int(torch.iinfo(x.dtype).max))
+    return [x.clamp(lo, hi)]
+
+
+@register_kernel("lut")
+def lut(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+    """``table[q + 128]`` for qint8 ``q`` (a 256-entry table)."""
+    x = args[0]
+    if x.dtype != torch.int8:
+        raise NotImplementedError(f"lut ({inst.source}): only qint8 input has a table; got {x.dtype}")
+    table = state["table"]
+    return [table[x.to(torch.int64) + 128]]
+
+
+@register_kernel("div")
+def div(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
+    """``sat(floor(x*M / (y << s) + 1/2))`` exactly in int64; ``y == 0`` saturates to the sign of x."""
+    a = inst.attrs
+    dt = str(a["out_dtype"])
+    lo, hi = qbounds(dt)
+    num = args[0].to(torch.int64) * int(a["multiplier"])
+    den = args[1].to(torch.int64) * (1 << int(a["shift"]))
+    neg = den < 0
+    num, den = torch.where(neg, -num, num), torch.where(neg, -den, den)
+    zero = den == 0
+    d = torch.where(zero, 1, den)
+    q = torch.div(2 * num + d, 2 * d, rounding_mode="floor")
+    sign = torch.sign(num) * torch.tensor(hi, dtype=torch.int64)
+    sign = torch.where(num < 0, torch.tensor(lo, dtype=torch.int64), sign)
+    return [sat_to(torch.where(zero, sign, q), dt)]
+
+
+@register_kernel("maximum")
+def maximum(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
+    return [torch.maximum(args[0], args[1])]
+
+
+@register_kernel("minimum")
+def minimum(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
+    return [torch.minimum(args[0], args[1])]

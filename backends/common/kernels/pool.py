@@ -1,0 +1,124 @@
+"""Pooling and reductions on codes: max pool (exact), average pools (exact window sums, then one
+requantization per window divisor), sum / mean over dims.
+
+Window sums of int8 codes are exact in float32 while ``window * 128 < 2**24``; wider
+windows and int16 codes use float64 (exact below 2**53).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from backends.common.kernels.base import RequantF64, qbounds, register_kernel, sat_to
+from backends.common.program import Instruction
+
+
+def _sum_dtype(x: torch.Tensor, window: int) -> torch.dtype:
+    return torch.float32 if x.dtype == torch.int8 and window * 128 < 2**24 else torch.float64
+
+
+@register_kernel("maxpool2d")
+def maxpool2d(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
+    """Max over each window (float32 holds every int8 / int16 code exactly)."""
+    a = inst.attrs
+    x = args[0]
+    y = F.max_pool2d(x.to(torch.float32), a["kernel_size"], a["stride"], a["padding"], a["dilation"],
+                     bool(a["ceil_mode"]))
+    return [y.to(x.dtype)]
+
+
+def _out_len(size: int, k: int, s: int, p: int, ceil: bool) -> int:
+    out = (size + 2 * p - (k - 1) - 1 + ((s - 1) if ceil else 0)) // s + 1
+    if ceil and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _axis_windows(size: int, k: int, s: int, p: int, ceil: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per output index along one axis: the padded window length and the count of real elements."""
+    o = torch.arange(_out_len(size, k, s, p, ceil), dtype=torch.int64)
+    start = o * s - p
+    end = torch.clamp(start + k, max=size + p)
+    padded = end - start
+    real = torch.clamp(end, max=size) - torch.clamp(start, min=0)
+    return padded, real
+
+
+def avgpool_divisors(h: int, w: int, a: Mapping[str, Any]) -> torch.Tensor:
+    """The divisor of each output position (OH, OW), following torch's avg_pool2d."""
+    (kh, kw), (sh, sw), (ph, pw) = a["kernel_size"], a["stride"], a["padding"]
+    ceil = bool(a["ceil_mode"])
+    ph_, rh = _axis_windows(h, kh, sh, ph, ceil)
+    pw_, rw = _axis_windows(w, kw, sw, pw, ceil)
+    if a.get("divisor_override"):
+        return torch.full((ph_.numel(), pw_.numel()), int(a["divisor_override"]), dtype=torch.int64)
+    if a["count_include_pad"]:
+        return ph_[:, None] * pw_[None, :]
+    return rh[:, None] * rw[None, :]
+
+
+def _window_requant(sums: torch.Tensor, divisor: torch.Tensor, mult: torch.Tensor, shift: torch.Tensor,
+                    out_dtype: str, where: str) -> torch.Tensor:
+    if int(divisor.max()) > mult.numel() or int(divisor.min()) < 1:
+        raise ValueError(f"{where}: a window divisor {int(divisor.max())} is outside the program's table "
+                         f"(1..{mult.numel()}); the input shape differs from the compiled one")
+    idx = divisor - 1
+    rq = RequantF64(mult[idx].reshape(-1), shift[idx].reshape(-1))
+    sc, hf = rq.scale.reshape(divisor.shape), rq.half.reshape(divisor.shape)
+    lo, hi = qbounds(out_dtype)
+    return sat_to(torch.addcmul(hf, sums.to(torch.float64), sc).floor_().clamp_(lo, hi), out_dtype)
+
+
+@register_kernel("avgpool2d")
+def avgpool2d(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+    a = inst.attrs
+    x = args[0]
+    (kh, kw) = a["kernel_size"]
+    ct = _sum_dtype(x, kh * kw)
+    sums = F.avg_pool2d(x.to(ct), a["kernel_size"], a["stride"], a["padding"], bool(a["ceil_mode"]), True, 1)
+    d = avgpool_divisors(int(x.shape[-2]), int(x.shape[-1]), a)
+    return [_window_requant(sums, d, state["multipliers"], state["shifts"], str(a["out_dtype"]), inst.source)]
+
+
+def adaptive_bounds(size: int, out: int) -> tuple[torch.Tensor, torch.Tensor]:
+    i = torch.arange(out, dtype=torch.int64)
+    return (i * size) // out, -((-(i + 1) * size) // out)
+
+
+@register_kernel("adaptive_avgpool2d")
+def adaptive_avgpool2d(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+    a = inst.attrs
+    x = args[0]
+    h, w = int(x.shape[-2]), int(x.shape[-1])
+    oh = h if a["output_size"][0] is None else int(a["output_size"][0])
+    ow = w if a["output_size"][1] is None else int(a["output_size"][1])
+    hs, he = adaptive_bounds(h, oh)
+    ws, we = adaptive_bounds(w, ow)
+    count = (he - hs)[:, None] * (we - ws)[None, :]
+    if oh == 1 and ow == 1:
+        sums = x.to(_sum_dtype(x, h * w)).sum(dim=(-2, -1), keepdim=True)
+    else:
+        # integral image: every window sum from four corner reads (exact in float64)
+        cs = F.pad(x.to(torch.float64).cumsum(-2).cumsum(-1), (1, 0, 1, 0))
+        sums = (cs[..., he[:, None], we[None, :]] - cs[..., hs[:, None], we[None, :]]
+                - cs[..., he[:, None], ws[None, :]] + cs[..., hs[:, None], ws[None, :]])
+    return [_window_requant(sums, count, state["multipliers"], state["shifts"], str(a["out_dtype"]), inst.source)]
+
+
+@register_kernel("reduce_sum")
+def reduce_sum(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
+    """Exact int64 sum over ``dims`` (all when None), requantized; ``n`` pins the mean's element count."""
+    a = inst.attrs
+    x = args[0]
+    dims = a.get("dims")
+    acc = x.to(torch.int64).sum() if dims is None else x.to(torch.int64).sum(dim=list(dims), keepdim=bool(a["keepdim"]))
+    if a.get("n") is not None and x.numel() // max(acc.numel(), 1) != int(a["n"]):
+        raise ValueError(f"reduce_sum ({inst.source}): the program averages over {a['n']} elements, the input has "
+                         f"{x.numel() // max(acc.numel(), 1)}; the input shape differs from the compiled one")
+    rq = RequantF64(torch.tensor(int(a["multiplier"])), torch.tensor(int(a["shift"])))
+    lo, hi = qbounds(str(a["out_dtype"]))
+    return [sat_to(rq.apply(acc.to(torch.float64)).clamp_(lo, hi), str(a["out_dtype"]))]

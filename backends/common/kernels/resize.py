@@ -1,0 +1,45 @@
+"""Resize kernels on codes with integer tables computed at lowering for the compiled input size:
+nearest (source indices per axis) and bilinear (two taps and fixed-point weights per axis)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from backends.common.kernels.base import RequantF64, qbounds, register_kernel, sat_to
+from backends.common.program import Instruction
+
+
+def _check_size(inst: Instruction, x: torch.Tensor) -> None:
+    h, w = inst.attrs["in_size"]
+    if (int(x.shape[-2]), int(x.shape[-1])) != (int(h), int(w)):
+        raise ValueError(f"{inst.op} ({inst.source}): compiled for input size {h}x{w}, got "
+                         f"{x.shape[-2]}x{x.shape[-1]}")
+
+
+@register_kernel("resize_nearest")
+def resize_nearest(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+    x = args[0]
+    _check_size(inst, x)
+    return [x.index_select(-2, state["rows"]).index_select(-1, state["cols"])]
+
+
+@register_kernel("resize_bilinear")
+def resize_bilinear(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+    """``acc = sum w_y * w_x * q`` (exact in float64), then one requantization."""
+    x = args[0]
+    _check_size(inst, x)
+    a = inst.attrs
+    bits = 12 if x.dtype == torch.int8 else 16
+    s = state
+    q = x.to(torch.float64)
+    hw0, hw1 = s[f"hw0_{bits}"].to(torch.float64)[:, None], s[f"hw1_{bits}"].to(torch.float64)[:, None]
+    rows = q.index_select(-2, s["hi0"]) * hw0 + q.index_select(-2, s["hi1"]) * hw1
+    ww0, ww1 = s[f"ww0_{bits}"].to(torch.float64), s[f"ww1_{bits}"].to(torch.float64)
+    acc = rows.index_select(-1, s["wi0"]) * ww0 + rows.index_select(-1, s["wi1"]) * ww1
+    rq = RequantF64(torch.tensor(int(a[f"multiplier{bits}"])), torch.tensor(int(a[f"shift{bits}"])))
+    dt = str(a["out_dtype"])
+    lo, hi = qbounds(dt)
+    return [sat_to(rq.apply(acc).clamp_(lo, hi), dt)]

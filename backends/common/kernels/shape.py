@@ -1,0 +1,57 @@
+"""Layout kernels: reshape / view / permute / flatten / getitem / split / ... (an allowlist of
+torch functions called by name, never code from the artifact), plus cat / stack of codes."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from backends.common.kernels.base import register_kernel
+from backends.common.program import Instruction, ValueRef
+
+#: name in the Program -> the function it calls (receiver first for tensor methods).
+SHAPE_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "reshape": torch.reshape, "view": torch.Tensor.view, "flatten": torch.flatten, "permute": torch.permute,
+    "transpose": torch.transpose, "contiguous": torch.Tensor.contiguous, "squeeze": torch.squeeze,
+    "unsqueeze": torch.unsqueeze, "getitem": operator.getitem, "split": torch.split, "chunk": torch.chunk,
+    "unbind": torch.unbind, "expand": torch.Tensor.expand, "expand_as": torch.Tensor.expand_as,
+    "repeat": torch.Tensor.repeat, "tile": torch.tile, "flip": torch.flip, "roll": torch.roll,
+    "view_as": torch.Tensor.view_as, "reshape_as": torch.Tensor.reshape_as, "clone": torch.clone,
+    "detach": torch.Tensor.detach, "size": torch.Tensor.size, "dim": torch.Tensor.dim, "numel": torch.numel,
+    "pixel_shuffle": torch.pixel_shuffle, "pixel_unshuffle": torch.pixel_unshuffle,
+    "channel_shuffle": torch.channel_shuffle, "identity": lambda x: x,
+    "cat": torch.cat, "stack": torch.stack,
+    # Python arithmetic on shape values (``x.size(0) * 2``)
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
+}
+
+
+def _resolve(v: Any, env: dict[str, Any]) -> Any:
+    if isinstance(v, ValueRef):
+        return env[v.name]
+    if isinstance(v, list):
+        return [_resolve(x, env) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_resolve(x, env) for x in v)
+    if isinstance(v, dict):
+        return {k: _resolve(x, env) for k, x in v.items()}
+    if isinstance(v, slice):
+        return slice(_resolve(v.start, env), _resolve(v.stop, env), _resolve(v.step, env))
+    return v
+
+
+@register_kernel("shape_fn")
+def shape_fn(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
+    """``fn(*args, **kwargs)`` for ``fn`` in :data:`SHAPE_FUNCTIONS`; ``args`` refer to values by name."""
+    name = str(inst.attrs["fn"])
+    fn = SHAPE_FUNCTIONS.get(name)
+    if fn is None:
+        raise ValueError(f"shape_fn ({inst.source}): '{name}' is not an allowed layout function")
+    env = dict(zip(inst.inputs, args, strict=True))
+    out = fn(*_resolve(list(inst.attrs["args"]), env), **_resolve(dict(inst.attrs.get("kwargs", {})), env))
+    if isinstance(out, torch.Size):
+        out = tuple(out)
+    return [out]

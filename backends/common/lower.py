@@ -1,0 +1,363 @@
+"""Lowering: a converted model -> :class:`~backends.common.program.Program` of integer kernels.
+
+The input is the converted model's fx graph (a ``convert_fx`` GraphModule's own graph, or
+``trace_fx`` of an eager ``convert`` result: quantized modules are leaves and
+``QFunctional`` methods are ``call_method`` nodes). Each node is lowered by a rule looked
+up in a registry keyed by march (``"*"`` = every march) and by quantized module class,
+QFunctional method, torch function or tensor method. Rules read the modules' integer
+buffers and fixed scales (deriving multipliers with :mod:`backends.common.numerics`, the
+rules' single implementation); they never call a module's forward.
+
+While lowering, every emitted instruction runs once on the example inputs with the
+Program's own kernels: later rules see concrete shapes, and layers with several exact
+engines are timed and the fastest is kept (``opt >= 2``; the march's
+:class:`KernelPolicy`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+
+from backends.common.kernels.base import F64_EXACT_ACC, get_kernel
+from backends.common.program import Instruction, Program, ValueRef
+
+__all__ = [
+    "KernelPolicy", "LowerContext", "LoweringError", "get_kernel_policy", "lower_graph",
+    "register_function_rule", "register_functional_rule", "register_kernel_policy", "register_method_rule",
+    "register_module_rule",
+]
+
+
+class LoweringError(RuntimeError):
+    """The model cannot be lowered; the message names the node, module and op."""
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+@dataclass(frozen=True)
+class KernelPolicy:
+    """A march's kernel choices: engine preference (used as is below ``measure_from_opt``),
+    the code dtypes it runs, and how many timed runs a measurement takes."""
+
+    conv2d: tuple[str, ...] = ("int_mm", "int_mm_t", "f32", "f32_chunked", "f64")
+    linear: tuple[str, ...] = ("f32", "int_mm", "f64")
+    code_dtypes: tuple[str, ...] = ("qint8", "qint16", "qint32")
+    measure_from_opt: int = 2
+    repeats: int = 3
+
+
+_POLICIES: dict[str, KernelPolicy] = {}
+
+
+def register_kernel_policy(march: str, policy: KernelPolicy) -> None:
+    _POLICIES[march] = policy
+
+
+def get_kernel_policy(march: str) -> KernelPolicy:
+    _load_backend(march)
+    return _POLICIES.get(march, KernelPolicy())
+
+
+def _load_backend(march: str) -> None:
+    # backends register their rules and policies when their package is imported
+    import importlib
+
+    importlib.import_module(f"backends.{march}")
+
+
+# ----------------------------------------------------------------------------- rule registry
+
+Rule = Callable[["LowerContext", torch.fx.Node, Any, list[Any], dict[str, Any]], Any]
+
+_MODULE_RULES: dict[tuple[str, type], Rule] = {}
+_FUNCTIONAL_RULES: dict[tuple[str, str], Rule] = {}
+_FUNCTION_RULES: dict[tuple[str, Any], Rule] = {}
+_METHOD_RULES: dict[tuple[str, str], Rule] = {}
+
+
+def register_module_rule(cls: type, rule: Rule, march: str = "*") -> None:
+    """``rule(ctx, node, module, args, kwargs)`` lowers calls of modules of ``cls`` (and subclasses)."""
+    _MODULE_RULES[(march, cls)] = rule
+
+
+def register_functional_rule(method: str, rule: Rule, march: str = "*") -> None:
+    """``rule(ctx, node, qfunctional, args, kwargs)`` lowers ``QFunctional.<method>`` calls."""
+    _FUNCTIONAL_RULES[(march, method)] = rule
+
+
+def register_function_rule(target: Any, rule: Rule, march: str = "*") -> None:
+    """``rule(ctx, node, target, args, kwargs)`` lowers ``call_function`` nodes of ``target``."""
+    _FUNCTION_RULES[(march, target)] = rule
+
+
+def register_method_rule(name: str, rule: Rule, march: str = "*") -> None:
+    """``rule(ctx, node, name, args, kwargs)`` lowers tensor-method calls ``x.<name>(...)``."""
+    _METHOD_RULES[(march, name)] = rule
+
+
+def _module_rule(march: str, m: nn.Module) -> Rule | None:
+    for cls in type(m).__mro__:
+        for key in ((march, cls), ("*", cls)):
+            if key in _MODULE_RULES:
+                return _MODULE_RULES[key]
+    return None
+
+
+def _lookup(table: Mapping[tuple[str, Any], Rule], march: str, key: Any) -> Rule | None:
+    try:
+        return table.get((march, key)) or table.get(("*", key))
+    except TypeError:  # unhashable target
+        return None
+
+
+# ----------------------------------------------------------------------------- context
+
+
+@dataclass
+class LowerContext:
+    """State of one lowering: the Program being built and the example values of its names."""
+
+    march: str
+    opt: int
+    policy: KernelPolicy
+    instructions: list[Instruction] = field(default_factory=list)
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
+    _const_ids: dict[int, str] = field(default_factory=dict)
+    _count: int = 0
+
+    def fresh(self, hint: str) -> str:
+        self._count += 1
+        return f"%{self._count}_{hint.replace('.', '_')}"
+
+    def const(self, hint: str, t: torch.Tensor) -> str:
+        """Register an integer (or boundary float32) array; the same tensor object is stored once."""
+        key = id(t)
+        if key in self._const_ids:
+            return self._const_ids[key]
+        name = f"{hint}#{len(self.constants)}"
+        self.constants[name] = t.detach().clone().contiguous()
+        self._const_ids[key] = name
+        return name
+
+    def example(self, v: Any) -> Any:
+        """The example value of a value name (or a nested structure of them); literals pass through."""
+        if isinstance(v, ValueRef):
+            return self.values[v.name]
+        if isinstance(v, str) and v in self.values:
+            return self.values[v]
+        if isinstance(v, (list, tuple)):
+            return type(v)(self.example(x) for x in v)
+        return v
+
+    def emit(self, op: str, inputs: Sequence[str], attrs: Mapping[str, Any], consts: Mapping[str, str],
+             source: str, hint: str | None = None) -> str:
+        """Append one instruction, run it on the example values, return its output name."""
+        out = self.fresh(hint or op)
+        inst = Instruction(op, tuple(inputs), (out,), dict(attrs), dict(consts), source)
+        self.values[out] = self.run(inst)[0]
+        self.instructions.append(inst)
+        return out
+
+    def run(self, inst: Instruction) -> list[Any]:
+        kernel = get_kernel(inst.op)
+        state = kernel.prepare(inst, self.constants)
+        try:
+            return kernel.run(inst, [self.values[v] for v in inst.inputs], state)
+        except LoweringError:
+            raise
+        except Exception as e:
+            raise LoweringError(f"{inst.op} for '{inst.source}' failed on the example input: {e}") from e
+
+    def choose_engine(self, op: str, inputs: Sequence[str], attrs: dict[str, Any], consts: Mapping[str, str],
+                      candidates: Sequence[str], source: str) -> dict[str, Any]:
+        """``attrs`` with the engine set: the first candidate, or the fastest one measured (opt >= 2)."""
+        if not candidates:
+            raise LoweringError(f"{op} for '{source}': no exact engine applies")
+        if len(candidates) == 1 or self.opt < self.policy.measure_from_opt:
+            return {**attrs, "engine": candidates[0]}
+        timings: dict[str, float] = {}
+        for eng in candidates:
+            inst = Instruction(op, tuple(inputs), ("%probe",), {**attrs, "engine": eng}, dict(consts), source)
+            kernel = get_kernel(op)
+            state = kernel.prepare(inst, self.constants)
+            args = [self.values[v] for v in inputs]
+            kernel.run(inst, args, state)  # warm-up (allocator, oneDNN primitive cache)
+            best = float("inf")
+            for _ in range(self.policy.repeats):
+                t0 = time.perf_counter()
+                kernel.run(inst, args, state)
+                best = min(best, time.perf_counter() - t0)
+            timings[eng] = round(best * 1e6, 1)
+        engine = min(timings, key=lambda e: timings[e])
+        return {**attrs, "engine": engine, "timings_us": timings}
+
+    def check_dtype(self, name: str, source: str) -> None:
+        v = self.values.get(name)
+        if isinstance(v, torch.Tensor) and not v.is_floating_point():
+            dt = {torch.int8: "qint8", torch.int16: "qint16", torch.int32: "qint32"}.get(v.dtype)
+            if dt is not None and dt not in self.policy.code_dtypes:
+                raise LoweringError(f"'{source}': {dt} tensors are not supported on {self.march} "
+                                    f"(valid: {', '.join(self.policy.code_dtypes)})")
+
+
+# ----------------------------------------------------------------------------- graph walk
+
+
+def _describe(n: torch.fx.Node) -> str:
+    t = n.target
+    return getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or str(t)
+
+
+def lower_graph(root: nn.Module, graph: torch.fx.Graph, example_inputs: Sequence[Any], march: str,
+                opt: int = 2) -> Program:
+    """Lower ``graph`` (whose module targets live in ``root``) for ``march``."""
+    import backends.common.lower_rules  # noqa: F401  (registers the common rules)
+
+    policy = get_kernel_policy(march)
+    ctx = LowerContext(march=march, opt=opt, policy=policy)
+    env: dict[str, Any] = {}
+    attrs_of: dict[str, Any] = {}
+    inputs: list[str] = []
+    outputs: Any = None
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        raise LoweringError(f"the model takes {len(placeholders)} input(s) "
+                            f"({', '.join(n.name for n in placeholders)}), got {len(example_inputs)} example input(s)")
+    examples = dict(zip((n.name for n in placeholders), example_inputs, strict=True))
+
+    def value(a: Any) -> Any:
+        return torch.fx.node.map_arg(a, lambda n: env[n.name])
+
+    for n in graph.nodes:
+        if n.op == "placeholder":
+            name = ctx.fresh(n.name)
+            ctx.values[name] = examples[n.name]
+            inputs.append(name)
+            env[n.name] = ValueRef(name)
+            continue
+        if n.op == "get_attr":
+            obj = _fetch(root, str(n.target))
+            attrs_of[n.name] = obj
+            env[n.name] = obj
+            continue
+        if n.op == "output":
+            outputs = _output_names(value(n.args[0]), n)
+            continue
+        args, kwargs = value(n.args), value(n.kwargs)
+        if n.op == "call_module":
+            m = root.get_submodule(str(n.target))
+            rule = _module_rule(march, m)
+            if rule is None:
+                raise LoweringError(f"node '{n.name}': module '{n.target}' ({type(m).__module__}.{type(m).__name__}) "
+                                    f"has no lowering rule on {march}")
+            res = rule(ctx, n, m, list(args), dict(kwargs))
+        elif n.op == "call_method" and n.args and isinstance(n.args[0], torch.fx.Node) \
+                and n.args[0].name in attrs_of and isinstance(attrs_of[n.args[0].name], nn.Module):
+            m = attrs_of[n.args[0].name]
+            frule = _lookup(_FUNCTIONAL_RULES, march, str(n.target))
+            if frule is None or type(m).__name__ != "QFunctional":
+                raise LoweringError(f"node '{n.name}': method {type(m).__name__}.{n.target} of "
+                                    f"'{n.args[0].target}' has no lowering rule on {march}")
+            res = frule(ctx, n, m, list(args[1:]), dict(kwargs))
+        elif n.op == "call_method":
+            mrule = _lookup(_METHOD_RULES, march, str(n.target))
+            if mrule is None:
+                raise LoweringError(f"node '{n.name}': tensor method .{n.target}() has no lowering rule on {march}")
+            res = mrule(ctx, n, str(n.target), list(args), dict(kwargs))
+        else:
+            rule2 = _lookup(_FUNCTION_RULES, march, n.target)
+            if rule2 is None:
+                raise LoweringError(f"node '{n.name}': function {_describe(n)} has no lowering rule on {march}")
+            res = rule2(ctx, n, n.target, list(args), dict(kwargs))
+        env[n.name] = res
+        for name in _names_in(res):
+            ctx.check_dtype(name, n.name)
+    prog = Program(march=march, inputs=inputs, outputs=outputs, instructions=ctx.instructions,
+                   constants=ctx.constants, meta={"opt": opt})
+    prog.validate()
+    return prog
+
+
+def _fetch(root: nn.Module, target: str) -> Any:
+    obj: Any = root
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _names_in(v: Any) -> list[str]:
+    if isinstance(v, ValueRef):
+        return [v.name]
+    if isinstance(v, (list, tuple)):
+        return [x for e in v for x in _names_in(e)]
+    return []
+
+
+def _output_names(v: Any, n: torch.fx.Node) -> Any:
+    if isinstance(v, ValueRef):
+        return v.name
+    if isinstance(v, tuple):
+        return tuple(_output_names(x, n) for x in v)
+    if isinstance(v, list):
+        return [_output_names(x, n) for x in v]
+    raise LoweringError(f"model output {v!r:.80} is not a tensor or a tuple / list of tensors")
+
+
+# ----------------------------------------------------------------------------- helpers for rules
+
+
+def tensor_ref(v: Any, node: torch.fx.Node, what: str = "input") -> str:
+    """The value name of a tensor argument (raises naming the node for a literal)."""
+    if not isinstance(v, ValueRef):
+        raise LoweringError(f"node '{node.name}': {what} must be a tensor, got {v!r:.60}")
+    return v.name
+
+
+def bind(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Arguments of a call by parameter name, defaults filled (``fn`` a method: ``self`` skipped)."""
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())
+    if params and params[0].name == "self":
+        sig = sig.replace(parameters=params[1:])
+    b = sig.bind(*args, **kwargs)
+    b.apply_defaults()
+    return dict(b.arguments)
+
+
+def shape_call(ctx: LowerContext, node: torch.fx.Node, fn: str, args: Sequence[Any],
+               kwargs: Mapping[str, Any] | None = None) -> ValueRef:
+    """Emit a ``shape_fn`` instruction calling allow-listed ``fn`` on (nested) values and literals."""
+    used = sorted(set(_names_in(list(args)) + _names_in(list((kwargs or {}).values()))))
+    return ValueRef(ctx.emit("shape_fn", used, {"fn": fn, "args": list(args), "kwargs": dict(kwargs or {})}, {},
+                             node.name, hint=fn))
+
+
+def acc_bound(weight: torch.Tensor, x: torch.Tensor, out_axis: int = 0) -> tuple[int, int]:
+    """``(max|x| * max_c sum|w_c|, same per-element bound)``: partial-sum bounds for exactness proofs."""
+    amax = 128 if x.dtype == torch.int8 else 32768 if x.dtype == torch.int16 else 2**31
+    dims = [d for d in range(weight.dim()) if d != out_axis]
+    wsum = int(weight.to(torch.int64).abs().sum(dim=dims).max()) if weight.numel() else 0
+    return amax * wsum, amax
+
+
+def requant_mode(bound: int, bias: torch.Tensor) -> str:
+    """``f64`` when the float64 requantization is provably exact for this accumulator bound."""
+    b = int(bias.to(torch.int64).abs().max()) if bias.numel() else 0
+    return "f64" if bound + b < F64_EXACT_ACC else "i64"
+
+
+def f32_scale(v: Any) -> float:
+    return float(torch.as_tensor(v).detach().reshape(-1)[0].to(torch.float32))
+
+
+__all__ += ["acc_bound", "bind", "f32_scale", "requant_mode", "shape_call", "tensor_ref"]

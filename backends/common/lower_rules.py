@@ -1,0 +1,502 @@
+"""The lowering rules every march shares: one per quantized module class, QFunctional method,
+and the torch functions / tensor methods a converted graph keeps between modules.
+
+Each rule reads the module's integer buffers and fixed scales and derives integer
+parameters with :mod:`backends.common.numerics` (and the module library's shared rule
+helpers); it never calls the module's forward. Marches override a rule by registering
+their own under their name (``register_module_rule(cls, rule, march="bayes")``).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from backends.common import numerics
+from backends.common.lower import (
+    LowerContext,
+    LoweringError,
+    acc_bound,
+    bind,
+    f32_scale,
+    register_function_rule,
+    register_functional_rule,
+    register_method_rule,
+    register_module_rule,
+    requant_mode,
+    shape_call,
+    tensor_ref,
+)
+from backends.common.program import ValueRef
+from qir.nn import quantized as Q
+from qir.nn.quantized._rules import avg_pool_params, bilinear_taps, div_params, ratio_params
+from qir.quantization.convert import nearest_interpolate_codes, relu6_codes
+
+Node = torch.fx.Node
+
+
+def _plain(v: Any) -> Any:
+    """Module hyper-parameters as JSON-plain values (tuples -> lists)."""
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def _dt(dtype: Any) -> str:
+    return str(dtype.name)
+
+
+# ----------------------------------------------------------------------------- conv / linear
+
+_KINDS = {"Conv2d": "conv2d", "Conv1d": "conv1d", "Conv3d": "conv3d", "ConvTranspose2d": "conv_transpose2d",
+          "Linear": "linear"}
+
+
+def _chunks(w: torch.Tensor, amax: int) -> list[list[int]] | None:
+    """Input-channel ranges whose float32 partial sums stay within 2**24 for every output channel."""
+    per = w.to(torch.int64).abs().sum(dim=tuple(range(2, w.dim()))) * amax  # (O, C)
+    limit = 2**24
+    if bool((per > limit).any()):
+        return None
+    out: list[list[int]] = []
+    start = 0
+    run = torch.zeros(per.shape[0], dtype=torch.int64)
+    for c in range(per.shape[1]):
+        if bool((run + per[:, c] > limit).any()):
+            out.append([start, c])
+            start, run = c, torch.zeros_like(run)
+        run += per[:, c]
+    out.append([start, int(per.shape[1])])
+    return out
+
+
+def lower_conv(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0], node)
+    xv = ctx.values[x]
+    if xv.is_floating_point():
+        raise LoweringError(f"node '{node.name}': {type(m).__name__} '{node.target}' receives a float tensor")
+    inputs = [x]
+    if m.has_add:
+        addend = args[1] if len(args) > 1 else kwargs.get("addend")
+        inputs.append(tensor_ref(addend, node, "addend"))
+    kind = _KINDS[m.kind]
+    assert m.dtype is not None
+    attrs: dict[str, Any] = {"kind": kind, "out_dtype": _dt(m.dtype), "act": m.act, "has_add": bool(m.has_add)}
+    if m.has_add:
+        attrs.update(add_multiplier=int(m.add_multiplier), add_shift=int(m.add_shift), extra_bits=int(m.extra_bits))
+    hint = str(node.target)
+    consts = {"weight": ctx.const(f"{hint}.weight", m.weight), "bias": ctx.const(f"{hint}.bias", m.bias),
+              "multiplier": ctx.const(f"{hint}.multiplier", m.multiplier),
+              "shift": ctx.const(f"{hint}.shift", m.shift),
+              "relu6_bound": ctx.const(f"{hint}.relu6_bound", m.relu6_bound)}
+    bound, amax = acc_bound(m.weight, xv, out_axis=1 if kind == "conv_transpose2d" else 0)
+    attrs["requant"] = requant_mode(bound, m.bias)
+    int8 = xv.dtype == torch.int8 and m.weight.dtype == torch.int8
+    hp = m.hp
+    if kind == "linear":
+        cands = [e for e in ctx.policy.linear
+                 if (e == "int_mm" and int8 and bound < 2**31) or (e == "f32" and bound <= 2**24) or e == "f64"]
+        return ValueRef(ctx.emit("linear", inputs, ctx.choose_engine("linear", inputs, attrs, consts, cands,
+                                                                      node.name), consts, node.name, hint))
+    attrs.update(stride=_plain(hp["stride"]), padding=_plain(hp["padding"]), dilation=_plain(hp["dilation"]),
+                 groups=int(hp["groups"] or 1), padding_mode=str(hp["padding_mode"]),
+                 reversed_padding=_plain(hp["reversed_padding"]), kernel_size=list(m.weight.shape[2:]))
+    if kind != "conv2d":
+        if kind == "conv_transpose2d":
+            attrs["output_padding"] = _plain(hp["output_padding"])
+        attrs["engine"] = "f32" if bound <= 2**24 else "f64"
+        return ValueRef(ctx.emit("conv_nd", inputs, attrs, consts, node.name, hint))
+    plain = attrs["groups"] == 1 and attrs["padding_mode"] == "zeros" and not isinstance(attrs["padding"], str)
+    cands = []
+    for e in ctx.policy.conv2d:
+        if e in ("int_mm", "int_mm_t") and int8 and plain and bound < 2**31:
+            cands.append(e)
+        elif e == "f32" and bound <= 2**24:
+            cands.append(e)
+        elif e == "f32_chunked" and plain and bound > 2**24:
+            chunks = _chunks(m.weight, amax)
+            if chunks is not None:
+                attrs["chunks"] = chunks
+                cands.append(e)
+        elif e == "f64":
+            cands.append(e)
+    chosen = ctx.choose_engine("conv2d", inputs, attrs, consts, cands, node.name)
+    if chosen["engine"] != "f32_chunked":
+        chosen.pop("chunks", None)
+    return ValueRef(ctx.emit("conv2d", inputs, chosen, consts, node.name, hint))
+
+
+# ----------------------------------------------------------------------------- stubs, activations, pools
+
+
+def lower_quant_stub(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0], node)
+    return ValueRef(ctx.emit("quantize", [x], {"scale": f32_scale(m.scale), "dtype": _dt(m.dtype)}, {}, node.name,
+                             str(node.target)))
+
+
+def lower_dequant_stub(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0], node)
+    s = m.scale.detach().to(torch.float32)
+    axis = None if s.numel() == 1 else -s.dim()
+    c = ctx.const(f"{node.target}.scale", s.reshape(-1))
+    return ValueRef(ctx.emit("dequantize", [x], {"axis": axis}, {"scale": c}, node.name, str(node.target)))
+
+
+def _clamp(ctx: LowerContext, node: Node, x: Any, lo: int | None, hi: int | None) -> ValueRef:
+    return ValueRef(ctx.emit("clamp", [tensor_ref(x, node)], {"min": lo, "max": hi}, {}, node.name, "clamp"))
+
+
+def lower_relu(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    return _clamp(ctx, node, args[0], 0, None)
+
+
+def lower_relu6(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    return _clamp(ctx, node, args[0], 0, int(m.bound))
+
+
+def lower_identity(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    return args[0]
+
+
+def lower_lut(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0], node)
+    c = ctx.const(f"{node.target}.table", m.table)
+    return ValueRef(ctx.emit("lut", [x], {"what": str(m.op_name)}, {"table": c}, node.name, str(node.target)))
+
+
+def lower_maxpool(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0], node)
+    stride = m.stride if m.stride is not None else m.kernel_size
+    attrs = {"kernel_size": _plain(m.kernel_size), "stride": _plain(stride), "padding": _plain(m.padding),
+             "dilation": _plain(m.dilation), "ceil_mode": bool(m.ceil_mode)}
+    return ValueRef(ctx.emit("maxpool2d", [x], attrs, {}, node.name, str(node.target)))
+
+
+def lower_avgpool(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0], node)
+    attrs = {"kernel_size": list(m.kernel_size), "stride": list(m.stride), "padding": list(m.padding),
+             "ceil_mode": bool(m.ceil_mode), "count_include_pad": bool(m.count_include_pad),
+             "divisor_override": m.divisor_override, "out_dtype": _dt(m.dtype)}
+    consts = {"multipliers": ctx.const(f"{node.target}.multipliers", m.multipliers),
+              "shifts": ctx.const(f"{node.target}.shifts", m.shifts)}
+    return ValueRef(ctx.emit("avgpool2d", [x], attrs, consts, node.name, str(node.target)))
+
+
+def lower_adaptive_avgpool(ctx: LowerContext, node: Node, m: Any, args: list[Any],
+                           kwargs: dict[str, Any]) -> ValueRef:
+    from backends.common.kernels.pool import adaptive_bounds
+
+    x = tensor_ref(args[0], node)
+    h, w = (int(d) for d in ctx.values[x].shape[-2:])
+    o = m.output_size
+    oh, ow = (o, o) if isinstance(o, int) else (o[0], o[1])
+    hs, he = adaptive_bounds(h, h if oh is None else int(oh))
+    ws, we = adaptive_bounds(w, w if ow is None else int(ow))
+    top = int((he - hs).max()) * int((we - ws).max())
+    mult, sh = avg_pool_params(m.per_tensor_input(0), float(m.scale[0]), top, m.march)
+    consts = {"multipliers": ctx.const(f"{node.target}.multipliers", mult),
+              "shifts": ctx.const(f"{node.target}.shifts", sh)}
+    attrs = {"output_size": [oh, ow], "out_dtype": _dt(m.dtype)}
+    return ValueRef(ctx.emit("adaptive_avgpool2d", [x], attrs, consts, node.name, str(node.target)))
+
+
+def _nearest_maps(h: int, w: int, call: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Source row / column of every output pixel: torch's nearest resize applied to an index image."""
+    idx = torch.arange(h * w, dtype=torch.float64).reshape(1, 1, h, w)
+    out = call(idx)[0, 0].to(torch.int64)
+    return (out[:, 0] // w).contiguous(), (out[0, :] % w).contiguous()
+
+
+def _emit_nearest(ctx: LowerContext, node: Node, x: str, call: Any) -> ValueRef:
+    h, w = (int(d) for d in ctx.values[x].shape[-2:])
+    rows, cols = _nearest_maps(h, w, call)
+    consts = {"rows": ctx.const(f"{node.name}.rows", rows), "cols": ctx.const(f"{node.name}.cols", cols)}
+    return ValueRef(ctx.emit("resize_nearest", [x], {"in_size": [h, w]}, consts, node.name, "resize"))
+
+
+def lower_interpolate(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0], node)
+    if m.mode == "nearest":
+        return _emit_nearest(ctx, node, x, lambda t: F.interpolate(
+            t, size=m.size, scale_factor=m.scale_factor, mode="nearest", recompute_scale_factor=m.recompute_scale_factor))
+    if m.mode != "bilinear":
+        raise LoweringError(f"node '{node.name}': Interpolate mode '{m.mode}' has no integer kernel")
+    h, w = (int(d) for d in ctx.values[x].shape[-2:])
+    oh, ow, fh, fw = m._out_size(h, w)
+    ac = bool(m.align_corners)
+    consts: dict[str, str] = {}
+    attrs: dict[str, Any] = {"in_size": [h, w], "out_dtype": _dt(m.dtype)}
+    for bits in (12, 16):
+        hi0, hi1, hw0, hw1 = bilinear_taps(h, oh, fh, ac, bits)
+        wi0, wi1, ww0, ww1 = bilinear_taps(w, ow, fw, ac, bits)
+        for k, t in (("hi0", hi0), ("hi1", hi1), ("wi0", wi0), ("wi1", wi1)):
+            consts[k] = ctx.const(f"{node.name}.{k}", t)
+        for k, t in ((f"hw0_{bits}", hw0), (f"hw1_{bits}", hw1), (f"ww0_{bits}", ww0), (f"ww1_{bits}", ww1)):
+            consts[k] = ctx.const(f"{node.name}.{k}", t)
+        tag = "8" if bits == 12 else "16"
+        attrs[f"multiplier{bits}"] = int(getattr(m, f"mult{tag}"))
+        attrs[f"shift{bits}"] = int(getattr(m, f"shift{tag}"))
+    return ValueRef(ctx.emit("resize_bilinear", [x], attrs, consts, node.name, str(node.target)))
+
+
+def lower_div(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    ins = [tensor_ref(args[0], node), tensor_ref(args[1], node)]
+    attrs = {"multiplier": int(m.multiplier), "shift": int(m.shift), "out_dtype": _dt(m.dtype)}
+    return ValueRef(ctx.emit("div", ins, attrs, {}, node.name, str(node.target)))
+
+
+def lower_flatten_module(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    return shape_call(ctx, node, "flatten", [args[0], int(m.start_dim), int(m.end_dim)])
+
+
+register_module_rule(Q.QuantizedConvBase, lower_conv)
+register_module_rule(Q.QuantStub, lower_quant_stub)
+register_module_rule(Q.DeQuantStub, lower_dequant_stub)
+register_module_rule(Q.ReLU, lower_relu)
+register_module_rule(nn.ReLU, lower_relu)
+register_module_rule(Q.ReLU6, lower_relu6)
+register_module_rule(Q.UnaryLUT, lower_lut)
+register_module_rule(Q.MaxPool2d, lower_maxpool)
+register_module_rule(nn.MaxPool2d, lower_maxpool)
+register_module_rule(Q.AvgPool2d, lower_avgpool)
+register_module_rule(Q.AdaptiveAvgPool2d, lower_adaptive_avgpool)
+register_module_rule(Q.Interpolate, lower_interpolate)
+register_module_rule(Q.Div, lower_div)
+register_module_rule(Q.Identity, lower_identity)
+for _cls in (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d):
+    register_module_rule(_cls, lower_identity)
+register_module_rule(nn.Flatten, lower_flatten_module)
+
+
+# ----------------------------------------------------------------------------- QFunctional
+
+
+def _out_dtype(m: Any, node: Node) -> str:
+    if m.dtype is None:
+        raise LoweringError(f"node '{node.name}': QFunctional '{node.args[0]}' has no output dtype")
+    return _dt(m.dtype)
+
+
+def _to_out(ctx: LowerContext, node: Node, m: Any, x: Any, i: int) -> str:
+    """Input ``i`` rescaled to the output scale (a saturating copy when the scales are equal)."""
+    dt = _out_dtype(m, node)
+    xr = tensor_ref(x, node)
+    s_in, s_out = m.per_tensor_input(i), float(m.scale.reshape(-1)[0])
+    if f32_scale(s_in) == f32_scale(s_out):
+        return ctx.emit("rescale", [xr], {"copy": True, "out_dtype": dt, "multiplier": 1, "shift": 0}, {}, node.name)
+    mult, sh = numerics.requant_params(s_in, s_out, m.march, dt)
+    return ctx.emit("rescale", [xr], {"out_dtype": dt, "multiplier": int(mult), "shift": int(sh)}, {}, node.name)
+
+
+def _add(ctx: LowerContext, node: Node, m: Any, ins: list[str], s_y: float, extra: dict[str, Any]) -> ValueRef:
+    dt = _out_dtype(m, node)
+    p = numerics.add_params(m.per_tensor_input(0), s_y, float(m.scale.reshape(-1)[0]), m.march, dt)
+    attrs = {"swap": bool(p.swap), "add_shift": int(p.shift), "qscale": int(p.qscale), "multiplier": int(p.multiplier),
+             "shift": int(p.out_shift), "out_dtype": dt, **extra}
+    return ValueRef(ctx.emit("add", ins, attrs, {}, node.name, "add"))
+
+
+def _scalar(c: float) -> tuple[int, float]:
+    return (127 if c > 0 else -127), abs(float(c)) / 127
+
+
+def ff_add(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    method = str(node.target)
+    b = bind(getattr(Q.QFunctional, method), args, kwargs)
+    ins = [tensor_ref(b["x"], node), tensor_ref(b["y"], node)]
+    extra = {"relu": method == "add_relu", "negate_y": method == "sub"}
+    return _add(ctx, node, m, ins, m.per_tensor_input(1), extra)
+
+
+def ff_add_scalar(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    b = bind(Q.QFunctional.add_scalar, args, kwargs)
+    y = float(b["y"])
+    if y == 0.0:
+        return ValueRef(_to_out(ctx, node, m, b["x"], 0))
+    code, s_c = _scalar(y)
+    return _add(ctx, node, m, [tensor_ref(b["x"], node)], s_c, {"y_code": code})
+
+
+def _product(ctx: LowerContext, node: Node, m: Any, ins: list[str], s_a: float, s_b: float, op: str,
+             extra: dict[str, Any]) -> ValueRef:
+    if m.dtype is not None and _dt(m.dtype) == "qint32":
+        return ValueRef(ctx.emit(op, ins, {"out_dtype": "qint32", "multiplier": 1, "shift": 0, **extra}, {},
+                                 node.name, op))
+    dt = _out_dtype(m, node)
+    mult, sh = numerics.conv_requant_params(s_a, s_b, float(m.scale.reshape(-1)[0]), m.march, dt)
+    attrs = {"out_dtype": dt, "multiplier": int(mult.reshape(-1)[0]), "shift": int(sh.reshape(-1)[0]), **extra}
+    return ValueRef(ctx.emit(op, ins, attrs, {}, node.name, op))
+
+
+def ff_mul(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    b = bind(Q.QFunctional.mul, args, kwargs)
+    ins = [tensor_ref(b["x"], node), tensor_ref(b["y"], node)]
+    return _product(ctx, node, m, ins, m.per_tensor_input(0), m.per_tensor_input(1), "mul", {})
+
+
+def ff_mul_scalar(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    b = bind(Q.QFunctional.mul_scalar, args, kwargs)
+    x = tensor_ref(b["x"], node)
+    y = float(b["y"])
+    if y == 0.0:
+        return ValueRef(ctx.emit("zeros_like", [x], {"out_dtype": _out_dtype(m, node)}, {}, node.name))
+    code, s_c = _scalar(y)
+    return _product(ctx, node, m, [x], m.per_tensor_input(0), s_c, "mul", {"y_code": code})
+
+
+def ff_matmul(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    b = bind(Q.QFunctional.matmul, args, kwargs)
+    ins = [tensor_ref(b["x"], node), tensor_ref(b["y"], node)]
+    return _product(ctx, node, m, ins, m.per_tensor_input(0), m.per_tensor_input(1), "matmul", {})
+
+
+def ff_div(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    b = bind(Q.QFunctional.div, args, kwargs)
+    ins = [tensor_ref(b["x"], node), tensor_ref(b["y"], node)]
+    mult, sh = div_params(m.per_tensor_input(0), m.per_tensor_input(1), float(m.scale.reshape(-1)[0]), m.march)
+    attrs = {"multiplier": int(mult), "shift": int(sh), "out_dtype": _out_dtype(m, node)}
+    return ValueRef(ctx.emit("div", ins, attrs, {}, node.name, "div"))
+
+
+def ff_cat(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    method = str(node.target)
+    b = bind(getattr(Q.QFunctional, method), args, kwargs)
+    parts = [ValueRef(_to_out(ctx, node, m, t, i)) for i, t in enumerate(b["x"])]
+    return shape_call(ctx, node, "stack" if method == "stack" else "cat", [parts], {"dim": int(b["dim"])})
+
+
+def ff_minmax(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    method = str(node.target)
+    b = bind(getattr(Q.QFunctional, method), args, kwargs)
+    ins = [_to_out(ctx, node, m, b["x"], 0), _to_out(ctx, node, m, b["y"], 1)]
+    return ValueRef(ctx.emit(method, ins, {}, {}, node.name, method))
+
+
+def ff_reduce(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    method = str(node.target)
+    b = bind(getattr(Q.QFunctional, method), args, kwargs)
+    x = tensor_ref(b["x"], node)
+    dim = b["dim"]
+    dims = None if dim is None else ([int(dim)] if isinstance(dim, int) else [int(d) for d in dim])
+    dt = _out_dtype(m, node)
+    s_in, s_out = m.per_tensor_input(0), float(m.scale.reshape(-1)[0])
+    attrs: dict[str, Any] = {"dims": dims, "keepdim": bool(b["keepdim"]), "out_dtype": dt, "n": None}
+    if method == "mean":
+        xv = ctx.values[x]
+        out_numel = 1 if dims is None else xv.numel() // max(1, _prod(xv.shape[d] for d in dims))
+        n = xv.numel() // max(out_numel, 1)
+        mult, sh = ratio_params(f32_scale(s_in) / (n * f32_scale(s_out)), m.march)
+        attrs["n"] = n
+    else:
+        mult, sh = numerics.requant_params(s_in, s_out, m.march, dt)
+    attrs.update(multiplier=int(mult), shift=int(sh))
+    return ValueRef(ctx.emit("reduce_sum", [x], attrs, {}, node.name, method))
+
+
+def _prod(v: Any) -> int:
+    out = 1
+    for d in v:
+        out *= int(d)
+    return out
+
+
+def ff_exp(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0] if args else kwargs["x"], node)
+    if ctx.values[x].dtype != torch.int8:
+        raise LoweringError(f"node '{node.name}': exp of a non-qint8 tensor has no table (qint16 needs segmented "
+                            "tables, not implemented)")
+    dt = _out_dtype(m, node)
+    table = numerics.lut_int8(torch.exp, m.per_tensor_input(0), float(m.scale.reshape(-1)[0]), dt)
+    c = ctx.const(f"{node.name}.table", table)
+    return ValueRef(ctx.emit("lut", [x], {"what": "exp"}, {"table": c}, node.name, "exp"))
+
+
+for _m in ("add", "add_relu", "sub"):
+    register_functional_rule(_m, ff_add)
+register_functional_rule("add_scalar", ff_add_scalar)
+register_functional_rule("mul", ff_mul)
+register_functional_rule("mul_scalar", ff_mul_scalar)
+register_functional_rule("matmul", ff_matmul)
+register_functional_rule("div", ff_div)
+for _m in ("cat", "concat", "stack"):
+    register_functional_rule(_m, ff_cat)
+for _m in ("maximum", "minimum"):
+    register_functional_rule(_m, ff_minmax)
+for _m in ("sum", "mean"):
+    register_functional_rule(_m, ff_reduce)
+register_functional_rule("exp", ff_exp)
+
+
+# ----------------------------------------------------------------------------- functions and methods
+
+_SHAPE_FUNCTIONS: dict[Any, str] = {
+    operator.getitem: "getitem", torch.flatten: "flatten", torch.reshape: "reshape", torch.permute: "permute",
+    torch.transpose: "transpose", torch.squeeze: "squeeze", torch.unsqueeze: "unsqueeze", torch.split: "split",
+    torch.chunk: "chunk", torch.unbind: "unbind", torch.flip: "flip", torch.roll: "roll",
+    F.pixel_shuffle: "pixel_shuffle", F.pixel_unshuffle: "pixel_unshuffle", torch.tile: "tile",
+}
+_SHAPE_METHODS = ("view", "reshape", "flatten", "permute", "transpose", "contiguous", "squeeze", "unsqueeze",
+                  "expand", "expand_as", "repeat", "split", "chunk", "unbind", "clone", "detach", "flip", "roll",
+                  "view_as", "reshape_as", "tile", "size", "dim", "numel")
+_INT_ARITH = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.floordiv: "floordiv"}
+
+
+def _is_tensor(ctx: LowerContext, v: Any) -> bool:
+    return isinstance(v, ValueRef) and isinstance(ctx.values.get(v.name), torch.Tensor)
+
+
+def fn_shape(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    return shape_call(ctx, node, _SHAPE_FUNCTIONS[target], args, kwargs)
+
+
+def fn_arith(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    if any(_is_tensor(ctx, a) for a in args):
+        raise LoweringError(f"node '{node.name}': {target.__name__} on tensors has no integer form here; "
+                            "quantized arithmetic goes through FloatFunctional (prepare_qat_fx generates it)")
+    return shape_call(ctx, node, _INT_ARITH[target], args)
+
+
+def fn_relu(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    return _clamp(ctx, node, args[0], 0, None)
+
+
+def fn_relu6_codes(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    return _clamp(ctx, node, args[0], 0, int(args[1]))
+
+
+def fn_nearest(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0], node)
+    rest = [ctx.example(a) for a in args[1:]]
+    kw = {k: ctx.example(v) for k, v in kwargs.items()}
+    return _emit_nearest(ctx, node, x, lambda t: F.interpolate(t, *rest, **kw))
+
+
+def method_shape(ctx: LowerContext, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    return shape_call(ctx, node, name, args, kwargs)
+
+
+def method_relu(ctx: LowerContext, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    return _clamp(ctx, node, args[0], 0, None)
+
+
+for _t in _SHAPE_FUNCTIONS:
+    register_function_rule(_t, fn_shape)
+for _t in _INT_ARITH:
+    register_function_rule(_t, fn_arith)
+for _t in (torch.relu, F.relu):
+    register_function_rule(_t, fn_relu)
+register_function_rule(relu6_codes, fn_relu6_codes)
+register_function_rule(nearest_interpolate_codes, fn_nearest)
+for _n in _SHAPE_METHODS:
+    register_method_rule(_n, method_shape)
+register_method_rule("__getitem__", lambda ctx, node, name, args, kwargs: shape_call(ctx, node, "getitem", args))
+register_method_rule("relu", method_relu)
+
+__all__: Sequence[str] = ["lower_conv"]

@@ -1,0 +1,185 @@
+"""The Program: a schedule of integer kernel calls, independent of torch modules.
+
+A :class:`Program` names its values (model inputs, intermediate tensors, Python ints from
+shape queries) and runs :class:`Instruction` s in order. Each instruction calls one kernel
+(``op``) on values (``inputs``), binds ``outputs``, and carries JSON-plain ``attrs``
+(ints, bools, strings, lists of them) plus ``consts``: role -> name of an integer constant
+array in :attr:`Program.constants`. The only floats anywhere are the boundary scales: the
+``scale`` attr of ``quantize`` and the float32 ``scale`` constant of ``dequantize``.
+
+Everything is plain data, so a Program serialises to the artifact format
+(:mod:`backends.common.artifact`) and back without pickle or code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["CONST_DTYPES", "Instruction", "Program", "ProgramError", "ValueRef"]
+
+#: dtype name in the artifact -> torch dtype of a constant array.
+CONST_DTYPES: dict[str, torch.dtype] = {
+    "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
+    "uint8": torch.uint8, "float32": torch.float32,
+}
+
+
+class ProgramError(ValueError):
+    """A Program is malformed (the message names the instruction or value)."""
+
+
+@dataclass(frozen=True)
+class ValueRef:
+    """A reference to a named value inside an instruction's nested ``attrs`` (shape-op arguments)."""
+
+    name: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"$v": self.name}
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One kernel call: ``outputs = op(inputs; attrs, consts)``. ``source``: the model node it came from."""
+
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    consts: Mapping[str, str] = field(default_factory=dict)
+    source: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "inputs": list(self.inputs), "outputs": list(self.outputs),
+                "attrs": _attrs_to_json(dict(self.attrs)), "consts": dict(self.consts), "source": self.source}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Instruction:
+        try:
+            return Instruction(op=str(d["op"]), inputs=tuple(str(v) for v in d["inputs"]),
+                               outputs=tuple(str(v) for v in d["outputs"]), attrs=_attrs_from_json(d["attrs"]),
+                               consts={str(k): str(v) for k, v in d["consts"].items()}, source=str(d["source"]))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ProgramError(f"malformed instruction {d!r:.200}: {e}") from None
+
+
+def _attrs_to_json(v: Any) -> Any:
+    if isinstance(v, ValueRef):
+        return v.to_json()
+    if isinstance(v, slice):
+        return {"$slice": [_attrs_to_json(v.start), _attrs_to_json(v.stop), _attrs_to_json(v.step)]}
+    if v is Ellipsis:
+        return {"$ellipsis": True}
+    if isinstance(v, tuple):
+        return {"$tuple": [_attrs_to_json(x) for x in v]}
+    if isinstance(v, list):
+        return [_attrs_to_json(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _attrs_to_json(x) for k, x in v.items()}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise ProgramError(f"attribute value {v!r} of type {type(v).__name__} is not plain data")
+
+
+def _attrs_from_json(v: Any) -> Any:
+    if isinstance(v, dict):
+        if set(v) == {"$v"}:
+            return ValueRef(str(v["$v"]))
+        if set(v) == {"$slice"}:
+            a, b, c = (_attrs_from_json(x) for x in v["$slice"])
+            return slice(a, b, c)
+        if set(v) == {"$ellipsis"}:
+            return Ellipsis
+        if set(v) == {"$tuple"}:
+            return tuple(_attrs_from_json(x) for x in v["$tuple"])
+        return {k: _attrs_from_json(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_attrs_from_json(x) for x in v]
+    return v
+
+
+def refs_in(v: Any) -> Iterator[str]:
+    """Names of every :class:`ValueRef` nested in ``v``."""
+    if isinstance(v, ValueRef):
+        yield v.name
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            yield from refs_in(x)
+    elif isinstance(v, dict):
+        for x in v.values():
+            yield from refs_in(x)
+    elif isinstance(v, slice):
+        yield from refs_in([v.start, v.stop, v.step])
+
+
+@dataclass
+class Program:
+    """A lowered model. ``outputs`` is the output structure: a value name, or nested lists / tuples
+    of them (``{"$tuple": [...]}`` in JSON)."""
+
+    march: str
+    inputs: list[str]
+    outputs: Any
+    instructions: list[Instruction]
+    constants: dict[str, torch.Tensor]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Every value is defined before use, every constant exists and is an allowed dtype."""
+        defined = set(self.inputs)
+        if len(defined) != len(self.inputs):
+            raise ProgramError(f"duplicate program input names: {self.inputs}")
+        for name, t in self.constants.items():
+            if t.dtype not in CONST_DTYPES.values():
+                raise ProgramError(f"constant '{name}' has dtype {t.dtype}; allowed: {', '.join(CONST_DTYPES)}")
+        for i, inst in enumerate(self.instructions):
+            for v in (*inst.inputs, *refs_in(dict(inst.attrs))):
+                if v not in defined:
+                    raise ProgramError(f"instruction {i} ({inst.op}, from '{inst.source}') uses '{v}' before it is "
+                                       "defined")
+            for role, c in inst.consts.items():
+                if c not in self.constants:
+                    raise ProgramError(f"instruction {i} ({inst.op}, from '{inst.source}') names constant '{c}' "
+                                       f"({role}) that the program does not hold")
+            defined.update(inst.outputs)
+        for v in refs_in(_outputs_as_refs(self.outputs)):
+            if v not in defined:
+                raise ProgramError(f"program output '{v}' is never defined")
+
+    def header(self) -> dict[str, Any]:
+        """The JSON-plain part (everything but the constant arrays)."""
+        return {"march": self.march, "inputs": list(self.inputs), "outputs": _attrs_to_json(self.outputs),
+                "instructions": [i.to_json() for i in self.instructions], "meta": _attrs_to_json(self.meta)}
+
+    @staticmethod
+    def from_header(h: Mapping[str, Any], constants: dict[str, torch.Tensor]) -> Program:
+        try:
+            prog = Program(march=str(h["march"]), inputs=[str(v) for v in h["inputs"]],
+                           outputs=_attrs_from_json(h["outputs"]),
+                           instructions=[Instruction.from_json(d) for d in h["instructions"]],
+                           constants=constants, meta=_attrs_from_json(h.get("meta", {})))
+        except (KeyError, TypeError) as e:
+            raise ProgramError(f"malformed program header: missing or wrong field {e}") from None
+        prog.validate()
+        return prog
+
+    def summary(self) -> str:
+        """One line per instruction: ``outputs = op(inputs) [engine] # source``."""
+        lines = [f"program march={self.march} inputs={self.inputs} outputs={self.outputs}"]
+        for inst in self.instructions:
+            eng = inst.attrs.get("engine")
+            tag = f" [{eng}]" if eng else ""
+            lines.append(f"  {', '.join(inst.outputs)} = {inst.op}({', '.join(inst.inputs)}){tag}  # {inst.source}")
+        return "\n".join(lines)
+
+
+def _outputs_as_refs(o: Any) -> Any:
+    if isinstance(o, str):
+        return ValueRef(o)
+    if isinstance(o, (list, tuple)):
+        return [_outputs_as_refs(x) for x in o]
+    raise ProgramError(f"program outputs must be value names or lists/tuples of them, got {o!r}")

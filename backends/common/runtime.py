@@ -1,0 +1,102 @@
+"""Run a :class:`~backends.common.program.Program` on the CPU.
+
+``CompiledModel(program)`` prepares every kernel's state once (weights in engine layout,
+float64 requantization factors), then each call walks the instruction list, freeing each
+value after its last use. Inputs are float tensors (the program's ``quantize``
+instructions apply the compiled input scales); outputs are what the converted model
+returns: float after a DeQuantStub, integer codes otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from backends.common.kernels.base import get_kernel
+from backends.common.program import Instruction, Program, refs_in
+
+__all__ = ["CompiledModel", "DEFAULT_THREADS"]
+
+#: Intra-op threads a compiled model runs with unless told otherwise.
+DEFAULT_THREADS = 2
+
+
+class CompiledModel:
+    """A callable over a Program. ``num_threads``: torch intra-op threads during a call (None: leave as is)."""
+
+    def __init__(self, program: Program, num_threads: int | None = DEFAULT_THREADS, source: str = "") -> None:
+        program.validate()
+        self.program = program
+        self.num_threads = num_threads
+        self.source = source
+        self._steps: list[tuple[Instruction, Any, Any, list[str]]] = []
+        last_use: dict[str, int] = {}
+        for i, inst in enumerate(program.instructions):
+            for v in (*inst.inputs, *refs_in(dict(inst.attrs))):
+                last_use[v] = i
+        keep = set(_flat_outputs(program.outputs))
+        frees: list[list[str]] = [[] for _ in program.instructions]
+        for v, i in last_use.items():
+            if v not in keep:
+                frees[i].append(v)
+        for inst, free in zip(program.instructions, frees, strict=True):
+            kernel = get_kernel(inst.op)
+            self._steps.append((inst, kernel.run, kernel.prepare(inst, program.constants), free))
+
+    @property
+    def march(self) -> str:
+        return self.program.march
+
+    @property
+    def input_scales(self) -> dict[str, float]:
+        """Scale of each ``quantize`` instruction fed directly by a program input."""
+        ins = set(self.program.inputs)
+        return {i.inputs[0]: float(i.attrs["scale"]) for i in self.program.instructions
+                if i.op == "quantize" and i.inputs and i.inputs[0] in ins}
+
+    def __call__(self, *inputs: Any) -> Any:
+        names = self.program.inputs
+        if len(inputs) != len(names):
+            raise TypeError(f"compiled model{self._where()} takes {len(names)} input(s), got {len(inputs)}")
+        prev = torch.get_num_threads()
+        if self.num_threads is not None and prev != self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        try:
+            with torch.no_grad():
+                env: dict[str, Any] = dict(zip(names, inputs, strict=True))
+                for inst, run, state, free in self._steps:
+                    try:
+                        outs = run(inst, [env[v] for v in inst.inputs], state)
+                    except Exception as e:
+                        raise RuntimeError(f"compiled model{self._where()}: {inst.op} for '{inst.source}' failed: {e}"
+                                           ) from e
+                    for name, val in zip(inst.outputs, outs, strict=True):
+                        env[name] = val
+                    for v in free:
+                        env.pop(v, None)
+                return _build(self.program.outputs, env)
+        finally:
+            if self.num_threads is not None and prev != self.num_threads:
+                torch.set_num_threads(prev)
+
+    def _where(self) -> str:
+        return f" '{self.source}'" if self.source else ""
+
+    def __repr__(self) -> str:
+        return (f"CompiledModel(march={self.march}, {len(self.program.instructions)} instructions, "
+                f"{len(self.program.constants)} constants{', from ' + self.source if self.source else ''})")
+
+
+def _flat_outputs(o: Any) -> list[str]:
+    if isinstance(o, str):
+        return [o]
+    return [x for e in o for x in _flat_outputs(e)]
+
+
+def _build(o: Any, env: dict[str, Any]) -> Any:
+    if isinstance(o, str):
+        return env[o]
+    if isinstance(o, tuple):
+        return tuple(_build(x, env) for x in o)
+    return [_build(x, env) for x in o]

@@ -1,0 +1,186 @@
+"""``compile_model`` (converted model -> Program -> artifact file) and ``load_compiled``.
+
+    compiled = compile_model(quantized_model, [example_input], hbm="model.hbm")   # or a jit.trace of it
+    run = qir.load_compiled("model.hbm")
+    torch.equal(run(x), quantized_model(x))   # bit-exact
+
+Accepted models: a ``convert_fx`` GraphModule, an eager ``convert`` result, or a
+``torch.jit.trace`` of either. A TorchScript trace inlines the FloatFunctional arithmetic
+into anonymous aten ops, so qir does not reverse-engineer it: ``jit.trace`` shares its
+parameter and buffer tensors with the traced module (the same tensor objects), and
+``compile_model`` finds that module among the live ``nn.Module`` objects by tensor
+identity and lowers it (docs/backends.md "Compiling a jit trace"). A trace whose module
+is gone (e.g. ``torch.jit.load``) is refused with an error saying so.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+
+from backends.common.artifact import read_program, write_program
+from backends.common.lower import lower_graph
+from backends.common.runtime import DEFAULT_THREADS, CompiledModel
+from qir.march import March, get_march
+
+__all__ = ["CompileError", "CompiledModel", "compile_model", "load_compiled"]
+
+_INPUT_SOURCES = ("ddr", "pyramid", "resizer")
+
+
+class CompileError(RuntimeError):
+    """The model cannot be compiled: illegal on the march, or not lowerable (the message says which)."""
+
+
+def _inputs(example_inputs: Any) -> tuple[Any, ...]:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, (list, tuple)):
+        return tuple(example_inputs)
+    raise TypeError(f"example_inputs must be a tensor or a list / tuple of tensors, got {type(example_inputs).__name__}")
+
+
+def traced_original(sm: torch.jit.ScriptModule) -> nn.Module:
+    """The live ``nn.Module`` that ``torch.jit.trace`` turned into ``sm`` (found by tensor identity)."""
+    state = dict(sm.named_parameters())
+    state.update(dict(sm.named_buffers()))
+    if not state:
+        raise CompileError("cannot compile this TorchScript module: it has no parameters or buffers to identify the "
+                           "module it was traced from; pass the converted module itself")
+    probe_name, probe = next(iter(state.items()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # isinstance on arbitrary heap objects can trigger deprecation shims
+        found = _scan(probe_name, probe, state)
+    if found is not None:
+        return found
+    raise CompileError(
+        "cannot compile this TorchScript module: the module it was traced from is no longer alive (qir lowers the "
+        "traced nn.Module, found by the tensors the trace shares with it). Keep the converted model and pass it, "
+        "or its torch.jit.trace, while it exists"
+    )
+
+
+def _scan(probe_name: str, probe: torch.Tensor, state: dict[str, torch.Tensor]) -> nn.Module | None:
+    for obj in gc.get_objects():
+        if not isinstance(obj, nn.Module) or isinstance(obj, torch.jit.ScriptModule):
+            continue
+        cur: Any = obj
+        for part in probe_name.split("."):
+            cur = getattr(cur, part, None)
+            if cur is None:
+                break
+        if cur is not probe:
+            continue
+        mine = dict(obj.named_parameters())
+        mine.update(dict(obj.named_buffers()))
+        if mine.keys() == state.keys() and all(mine[k] is state[k] for k in state):
+            return obj
+    return None
+
+
+def _resolve(module: nn.Module) -> tuple[nn.Module, torch.fx.Graph]:
+    from qir.quantization.fuse import trace_fx
+
+    if isinstance(module, (torch.jit.ScriptModule, torch.jit.ScriptFunction)):
+        if not isinstance(module, torch.jit.ScriptModule):
+            raise CompileError("cannot compile a TorchScript function; pass the converted module")
+        module = traced_original(module)
+    if isinstance(module, torch.fx.GraphModule):
+        return module, module.graph
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"compile_model needs a converted nn.Module or its torch.jit.trace, got {type(module).__name__}")
+    return module, trace_fx(module)
+
+
+def _march_of(module: nn.Module, march: Any) -> str:
+    if march is not None:
+        return March.parse(march).value
+    for m in module.modules():
+        found = getattr(m, "march", None)
+        if isinstance(found, str):
+            return March.parse(found).value
+    current = get_march(None)
+    if current is None:
+        raise CompileError("no march: pass march='bayes' or 'bernoulli2', or call qir.march.set_march first")
+    return March.parse(current).value
+
+
+def _check(module: nn.Module, inputs: tuple[Any, ...], march: str) -> None:
+    from qir.quantization.check import check_model
+
+    report = check_model(module, inputs[0] if len(inputs) == 1 else inputs, march=march)
+    if not report.ok:
+        lines = [f"  {v.node} ({v.module or '-'}: {v.spelling}): {v.message}" for v in report.violations]
+        raise CompileError(f"the model is not legal on {march} ({len(lines)} violation(s)); compile_model refuses "
+                           "it (check=False skips this check):\n" + "\n".join(lines))
+
+
+def compile_model(
+    module: nn.Module,
+    example_inputs: Any,
+    hbm: str | os.PathLike[str] | None = None,
+    march: Any = None,
+    opt: int | str = 2,
+    input_source: str | Sequence[str] | None = None,
+    check: bool = True,
+    name: str | None = None,
+    num_threads: int | None = DEFAULT_THREADS,
+) -> CompiledModel:
+    """Lower a converted model to a Program of integer kernels; write it to ``hbm`` when given.
+
+    ``module``: a converted GraphModule / eager module or a ``torch.jit.trace`` of one
+    (never modified). ``example_inputs``: a tensor or list of tensors (fixes the shapes
+    that some kernels' tables depend on; the batch size stays free). ``march`` defaults to
+    the modules' march, then ``qir.march.get_march()``. ``opt >= 2`` times every exact
+    engine of each conv / linear on the example inputs and keeps the fastest; ``opt`` 0/1
+    take the march's preference order. ``input_source`` (``ddr`` / ``pyramid`` /
+    ``resizer``, one per input) is recorded in the program. ``check`` runs
+    ``check_model`` first and refuses an illegal model. Returns the runnable
+    :class:`CompiledModel` (bit-exact with ``module``).
+    """
+    inputs = _inputs(example_inputs)
+    level = int(str(opt).lstrip("Oo")) if isinstance(opt, str) else int(opt)
+    sources = [input_source] * len(inputs) if isinstance(input_source, str) else list(input_source or [])
+    for s in sources:
+        if s not in _INPUT_SOURCES:
+            raise ValueError(f"input_source {s!r} is unknown; valid: {', '.join(_INPUT_SOURCES)}")
+    if sources and len(sources) != len(inputs):
+        raise ValueError(f"input_source has {len(sources)} entries for {len(inputs)} input(s)")
+    root, graph = _resolve(module)
+    march_name = _march_of(root, march)
+    if check:
+        _check(root, inputs, march_name)
+    prev = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        with torch.no_grad():
+            program = lower_graph(root, graph, inputs, march_name, level)
+    except (ValueError, TypeError, NotImplementedError, RuntimeError) as e:
+        if isinstance(e, CompileError):
+            raise
+        raise CompileError(f"lowering {type(root).__name__} for {march_name}: {e}") from e
+    finally:
+        torch.set_num_threads(prev)
+    program.meta.update({"name": name or type(root).__name__, "input_source": sources or ["ddr"] * len(inputs),
+                         "torch": torch.__version__})
+    if hbm is not None:
+        write_program(program, hbm)
+    return CompiledModel(program, num_threads=num_threads, source=str(hbm) if hbm is not None else "")
+
+
+def load_compiled(path: str | os.PathLike[str], num_threads: int | None = DEFAULT_THREADS) -> CompiledModel:
+    """The callable stored in ``path``: float inputs in, the converted model's outputs out.
+
+    Raises :class:`backends.common.artifact.ArtifactError` for a truncated, corrupted,
+    newer-version or foreign file. Loading reads data only; it never executes code from the file.
+    """
+    return CompiledModel(read_program(Path(path)), num_threads=num_threads, source=str(path))
