@@ -15,3 +15,15 @@ def __getattr__(name: str) -> object:
 
         return importlib.import_module(f"qir.{name}")
     raise AttributeError(f"module 'qir' has no attribute {name!r}")
+
+
+_base_getattr = __getattr__
+
+
+def __getattr__(name: str) -> object:  # noqa: F811
+    # qir.load_compiled: imported on first use (the runtime pulls in the kernels)
+    if name == "load_compiled":
+        from qir.quantization.compile import load_compiled
+
+        return load_compiled
+    return _base_getattr(name)

@@ -14,3 +14,6 @@ def operator_table() -> OpTable:
 
 
 register_march_table(MARCH, operator_table)
+
+# lowering rules and kernel choices (backends/bayes/lower.py)
+from backends.bayes import lower as _lower  # noqa: E402,F401

@@ -14,3 +14,6 @@ def operator_table() -> OpTable:
 
 
 register_march_table(MARCH, operator_table)
+
+# lowering rules and kernel choices (backends/bernoulli2/lower.py)
+from backends.bernoulli2 import lower as _lower  # noqa: E402,F401

@@ -44,6 +44,7 @@ __all__ = [
     "get_default_calib_qconfig", "get_default_qat_out_qconfig", "get_default_qat_qconfig", "qconfig_kind",
     "set_fake_quantize",
 ]
+from qir.quantization.check import LegalityReport, Violation, check_model  # noqa: F401  (re-exported)
 
 # -- the fx and eager flows (fuse / prepare / convert) ------------------------------------------
 from qir.quantization.convert import convert_fx
@@ -52,3 +53,8 @@ from qir.quantization.fuse import fuse_fx
 from qir.quantization.prepare import prepare_qat_fx
 
 __all__ += ["convert", "convert_fx", "fuse_fx", "fuse_known_modules", "prepare_qat", "prepare_qat_fx"]
+
+# -- compile / load: converted model -> Program -> artifact (backends.common) -------------------
+from qir.quantization.compile import CompileError, compile_model, load_compiled  # noqa: E402
+
+__all__ += ["CompileError", "compile_model", "load_compiled"]
