@@ -172,3 +172,29 @@ def test_div() -> None:
 def test_map_covers_every_qat_class() -> None:
     for cls in set(qnn.QAT_MODULE_MAP.values()):
         assert cls in QUANTIZED_MODULE_MAP, cls
+
+
+@pytest.mark.parametrize(("in_dtype", "groups"), [("qint8", 1), ("qint8", 4), ("qint16", 1)])
+def test_accumulator_is_exact_in_either_float_width(in_dtype: str, groups: int) -> None:
+    """float32 (bounded partial sums) and float64 kernels both give the exact int64 accumulator."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(64, 32, 3, padding=1, groups=groups)
+    with torch.no_grad():
+        conv.weight.uniform_(-1, 1)  # full-range int8 weights: the largest partial sums
+    m = qat.Conv2d.from_float(conv, QC8)
+    m(torch.randn(1, 64, 4, 4))
+    q = quantized.Conv2d.from_qat(m, [torch.tensor([0.01])], "bayes")
+    lo, hi = numerics.qrange(in_dtype)
+    x = numerics.saturate(torch.randint(lo, hi + 1, (2, 64, 9, 9)), in_dtype)
+    # exact reference in int64 by unfolding: sum of products of integers
+    cols = torch.nn.functional.unfold(x.to(torch.float64), 3, padding=1).to(torch.int64)  # (N, C*9, L)
+    w = q.weight.to(torch.int64)
+    cpg = 64 // groups
+    ref = torch.cat([
+        torch.einsum("ok,nkl->nol", w[g * (32 // groups):(g + 1) * (32 // groups)].reshape(32 // groups, -1),
+                     cols[:, g * cpg * 9:(g + 1) * cpg * 9])
+        for g in range(groups)
+    ], dim=1).reshape(2, 32, 9, 9) + q.bias.to(torch.int64).reshape(1, -1, 1, 1)
+    assert torch.equal(q._accumulate(x), ref)
+    if in_dtype == "qint8":
+        assert q.weight_l1_max * 128 < 2**24  # this case runs the float32 kernel

@@ -1,8 +1,10 @@
 """Quantized conv / linear modules, plain and fused, generated from the same table as the QAT ones.
 
 Integer rules (docs/semantics.md "Conv / linear", docs/modules.md "Fused conv + add"):
-the int32 accumulator is computed exactly (float64 kernels on integer values are exact
-while sums stay below 2**53), the bias is added as int32 at ``s_in * s_w[c]``
+the int32 accumulator is computed exactly: a float kernel on integer values is exact while
+every partial sum is an integer below the format's 2**24 (float32) / 2**53 (float64), in any
+summation order. float32 is used when ``max_c sum |w_c| * max|x| < 2**24`` (most int8
+layers; several times faster), float64 otherwise. The bias is added as int32 at ``s_in * s_w[c]``
 (``quantize_bias``), and the result is requantized per output channel
 (``conv_requant_params`` + ``requantize``) with ReLU / ReLU6 folded into the clamp
 (ReLU6 bound ``round(6 / s_out)``). Without an output fake quant the module returns the
@@ -57,6 +59,7 @@ class QuantizedConvBase(QuantizedModule):
     shift: torch.Tensor
     relu6_bound: torch.Tensor
     hp: dict[str, Any]
+    weight_l1_max: int  # max over output channels of sum |w|: bounds every partial sum / max|x|
     march: str
     add_multiplier: int
     add_shift: int
@@ -85,6 +88,8 @@ class QuantizedConvBase(QuantizedModule):
         s_w, w_dtype = weight_scale_of(qat)
         w_axis = qat.weight_axis if s_w.numel() > 1 else None
         self.register_buffer("weight", numerics.quantize(qat.weight.detach(), s_w, w_dtype, axis=w_axis))
+        w_abs = self.weight.to(torch.int64).abs().transpose(0, qat.weight_axis)
+        self.weight_l1_max = int(w_abs.reshape(w_abs.shape[0], -1).sum(dim=1).max())
         c_out = self._out_channels(qat)
         if s_w.numel() > 1 and s_w.numel() != c_out:  # grouped conv transpose: axis 1 holds out/groups channels
             s_w = s_w.repeat(c_out // s_w.numel())
@@ -134,8 +139,10 @@ class QuantizedConvBase(QuantizedModule):
     def _accumulate(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_floating_point():
             raise TypeError(f"{type(self).__name__} takes integer code tensors, got {x.dtype}; quantize with QuantStub")
-        xf = x.to(torch.float64)
-        w = self.weight.to(torch.float64)
+        xmax = {torch.int8: 128, torch.int16: 32768}.get(x.dtype)
+        ct = torch.float32 if xmax is not None and self.weight_l1_max * xmax < 2**24 else torch.float64
+        xf = x.to(ct)
+        w = self.weight.to(ct)
         hp = self.hp
         if self.kind == "Linear":
             y = F.linear(xf, w)

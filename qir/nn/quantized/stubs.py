@@ -43,12 +43,12 @@ class QuantStub(QuantizedModule):
 class DeQuantStub(QuantizedModule):
     """``codes * scale`` in float32, ``scale`` being the input's scale (per channel for a qint32 output)."""
 
+    axis: int | None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_floating_point():
             return x  # already float (a float segment feeds the stub)
-        s = self.scale
-        axis = None if s.numel() == 1 else -s.dim()
-        return numerics.dequantize(x, s.reshape(-1), axis=axis)
+        return numerics.dequantize(x, self.scale.reshape(-1), axis=self.axis)
 
     @classmethod
     def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any], march: Any = None) -> DeQuantStub:
@@ -56,4 +56,6 @@ class DeQuantStub(QuantizedModule):
         new = cls()
         new._set_scales(input_scales, None, None)
         new.register_buffer("scale", new.input_scale_0.clone())
+        # a per-channel scale is shaped to broadcast: its rank counts channel axis and the rest
+        new.axis = None if new.scale.numel() == 1 else -new.scale.dim()
         return new
