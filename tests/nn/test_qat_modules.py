@@ -132,3 +132,12 @@ def test_pow_exponent_is_a_constant() -> None:
     assert torch.equal(p(torch.tensor([3.0])), torch.tensor([9.0]))
     with pytest.raises(ValueError, match="exponent"):
         p(torch.tensor([3.0]), 3.0)
+
+
+def test_dropout_keeps_its_kind() -> None:
+    m = qat.Dropout.from_float(nn.Dropout2d(0.5))
+    torch.manual_seed(0)
+    y = m(torch.ones(4, 16, 3, 3))
+    per_channel = y.reshape(4, 16, 9)
+    assert bool(((per_channel == 0).all(-1) | (per_channel != 0).all(-1)).all())  # whole channels dropped
+    assert torch.equal(m.eval()(torch.ones(2, 3)), torch.ones(2, 3))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from qir.nn.modules.binary import Div as FloatDiv
@@ -30,18 +32,38 @@ class Identity(QATModule, nn.Identity):
         return new
 
 
-class Dropout(QATModule, nn.Dropout):
-    """Dropout in training (any of torch's dropout classes), identity in eval and when quantized."""
+_DROPOUTS: dict[type[nn.Module], Callable[..., torch.Tensor]] = {
+    nn.Dropout: F.dropout, nn.Dropout1d: F.dropout1d, nn.Dropout2d: F.dropout2d, nn.Dropout3d: F.dropout3d,
+}
+
+
+class Dropout(QATModule):
+    """Dropout in training with the float module's kind (element or channel dropout); identity in
+    eval and when quantized. Dropping keeps values on the grid only up to the ``1/(1-p)`` rescale,
+    which the next fake quant absorbs."""
 
     scale_preserving: ClassVar[bool] = True
 
+    def __init__(self, p: float = 0.5, kind: type[nn.Module] = nn.Dropout) -> None:
+        super().__init__()
+        if kind not in _DROPOUTS:
+            raise ValueError(f"Dropout kind must be one of {', '.join(k.__name__ for k in _DROPOUTS)}")
+        self.p, self.kind = float(p), kind
+        self.activation_post_process = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _DROPOUTS[self.kind](x, self.p, self.training)
+
     @classmethod
     def from_float(cls, mod: nn.Module, qconfig: QConfig | None = None) -> Dropout:
-        p = float(getattr(mod, "p", 0.5))
-        new = cls(p=p)
-        new.activation_post_process = None
+        if type(mod) not in _DROPOUTS:
+            raise TypeError(f"Dropout.from_float takes one of torch's dropout modules, got {type(mod).__name__}")
+        new = cls(float(getattr(mod, "p", 0.5)), type(mod))
         new.train(mod.training)
         return new
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, kind={self.kind.__name__}"
 
 
 class Div(QATModule):
