@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from qir.ir.graph import Graph, Node, Value
-from qir.ir.op import OP_REGISTRY, ModuleOp, Op, ShapePreserving, Transparent, resolve
+from qir.ir.op import OP_REGISTRY, ModuleOp, Op, Transparent, resolve
 from qir.ir.ops.attention import MultiheadAttention
 from qir.ir.ops.core import Call, Constant, GetAttr, GetItem
 from qir.ir.ops.elementwise import Add, BinaryOp, Relu, Relu6
@@ -101,25 +101,43 @@ def _module_lineage(cls: type) -> list[type]:
     return seen
 
 
-def _replacement_index(table: Any) -> dict[str, Any]:
-    """Eager replacement name -> the one row it replaces (names replacing several rows,
-    like FloatFunctional, are left out: they say nothing about a single call)."""
-    index: dict[str, list[Any]] = {}
+@attrs.frozen
+class _TableIndex:
+    """Lookups :func:`row_for_module_class` needs besides ``table.get``, built once per table."""
+
+    #: eager replacement name -> the one row it replaces (names replacing several rows,
+    #: like FloatFunctional, say nothing about a single call and are left out)
+    replacements: dict[str, Any]
+    #: lowercased spelling -> row: the source spells some classes differently from torch
+    #: (``torch.nn.HardSigmoid`` for ``torch.nn.Hardsigmoid``)
+    folded: dict[str, Any]
+
+
+_INDEXES: dict[int, tuple[Any, _TableIndex]] = {}
+
+
+def _index(table: Any) -> _TableIndex:
+    hit = _INDEXES.get(id(table))
+    if hit is not None and hit[0] is table:
+        return hit[1]
+    repl: dict[str, list[Any]] = {}
+    folded: dict[str, Any] = {}
     for entry in table:
         for name in getattr(entry, "eager_replacement", ()):
-            index.setdefault(name, []).append(entry)
-    return {k: v[0] for k, v in index.items() if len(v) == 1}
+            repl.setdefault(name, []).append(entry)
+        folded.setdefault(entry.spelling.lower(), entry)
+    index = _TableIndex({k: v[0] for k, v in repl.items() if len(v) == 1}, folded)
+    _INDEXES[id(table)] = (table, index)  # the table is kept alive with its index, so ids stay unique
+    return index
 
 
 def row_for_module_class(table: Any, cls: type) -> Any | None:
-    """The table row of a module class: by its own spelling, a base class's, or as the
-    eager replacement of exactly one row (``qir.quantization.QuantStub``)."""
-    replacements = _replacement_index(table)
+    """The table row of a module class: by its own spelling (case-insensitively), a base
+    class's, or as the eager replacement of exactly one row (``qir.quantization.QuantStub``)."""
+    index = _index(table)
     for c in _module_lineage(cls):
         for s in class_spellings(c):
-            entry = table.get(s)
-            if entry is None:
-                entry = replacements.get(s)
+            entry = table.get(s) or index.replacements.get(s) or index.folded.get(s.lower())
             if entry is not None:
                 return entry
     return None
@@ -164,13 +182,20 @@ class Subject:
         return self.op.name if self.op is not None else self.node.op.name
 
 
+_BY_MODULE: tuple[int, dict[type, type[ModuleOp]]] = (-1, {})
+
+
 def _module_op_classes() -> dict[type, type[ModuleOp]]:
-    out: dict[type, type[ModuleOp]] = {}
-    for cls in OP_REGISTRY.values():
-        if issubclass(cls, ModuleOp):
-            for t in cls.module_types:
-                out.setdefault(t, cls)
-    return out
+    """Module class -> the registered op built from it (rebuilt when the registry grows)."""
+    global _BY_MODULE
+    if _BY_MODULE[0] != len(OP_REGISTRY):
+        out: dict[type, type[ModuleOp]] = {}
+        for cls in OP_REGISTRY.values():
+            if issubclass(cls, ModuleOp):
+                for t in cls.module_types:
+                    out.setdefault(t, cls)
+        _BY_MODULE = (len(OP_REGISTRY), out)
+    return _BY_MODULE[1]
 
 
 def _tensor_type(t: Any) -> TensorType | None:
@@ -291,6 +316,8 @@ def _module_class_of(subject: Subject) -> type | None:
         return None
     if len(op.module_types) == 1:
         return op.module_types[0]
+    if op in _CLASS_OF_OP:
+        return _CLASS_OF_OP[op]
     params = op.module_params(subject.node.operands)
     tensors = {
         role: torch.empty(v.type.shape, dtype=v.type.dtype.to_torch(), device="meta")
@@ -298,9 +325,14 @@ def _module_class_of(subject: Subject) -> type | None:
         if isinstance(v.type, TensorType)
     }
     try:
-        return type(op.to_module(tensors))
+        cls: type | None = type(op.to_module(tensors))
     except Exception:  # an op that cannot rebuild its module: the caller falls back to the op's rows
-        return None
+        cls = None
+    _CLASS_OF_OP[op] = cls  # the class depends on the op's attributes, not on tensor shapes
+    return cls
+
+
+_CLASS_OF_OP: dict[Op, type | None] = {}
 
 
 def rows_for(table: Any, subject: Subject) -> tuple[tuple[Any, ...], str]:
@@ -373,13 +405,12 @@ def skip_reason(node: Node, graph: Graph) -> str | None:
         return "element of a sequence"  # the producer of the sequence is checked
     if not _tensor_result(node.type):
         return "no tensor result"
-    if (
-        op.has_trait(Transparent)
-        and node.operands
-        and node.type == node.operands[0].type
-        and (not op.attributes() or (op.has_trait(ShapePreserving) and not graph.training))
-    ):
-        return "transparent"  # identity, contiguous, eval-mode dropout: optimized out
+    if op.has_trait(Transparent) and node.operands and node.type == node.operands[0].type:
+        # identity / contiguous (no attributes) and mode-dependent ops outside training
+        # (dropout, stochastic depth): the tables' "transparent operators ... optimized out"
+        training = getattr(op, "training", True)
+        if not op.attributes() or training is False or (training is None and not graph.training):
+            return "transparent"
     return None
 
 
@@ -452,7 +483,7 @@ def compute_domains(graph: Graph, boundaries: dict[Node, str], assumed: str) -> 
         elif isinstance(node.op, Constant):
             dom.quantized[node] = True  # weights are quantized with whatever uses them
         else:
-            data = [v for v in node.operands if not isinstance(v.op if isinstance(v, Node) else None, Constant)]
+            data = [v for v in node.operands if not (isinstance(v, Node) and isinstance(v.op, Constant))]
             dom.quantized[node] = any(dom.quantized.get(v, False) for v in data)
     return dom
 
@@ -581,7 +612,7 @@ def _op_facts(op: Op, x: TensorType | None, out: TensorType | None) -> dict[str,
         f["mode"] = op.mode
     elif isinstance(op, Reduction) and x is not None:
         dims = op.dim
-        dims = tuple(range(x.rank)) if dims is None else (dims if isinstance(dims, tuple) else (dims,))
+        dims = tuple(range(x.rank)) if dims is None else (tuple(dims) if isinstance(dims, (tuple, list)) else (dims,))
         if all(isinstance(d, int) for d in dims):
             f["reduce_dims"] = tuple(sorted(d % max(x.rank, 1) for d in dims))
     elif isinstance(op, LayerNorm):

@@ -168,7 +168,39 @@ def test_non_compute_nodes_are_skipped() -> None:
     assert reasons["split"] is None and reasons["mul"] is None
 
 
+def test_mode_dependent_transparent_ops_follow_the_graph_mode() -> None:
+    from qir.ir import TensorType
+    from qir.ir.ops.vision import StochasticDepth
+
+    for training, graph_training, skipped in [(False, True, True), (None, False, True), (None, True, False),
+                                               (True, False, False)]:
+        g = Graph()
+        g.training = graph_training
+        x = g.add_input("x", TensorType((1, 2, 3, 3)))
+        n = g.add_node(StochasticDepth(p=0.2, training=training), [x], TensorType((1, 2, 3, 3)))
+        g.set_output(n)
+        assert (skip_reason(n, g) == "transparent") is skipped
+
+
+def test_reduce_dims_given_as_a_list() -> None:
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.mean([2, 3])
+
+    g = trace(M(), torch.randn(1, 4, 3, 3))
+    assert _facts(g, "mean")["reduce_dims"] == (2, 3)
+    (f,) = _run(g, "legalize{march=bernoulli2}").errors
+    assert (f.rule, f.actual) == ("Supports channel-wise mean only.", (2, 3))
+
+
 # ----------------------------------------------------------------------------- rows
+
+
+def test_spellings_match_case_insensitively() -> None:
+    # the source spells torch.nn.Hardsigmoid as torch.nn.HardSigmoid
+    g = trace(nn.Sequential(nn.Hardsigmoid()), torch.randn(1, 2, 2, 2))
+    (f,) = _run(g, "legalize{march=bernoulli2}").errors
+    assert (f.kind, f.spelling) == (UNSUPPORTED, "torch.nn.HardSigmoid")
 
 
 def test_batch_norm_rows_follow_the_module_class() -> None:
