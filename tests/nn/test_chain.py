@@ -75,3 +75,24 @@ def test_fused_add_chain_matches_qat_codes() -> None:
     out = cf(cx(x), cy(y))
     want = numerics.quantize(ref, cf.scale, "qint8")
     assert int((out.to(torch.int64) - want.to(torch.int64)).abs().max()) <= 1
+
+
+def test_qat_and_quantized_modules_pickle() -> None:
+    import io
+
+    import qir.nn as qnn
+
+    layers = [qnn.Exp(), nn.Sigmoid(), ConvAddReLU2d(nn.Conv2d(2, 2, 1))]
+    for fl in layers:
+        m = QAT_MODULE_MAP[type(fl)].from_float(fl, QC8)  # type: ignore[attr-defined]
+        args = [torch.randn(1, 2, 3, 3)] * (2 if isinstance(fl, ConvAddReLU2d) else 1)
+        m(*args)
+        q = QUANTIZED_MODULE_MAP[type(m)].from_qat(m, [torch.tensor([0.05])] * len(args), "bayes")  # type: ignore[attr-defined]
+        for obj in (m, q):
+            buf = io.BytesIO()
+            torch.save(obj, buf)
+            buf.seek(0)
+            back = torch.load(buf, weights_only=False)
+            assert type(back) is type(obj)
+        codes = [numerics.quantize(a, 0.05, "qint8") for a in args]
+        assert torch.equal(back(*codes), q(*codes))
