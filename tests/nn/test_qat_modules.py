@@ -141,3 +141,10 @@ def test_dropout_keeps_its_kind() -> None:
     per_channel = y.reshape(4, 16, 9)
     assert bool(((per_channel == 0).all(-1) | (per_channel != 0).all(-1)).all())  # whole channels dropped
     assert torch.equal(m.eval()(torch.ones(2, 3)), torch.ones(2, 3))
+
+
+def test_fused_module_takes_its_conv_childs_qconfig() -> None:
+    conv = nn.Conv2d(2, 2, 1)
+    conv.qconfig = QC8  # type: ignore[assignment]
+    fused = qnn.intrinsic.ConvReLU2d(conv)
+    assert qat.ConvReLU2d.from_float(fused).qconfig is QC8

@@ -77,6 +77,8 @@ class QATConvBase(QATModule):
         if type(mod) is not want:
             raise TypeError(f"{cls.__name__}.from_float takes a {want.__name__}, got {type(mod).__name__}")
         conv: Any = mod.conv if isinstance(mod, FusedModule) else mod
+        if qconfig is None and getattr(mod, "qconfig", None) is None:
+            qconfig = getattr(conv, "qconfig", None)  # a fused module may carry it on its conv child
         qc = resolve_qconfig(mod, qconfig, cls.__name__)
         new = cls(**_ctor_kwargs(conv), qconfig=qc)
         with torch.no_grad():
