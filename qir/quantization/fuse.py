@@ -39,7 +39,7 @@ from qir.frontend.convert import MODULE_ORDER_KEY, _Converter, propagate
 from qir.frontend.emit import emit
 from qir.frontend.tracer import QirTracer, TraceError, patch_float_functional, trace_error
 from qir.ir.graph import Graph, Node
-from qir.ir.op import Ref
+from qir.ir.op import ModuleOp, Ref
 from qir.ir.ops.core import Call, Constant
 from qir.ir.ops.elementwise import BinaryOp
 from qir.ir.ops.nn import ConvNd, ConvTransposeNd, Linear
@@ -327,11 +327,23 @@ def _torch_target(n: Node) -> Any:
     return funcs[0] if funcs else n.op.name
 
 
+#: parameter-free ops that compute new values (own output scale): a functional call becomes a
+#: generated module of the op's module type, so prepare can swap it for its QAT class
+MODULE_FUNCTIONALS = frozenset({"avg_pool2d", "adaptive_avg_pool2d"})
+
+
 def _replace_functionals(g: Graph, owners: Mapping[str, str], methods: frozenset[str], alloc: NameAllocator,
                          record: FuseRecord) -> None:
     ff_cls = float_functional_class()
     for n in g.nodes:
         if n.scope is not None or isinstance(n.op, (Call, Constant)):
+            continue
+        if methods is ALL_FUNCTIONALS and n.op.name in MODULE_FUNCTIONALS and isinstance(n.op, ModuleOp) \
+                and not n.op.param_roles():
+            path = alloc.new(owners.get(n.name, ""), n.op.name)
+            n.scope = path  # emit builds op.to_module() there
+            record.generated[path] = _torch_target(n)
+            record.sources[path] = [path]
             continue
         method = ff_method_for(n)
         if method is None or method not in methods or not hasattr(ff_cls, method):

@@ -1,0 +1,202 @@
+"""Real QAT on scikit-learn's digits: float, calibration-only, QAT and converted (integer) accuracy.
+
+A small residual CNN on the 8x8 digits (1,797 images, fixed 75/25 split) goes through the
+seed 003 flow for each march: float training, ``prepare_qat_fx`` with the calibration
+qconfig and a calibration pass, ``prepare_qat_fx`` again with QAT qconfigs (last layer
+high-precision), QAT fine-tuning, ``convert_fx``. Prints one table row per march:
+
+    march       float  calib   QAT  converted  QAT~conv argmax
+    bayes       ...
+
+and checks the converted accuracy is within 1 point of float and that the QAT and
+converted models agree on >= 99.5% of test predictions (exit status 1 otherwise).
+
+    python benchmarks/digits_accuracy.py [--epochs 30] [--qat-epochs 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.ao.quantization import DeQuantStub
+
+from qir.march import march_scope
+from qir.quantization import (
+    QuantStub,
+    convert_fx,
+    get_default_calib_qconfig,
+    get_default_qat_out_qconfig,
+    get_default_qat_qconfig,
+    prepare_qat_fx,
+    set_fake_quantize,
+)
+
+
+class DigitsCNN(nn.Module):
+    """conv-bn-relu, a residual conv-bn + add + relu, max pool, conv-bn-relu, global mean, linear."""
+
+    def __init__(self, width: int = 16, classes: int = 10) -> None:
+        super().__init__()
+        self.quant = QuantStub(scale=1 / 128)  # inputs in [-1, 1], as camera data at 1/128
+        self.conv0 = nn.Conv2d(1, width, 3, padding=1)
+        self.bn0 = nn.BatchNorm2d(width)
+        self.conv1 = nn.Conv2d(width, width, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.pool = nn.MaxPool2d(2)
+        self.conv2 = nn.Conv2d(width, 2 * width, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(2 * width)
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(2 * width, classes)
+        self.dequant = DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.quant(x)
+        x = F.relu(self.bn0(self.conv0(x)))
+        x = F.relu(self.bn1(self.conv1(x)) + x)
+        x = self.pool(x)
+        x = F.relu(self.bn2(self.conv2(x)))
+        x = torch.flatten(self.gap(x), 1)
+        return self.dequant(self.fc(x))
+
+
+def digits(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """8x8 digits in [-1, 1]; a fixed shuffled 75/25 split."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 8.0 - 1.0
+    y = torch.tensor(d.target, dtype=torch.int64)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    n_test = len(y) // 4
+    return x[perm[n_test:]], y[perm[n_test:]], x[perm[:n_test]], y[perm[:n_test]]
+
+
+def _batches(x: torch.Tensor, y: torch.Tensor, size: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    return [(x[perm[i:i + size]], y[perm[i:i + size]]) for i in range(0, len(y), size)]
+
+
+def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float, seed: int) -> None:
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for epoch in range(epochs):
+        for xb, yb in _batches(x, y, 64, seed + epoch):
+            loss = F.cross_entropy(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+
+@torch.no_grad()
+def predict(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    model.eval()
+    return model(x).argmax(1)
+
+
+def accuracy(pred: torch.Tensor, y: torch.Tensor) -> float:
+    return 100.0 * float((pred == y).float().mean())
+
+
+@dataclass
+class Row:
+    march: str
+    float_acc: float
+    calib_acc: float
+    qat_acc: float
+    converted_acc: float
+    agreement: float  # % of test images where QAT and converted argmax agree
+    seconds: float
+
+
+def run_march(march: str, float_model: nn.Module, data: tuple[torch.Tensor, ...], qat_epochs: int,
+              seed: int = 0) -> Row:
+    x_tr, y_tr, x_te, y_te = data
+    t0 = time.perf_counter()
+    with march_scope(march):
+        calib = prepare_qat_fx(float_model, {"": get_default_calib_qconfig()})
+        calib.eval()
+        with torch.no_grad():
+            for xb, _ in _batches(x_tr, y_tr, 128, seed):
+                calib(xb)
+        set_fake_quantize(calib, "validation")  # evaluate the calibrated scales (observers frozen)
+        calib_acc = accuracy(predict(calib, x_te), y_te)
+        set_fake_quantize(calib, "calibration")
+        qat_model = prepare_qat_fx(calib, {"": get_default_qat_qconfig(),
+                                           "module_name": {"fc": get_default_qat_out_qconfig()}})
+        train(qat_model, x_tr, y_tr, qat_epochs, lr=1e-4, seed=seed + 1000)
+        qat_pred = predict(qat_model, x_te)
+        converted = convert_fx(qat_model)
+        conv_pred = predict(converted, x_te)
+    return Row(
+        march=march,
+        float_acc=accuracy(predict(float_model, x_te), y_te),
+        calib_acc=calib_acc,
+        qat_acc=accuracy(qat_pred, y_te),
+        converted_acc=accuracy(conv_pred, y_te),
+        agreement=accuracy(conv_pred, qat_pred),
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def run(epochs: int = 30, qat_epochs: int = 5, marches: tuple[str, ...] = ("bayes", "bernoulli2"),
+        seed: int = 0) -> list[Row]:
+    torch.manual_seed(seed)
+    data = digits(seed)
+    float_model = DigitsCNN()
+    train(float_model, data[0], data[1], epochs, lr=3e-3, seed=seed)
+    float_model.eval()
+    return [run_march(m, float_model, data, qat_epochs, seed) for m in marches]
+
+
+def table(rows: list[Row]) -> str:
+    lines = [f"{'march':<11} {'float':>6} {'calib':>6} {'QAT':>6} {'converted':>9} {'QAT~conv argmax':>16}"]
+    for r in rows:
+        lines.append(f"{r.march:<11} {r.float_acc:6.2f} {r.calib_acc:6.2f} {r.qat_acc:6.2f} "
+                     f"{r.converted_acc:9.2f} {r.agreement:15.2f}%")
+    return "\n".join(lines)
+
+
+def check(rows: list[Row], max_drop: float = 1.0, min_agreement: float = 99.5) -> list[str]:
+    """Failed requirements (empty when all hold)."""
+    bad = []
+    for r in rows:
+        if r.float_acc - r.converted_acc > max_drop:
+            bad.append(f"{r.march}: converted {r.converted_acc:.2f}% is more than {max_drop} below float "
+                       f"{r.float_acc:.2f}%")
+        if r.agreement < min_agreement:
+            bad.append(f"{r.march}: QAT and converted agree on {r.agreement:.2f}% < {min_agreement}%")
+    return bad
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--qat-epochs", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = run(args.epochs, args.qat_epochs, seed=args.seed)
+    print(table(rows))
+    if args.json:
+        out: dict[str, Any] = {"rows": [asdict(r) for r in rows], "epochs": args.epochs,
+                               "qat_epochs": args.qat_epochs, "seed": args.seed}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    bad = check(rows)
+    for b in bad:
+        print("FAIL:", b)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
