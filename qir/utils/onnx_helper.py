@@ -13,6 +13,7 @@ import copy
 import logging
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import IO, Any
@@ -60,8 +61,7 @@ class _OnnxFakeQuantize(FakeQuantize):
         return out
 
 
-def _prepare_fake_quant(fq: FakeQuantize, name: str) -> None:
-    """Switch ``fq`` (of the export copy) to the export op, with ONNX-shaped scale and zero point."""
+def _check_fake_quant(fq: FakeQuantize, name: str) -> None:
     storage = _STORAGE.get(fq.dtype)
     if storage is None:
         raise NotImplementedError(f"fake quant {name!r}: dtype {fq.dtype.name} has no ONNX QuantizeLinear mapping")
@@ -73,23 +73,87 @@ def _prepare_fake_quant(fq: FakeQuantize, name: str) -> None:
         )
     if fq.fake_quant_enabled and fq.scale.numel() == 0:
         raise RuntimeError(f"fake quant {name!r} has no per-channel scale yet: observe a batch before exporting")
+
+
+def _switch_fake_quant(fq: FakeQuantize) -> None:
+    """Switch ``fq`` (of the export copy) to the export op, with ONNX-shaped scale and zero point."""
     # ONNX wants a scalar scale per tensor and a 1-D one per channel; the zero point's type is the
     # quantized type. Both are buffers, so they become initializers named after the fake quant.
     scale = fq.scale.detach().to(torch.float32)
     fq.scale = scale.reshape(()) if fq.ch_axis is None else scale.reshape(-1)
-    fq.zero_point = torch.zeros(fq.scale.shape, dtype=storage, device=scale.device)
+    fq.zero_point = torch.zeros(fq.scale.shape, dtype=_STORAGE[fq.dtype], device=scale.device)
     fq.__class__ = _OnnxFakeQuantize
 
 
-def _export_copy(model: nn.Module) -> nn.Module:
+def _weight_pairs(model: nn.Module) -> list[tuple[nn.Parameter, FakeQuantize]]:
+    """(weight, its enabled fake quant) of the QAT modules: ``m.weight_fake_quant(m.weight)``."""
+    pairs, seen = [], set()
+    for m in model.modules():
+        w, fq = getattr(m, "weight", None), getattr(m, "weight_fake_quant", None)
+        if isinstance(w, nn.Parameter) and isinstance(fq, FakeQuantize) and fq.fake_quant_enabled and id(w) not in seen:
+            if fq.scale.numel() > 0:
+                seen.add(id(w))
+                pairs.append((w, fq))
+    return pairs
+
+
+def _direct_pairs(
+    model: nn.Module,
+    pairs: list[tuple[nn.Parameter, FakeQuantize]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+) -> list[tuple[nn.Parameter, FakeQuantize]]:
+    """The pairs whose fake quant receives the weight itself (not, say, a BN-folded weight) on the example input."""
+    seen: dict[int, list[bool]] = {id(fq): [] for _, fq in pairs}
+    handles = []
+    for w, fq in pairs:
+
+        def hook(mod: nn.Module, inputs: tuple[Any, ...], w: nn.Parameter = w) -> None:
+            seen[id(mod)].append(bool(inputs) and inputs[0] is w)
+
+        handles.append(fq.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            model(*args, **(kwargs or {}))
+    finally:
+        for h in handles:
+            h.remove()
+    return [(w, fq) for w, fq in pairs if seen[id(fq)] and all(seen[id(fq)])]
+
+
+def _preround_weights(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> int:
+    """Store each fake-quantized weight as qir's fake-quantized value (in the export copy).
+
+    ``w / scale`` is then an integer to well within half a code, so the exported Q/DQ reproduces
+    qir's weight codes exactly, including the ties where ONNX's half-to-even rounding would
+    differ (an observed channel's own extreme sits at -127.5). Done only where the fake quant is
+    seen receiving the weight parameter itself. Returns how many weights were pre-rounded.
+    """
+    pairs = _weight_pairs(model)
+    if pairs:
+        pairs = _direct_pairs(model, pairs, args, kwargs)
+    with torch.no_grad():
+        for w, fq in pairs:
+            w.copy_(fake_quantize(w, fq.scale, fq.dtype, fq.ch_axis))
+    return len(pairs)
+
+
+def _export_copy(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> nn.Module:
     try:
         dup = copy.deepcopy(model)
     except Exception as e:
         raise TypeError(f"export_to_onnx exports a deep copy of the model, and copying failed: {e}") from e
+    dup.eval()
     for name, m in dup.named_modules():
         if isinstance(m, FakeQuantize):
-            _prepare_fake_quant(m, name)
-    return dup.eval()
+            # no observing from here on: the export must carry the model's scales as they are
+            m.disable_observer()
+            _check_fake_quant(m, name)
+    _preround_weights(dup, args, kwargs)
+    for m in dup.modules():
+        if isinstance(m, FakeQuantize):
+            _switch_fake_quant(m)
+    return dup
 
 
 # -- the ONNX side --------------------------------------------------------------------------
@@ -202,13 +266,16 @@ def _split_args(args: Any) -> tuple[tuple[Any, ...], dict[str, Any] | None]:
 
 @contextmanager
 def _quiet_exporter(verbose: bool) -> Iterator[None]:
-    # The exporter logs a warning per optional torchvision op it cannot register; noise for qir users.
+    # The exporter logs a warning per optional torchvision op it cannot register: noise for qir users.
     logger = logging.getLogger("torch.onnx._internal.exporter._registration")
     old = logger.level
     if not verbose:
         logger.setLevel(logging.ERROR)
     try:
-        yield
+        with warnings.catch_warnings():
+            # torch's exporter trips its own pytree deprecation; not actionable for the caller
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            yield
     finally:
         logger.setLevel(old)
 
@@ -268,7 +335,7 @@ def export_to_onnx(
     _check_mode_args(training, operator_export_type, custom_opsets)
     opset = _check_opset_args(opset_version, model)
     pos, kwargs = _split_args(args)
-    dup = _export_copy(model)
+    dup = _export_copy(model, pos, kwargs)
     with torch.no_grad(), _quiet_exporter(verbose):
         program = torch.onnx.export(
             dup,
