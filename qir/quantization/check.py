@@ -75,6 +75,8 @@ class Violation:
     bound: Any
     message: str
     advice: tuple[str, ...] = ()
+    #: The node's facts the rule reads (all facts for unknown nodes), for ``advice >= 2``.
+    facts: dict[str, Any] = attrs.field(factory=dict, eq=False)
 
     @property
     def ok(self) -> bool | None:
@@ -172,6 +174,8 @@ class LegalityReport:
         for f, line in zip(items, table[1:], strict=True):
             out.append(line)
             out += [f"      fix: {a}" for a in f.advice]
+            if self.advice >= 2 and f.facts:
+                out.append("      facts: " + ", ".join(f"{k}={_show(v)}" for k, v in sorted(f.facts.items())))
         return out
 
     def _advisory_rows(self, items: Sequence[Violation]) -> list[str]:
@@ -448,9 +452,10 @@ register_module_view(qir_module_view)
 
 
 def _to_violation(f: Finding, table: Any, advice: int) -> Violation:
+    shown = f.facts if not f.fields else {k: f.facts[k] for k in f.fields if k in f.facts}
     return Violation(
         kind=f.kind, node=f.node, module=f.scope, op=f.op, spelling=f.spelling, rule=f.rule, check=f.check,
-        actual=f.actual, bound=f.bound, message=f.message, advice=advise(f, table) if advice else (),
+        actual=f.actual, bound=f.bound, message=f.message, advice=advise(f, table) if advice else (), facts=shown,
     )
 
 

@@ -104,6 +104,11 @@ def test_report_prints_an_aligned_table_with_fixes(
     assert "hybrid_dict={'module_name': ['fc']}" in text
 
 
+def test_advice_level_2_shows_the_facts_read(capsys: pytest.CaptureFixture[str]) -> None:
+    check_model(nn.Sequential(nn.AvgPool2d(8)), torch.randn(1, 2, 8, 8), march="bernoulli2", advice=2)
+    assert "      facts: kernel=(8, 8)" in capsys.readouterr().out
+
+
 def test_no_advice_no_print(tiny: tuple[nn.Module, torch.Tensor], capsys: pytest.CaptureFixture[str]) -> None:
     model, x = tiny
     report = check_model(model, x, march="bernoulli2")
