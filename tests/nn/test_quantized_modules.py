@@ -50,7 +50,11 @@ def test_trace_and_buffers(case: Case) -> None:
         assert rt.q_out.dtype == rt.q_in[0].dtype
 
 
-@pytest.mark.parametrize("name", ["ReLU", "MaxPool2d", "Interpolate-nearest", "AvgPool2d"])
+_INT16_CASES = ["ReLU", "MaxPool2d", "Interpolate-nearest", "AvgPool2d", "AdaptiveAvgPool2d", "Conv2d", "ConvAddReLU2d",
+                 "Linear", "Interpolate-bilinear", "Interpolate-align"]
+
+
+@pytest.mark.parametrize("name", _INT16_CASES)
 def test_int16_inputs(name: str) -> None:
     case = next(c for c in ALL_CASES if c.name == name)
     rt = _trip(case, qconfig=QC16, in_dtype="qint16")

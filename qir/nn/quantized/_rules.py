@@ -172,8 +172,12 @@ def avg_pool_params(
 
 
 def bilinear_weight_bits(in_dtype: torch.dtype) -> int:
-    """Fraction bits of the bilinear weights: 12 for int8 input, 16 for int16 (int64 headroom)."""
-    return 12 if in_dtype == torch.int8 else 16
+    """Fraction bits ``B`` of the bilinear weights: 12 for int8 input, 15 for int16.
+
+    ``B = 15`` keeps the requantization in int64: ``|acc| <= 2**15 * 2**30``, times a 15-bit
+    multiplier is ``2**60``, and the rounding term of a shift up to ``31 + 30`` is ``2**60``.
+    """
+    return 12 if in_dtype == torch.int8 else 15
 
 
 def bilinear_taps(

@@ -1,10 +1,11 @@
 """Quantized Interpolate: nearest copies codes (exact); bilinear uses fixed-point weights.
 
 Bilinear rule (docs/modules.md "Bilinear interpolation"): per axis, source indices and
-weights ``w0 + w1 = 2**B`` (``B = 12`` for qint8 input, 16 for qint16) from
+weights ``w0 + w1 = 2**B`` (``B = 12`` for qint8 input, 15 for qint16) from
 :func:`qir.nn.quantized._rules.bilinear_taps`; ``acc = sum w_y * w_x * q`` exactly in
-int64 at scale ``s_in / 2**(2B)``; ``out = requantize(acc, M, shift)`` for the ratio
-``s_in / (2**(2B) * s_out)``.
+int64 at scale ``s_in / 2**(2B)``; ``out = requantize(acc, M, k + 2B)`` with
+``(M, k) = requant_params(s_in, s_out)``: the weights' ``2**-2B`` folds into the shift, so the
+multiplier keeps its full precision.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch import nn
 from backends.common import numerics
 from qir.nn.qat.interpolate import Interpolate as QATInterpolate
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
-from qir.nn.quantized._rules import bilinear_taps, bilinear_weight_bits, check_out_dtype, ratio_params
+from qir.nn.quantized._rules import bilinear_taps, bilinear_weight_bits, check_out_dtype
 
 __all__ = ["Interpolate"]
 
@@ -33,10 +34,8 @@ class Interpolate(QuantizedModule):
     mode: str
     align_corners: bool | None
     recompute_scale_factor: bool | None
-    mult8: int
-    shift8: int
-    mult16: int
-    shift16: int
+    multiplier: int
+    shift: int
 
     def _out_size(self, h: int, w: int) -> tuple[int, int, float | None, float | None]:
         if self.size is not None:
@@ -63,9 +62,8 @@ class Interpolate(QuantizedModule):
         q = x.to(torch.int64)
         rows = q[..., hi0, :] * hw0[:, None] + q[..., hi1, :] * hw1[:, None]
         acc = rows[..., wi0] * ww0 + rows[..., wi1] * ww1
-        mult, shift = (self.mult8, self.shift8) if bits == 12 else (self.mult16, self.shift16)
         assert self.dtype is not None
-        return numerics.requantize(acc, mult, shift, self.dtype)
+        return numerics.requantize(acc, self.multiplier, self.shift + 2 * bits, self.dtype)
 
     @classmethod
     def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any], march: Any) -> Interpolate:
@@ -83,9 +81,6 @@ class Interpolate(QuantizedModule):
         new._set_scales(input_scales, fq.scale.detach(), fq.dtype)
         mname = march_name(march)
         check_out_dtype(mname, fq.dtype, "Interpolate")
-        s_in, s_out = new.per_tensor_input(0), float(new.scale[0])
-        for bits, tag in ((12, "8"), (16, "16")):
-            m, s = ratio_params(s_in / (2.0 ** (2 * bits) * s_out), mname)
-            setattr(new, f"mult{tag}", int(m))
-            setattr(new, f"shift{tag}", int(s))
+        m, s = numerics.requant_params(new.per_tensor_input(0), float(new.scale[0]), mname, fq.dtype)
+        new.multiplier, new.shift = int(m), int(s)
         return new
