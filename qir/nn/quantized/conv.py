@@ -80,11 +80,16 @@ class QuantizedConvBase(QuantizedModule):
         self._set_scales(input_scales, None, None, 2 if self.has_add else 1)
         s_in = self.per_tensor_input(0)
         m: Any = qat
-        self.hp = {"stride": getattr(m, "stride", None), "padding": getattr(m, "padding", None),
-                                   "dilation": getattr(m, "dilation", None), "groups": getattr(m, "groups", 1),
-                                   "output_padding": getattr(m, "output_padding", None),
-                                   "padding_mode": getattr(m, "padding_mode", "zeros"),
-                                   "reversed_padding": getattr(m, "_reversed_padding_repeated_twice", None)}
+        # conv hyperparameters (absent on Linear); plain attributes, constant under tracing
+        self.hp = {
+            "stride": getattr(m, "stride", None),
+            "padding": getattr(m, "padding", None),
+            "dilation": getattr(m, "dilation", None),
+            "groups": getattr(m, "groups", 1),
+            "output_padding": getattr(m, "output_padding", None),
+            "padding_mode": getattr(m, "padding_mode", "zeros"),
+            "reversed_padding": getattr(m, "_reversed_padding_repeated_twice", None),
+        }
         s_w, w_dtype = weight_scale_of(qat)
         w_axis = qat.weight_axis if s_w.numel() > 1 else None
         self.register_buffer("weight", numerics.quantize(qat.weight.detach(), s_w, w_dtype, axis=w_axis))
