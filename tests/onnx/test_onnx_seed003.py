@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -58,6 +59,44 @@ class ConvAddReLU(nn.Sequential):
         return self.relu(self.add.add(x, out))
 
 
+class ConvReLU(nn.Sequential):
+    def __init__(self, channels: int = 3) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 1)
+        self.relu = torch.nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.conv(x))
+
+
+class _SeluModule(nn.Module):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.selu(input)
+
+
+class HybridModel(nn.Module):
+    def __init__(self, channels: int = 3) -> None:
+        super().__init__()
+        self.layer0 = ConvBNReLU()
+        self.layer1 = ConvBNReLU()
+        self.layer2 = ConvBNReLU()
+        self.selu = _SeluModule()
+        self.conv0 = nn.Conv2d(channels, channels, 1)
+        self.conv1 = nn.Conv2d(channels, channels, 1)
+        self.dequant = DeQuantStub()
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        x = self.selu(input)  # the seed's text reads an undefined x here
+        x = self.layer0(x)
+        x = self.selu(x)
+        x = self.layer1(x)
+        x = self.layer2(x)
+        x = self.conv0(x)
+        x = self.conv1(x)
+        x = self.selu(x)
+        return self.dequant(x)
+
+
 class NonHybridModel(nn.Module):
     def __init__(self, channels: int = 3) -> None:
         super().__init__()
@@ -77,45 +116,76 @@ class NonHybridModel(nn.Module):
         return self.dequant(x)
 
 
-def test_seed003_non_hybrid_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    torch.manual_seed(0)
-    monkeypatch.chdir(tmp_path)  # the seed writes "qat.onnx" into the working directory
-    data_shape = [1, 3, 224, 224]
-    data = torch.rand(size=data_shape)
-    model = NonHybridModel()
+DATA_SHAPE = [1, 3, 224, 224]
+
+
+def seed_qat_model(model: nn.Module, **hybrid: Any) -> nn.Module:
+    """Steps 2-4 of the seed: march, calibration, QAT model with a high-precision conv1."""
     set_march(March.BAYES)
-    calibration_model = prepare_qat_fx(model, {"": get_default_calib_qconfig()})
+    calibration_model = prepare_qat_fx(model, {"": get_default_calib_qconfig()}, **hybrid)
     calibration_model.eval()
     for _ in range(5):
-        calibration_model(torch.rand(size=data_shape))
-    qat_model = prepare_qat_fx(
+        calibration_model(torch.rand(size=DATA_SHAPE))
+    return prepare_qat_fx(
         calibration_model,
         {"": get_default_qat_qconfig(), "module_name": [("conv1", get_default_qat_out_qconfig())]},
+        **hybrid,
     )
-    qat_model(data)
-    qat_model.eval()
-    disable_observer(qat_model)  # fake quants observe in eval mode too; freeze scales for the comparison
+
+
+def check_seed_export(qat_model: nn.Module, data: torch.Tensor, path: Path) -> None:
+    """The QuantizeLinear nodes are the model's enabled fake quants, with their scales; onnxruntime agrees."""
     fqs = [m for m in qat_model.modules() if isinstance(m, FakeQuantize) and m.fake_quant_enabled]
-    scales_before = [fq.scale.clone() for fq in fqs]
-
-    export_to_onnx(qat_model, data, "qat.onnx", enable_onnx_checker=True, operator_export_type=None)
-
-    params = q_params(load(tmp_path / "qat.onnx"))
+    params = q_params(load(path))
     assert len(params) == len(fqs) > 0
     # every fake quant's scale appears on a QuantizeLinear, per channel with its axis
     onnx_scales = sorted((tuple(s.reshape(-1).tolist()), axis if s.ndim else None) for s, _, axis in params)
     model_scales = sorted((tuple(fq.scale.tolist()), fq.ch_axis) for fq in fqs)
     assert onnx_scales == model_scales
     assert all(zp.dtype == np.int8 and not zp.any() for _, zp, _ in params)
-    for fq, before in zip(fqs, scales_before, strict=True):
-        assert torch.equal(fq.scale, before)  # export observed nothing
-
-    (got,) = run_ort(tmp_path / "qat.onnx", data)
+    (got,) = run_ort(path, data)
     with torch.no_grad():
         want = qat_model(data).numpy()
-    # conv1 is a high-precision (float) output. Weights match exactly (pre-rounded); an activation
-    # tie, or a conv sum that lands on the other side of a rounding boundary in onnxruntime's
-    # summation order, moves one code at a few points per layer, and 1x1 convs keep that local.
+    # Weights match exactly (exported pre-rounded); an activation tie, or a conv sum that lands on
+    # the other side of a rounding boundary in onnxruntime's summation order, moves one code at a
+    # few points per layer, and the 1x1 convs keep that local.
     close = np.abs(got - want) <= 1e-5
     assert close.mean() > 0.999
     assert np.abs(got - want).max() < 0.05
+
+
+def test_seed003_non_hybrid_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    monkeypatch.chdir(tmp_path)  # the seed writes "qat.onnx" into the working directory
+    data = torch.rand(size=DATA_SHAPE)
+    qat_model = seed_qat_model(NonHybridModel())
+    qat_model(data)
+    qat_model.eval()
+    disable_observer(qat_model)  # fake quants observe in eval mode too; freeze scales for the comparison
+    scales = {k: v.clone() for k, v in qat_model.state_dict().items()}
+
+    export_to_onnx(qat_model, data, "qat.onnx", enable_onnx_checker=True, operator_export_type=None)
+
+    assert all(torch.equal(v, qat_model.state_dict()[k]) for k, v in scales.items())  # nothing observed or rounded
+    check_seed_export(qat_model, data, tmp_path / "qat.onnx")
+
+
+def test_seed003_hybrid_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    monkeypatch.chdir(tmp_path)
+    data = torch.rand(size=DATA_SHAPE)
+    hybrid = {
+        "hybrid": True,
+        "hybrid_dict": {"module_name": ["layer1.conv", "conv0"], "module_type": [_SeluModule]},
+    }
+    try:
+        qat_model = seed_qat_model(HybridModel(), **hybrid)
+    except NotImplementedError as e:
+        pytest.skip(f"hybrid prepare_qat_fx not available: {e}")
+    qat_model(data)
+    qat_model.eval()
+    disable_observer(qat_model)
+
+    export_to_onnx(qat_model, data, "qat.onnx", enable_onnx_checker=True, operator_export_type=None)
+
+    check_seed_export(qat_model, data, tmp_path / "qat.onnx")
