@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nn_cases import ALL_CASES, Case
 from nn_helpers import QC8, QC16, RoundTrip, codes
 from torch import nn
@@ -202,3 +204,27 @@ def test_accumulator_is_exact_in_either_float_width(in_dtype: str, groups: int) 
     assert torch.equal(q._accumulate(x), ref)
     if in_dtype == "qint8":
         assert q.weight_l1_max * 128 < 2**24  # this case runs the float32 kernel
+
+
+def test_lut_with_qint16_output() -> None:
+    qc = QC8._replace(activation=QC16.activation)
+    rt = RoundTrip(nn.Sigmoid(), [(2, 3, 8, 8)], [0.05], qconfig=qc)
+    assert rt.quant.table.dtype == torch.int16 and rt.q_out.dtype == torch.int16
+    assert rt.max_lsb() <= 1
+
+
+@given(
+    s_in=st.floats(min_value=1e-3, max_value=0.5),
+    w_mag=st.floats(min_value=1e-3, max_value=3.0),
+    act=st.sampled_from([None, "relu", "relu6"]),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=15)
+def test_conv_within_one_lsb_over_scales(s_in: float, w_mag: float, act: str | None, seed: int) -> None:
+    torch.manual_seed(seed)
+    conv = nn.Conv2d(4, 3, 3, padding=1)
+    with torch.no_grad():
+        conv.weight.mul_(w_mag)
+    fl = conv if act is None else qnn.intrinsic.fused_class(nn.Conv2d, False, act)(conv)
+    rt = RoundTrip(fl, [(1, 4, 5, 5)], [s_in], seed=seed)
+    assert rt.max_lsb() <= 1
