@@ -20,7 +20,7 @@ def __getattr__(name: str) -> object:
 _base_getattr = __getattr__
 
 
-def __getattr__(name: str) -> object:  # noqa: F811
+def __getattr__(name: str) -> object:  # type: ignore[no-redef]
     # qir.load_compiled: imported on first use (the runtime pulls in the kernels)
     if name == "load_compiled":
         from qir.quantization.compile import load_compiled

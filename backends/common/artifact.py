@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from backends.common.kernels.base import kernel_names
 from backends.common.program import CONST_DTYPES, Program, ProgramError
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "ArtifactError", "read_program", "write_program"]
@@ -116,9 +117,14 @@ def read_program(path: str | os.PathLike[str]) -> Program:
     for entry in table:
         constants[str(entry.get("name"))] = _tensor(p, entry, body, start)
     try:
-        return Program.from_header(prog_header, constants)
+        prog = Program.from_header(prog_header, constants)
     except ProgramError as e:
         raise ArtifactError(f"{p}: invalid program: {e}") from None
+    known = set(kernel_names())
+    for i, inst in enumerate(prog.instructions):
+        if inst.op not in known:
+            raise ArtifactError(f"{p}: instruction {i} ('{inst.source}') calls unknown kernel '{inst.op}'")
+    return prog
 
 
 def _tensor(p: Path, e: Any, body: bytes, start: int) -> torch.Tensor:

@@ -225,7 +225,8 @@ def lower_interpolate(ctx: LowerContext, node: Node, m: Any, args: list[Any], kw
     x = tensor_ref(args[0], node)
     if m.mode == "nearest":
         return _emit_nearest(ctx, node, x, lambda t: F.interpolate(
-            t, size=m.size, scale_factor=m.scale_factor, mode="nearest", recompute_scale_factor=m.recompute_scale_factor))
+            t, size=m.size, scale_factor=m.scale_factor, mode="nearest",
+            recompute_scale_factor=m.recompute_scale_factor))
     if m.mode != "bilinear":
         raise LoweringError(f"node '{node.name}': Interpolate mode '{m.mode}' has no integer kernel")
     h, w = (int(d) for d in ctx.values[x].shape[-2:])

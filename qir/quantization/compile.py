@@ -45,12 +45,13 @@ def _inputs(example_inputs: Any) -> tuple[Any, ...]:
         return (example_inputs,)
     if isinstance(example_inputs, (list, tuple)):
         return tuple(example_inputs)
-    raise TypeError(f"example_inputs must be a tensor or a list / tuple of tensors, got {type(example_inputs).__name__}")
+    raise TypeError("example_inputs must be a tensor or a list / tuple of tensors, got "
+                    f"{type(example_inputs).__name__}")
 
 
 def traced_original(sm: torch.jit.ScriptModule) -> nn.Module:
     """The live ``nn.Module`` that ``torch.jit.trace`` turned into ``sm`` (found by tensor identity)."""
-    state = dict(sm.named_parameters())
+    state: dict[str, torch.Tensor] = dict(sm.named_parameters())
     state.update(dict(sm.named_buffers()))
     if not state:
         raise CompileError("cannot compile this TorchScript module: it has no parameters or buffers to identify the "
@@ -79,7 +80,7 @@ def _scan(probe_name: str, probe: torch.Tensor, state: dict[str, torch.Tensor]) 
                 break
         if cur is not probe:
             continue
-        mine = dict(obj.named_parameters())
+        mine: dict[str, torch.Tensor] = dict(obj.named_parameters())
         mine.update(dict(obj.named_buffers()))
         if mine.keys() == state.keys() and all(mine[k] is state[k] for k in state):
             return obj
@@ -96,7 +97,8 @@ def _resolve(module: nn.Module) -> tuple[nn.Module, torch.fx.Graph]:
     if isinstance(module, torch.fx.GraphModule):
         return module, module.graph
     if not isinstance(module, nn.Module):
-        raise TypeError(f"compile_model needs a converted nn.Module or its torch.jit.trace, got {type(module).__name__}")
+        raise TypeError("compile_model needs a converted nn.Module or its torch.jit.trace, got "
+                        f"{type(module).__name__}")
     return module, trace_fx(module)
 
 
