@@ -60,36 +60,47 @@ def ties(x: torch.Tensor, scale: torch.Tensor, axis: int | None = None) -> torch
 
 
 class HandQatConv(nn.Module):
-    """A QAT conv built by hand from qir fake quants: input and output per tensor, weight per channel.
+    """A QAT conv built by hand from qir fake quants: input per tensor, weight per channel, and two
+    outputs, fake-quantized to int8 and to int16.
 
     Scales are set so the comparison with onnxruntime is exact: the input and weight scales are
     powers of two and the bias sits on their product's grid, so every conv sum is exact in float32
-    whatever the summation order; the output scale is not a power of two, and the test data has
+    whatever the summation order; the output scales are not powers of two, and the test data has
     no tie at any fake quant (checked by the tests).
     """
 
-    def __init__(self, out_dtype: str = "qint8") -> None:
+    def __init__(self) -> None:
         super().__init__()
         self.input_fq = FakeQuantize()
         self.conv = nn.Conv2d(3, 4, 3, padding=1)
         self.weight_fq = FakeQuantize(MovingAveragePerChannelMinMaxObserver, ch_axis=0)
-        self.output_fq = FakeQuantize(dtype=out_dtype)
+        self.out8_fq = FakeQuantize(dtype="qint8")
+        self.out16_fq = FakeQuantize(dtype="qint16")
         gen = torch.Generator().manual_seed(0)
-        w_scale = torch.tensor([2.0**-8, 2.0**-7, 2.0**-9, 2.0**-8])
         with torch.no_grad():
             self.conv.weight.copy_(torch.rand(self.conv.weight.shape, generator=gen) * 0.6 - 0.3)
             self.conv.bias.copy_(torch.round(torch.rand(4, generator=gen) * 2**12) * 2.0**-14)
-        self.weight_fq.scale = w_scale
+        self.weight_fq.scale = torch.tensor([2.0**-8, 2.0**-7, 2.0**-9, 2.0**-8])
         self.weight_fq.zero_point = torch.zeros(4, dtype=torch.int32)
         self.input_fq.scale.fill_(2.0**-4)
-        self.output_fq.scale.fill_(0.0371 if out_dtype == "qint8" else 0.0371 / 256)
-        for fq in (self.input_fq, self.weight_fq, self.output_fq):
+        self.out8_fq.scale.fill_(0.0371)
+        self.out16_fq.scale.fill_(0.0371 / 256)
+        for fq in self.fake_quants():
             fq.disable_observer()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.input_fq(x)
-        y = nn.functional.conv2d(x, self.weight_fq(self.conv.weight), self.conv.bias, padding=1)
-        return self.output_fq(torch.relu(y))
+    def fake_quants(self) -> list[FakeQuantize]:
+        """In graph order."""
+        return [self.input_fq, self.weight_fq, self.out8_fq, self.out16_fq]
+
+    def conv_out(self, x: torch.Tensor) -> torch.Tensor:
+        """The float input of the output fake quants."""
+        return torch.relu(
+            nn.functional.conv2d(self.input_fq(x), self.weight_fq(self.conv.weight), self.conv.bias, padding=1)
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.conv_out(x)
+        return self.out8_fq(y), self.out16_fq(y)
 
 
 def conv_input(seed: int = 1) -> torch.Tensor:
