@@ -169,3 +169,19 @@ def test_float_checkpoint_loads_into_qat_model() -> None:
     for k, v in reference.state_dict().items():
         if "weight" in k and "fake_quant" not in k:
             torch.testing.assert_close(prepared.state_dict()[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_prepare_an_already_fused_model() -> None:
+    from qir.quantization import fuse_fx
+
+    model = randomize_bn(ResNetish())
+    model.fc.qconfig = get_default_qat_out_qconfig()  # type: ignore[assignment]
+    direct = prepare_qat_fx(model, {"": QAT})
+    via_fused = prepare_qat_fx(fuse_fx(model), {"": QAT})
+    def tree(m: nn.Module) -> list[tuple[str, type]]:
+        return [(n, type(x)) for n, x in m.named_modules()][1:]  # the roots are distinct GraphModule classes
+
+    assert tree(direct) == tree(via_fused)
+    assert via_fused.get_submodule("fc").activation_post_process is None  # the attribute survived fusion
+    result = via_fused.load_state_dict(model.state_dict(), strict=False)  # float keys still load
+    assert not result.unexpected_keys

@@ -221,3 +221,67 @@ def test_rgb888_graph_edit() -> None:
     yuv = torch.randint(-128, 128, (1, 3, 28, 28)).float()
     out = traced(yuv)
     assert out.dtype == torch.int8 and out.shape == (1, 3, 26, 26)
+
+
+def test_segmented_deployment() -> None:
+    """Seed 001's "Model Segmented Deployment": a QuantStub (scale=None) after the split point
+    records stage 2's input scale during QAT; after convert each stage runs on its own, stage 2
+    taking float input."""
+    from torch import nn
+    from torch.quantization import DeQuantStub
+
+    import qir as horizon
+    from qir.quantization import QuantStub
+
+    class Stage1(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.quant = QuantStub()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.relu = nn.ReLU()
+            self.dequant = DeQuantStub()
+
+        def forward(self, x):
+            return self.dequant(self.relu(self.conv(self.quant(x))))
+
+    class Stage2(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.quant = QuantStub(scale=None)  # inserted after the segmentation point
+            self.conv = nn.Conv2d(4, 2, 1)
+            self.dequant = DeQuantStub()
+
+        def forward(self, x):
+            return self.dequant(self.conv(self.quant(x)))
+
+    class TwoStage(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stage1 = Stage1()
+            self.stage2 = Stage2()
+
+        def forward(self, x):
+            feat = self.stage1(x)
+            feat = feat * 1.0  # the CPU part between the stages (float)
+            return self.stage2(feat)
+
+    horizon.march.set_march(horizon.march.March.BAYES)
+    model = TwoStage()
+    model.qconfig = horizon.quantization.get_default_qat_qconfig()
+    qat_model = horizon.quantization.prepare_qat(model)
+    for _ in range(3):
+        qat_model(torch.rand(2, 3, 8, 8))
+    qat_model.eval()
+    horizon.quantization.set_fake_quantize(qat_model, "validation")
+    quantized = horizon.quantization.convert(qat_model)
+    # stage 2's QuantStub recorded the scale of stage 1's output
+    s1 = qat_model.stage1.conv.activation_post_process.scale
+    assert torch.allclose(quantized.stage2.quant.scale, qat_model.stage2.quant.activation_post_process.scale)
+    assert float(quantized.stage2.quant.scale) > 0 and float(s1) > 0
+    x = torch.rand(2, 3, 8, 8)
+    whole = quantized(x)
+    feat = quantized.stage1(x)  # stage 1 alone: float out (its DeQuantStub)
+    assert feat.is_floating_point()
+    torch.testing.assert_close(quantized.stage2(feat * 1.0), whole)  # stage 2 alone, float example input
+    traced2 = torch.jit.trace(quantized.stage2, feat)
+    torch.testing.assert_close(traced2(feat), whole)
