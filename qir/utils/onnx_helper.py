@@ -9,7 +9,6 @@ scale, an int8/int16 zero point of 0 and, per channel, ``axis``. See docs/onnx.m
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import tempfile
@@ -22,7 +21,8 @@ import torch
 from torch import nn
 
 from qir.ir.types import DType
-from qir.quantization.fake_quantize import FakeQuantize, fake_quantize
+from qir.quantization.fake_quantize import FakeQuantize
+from qir.utils.onnx.model_copy import export_copy
 
 __all__ = ["DEFAULT_OPSET", "MIN_OPSET", "export_to_onnx"]
 
@@ -31,130 +31,6 @@ DEFAULT_OPSET = 21
 #: Below 18 torch's exporter builds at 18 and down-converts, which fails for common ops; checked after export.
 MIN_OPSET = 13
 _INT16_OPSET = 21
-
-_STORAGE = {DType.qint8: torch.int8, DType.qint16: torch.int16}
-
-
-# -- the export-only op ---------------------------------------------------------------------
-
-
-@torch.library.custom_op("qir::onnx_fake_quant", mutates_args=())
-def _onnx_fake_quant(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int | None) -> torch.Tensor:
-    """qir's fake quant (half up); ``zero_point``'s dtype (int8/int16) names the quantized dtype."""
-    dtype = "qint8" if zero_point.dtype == torch.int8 else "qint16"
-    with torch.no_grad():
-        return fake_quantize(x, scale.reshape(-1), dtype, axis)
-
-
-@_onnx_fake_quant.register_fake
-def _(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int | None) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-class _OnnxFakeQuantize(FakeQuantize):
-    """A FakeQuantize of the export copy: no observing, fake quant through the export op."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.fake_quant_enabled:
-            return x
-        out: torch.Tensor = torch.ops.qir.onnx_fake_quant(x, self.scale, self.zero_point, self.ch_axis)
-        return out
-
-
-def _check_fake_quant(fq: FakeQuantize, name: str) -> None:
-    storage = _STORAGE.get(fq.dtype)
-    if storage is None:
-        raise NotImplementedError(f"fake quant {name!r}: dtype {fq.dtype.name} has no ONNX QuantizeLinear mapping")
-    info = torch.iinfo(storage)
-    if (fq.qmin, fq.qmax) != (info.min, info.max):
-        raise NotImplementedError(
-            f"fake quant {name!r}: range [{fq.qmin}, {fq.qmax}] is not the full {storage} range; "
-            "ONNX QuantizeLinear saturates to the full range only"
-        )
-    if fq.fake_quant_enabled and fq.scale.numel() == 0:
-        raise RuntimeError(f"fake quant {name!r} has no per-channel scale yet: observe a batch before exporting")
-
-
-def _switch_fake_quant(fq: FakeQuantize) -> None:
-    """Switch ``fq`` (of the export copy) to the export op, with ONNX-shaped scale and zero point."""
-    # ONNX wants a scalar scale per tensor and a 1-D one per channel; the zero point's type is the
-    # quantized type. Both are buffers, so they become initializers named after the fake quant.
-    scale = fq.scale.detach().to(torch.float32)
-    fq.scale = scale.reshape(()) if fq.ch_axis is None else scale.reshape(-1)
-    fq.zero_point = torch.zeros(fq.scale.shape, dtype=_STORAGE[fq.dtype], device=scale.device)
-    fq.__class__ = _OnnxFakeQuantize
-
-
-def _weight_pairs(model: nn.Module) -> list[tuple[nn.Parameter, FakeQuantize]]:
-    """(weight, its enabled fake quant) of the QAT modules: ``m.weight_fake_quant(m.weight)``."""
-    pairs, seen = [], set()
-    for m in model.modules():
-        w, fq = getattr(m, "weight", None), getattr(m, "weight_fake_quant", None)
-        if isinstance(w, nn.Parameter) and isinstance(fq, FakeQuantize) and fq.fake_quant_enabled and id(w) not in seen:
-            if fq.scale.numel() > 0:
-                seen.add(id(w))
-                pairs.append((w, fq))
-    return pairs
-
-
-def _direct_pairs(
-    model: nn.Module,
-    pairs: list[tuple[nn.Parameter, FakeQuantize]],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any] | None,
-) -> list[tuple[nn.Parameter, FakeQuantize]]:
-    """The pairs whose fake quant receives the weight itself (not, say, a BN-folded weight) on the example input."""
-    seen: dict[int, list[bool]] = {id(fq): [] for _, fq in pairs}
-    handles = []
-    for w, fq in pairs:
-
-        def hook(mod: nn.Module, inputs: tuple[Any, ...], w: nn.Parameter = w) -> None:
-            seen[id(mod)].append(bool(inputs) and inputs[0] is w)
-
-        handles.append(fq.register_forward_pre_hook(hook))
-    try:
-        with torch.no_grad():
-            model(*args, **(kwargs or {}))
-    finally:
-        for h in handles:
-            h.remove()
-    return [(w, fq) for w, fq in pairs if seen[id(fq)] and all(seen[id(fq)])]
-
-
-def _preround_weights(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> int:
-    """Store each fake-quantized weight as qir's fake-quantized value (in the export copy).
-
-    ``w / scale`` is then an integer to well within half a code, so the exported Q/DQ reproduces
-    qir's weight codes exactly, including the ties where ONNX's half-to-even rounding would
-    differ (an observed channel's own extreme sits at -127.5). Done only where the fake quant is
-    seen receiving the weight parameter itself. Returns how many weights were pre-rounded.
-    """
-    pairs = _weight_pairs(model)
-    if pairs:
-        pairs = _direct_pairs(model, pairs, args, kwargs)
-    with torch.no_grad():
-        for w, fq in pairs:
-            w.copy_(fake_quantize(w, fq.scale, fq.dtype, fq.ch_axis))
-    return len(pairs)
-
-
-def _export_copy(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> nn.Module:
-    try:
-        dup = copy.deepcopy(model)
-    except Exception as e:
-        raise TypeError(f"export_to_onnx exports a deep copy of the model, and copying failed: {e}") from e
-    dup.eval()
-    for name, m in dup.named_modules():
-        if isinstance(m, FakeQuantize):
-            # no observing from here on: the export must carry the model's scales as they are
-            m.disable_observer()
-            _check_fake_quant(m, name)
-    _preround_weights(dup, args, kwargs)
-    for m in dup.modules():
-        if isinstance(m, FakeQuantize):
-            _switch_fake_quant(m)
-    return dup
-
 
 # -- the ONNX side --------------------------------------------------------------------------
 
@@ -320,6 +196,8 @@ def export_to_onnx(
     Each enabled qir fake quant becomes ``QuantizeLinear -> DequantizeLinear`` (int8 or int16,
     zero point 0, ``axis`` when per channel); a disabled one exports as identity. The export runs
     on an eval-mode deep copy, so ``model`` (its training flags, scales and observers) is untouched.
+    A weight fed straight to its ``weight_fake_quant`` is stored fake-quantized, so the exported
+    weight codes equal qir's even where ONNX's half-to-even rounding would differ.
 
     The parameters mirror ``torch.onnx.export``'s. ``opset_version`` defaults to
     :data:`DEFAULT_OPSET` (21, the first with int16 Q/DQ). ``do_constant_folding`` runs
@@ -335,7 +213,7 @@ def export_to_onnx(
     _check_mode_args(training, operator_export_type, custom_opsets)
     opset = _check_opset_args(opset_version, model)
     pos, kwargs = _split_args(args)
-    dup = _export_copy(model, pos, kwargs)
+    dup = export_copy(model, pos, kwargs)
     with torch.no_grad(), _quiet_exporter(verbose):
         program = torch.onnx.export(
             dup,
@@ -351,7 +229,8 @@ def export_to_onnx(
             custom_translation_table={torch.ops.qir.onnx_fake_quant.default: _translation(opset)},
             optimize=do_constant_folding,
         )
-    assert program is not None  # dynamo=True always returns the program
+    if program is None:  # dynamo=True returns the program; guard against a torch that does not
+        raise RuntimeError("torch.onnx.export(dynamo=True) returned no ONNX program")
     got = next((v for d, v in program.model.opset_imports.items() if d == ""), None)
     if got != opset:
         raise RuntimeError(
