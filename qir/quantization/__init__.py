@@ -58,3 +58,9 @@ __all__ += ["convert", "convert_fx", "fuse_fx", "fuse_known_modules", "prepare_q
 from qir.quantization.compile import CompileError, compile_model, load_compiled  # noqa: E402
 
 __all__ += ["CompileError", "compile_model", "load_compiled"]
+
+# -- static profile and picture of the lowered Program (backends.common.perf / visualize) -------
+from qir.quantization.perf import perf_model  # noqa: E402
+from qir.quantization.visualize import visualize_model  # noqa: E402
+
+__all__ += ["perf_model", "visualize_model"]
