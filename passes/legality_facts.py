@@ -204,7 +204,10 @@ def _tensor_type(t: Any) -> TensorType | None:
     if t.is_quantized:  # torch's own quantized tensors
         dtype = {torch.qint32: DType.qint32}.get(t.dtype, DType.qint8)
         return TensorType(tuple(t.shape), dtype)
-    return TensorType(tuple(t.shape), DType.from_torch(t.dtype))
+    try:
+        return TensorType(tuple(t.shape), DType.from_torch(t.dtype))
+    except ValueError:  # a dtype the IR has no name for: its dtype facts stay unknown
+        return None
 
 
 #: Functions mapping a module the tables do not name (a QAT or integer module) to the float
@@ -316,8 +319,12 @@ def _module_class_of(subject: Subject) -> type | None:
         return None
     if len(op.module_types) == 1:
         return op.module_types[0]
-    if op in _CLASS_OF_OP:
-        return _CLASS_OF_OP[op]
+    try:
+        if op in _CLASS_OF_OP:
+            return _CLASS_OF_OP[op]
+        cacheable = True
+    except TypeError:  # an attribute value that does not hash
+        cacheable = False
     params = op.module_params(subject.node.operands)
     tensors = {
         role: torch.empty(v.type.shape, dtype=v.type.dtype.to_torch(), device="meta")
@@ -328,7 +335,8 @@ def _module_class_of(subject: Subject) -> type | None:
         cls: type | None = type(op.to_module(tensors))
     except Exception:  # an op that cannot rebuild its module: the caller falls back to the op's rows
         cls = None
-    _CLASS_OF_OP[op] = cls  # the class depends on the op's attributes, not on tensor shapes
+    if cacheable:
+        _CLASS_OF_OP[op] = cls  # the class depends on the op's attributes, not on tensor shapes
     return cls
 
 

@@ -42,6 +42,8 @@ UNSUPPORTED = "unsupported"  # the march does not run the operator
 UNKNOWN = "unknown"  # the tables give no answer (no row, "unknown" support, rows disagree)
 UNCHECKED = "unchecked"  # a rule needs a fact the graph does not give
 ADVISORY = "advisory"  # a constraint the tables state but nothing can check statically
+#: ``Finding.rule`` of an ``unknown`` finding whose function and Tensor-method rows disagree.
+AMBIGUOUS_RULE = "spellings disagree"
 #: Finding kinds that make a graph illegal.
 ERROR_KINDS = frozenset({VIOLATION, UNSUPPORTED})
 
@@ -176,7 +178,7 @@ def _node_findings(subject: Subject, rows: tuple[Any, ...], looked_up: str, fact
         for e, fs in zip(rows, per_row, strict=True)
     )
     return [Finding(UNKNOWN, node.name, node.scope, subject.ir_name, " | ".join(e.spelling for e in rows),
-                    rule="spellings disagree", check="one spelling",
+                    rule=AMBIGUOUS_RULE, check="one spelling",
                     message=f"the graph does not record which spelling was called and the {march} rows "
                             f"disagree ({answers})", facts=facts)]
 
@@ -214,10 +216,11 @@ def check_graph(graph: Graph, table: Any, march: str, assume_dtype: str = "qint8
         facts = build_facts(subject, graph, domains)
         findings += _node_findings(subject, rows, looked_up, facts, march)
         for ir_name, addend in fused_parts(subject):
+            # the add of a fused conv is FloatFunctional.add (a function row); its activation
+            # is the fused module's ReLU / ReLU6 (a module row)
             part_rows = _part_rows(table, ir_name, module_form=addend is None)
             pf = part_facts(facts, subject, addend, domains)
-            part_subject = attrs.evolve(subject, spelling=None)
-            findings += _node_findings(part_subject, part_rows, ir_name, pf, march)
+            findings += _node_findings(subject, part_rows, ir_name, pf, march)
     notes = tuple(r.text for r in getattr(table, "general_rules", ()))
     return LegalityResult(march, tuple(findings), len(subjects) - len(cpu), skipped, tuple(cpu), notes)
 

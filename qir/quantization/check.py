@@ -27,6 +27,7 @@ from passes.legality_facts import register_module_view
 from passes.legality_registry import get_table
 from passes.legalize import (
     ADVISORY,
+    AMBIGUOUS_RULE,
     ERROR_KINDS,
     RESULT_KEY,
     UNCHECKED,
@@ -370,7 +371,7 @@ def advise(f: Finding, table: Any) -> tuple[str, ...]:
         text = _int16_advice(f)
         if text:
             out.append(text)
-    elif f.kind == UNKNOWN and f.rule == "spellings disagree":
+    elif f.kind == UNKNOWN and f.rule == AMBIGUOUS_RULE:
         out.append(f"call it the way the march supports: {f.message}")
     elif f.kind == UNKNOWN:
         out.append(f"the {table.march} tables do not list {f.spelling}: confirm with the compiler; if it refuses, "
