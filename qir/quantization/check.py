@@ -378,6 +378,9 @@ def advise(f: Finding, table: Any) -> tuple[str, ...]:
                    + _hybrid(f))
     elif f.kind == UNCHECKED:
         out.append(f"check '{f.rule}' by hand: {f.message}")
+        text = _int16_advice(f)
+        if text:
+            out.append(text)
     eager = _eager_advice(f)
     if eager:
         out.append(eager)

@@ -171,6 +171,19 @@ def test_int16_and_eager_advice_on_lookup_ops() -> None:
     assert any("in eager mode use qir.nn.Exp()" in s for s in a.advice)
 
 
+def test_rules_on_facts_a_float_model_lacks_are_reported_unchecked() -> None:
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.floor(x)
+
+    report = check_model(M(), torch.randn(1, 1, 2, 2), march="bayes", advice=1)
+    assert report.ok
+    (u,) = report.unknown
+    assert (u.kind, u.ok, u.rule) == ("unchecked", None, "Int8 inputs should not exceed 1e6 in magnitude")
+    assert "input_abs_max" in u.message
+    assert any("use qint16 instead of qint8" in a for a in u.advice)
+
+
 def test_unsupported_function_gets_a_cpu_fix() -> None:
     class M(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
