@@ -86,6 +86,8 @@ class GraphPicture:
     title: list[str]
     boxes: dict[str, Box]
     edges: list[tuple[list[str], str]]  # (chain of box ids, label)
+    #: edge index -> part of the target box it feeds (a fused conv's input -> "conv", addend -> "add")
+    part_of_edge: dict[int, int] = field(default_factory=dict)
 
 
 def format_value(info: ValueInfo | None, scale: Scale, known: bool) -> str:
@@ -148,10 +150,11 @@ def _parts(inst: Instruction) -> list[str]:
 
 def program_picture(program: Program, infos: Mapping[str, ValueInfo], *, scales: Mapping[str, Scale],
                     modules: Mapping[str, str], module_types: Mapping[str, str],
-                    violations: Mapping[str, Sequence[tuple[str, str]]], title: Sequence[str]) -> GraphPicture:
+                    violations: Mapping[str, Sequence[tuple[str, str]]], title: Sequence[str],
+                    notes: Mapping[str, str] | None = None) -> GraphPicture:
     """Boxes and edges of ``program``. ``scales``: value -> scale (absent: unknown);
     ``modules`` / ``module_types``: layer -> module name / class; ``violations``: layer -> (short rule,
-    full text) of every rule it breaks."""
+    full text) of every rule it breaks; ``notes``: layer -> an extra tooltip line."""
     boxes: dict[str, Box] = {}
     producer: dict[str, str] = {}
 
@@ -167,6 +170,7 @@ def program_picture(program: Program, infos: Mapping[str, ValueInfo], *, scales:
         boxes[b.id] = b
         producer[name] = b.id
     raw_edges: list[tuple[str, str, str]] = []
+    part_of_edge: dict[int, int] = {}
     for k, inst in enumerate(program.instructions):
         mod = modules.get(inst.source, inst.source)
         cls = module_types.get(inst.source, "")
@@ -175,6 +179,8 @@ def program_picture(program: Program, infos: Mapping[str, ValueInfo], *, scales:
         tip = [f"kernel {inst.op} (layer {inst.source}, module {mod}{' ' + cls if cls else ''})"]
         if inst.attrs.get("engine"):
             tip.append(f"CPU engine {inst.attrs['engine']}")
+        if notes and inst.source in notes:
+            tip.append(notes[inst.source])
         tip.append(f"output: {label(out)}" if out else "no output")
         tip += [f"NOT LEGAL on {program.march}: {full}" for _, full in rules]
         parts = _parts(inst)
@@ -183,8 +189,10 @@ def program_picture(program: Program, infos: Mapping[str, ValueInfo], *, scales:
                 illegal=[full for _, full in rules], short=f"not legal: {rules[0][0]}" if rules else "",
                 label=label(out) if out else "")
         boxes[b.id] = b
-        for v in dict.fromkeys(inst.inputs):
+        for n, v in enumerate(dict.fromkeys(inst.inputs)):
             if v in producer:
+                if parts and inst.attrs.get("has_add") and n < 2:
+                    part_of_edge[len(raw_edges)] = n  # input 0 enters the conv, input 1 the add
                 raw_edges.append((producer[v], b.id, label(v)))
         for o in inst.outputs:
             producer[o] = b.id
@@ -195,7 +203,7 @@ def program_picture(program: Program, infos: Mapping[str, ValueInfo], *, scales:
             raw_edges.append((producer[name], b.id, label(name)))
     for b in boxes.values():
         b.size()
-    return GraphPicture(list(title), boxes, [([u, v], lab) for u, v, lab in raw_edges])
+    return GraphPicture(list(title), boxes, [([u, v], lab) for u, v, lab in raw_edges], part_of_edge)
 
 
 def _flat(o: object) -> list[str]:
@@ -368,6 +376,16 @@ def _box_svg(b: Box) -> list[str]:
     return out
 
 
+def _part_centres(b: Box) -> list[float]:
+    px = b.x - b._parts_w() / 2
+    out = []
+    for p in b.parts:
+        pw = len(p) * CHAR_W + 12
+        out.append(px + pw / 2)
+        px += pw + 14
+    return out
+
+
 def render_svg(pic: GraphPicture) -> str:
     """Lay ``pic`` out and return the SVG document."""
     rows, tops, heights = _layout(pic)
@@ -385,6 +403,8 @@ def render_svg(pic: GraphPicture) -> str:
         lst.sort()
         for n, (_, k) in enumerate(lst):
             port[k] = b.x - b.w / 2 + b.w * (n + 1) / (len(lst) + 1)
+            if k in pic.part_of_edge:
+                port[k] = _part_centres(b)[pic.part_of_edge[k]]
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="DejaVu Sans Mono, Menlo, Consolas, monospace" '
            f'font-size="{FONT}">',

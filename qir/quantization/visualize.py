@@ -81,6 +81,20 @@ def _violations(low: Lowered) -> tuple[dict[str, list[tuple[str, str]]], list[st
     return out, unplaced
 
 
+def _fused_from(low: Lowered) -> dict[str, str]:
+    """Layer -> "fused from a + b + c" for layers ``fuse_fx`` built from several float modules."""
+    record = getattr(low.root, "meta", {}).get("qir.fuse_record")
+    sources = getattr(record, "sources", None)
+    if not isinstance(sources, dict):
+        return {}
+    out: dict[str, str] = {}
+    for layer, mod in low.node_modules().items():
+        parts = sources.get(mod)
+        if isinstance(parts, list) and len(parts) > 1:
+            out[layer] = "fused from " + " + ".join(str(p) for p in parts)
+    return out
+
+
 def visualize_model(
     module: nn.Module,
     example_inputs: Any,
@@ -107,7 +121,8 @@ def visualize_model(
               if n_illegal else f"every layer passes check_model on {low.march}" if check else "legality not checked")]
     title += [f"not legal, no kernel call of its own: {u}" for u in unplaced]
     pic = program_picture(low.program, low.infos, scales=program_scales(low), modules=low.node_modules(),
-                          module_types={k: type(m).__name__ for k, m in objs.items()}, violations=rules, title=title)
+                          module_types={k: type(m).__name__ for k, m in objs.items()}, violations=rules, title=title,
+                          notes=_fused_from(low))
     path = Path(save_path)
     try:
         if path.parent != Path(""):
