@@ -141,6 +141,16 @@ def test_seed_002_final_calls(tmp_path: Path) -> None:
     # conv0 24x24x10 outputs of 25 MACs, conv1 8x8x20 of 250, classifier 10 of 20
     assert data["totals"]["macs"] == 24 * 24 * 10 * 25 + 8 * 8 * 20 * 250 + 10 * 20
     assert data["input_source"] == ["pyramid"] and data["layers"][0]["input_bytes"] == 28 * 28
+    assert data["totals"]["param_bytes"] == 5610  # int8 weights + int32 biases: 290 + 5080 + 240 (docs quote it)
+    assert {la["bound"] for la in data["layers"]} == {"memory"}
     svg = (Path(hbdk_dir) / "model.svg").read_text()
     assert svg.count('class="fused') == 2
 
+
+
+def test_docs_state_the_roofline_numbers() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "perf-and-visualize.md").read_text()
+    for r in ROOFLINES.values():
+        row = next(line for line in doc.splitlines() if line.startswith(f"| {r.march} |"))
+        cells = [c.strip() for c in row.split("|")]
+        assert (float(cells[3]), float(cells[4])) == (r.peak_int8_macs_per_s, r.dram_bytes_per_s), row

@@ -99,3 +99,17 @@ def test_value_labels() -> None:
     assert format_value(info, 0.5, True) == "qint8 1x8x4x4 scale 0.5"
     assert format_value(ValueInfo((2,), "float32", 8), None, True) == "float32 2"
     assert format_value(None, None, False) == "python value"
+
+
+def test_fx_residual_group(tmp_path: Path) -> None:
+    from bitexact_models import chain, fx_converted
+
+    q = fx_converted(chain([("convbnrelu", 4, 3, 1), ("residual", 4, 3, 1)], 3, "conv"), (2, 3, 8, 8), "bayes")
+    path = visualize_model(q, [torch.randn(1, 3, 8, 8)], save_path=tmp_path / "r.svg")
+    root = ET.parse(path).getroot()
+    groups = {tuple(t.text for p in _groups(g, "part") for t in p.iter(f"{SVG}text")): g
+              for g in _groups(root, "fused")}
+    assert ("conv2d", "add", "relu") in groups
+    title = groups[("conv2d", "add", "relu")].find(f"{SVG}title")
+    assert title is not None and "fused from" in (title.text or "") and "bn" in (title.text or "")
+    assert not _boxes_overlap(root)
