@@ -13,7 +13,7 @@ a failing graph raises :class:`LegalityError`.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import attrs
 
@@ -257,7 +257,7 @@ class Legalize(Pass):
 
     march: str | None = attrs.field(default=None, converter=_march_option)
     strict: bool = False
-    assume_dtype: str = "qint8"
+    assume_dtype: Literal["qint8", "qint16"] = "qint8"
 
     def apply(self, ctx: PassContext, graph: Graph) -> bool:
         march = resolve_march(self.march, ctx)

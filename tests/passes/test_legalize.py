@@ -66,6 +66,15 @@ def test_registered_and_parsed_from_pipeline_text() -> None:
     assert isinstance(p, Legalize) and p.march == "bernoulli2" and p.strict
 
 
+def test_assume_dtype_sets_the_dtype_of_float_values() -> None:
+    g = trace(nn.Sequential(nn.Linear(4, 4)), torch.randn(1, 4))
+    errors = _run(g, "legalize{march=bayes assume_dtype=qint16}").errors
+    # Bayes Linear takes and gives qint8 only
+    assert {(f.rule, f.actual) for f in errors} == {("Input: qint8", "qint16"), ("Output: qint8", "qint16")}
+    with pytest.raises(Exception, match="expected one of qint8, qint16"):
+        parse_pipeline("legalize{assume_dtype=qint9}")
+
+
 def test_reports_without_changing_the_graph() -> None:
     g = trace(Conv(3, 4, 3), torch.randn(1, 3, 8, 8))
     before = str(g)
