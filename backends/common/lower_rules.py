@@ -102,6 +102,8 @@ def lower_conv(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: d
     if kind == "linear":
         cands = [e for e in ctx.policy.linear
                  if (e == "int_mm" and int8 and bound < 2**31) or (e == "f32" and bound <= 2**24) or e == "f64"]
+        if len(cands) > 1 and "f64" in cands:
+            cands.remove("f64")
         return ValueRef(ctx.emit("linear", inputs, ctx.choose_engine("linear", inputs, attrs, consts, cands,
                                                                       node.name), consts, node.name, hint))
     attrs.update(stride=_plain(hp["stride"]), padding=_plain(hp["padding"]), dilation=_plain(hp["dilation"]),
@@ -126,6 +128,8 @@ def lower_conv(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: d
                 cands.append(e)
         elif e == "f64":
             cands.append(e)
+    if len(cands) > 1 and "f64" in cands:
+        cands.remove("f64")  # the fallback only: about 2x float32 and 5-10x _int_mm wherever another is exact
     chosen = ctx.choose_engine("conv2d", inputs, attrs, consts, cands, node.name)
     if chosen["engine"] != "f32_chunked":
         chosen.pop("chunks", None)

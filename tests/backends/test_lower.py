@@ -17,18 +17,19 @@ from backends.common.program import Instruction, Program, ProgramError
 from qir.march import march_scope
 from qir.quantization import CompileError, compile_model, convert_fx, get_default_qat_qconfig, prepare_qat_fx
 
-SHAPE = (4, 1, 28, 28)
+SHAPE = (2, 1, 28, 28)
 
 
 @pytest.fixture(scope="module")
 def digits() -> nn.Module:
-    return fx_converted(digits_net(), SHAPE, "bayes")
+    return fx_converted(digits_net(width=4), SHAPE, "bayes", batches=2)
 
 
 @pytest.mark.parametrize("engine", ["int_mm", "int_mm_t", "f32", "f64"])
 def test_each_conv_engine_is_exact(digits: nn.Module, engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
     base = get_kernel_policy("bayes")
     policy = KernelPolicy(conv2d=(engine, "f64"), linear=base.linear, code_dtypes=base.code_dtypes)
+    # opt=1 takes the first offered engine; f64 is offered only where nothing else is exact
     monkeypatch.setitem(lower_mod._POLICIES, "bayes", policy)
     compiled = compile_model(digits, [torch.randn(*SHAPE)], opt=1, check=False)
     engines = {i.attrs["engine"] for i in compiled.program.instructions if i.op == "conv2d"}
@@ -97,7 +98,7 @@ def test_jit_trace_without_live_module_is_refused() -> None:
 def test_input_model_is_not_mutated(digits: nn.Module) -> None:
     before = {k: v.clone() for k, v in digits.state_dict().items()}
     code = digits.code
-    compile_model(digits, [torch.randn(*SHAPE)], opt=2, check=False)
+    compile_model(digits, [torch.randn(*SHAPE)], opt=1)
     after = digits.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     assert digits.code == code
