@@ -26,7 +26,7 @@ from torch import nn
 from backends.common.numerics import scale_denominator
 from qir.march import March, get_march
 from qir.quantization.fake_quantize import FakeQuantize
-from qir.quantization.fuse import ALL_FUNCTIONALS, FUSER_RECORD_KEY, FuseRecord, build_fused
+from qir.quantization.fuse import ALL_FUNCTIONALS, FuseRecord, build_fused
 from qir.quantization.qconfig import QConfig, qconfig_kind
 from qir.quantization.qconfig_dict import QConfigSpec, parse_hybrid_dict, parse_qconfig_dict
 
@@ -232,10 +232,3 @@ def prepare_qat_fx(
         return new
     return _prepare_float(model, qconfig_dict, example_inputs, march)
 
-
-def fuse_record(model: nn.Module) -> FuseRecord | None:
-    """The fusion record of a fused / prepared GraphModule (None for other modules)."""
-    if isinstance(model, torch.fx.GraphModule):
-        rec = model.meta.get(FUSER_RECORD_KEY)
-        return rec if isinstance(rec, FuseRecord) else None
-    return None

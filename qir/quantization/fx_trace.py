@@ -1,0 +1,173 @@
+"""fx tracing for the flows: ``trace_fx`` (qir's tracer) and ``build_ir`` (fx graph -> typed IR).
+
+``build_ir`` also records, per node, the qualified name of the module whose forward holds
+it (fx's ``nn_module_stack``): generated modules are named in that scope. Without example
+inputs the graph is typed by rank only (:class:`_RankOnly`).
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+
+from qir.frontend.convert import _Converter, propagate
+from qir.frontend.tracer import QirTracer, TraceError, patch_float_functional, trace_error
+from qir.ir.graph import Graph
+from qir.quantization.names import owner_of_stack
+
+__all__ = ["build_ir", "trace_fx"]
+
+
+def trace_fx(root: nn.Module) -> torch.fx.Graph:
+    """fx-trace ``root`` with qir's tracer (stubs, FloatFunctional calls and qir modules as leaves)."""
+    tracer = QirTracer()
+    try:
+        with patch_float_functional(tracer):
+            return tracer.trace(root)
+    except TraceError:
+        raise
+    except Exception as e:
+        raise trace_error(tracer, root, e) from e
+
+
+def _meta_like(rank: int) -> torch.Tensor:
+    return torch.empty((1,) * rank, device="meta")
+
+
+def _first_tensor(args: Any) -> torch.Tensor | None:
+    found: list[torch.Tensor] = []
+    torch.fx.node.map_aggregate(args, lambda a: found.append(a) if isinstance(a, torch.Tensor) else None)
+    return found[0] if found else None
+
+
+class _RankOnly(torch.fx.Interpreter):
+    """Types a graph without example inputs: every tensor is a meta tensor of size-1 dims.
+
+    Only ranks are meaningful: a conv/linear module's output has its weight's rank (2 for
+    linear), other modules keep their input's, torch functions run on the meta tensors
+    (falling back to their first input's value when they cannot). A model input's rank is
+    guessed (4, or the rank of what it is added to; see :func:`_rank_only_values`). Enough
+    for the fusion legality checks (same-rank add operands, batch norm on axis 1).
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, input_ranks: Mapping[str, int]) -> None:
+        super().__init__(gm)
+        self.values: dict[str, Any] = {}
+        self.input_ranks = input_ranks
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        out = self._value(n)
+        self.values[n.name] = out
+        return out
+
+    def _value(self, n: torch.fx.Node) -> Any:
+        if n.op == "placeholder":
+            return n.args[0] if n.args else _meta_like(self.input_ranks.get(n.name, 4))
+        if n.op == "output":
+            return None
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        if n.op == "get_attr":
+            obj = self.fetch_attr(str(n.target))
+            return obj.to("meta") if isinstance(obj, torch.Tensor) else obj
+        if n.op == "call_module":
+            m = self.module.get_submodule(str(n.target))
+            rank = _weighted_rank(m)
+            if rank is not None:
+                return _meta_like(rank)
+            first = _first_tensor((args, kwargs))
+            return first if first is not None else _meta_like(4)
+        try:
+            return getattr(self, n.op)(n.target, args, kwargs)
+        except Exception:  # shapes are invented here: keep the first input's value
+            first = _first_tensor((args, kwargs))
+            return first if first is not None else _meta_like(4)
+
+
+_WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+
+
+def _weighted_rank(m: nn.Module) -> int | None:
+    """Output rank of a conv (its weight's rank) or linear (2) module, else None."""
+    w = getattr(m, "weight", None)
+    if isinstance(m, _WEIGHTED) and isinstance(w, torch.Tensor):
+        return w.dim()
+    if isinstance(m, nn.Linear):
+        return 2
+    return None
+
+
+def _add_operands(n: torch.fx.Node) -> list[torch.fx.Node]:
+    """The two tensor operands of an add node (``+``, torch.add, Tensor.add, ff.add), else []."""
+    args = list(n.args)
+    if n.op == "call_method" and n.target == "add" and args and isinstance(args[0], torch.fx.Node) \
+            and args[0].op == "get_attr":
+        args = args[1:]
+    is_add = (n.op == "call_function" and n.target in (operator.add, torch.add)) or \
+        (n.op == "call_method" and n.target == "add")
+    ops = [a for a in args[:2] if isinstance(a, torch.fx.Node)]
+    return ops if is_add and len(ops) == 2 else []
+
+
+def _input_behind(gm: torch.fx.GraphModule, n: torch.fx.Node) -> torch.fx.Node | None:
+    """The model input ``n`` is computed from through non-weighted single-input steps, if any."""
+    while n.op != "placeholder":
+        if n.op == "call_module" and _weighted_rank(gm.get_submodule(str(n.target))) is not None:
+            return None
+        srcs = [a for a in n.all_input_nodes if a.op != "get_attr"]
+        if not srcs:
+            return None
+        n = srcs[0]
+    return n
+
+
+def _rank_only_values(root: nn.Module, fx_graph: torch.fx.Graph) -> dict[str, Any]:
+    gm = torch.fx.GraphModule(root, copy.deepcopy(fx_graph))
+    ranks: dict[str, int] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for _ in range(len(placeholders) + 1):  # each round fixes at least one input's rank
+        interp = _RankOnly(gm, ranks)
+        with torch.no_grad():
+            interp.run(*[None for _ in placeholders])
+        changed = False
+        for n in gm.graph.nodes:
+            ops = _add_operands(n)
+            if not ops:
+                continue
+            a, b = (interp.values.get(o.name) for o in ops)
+            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() == b.dim():
+                continue
+            for this, other in ((ops[0], b), (ops[1], a)):
+                src = _input_behind(gm, this)
+                if src is not None and src.name not in ranks:
+                    ranks[src.name] = other.dim()
+                    changed = True
+                    break
+        if not changed:
+            return interp.values
+    return interp.values
+
+
+def _values(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Any) -> dict[str, Any]:
+    """fx node name -> a value typing it: a real run on ``example_inputs``, else rank-only."""
+    if example_inputs is None:
+        return _rank_only_values(root, fx_graph)
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    return propagate(root, fx_graph, tuple(example_inputs))
+
+
+def build_ir(root: nn.Module, example_inputs: Any = None) -> tuple[Graph, dict[str, str]]:
+    """IR of ``root`` plus, per node name, the qualified name of the module owning it."""
+    fx_graph = trace_fx(root)
+    owners = {n.name: owner_of_stack(n.meta.get("nn_module_stack"), is_module_call=n.op == "call_module")
+              for n in fx_graph.nodes}
+    values = _values(root, fx_graph, example_inputs)
+    return _Converter(root, values).run(fx_graph), owners
+
+

@@ -1,0 +1,67 @@
+"""State-dict remapping: float checkpoints load into fused and prepared models by their original keys.
+
+:class:`StateDictRemap` is registered as a load_state_dict pre-hook on the root of every
+model fuse_fx / prepare_qat_fx return. It moves a conv's keys to where fusion put the
+conv (``conv.weight`` -> ``_generated_add_0.conv.weight``), folds the batch norm the
+fusion absorbed (same arithmetic as the absorb-bn pass), then renames fused keys to the
+QAT modules' (``..._generated_add_0.conv.weight`` -> ``..._generated_add_0.weight``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from passes.absorb_bn import fold_batch_norm
+
+__all__ = ["KeyRemap", "StateDictRemap"]
+
+
+@dataclass(frozen=True)
+class KeyRemap:
+    """One conv whose float keys moved (and maybe absorbed a batch norm)."""
+
+    conv_prefix: str  # "conv." in the float model
+    new_prefix: str  # "_generated_add_0.conv." in the fused model
+    conv_op: Any  # the IR conv op (fold_batch_norm reads its kind and groups)
+    bn_prefix: str | None = None
+    bn_eps: float = 1e-5
+
+
+@dataclass
+class StateDictRemap:
+    """load_state_dict pre-hook: float-model keys -> fused (and prepared) model keys.
+
+    ``remaps`` move conv keys and fold batch norms; ``key_map`` then renames fused-model
+    keys to the final model's (prepare fills it when QAT modules name tensors differently).
+    Keys already in the fused layout pass through untouched.
+    """
+
+    remaps: list[KeyRemap] = field(default_factory=list)
+    key_map: dict[str, str] = field(default_factory=dict)
+
+    def __call__(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        for r in self.remaps:
+            w_key = prefix + r.conv_prefix + "weight"
+            if w_key not in state_dict:
+                continue
+            weight = state_dict.pop(w_key)
+            bias = state_dict.pop(prefix + r.conv_prefix + "bias", None)
+            if r.bn_prefix is not None:
+                bn = {k: state_dict.pop(prefix + r.bn_prefix + k) for k in
+                      ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+                      if prefix + r.bn_prefix + k in state_dict}
+                if "running_mean" in bn and "running_var" in bn:
+                    w64, b64 = fold_batch_norm(r.conv_op, weight, bias, bn["running_mean"], bn["running_var"],
+                                               bn.get("weight"), bn.get("bias"), r.bn_eps)
+                    weight, bias = w64.to(weight.dtype), b64.to(weight.dtype)
+            state_dict[prefix + r.new_prefix + "weight"] = weight
+            if bias is not None:
+                state_dict[prefix + r.new_prefix + "bias"] = bias
+        for old, new in self.key_map.items():
+            if prefix + old in state_dict and old != new:
+                state_dict[prefix + new] = state_dict.pop(prefix + old)
+
+
