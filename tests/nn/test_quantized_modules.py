@@ -228,3 +228,12 @@ def test_conv_within_one_lsb_over_scales(s_in: float, w_mag: float, act: str | N
     fl = conv if act is None else qnn.intrinsic.fused_class(nn.Conv2d, False, act)(conv)
     rt = RoundTrip(fl, [(1, 4, 5, 5)], [s_in], seed=seed)
     assert rt.max_lsb() <= 1
+
+
+def test_scales_stay_float32_under_half_and_double() -> None:
+    case = next(c for c in ALL_CASES if c.name == "ConvAddReLU2d")
+    rt = _trip(case)
+    q = rt.quant.half()
+    assert q.scale.dtype == torch.float32 and q.input_scale_1.dtype == torch.float32
+    assert torch.equal(q(*rt.q_in), rt.q_out)
+    assert rt.quant.double().scale.dtype == torch.float32

@@ -19,6 +19,7 @@ from torch import nn
 from qir.ir.types import DType
 from qir.march import March
 from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.observer import keep_buffer_dtypes
 
 __all__ = ["QuantizedModule", "as_scale_tensor", "check_qat", "march_name", "untraced"]
 
@@ -89,6 +90,13 @@ class QuantizedModule(nn.Module):
         if out_scale is not None:
             self.register_buffer("scale", as_scale_tensor(out_scale, f"{name} output"))
         self.dtype = dtype
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> QuantizedModule:
+        # scales are float32 by definition: .half() / .double() must not round them
+        super()._apply(fn, recurse)
+        names = [n for n in self._buffers if n == "scale" or n.startswith("input_scale_")]
+        keep_buffer_dtypes(self, dict.fromkeys(names, torch.float32))
+        return self
 
     @property
     def input_scales(self) -> list[torch.Tensor]:
