@@ -59,8 +59,14 @@ class QATModule(nn.Module):
 
     ``activation_post_process`` is the output fake quant, or ``None`` when the module
     preserves its input's scale (ReLU, max pool, nearest resize, ...) or emits a
-    high-precision output. ``scale_preserving`` is a class-level fact for the flows.
+    high-precision output. ``scale_preserving`` is the class-level fact, ``is_scale_preserving``
+    the per-instance one.
     """
 
     scale_preserving: ClassVar[bool] = False
     activation_post_process: FakeQuantize | None
+
+    @property
+    def is_scale_preserving(self) -> bool:
+        """True when the output keeps the input's scale (per instance: nearest vs bilinear resize)."""
+        return self.scale_preserving
