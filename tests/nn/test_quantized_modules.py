@@ -237,3 +237,18 @@ def test_scales_stay_float32_under_half_and_double() -> None:
     assert q.scale.dtype == torch.float32 and q.input_scale_1.dtype == torch.float32
     assert torch.equal(q(*rt.q_in), rt.q_out)
     assert rt.quant.double().scale.dtype == torch.float32
+
+
+@given(
+    s_in=st.floats(min_value=1e-3, max_value=0.5),
+    which=st.sampled_from(
+        ["AvgPool2d-pad-excl", "AdaptiveAvgPool2d", "Interpolate-bilinear-size", "Interpolate-align"]
+    ),
+    march=st.sampled_from(["bayes", "bernoulli2"]),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=15)
+def test_pools_and_resize_within_one_lsb_over_scales(s_in: float, which: str, march: str, seed: int) -> None:
+    case = next(c for c in ALL_CASES if c.name == which)
+    rt = RoundTrip(case.make(), case.shapes, [s_in], march=march, seed=seed)
+    assert rt.max_lsb() <= 1
