@@ -90,12 +90,12 @@ class GraphPicture:
     part_of_edge: dict[int, int] = field(default_factory=dict)
 
 
-def format_value(info: ValueInfo | None, scale: Scale, known: bool) -> str:
+def format_value(info: ValueInfo | None, scale: Scale) -> str:
     """``dtype shape scale`` of one value; ``scale ?`` for a code tensor whose scale nobody recorded."""
     if info is None:
         return "python value"
     shape = "x".join(str(d) for d in info.shape) or "scalar"
-    if info.dtype in ("float32", "int64", "uint8") or not known:
+    if info.dtype not in ("qint8", "qint16", "qint32"):
         return f"{info.dtype} {shape}"
     if scale is None:
         return f"{info.dtype} {shape} scale ?"
@@ -151,16 +151,20 @@ def _parts(inst: Instruction) -> list[str]:
 def program_picture(program: Program, infos: Mapping[str, ValueInfo], *, scales: Mapping[str, Scale],
                     modules: Mapping[str, str], module_types: Mapping[str, str],
                     violations: Mapping[str, Sequence[tuple[str, str]]], title: Sequence[str],
-                    notes: Mapping[str, str] | None = None) -> GraphPicture:
+                    notes: Mapping[str, str] | None = None, shape_ops: bool = False) -> GraphPicture:
     """Boxes and edges of ``program``. ``scales``: value -> scale (absent: unknown);
     ``modules`` / ``module_types``: layer -> module name / class; ``violations``: layer -> (short rule,
-    full text) of every rule it breaks; ``notes``: layer -> an extra tooltip line."""
+    full text) of every rule it breaks; ``notes``: layer -> an extra tooltip line. ``shape_ops``:
+    also draw the shape arithmetic (``x.size()``, indexing it, int math) that feeds reshapes."""
     boxes: dict[str, Box] = {}
+    hidden = set() if shape_ops else _shape_arithmetic(program, infos, violations)
+    title = list(title)
+    if hidden:
+        title.append(f"{len(hidden)} shape-arithmetic call(s) (size, indexing a shape, int math) not drawn")
     producer: dict[str, str] = {}
 
     def label(v: str) -> str:
-        return format_value(infos.get(v), scales.get(v), v in scales or infos.get(v) is None
-                            or (infos[v].dtype not in ("qint8", "qint16", "qint32")))
+        return format_value(infos.get(v), scales.get(v))
 
     for k, name in enumerate(program.inputs):
         src = (program.meta.get("input_source") or [])
@@ -172,6 +176,8 @@ def program_picture(program: Program, infos: Mapping[str, ValueInfo], *, scales:
     raw_edges: list[tuple[str, str, str]] = []
     part_of_edge: dict[int, int] = {}
     for k, inst in enumerate(program.instructions):
+        if k in hidden:
+            continue
         mod = modules.get(inst.source, inst.source)
         cls = module_types.get(inst.source, "")
         out = inst.outputs[0] if inst.outputs else ""
@@ -203,7 +209,27 @@ def program_picture(program: Program, infos: Mapping[str, ValueInfo], *, scales:
             raw_edges.append((producer[name], b.id, label(name)))
     for b in boxes.values():
         b.size()
-    return GraphPicture(list(title), boxes, [([u, v], lab) for u, v, lab in raw_edges], part_of_edge)
+    return GraphPicture(title, boxes, [([u, v], lab) for u, v, lab in raw_edges], part_of_edge)
+
+
+#: shape_fn functions computing Python ints from shapes (static on the device)
+_SCALAR_FNS = frozenset({"size", "dim", "numel", "add", "sub", "mul", "floordiv"})
+
+
+def _shape_arithmetic(program: Program, infos: Mapping[str, ValueInfo],
+                      violations: Mapping[str, Sequence[tuple[str, str]]]) -> set[int]:
+    """Indices of instructions that only compute Python ints from shapes (a ``getitem`` of such a
+    value included); their results feed reshapes, never tensors' data."""
+    scalar: set[str] = set()
+    out: set[int] = set()
+    for k, inst in enumerate(program.instructions):
+        if inst.op != "shape_fn" or any(o in infos for o in inst.outputs) or inst.source in violations:
+            continue
+        fn = str(inst.attrs.get("fn"))
+        if fn in _SCALAR_FNS or (fn == "getitem" and inst.inputs and all(v in scalar for v in inst.inputs)):
+            out.add(k)
+            scalar.update(inst.outputs)
+    return out
 
 
 def _flat(o: object) -> list[str]:

@@ -40,6 +40,12 @@ def program_scales(low: Lowered) -> dict[str, Scale]:
     for inst in low.program.instructions:
         for o in inst.outputs:
             info = low.infos.get(o)
+            if info is None and inst.op == "shape_fn":
+                # a tuple of tensors (chunk, split): its items keep the input's scale
+                s0 = next((scales[v] for v in inst.inputs if v in scales), None)
+                if s0 is not None:
+                    scales[o] = s0
+                continue
             if info is None or info.dtype not in ("qint8", "qint16", "qint32"):
                 continue
             s: Scale = None
@@ -104,12 +110,14 @@ def visualize_model(
     march: Any = None,
     input_source: str | Sequence[str] | None = None,
     check: bool = True,
+    shape_ops: bool = False,
 ) -> Path:
     """Write an SVG of ``module``'s lowered Program to ``save_path``; return the path.
 
     ``module`` / ``example_inputs`` / ``march``: as for ``compile_model`` (a converted
     model or its ``torch.jit.trace``; not modified). ``check`` runs ``check_model`` and
-    marks illegal layers. ``show`` prints the path (there is no viewer).
+    marks illegal layers. ``shape_ops`` also draws the shape arithmetic feeding reshapes
+    (``x.size(0)``, int math), left out by default. ``show`` prints the path (there is no viewer).
     """
     low = lower_for_analysis(module, example_inputs, march=march, opt=1, input_source=input_source)
     rules, unplaced = _violations(low) if check else ({}, [])
@@ -122,7 +130,7 @@ def visualize_model(
     title += [f"not legal, no kernel call of its own: {u}" for u in unplaced]
     pic = program_picture(low.program, low.infos, scales=program_scales(low), modules=low.node_modules(),
                           module_types={k: type(m).__name__ for k, m in objs.items()}, violations=rules, title=title,
-                          notes=_fused_from(low))
+                          notes=_fused_from(low), shape_ops=shape_ops)
     path = Path(save_path)
     try:
         if path.parent != Path(""):

@@ -10,10 +10,11 @@ import pytest
 import torch
 from pv_models import ConvBNReLU, Seed002Net, Stubbed, eager_converted
 from torch import nn
+from torch.ao.quantization import DeQuantStub
 
 from backends.common.perf import ValueInfo
 from backends.common.visualize import RED, format_value
-from qir.quantization import visualize_model
+from qir.quantization import QuantStub, visualize_model
 
 pytestmark = [pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
               pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")]
@@ -95,10 +96,11 @@ def test_legal_on_bayes_and_module_untouched(tmp_path: Path) -> None:
 
 def test_value_labels() -> None:
     info = ValueInfo((1, 8, 4, 4), "qint8", 128)
-    assert format_value(info, None, True) == "qint8 1x8x4x4 scale ?"
-    assert format_value(info, 0.5, True) == "qint8 1x8x4x4 scale 0.5"
-    assert format_value(ValueInfo((2,), "float32", 8), None, True) == "float32 2"
-    assert format_value(None, None, False) == "python value"
+    assert format_value(info, None) == "qint8 1x8x4x4 scale ?"
+    assert format_value(info, 0.5) == "qint8 1x8x4x4 scale 0.5"
+    assert format_value(info, [0.5, 0.25]) == "qint8 1x8x4x4 scale per-channel(2)"
+    assert format_value(ValueInfo((2,), "float32", 8), None) == "float32 2"
+    assert format_value(None, None) == "python value"
 
 
 def test_fx_residual_group(tmp_path: Path) -> None:
@@ -113,3 +115,29 @@ def test_fx_residual_group(tmp_path: Path) -> None:
     title = groups[("conv2d", "add", "relu")].find(f"{SVG}title")
     assert title is not None and "fused from" in (title.text or "") and "bn" in (title.text or "")
     assert not _boxes_overlap(root)
+
+
+class _SizeHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.dequant = DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(self.quant(x))
+        return self.dequant(y.reshape(y.size(0), -1))
+
+
+def test_shape_arithmetic_folded(tmp_path: Path) -> None:
+    from bitexact_models import fx_converted
+
+    q = fx_converted(_SizeHead(), (2, 3, 8, 8), "bayes")
+    x = torch.randn(1, 3, 8, 8)
+    root = ET.parse(visualize_model(q, [x], save_path=tmp_path / "a.svg")).getroot()
+    names = _texts(root, "kernel-name")
+    assert "size" not in names and "reshape" in names
+    assert "1 shape-arithmetic call(s) (size, indexing a shape, int math) not drawn" in _texts(root, "header")
+    assert "qint8 1x144 scale" in " ".join(_texts(root, "edge-label"))  # reshape keeps the conv's scale
+    full = ET.parse(visualize_model(q, [x], save_path=tmp_path / "b.svg", shape_ops=True)).getroot()
+    assert "size" in _texts(full, "kernel-name")
