@@ -48,6 +48,7 @@ class ConvState:
     relu6_bound: torch.Tensor
     add_rq: RequantF64 | None
     chunks: list[tuple[int, int, torch.Tensor]]
+    bias_half: torch.Tensor  # float64 per channel: bias * M/2**s + half/2**s (exact: integers < 2**53, scaled)
     k: int  # unpadded reduction length (int_mm)
     n: int  # output channels
 
@@ -79,8 +80,10 @@ def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> ConvState
     add_rq = None
     if a.get("has_add"):
         add_rq = RequantF64(torch.tensor(int(a["add_multiplier"])), torch.tensor(int(a["add_shift"])))
+    rq = RequantF64(consts[inst.consts["multiplier"]], consts[inst.consts["shift"]])
+    scale, half = (rq.scale, rq.half) if rq.scale.numel() == c_out else (rq.scale.expand(c_out), rq.half.expand(c_out))
     return ConvState(weight=weight, bias=bias.to(torch.float64) if a.get("requant", "f64") == "f64" else bias,
-                     rq=RequantF64(consts[inst.consts["multiplier"]], consts[inst.consts["shift"]]),
+                     rq=rq, bias_half=torch.addcmul(half, bias.to(torch.float64), scale),
                      relu6_bound=consts[inst.consts["relu6_bound"]].to(torch.int64).reshape(-1),
                      add_rq=add_rq, chunks=chunks, k=k, n=c_out)
 
@@ -116,7 +119,7 @@ def _im2col(x: torch.Tensor, kh: int, kw: int, stride: list[int], padding: list[
 
 
 def _acc_conv2d(x: torch.Tensor, st: ConvState, a: Mapping[str, Any]) -> torch.Tensor:
-    """Exact accumulator (no bias) as float64 in NHWC view order (N, OH, OW, C_out)."""
+    """Exact accumulator (no bias) in NHWC view order (N, OH, OW, C_out): float64, or int32 from ``_int_mm``."""
     engine = a["engine"]
     stride, padding, dilation, groups = list(a["stride"]), list(a["padding"]), list(a["dilation"]), int(a["groups"])
     if a.get("padding_mode", "zeros") != "zeros":
@@ -127,7 +130,8 @@ def _acc_conv2d(x: torch.Tensor, st: ConvState, a: Mapping[str, Any]) -> torch.T
         cols, oh, ow = _im2col(x, kh, kw, stride, padding, dilation, int(st.weight.shape[0]))
         m = x.shape[0] * oh * ow
         out = torch._int_mm(cols, st.weight)[:m, : st.n]
-        return out.to(torch.float64).view(x.shape[0], oh, ow, st.n)
+        # int32 stays int32: the requantizing addcmul promotes to float64 on the fly (one pass fewer)
+        return out.reshape(x.shape[0], oh, ow, st.n)
     if engine == "f32":
         xf = x.to(torch.float32, memory_format=torch.channels_last)
         return F.conv2d(xf, st.weight, None, stride, padding, dilation, groups).permute(0, 2, 3, 1).to(torch.float64)
@@ -152,24 +156,23 @@ def _finish(acc: torch.Tensor, addend: torch.Tensor | None, st: ConvState, a: Ma
     shape[axis % acc.dim()] = -1
     if a.get("requant", "f64") != "f64":
         return _finish_i64(acc, addend, st, a, axis)
-    acc = acc + st.bias.reshape(shape)
+    act = a.get("act")
     if st.add_rq is not None:
         assert addend is not None
         i32lo, i32hi = qbounds("qint32")
-        mid = st.rq.apply(acc, axis).clamp_(i32lo, i32hi)
+        mid = torch.addcmul(st.bias_half.reshape(shape), acc, st.rq.scale.reshape(shape)).floor_().clamp_(i32lo, i32hi)
         mid += st.add_rq.apply(addend.to(torch.float64)).clamp_(i32lo, i32hi)
         p = int(a["extra_bits"])
         out = mid.add_(float((1 << p) >> 1)).mul_(2.0**-p).floor_() if p else mid
-        out = out.clamp_(lo, hi)
     elif out_dtype == "qint32":
-        out = acc
+        out = acc + st.bias.reshape(shape)
     else:
-        out = st.rq.apply(acc, axis).clamp_(lo, hi)
-    act = a.get("act")
-    if act is not None:
-        out = out.clamp_(min=0) if out is not acc else out.clamp(min=0)
-        if act == "relu6":
-            out = torch.minimum(out, st.relu6_bound.reshape(shape).to(out.dtype))
+        # floor((acc + b) * M/2**s + half) with the bias folded into the per-channel offset (exact, see base)
+        out = torch.addcmul(st.bias_half.reshape(shape), acc, st.rq.scale.reshape(shape)).floor_()
+    # saturation then ReLU is one clamp to [max(lo, 0), hi]
+    out = out.clamp_(max(lo, 0) if act is not None else lo, hi)
+    if act == "relu6":
+        out = torch.minimum(out, st.relu6_bound.reshape(shape).to(out.dtype))
     return sat_to(out, out_dtype)
 
 
@@ -244,7 +247,7 @@ def linear(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
             buf = x2.new_zeros((max(m, 17), kp))
             buf[:m, : x2.shape[1]] = x2
             x2 = buf
-        acc = torch._int_mm(x2.contiguous(), st.weight)[:m, : st.n].to(torch.float64)
+        acc = torch._int_mm(x2.contiguous(), st.weight)[:m, : st.n]
     elif engine == "f32":
         acc = F.linear(x2.to(torch.float32), st.weight).to(torch.float64)
     else:
