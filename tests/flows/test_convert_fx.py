@@ -150,3 +150,29 @@ def test_wrong_march_is_an_error() -> None:
     prepared = prepare_qat_fx(ModelForFusion(), {"": QAT})
     with march_scope(March.BERNOULLI2), pytest.raises(ConvertError, match="prepared for march bayes"):
         convert_fx(prepared)
+
+
+def test_module_shared_by_inputs_of_different_scales_is_an_error() -> None:
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qa = QuantStub()
+            self.qb = QuantStub()
+            self.conv = nn.Conv2d(1, 1, 1)
+            self.dequant = DeQuantStub()
+
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return self.dequant(torch.cat([self.conv(self.qa(a)), self.conv(self.qb(b))], 1))
+
+    prepared = prepare_qat_fx(Shared(), {"": QAT})
+    prepared(torch.randn(2, 1, 4, 4), torch.randn(2, 1, 4, 4) * 10)
+    with pytest.raises(ConvertError, match=r"module 'conv' is called at several places"):
+        convert_fx(prepared.eval())
+
+
+def test_prepare_with_example_inputs() -> None:
+    x = torch.randn(2, 1, 8, 8)
+    prepared = prepare_qat_fx(ResNetish(), {"": QAT}, example_inputs=(x,))
+    prepared(x)
+    converted = convert_fx(prepared.eval())
+    assert converted(x).shape == (2, 5)
