@@ -1,0 +1,33 @@
+"""``--input-shape 1,3,224,224``: parsing and example inputs."""
+
+from __future__ import annotations
+
+import torch
+
+from qir.cli.errors import UserError
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"1,3,224,224"`` (or ``1x3x224x224``) -> ``(1, 3, 224, 224)``; UserError naming the option otherwise."""
+    parts = [p.strip() for p in text.replace("x", ",").replace("X", ",").split(",") if p.strip()]
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        dims = ()
+    if not dims or any(d <= 0 for d in dims):
+        raise UserError(f"--input-shape {text!r} is not a shape: give positive integers separated by commas, "
+                        "e.g. --input-shape 1,3,224,224")
+    return dims
+
+
+def shapes_from(args_shapes: list[str] | None, what: str) -> list[tuple[int, ...]]:
+    if not args_shapes:
+        raise UserError(f"{what} needs the model's input shape: add --input-shape N,C,H,W "
+                        "(repeat it for each input of a model with several)")
+    return [parse_shape(s) for s in args_shapes]
+
+
+def example_inputs(shapes: list[tuple[int, ...]], seed: int = 0) -> list[torch.Tensor]:
+    """Random normal tensors of the given shapes (seeded: runs are reproducible)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g) for s in shapes]
