@@ -62,8 +62,8 @@ ROOFLINES: dict[str, Roofline] = {
         dram_bytes_per_s=25.6e9,
         int16_mac_cost=4.0,
         sources=(
-            "96 TOPS: the RDK Ultra board's rating (the Journey 5 chip is rated 128 TOPS in the vendor's J5 "
-            "OpenExplorer overview); counted as 48e12 MAC/s",
+            "96 TOPS: the RDK Ultra board's marketed rating, unverified (the figure with a checked source is the "
+            "Journey 5 chip's 128 TOPS, in the vendor's J5 OpenExplorer overview); counted as 48e12 MAC/s",
             "25.6 GB/s: assumption - a 64-bit LPDDR4 bus at 3200 MT/s (64 / 8 * 3.2e9), the theoretical peak; "
             "not a measured or vendor-stated bandwidth",
             _INT16_NOTE,
