@@ -9,6 +9,7 @@ returns: float after a DeQuantStub, integer codes otherwise.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ class CompiledModel:
         self.program = program
         self.num_threads = num_threads
         self.source = source
+        self._lock = threading.Lock()
         self._steps: list[tuple[Instruction, Any, Any, list[str]]] = []
         last_use: dict[str, int] = {}
         for i, inst in enumerate(program.instructions):
@@ -59,6 +61,11 @@ class CompiledModel:
         names = self.program.inputs
         if len(inputs) != len(names):
             raise TypeError(f"compiled model{self._where()} takes {len(names)} input(s), got {len(inputs)}")
+        with self._lock:  # kernels keep per-instruction work buffers: one call at a time
+            return self._call(inputs)
+
+    def _call(self, inputs: tuple[Any, ...]) -> Any:
+        names = self.program.inputs
         prev = torch.get_num_threads()
         if self.num_threads is not None and prev != self.num_threads:
             torch.set_num_threads(self.num_threads)

@@ -15,7 +15,7 @@ Engines (chosen per layer by the lowering, docs/backends.md "Kernel choices"):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from backends.common.program import Instruction
 
 __all__ = ["ConvState", "conv_engines", "linear_engines"]
 
+_CODE_DTYPES = {"qint8": torch.int8, "qint16": torch.int16, "qint32": torch.int32}
 CONV2D_ENGINES = ("int_mm", "int_mm_t", "f32", "f32_chunked", "f64")
 LINEAR_ENGINES = ("int_mm", "f32", "f64")
 
@@ -51,6 +52,16 @@ class ConvState:
     bias_half: torch.Tensor  # float64 per channel: bias * M/2**s + half/2**s (exact: integers < 2**53, scaled)
     k: int  # unpadded reduction length (int_mm)
     n: int  # output channels
+    spaces: dict[tuple[int, tuple[int, ...]], torch.Tensor] = field(default_factory=dict)
+
+    def workspace(self, slot: int, like: torch.Tensor) -> torch.Tensor:
+        """A float64 buffer shaped like ``like``, kept between calls: large fresh allocations are
+        page-faulted in on every call, which cost more than the arithmetic itself."""
+        key = (slot, tuple(like.shape))
+        ws = self.spaces.get(key)
+        if ws is None:
+            ws = self.spaces[key] = torch.empty(like.shape, dtype=torch.float64)
+        return ws.copy_(like)
 
 
 def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> ConvState:
@@ -160,20 +171,26 @@ def _finish(acc: torch.Tensor, addend: torch.Tensor | None, st: ConvState, a: Ma
     if st.add_rq is not None:
         assert addend is not None
         i32lo, i32hi = qbounds("qint32")
-        mid = torch.addcmul(st.bias_half.reshape(shape), acc, st.rq.scale.reshape(shape)).floor_().clamp_(i32lo, i32hi)
-        mid += st.add_rq.apply(addend.to(torch.float64)).clamp_(i32lo, i32hi)
+        mid = st.workspace(0, acc)
+        torch.addcmul(st.bias_half.reshape(shape), mid, st.rq.scale.reshape(shape), out=mid).floor_()
+        mid.clamp_(i32lo, i32hi)
+        add = st.workspace(1, addend)
+        sc, hf = st.add_rq.along(-1, add.dim())
+        torch.addcmul(hf, add, sc, out=add).floor_().clamp_(i32lo, i32hi)
+        mid += add
         p = int(a["extra_bits"])
         out = mid.add_(float((1 << p) >> 1)).mul_(2.0**-p).floor_() if p else mid
     elif out_dtype == "qint32":
         out = acc + st.bias.reshape(shape)
     else:
         # floor((acc + b) * M/2**s + half) with the bias folded into the per-channel offset (exact, see base)
-        out = torch.addcmul(st.bias_half.reshape(shape), acc, st.rq.scale.reshape(shape)).floor_()
+        out = st.workspace(0, acc)
+        torch.addcmul(st.bias_half.reshape(shape), out, st.rq.scale.reshape(shape), out=out).floor_()
     # saturation then ReLU is one clamp to [max(lo, 0), hi]
     out = out.clamp_(max(lo, 0) if act is not None else lo, hi)
     if act == "relu6":
-        out = torch.minimum(out, st.relu6_bound.reshape(shape).to(out.dtype))
-    return sat_to(out, out_dtype)
+        torch.minimum(out, st.relu6_bound.reshape(shape).to(out.dtype), out=out)
+    return out.to(_CODE_DTYPES[out_dtype])  # already within the dtype's range
 
 
 def _finish_i64(acc: torch.Tensor, addend: torch.Tensor | None, st: ConvState, a: Mapping[str, Any],
