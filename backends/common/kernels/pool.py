@@ -23,7 +23,8 @@ def _sum_dtype(x: torch.Tensor, window: int) -> torch.dtype:
 
 @register_kernel("maxpool2d")
 def maxpool2d(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
-    """Max over each window (float32 holds every int8 / int16 code exactly)."""
+    """Max over each window in float32, which holds every code exactly (torch's integer max pool
+    refuses inputs whose depth * height * width exceeds the code dtype's maximum)."""
     a = inst.attrs
     x = args[0]
     y = F.max_pool2d(x.to(torch.float32), a["kernel_size"], a["stride"], a["padding"], a["dilation"],

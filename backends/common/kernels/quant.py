@@ -29,7 +29,7 @@ def quantize(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     ct = torch.float64 if dtype == "qint32" or x.dtype == torch.float64 else torch.float32
     v = x.to(ct) / torch.tensor(float(inst.attrs["scale"]), dtype=torch.float32).to(ct)
     f = torch.floor(v)
-    f += (v - f) >= 0.5
+    f += v.sub_(f).ge_(0.5)  # in place: the fraction v - floor(v) is exact, then its tie test as 0 / 1
     lo, hi = qbounds(dtype)
     return [f.clamp_(lo, hi).to(_TORCH[dtype])]
 
