@@ -30,7 +30,9 @@ def register(sub: Any) -> None:
     p.add_argument("--qat-epochs", type=int, default=None, help="QAT epochs (default 5; --fast: 1)")
     p.add_argument("--fast", action="store_true",
                    help="a quick check that the flow works: 2 float + 1 QAT epochs, compile at opt 0")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    # One thread: the 8x8 layers are too small to split across threads; measured on 2 shared cores,
+    # 2 threads made a training step 6x (load 4) to 100x (load 12) slower than 1.
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the layers are tiny)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights, the split and the batches")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(run=run)

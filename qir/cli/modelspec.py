@@ -7,6 +7,7 @@ An ``nn.Module`` instance named instead of a factory is used as it is.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import sys
@@ -69,8 +70,10 @@ def load_model(spec: str) -> nn.Module:
     obj: object = module
     for part in name.split("."):
         if not hasattr(obj, part):
-            public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))[:12]
-            raise UserError(f"'{where}' has no attribute '{name}' (callables there: {', '.join(public) or 'none'})")
+            public = sorted(n for n, v in vars(obj).items() if callable(v) and not n.startswith("_"))
+            close = difflib.get_close_matches(part, public, n=5) or public[:8]
+            hint = f"did you mean: {', '.join(close)}" if close else "it defines nothing callable"
+            raise UserError(f"'{where}' has no attribute '{name}' ({hint})")
         obj = getattr(obj, part)
     if isinstance(obj, nn.Module):
         return obj

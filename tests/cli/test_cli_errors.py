@@ -22,7 +22,7 @@ def test_missing_model_file(qir: Qir, cmd: str, tmp_path: Path) -> None:
 
 
 def test_bad_factory_paths(qir: Qir, model: Model) -> None:
-    qir("check", model("no_such_factory"), *SHAPE).assert_user_error("no attribute 'no_such_factory'", "tiny")
+    qir("check", model("no_such_factory"), *SHAPE).assert_user_error("no attribute 'no_such_factory'", "did you mean")
     qir("check", str(HERE / "models.py"), *SHAPE).assert_user_error("names no factory", "package.module:factory")
     qir("check", "no_such_package.models:net", *SHAPE).assert_user_error("cannot import model module",
                                                                          "no_such_package")
