@@ -126,7 +126,7 @@ def prepare(args: argparse.Namespace, precheck: bool = False) -> Prepared:
     prep = Prepared(model, example_inputs(shapes, args.seed), march, kind, args.model.rpartition(":")[2])
     prep.stages.append(("load", time.perf_counter() - t0))
     model.eval()
-    _run(model, prep.inputs, f"model '{args.model}'")
+    example_output = _run(model, prep.inputs, f"model '{args.model}'")
     if kind == CONVERTED:
         return prep
     if kind == FLOAT and precheck:
@@ -134,7 +134,7 @@ def prepare(args: argparse.Namespace, precheck: bool = False) -> Prepared:
     # prepare / convert may print progress of their own; the CLI prints its own summary
     with march_scope(march), contextlib.redirect_stdout(io.StringIO()):
         if kind == FLOAT:
-            model, added = add_stubs_if_missing(model, len(shapes))
+            model, added = add_stubs_if_missing(model, example_output, len(shapes))
             if added:
                 prep.notes.append("the model has no QuantStub: qir put QuantStub before each input and "
                                   "DeQuantStub after each output")

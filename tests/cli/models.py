@@ -69,3 +69,20 @@ def not_a_module() -> int:
 
 
 instance = Tiny()
+
+
+class TwoInputs(nn.Module):
+    """Two inputs, two outputs (a tuple): one QuantStub per input, a DeQuantStub per output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 1)
+        self.b = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(self.a(x)), self.b(y)
+
+
+def two_inputs() -> nn.Module:
+    torch.manual_seed(0)
+    return TwoInputs()

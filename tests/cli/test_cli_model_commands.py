@@ -105,3 +105,20 @@ def test_image_folder_calibration(qir: Qir, model: Model, tmp_path: Path) -> Non
     r = qir("check", model("tiny"), *SHAPE, "--calib-data", str(folder))
     assert r.code == 0, r.err
     assert "calibrated on 2 batch(es)" in r.out
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "backends/common/lower.py LowerContext.const dedups constants by id() of temporary tensors: a later "
+    "DeQuantStub's scale can be replaced by an earlier one's (id reuse after GC), so the artifact differs and "
+    "qir compile exits 3 (reported to the lowering's owners)"))
+def test_two_inputs_two_outputs(qir: Qir, model: Model, tmp_path: Path) -> None:
+    shapes = ("--input-shape", "1,3,8,8", "--input-shape", "2,3,4,4", "--calib-steps", "2", "--no-progress")
+    art = tmp_path / "two.hbm"
+    r = qir("compile", model("two_inputs"), *shapes, "--opt", "0", "-o", str(art))
+    assert r.code == 0, r.err
+    assert "bit-exact" in r.out
+    np.savez(tmp_path / "xy.npz", x=np.ones((1, 3, 8, 8), np.float32), y=np.ones((2, 3, 4, 4), np.float32))
+    r = qir("run", str(art), "--input", str(tmp_path / "xy.npz"), "-o", str(tmp_path / "out.npz"))
+    assert r.code == 0, r.err
+    assert "output 0: shape (1, 4, 8, 8)" in r.out and "output 1: shape (2, 4, 4, 4)" in r.out
+    assert sorted(np.load(tmp_path / "out.npz").files) == ["output0", "output1"]
