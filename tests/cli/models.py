@@ -86,3 +86,16 @@ class TwoInputs(nn.Module):
 def two_inputs() -> nn.Module:
     torch.manual_seed(0)
     return TwoInputs()
+
+
+def qat() -> nn.Module:
+    """A QAT model (prepare_qat_fx result): the CLI converts it without calibrating."""
+    from qir.march import march_scope
+    from qir.quantization import get_default_qat_qconfig, prepare_qat_fx
+    from qir.quantization.stubs import DeQuantStub, QuantStub
+
+    model = nn.Sequential(QuantStub(), tiny(), DeQuantStub())
+    with march_scope("bayes"):
+        prepared = prepare_qat_fx(model, {"": get_default_qat_qconfig()})
+        prepared(torch.randn(2, 3, 16, 16))  # observers see one batch
+    return prepared.eval()

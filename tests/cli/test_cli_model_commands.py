@@ -45,6 +45,8 @@ def test_compile_refuses_an_illegal_model(qir: Qir, model: Model, tmp_path: Path
 def test_converted_and_instance_models_are_used_as_they_are(qir: Qir, model: Model) -> None:
     r = qir("check", model("converted"), *SHAPE)
     assert r.code == 0 and "converted model: used as it is" in r.out and "RANDOM" not in r.out
+    r = qir("check", model("qat"), *SHAPE)
+    assert r.code == 0 and "QAT model: converted by qir" in r.out and "RANDOM" not in r.out
     r = qir("check", model("instance"), *SHAPE)
     assert r.code == 0 and "float model" in r.out
 
