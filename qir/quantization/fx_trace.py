@@ -1,8 +1,10 @@
 """fx tracing for the flows: ``trace_fx`` (qir's tracer) and ``build_ir`` (fx graph -> typed IR).
 
 ``build_ir`` also records, per node, the qualified name of the module whose forward holds
-it (fx's ``nn_module_stack``): generated modules are named in that scope. Without example
-inputs the graph is typed by rank only (:class:`_RankOnly`).
+it (fx's ``nn_module_stack``): generated modules are named in that scope. Each IR node also
+carries its owner in ``node.meta[OWNER_KEY]`` (rewrites that run after the passes, such as
+prepare's functional swap, read it there). Without example inputs the graph is typed by
+rank only (:class:`_RankOnly`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from qir.frontend.tracer import QirTracer, TraceError, patch_float_functional, t
 from qir.ir.graph import Graph
 from qir.quantization.names import owner_of_stack
 
-__all__ = ["build_ir", "trace_fx"]
+__all__ = ["OWNER_KEY", "build_ir", "trace_fx"]
+
+#: IR ``node.meta`` key of the qualified name of the module whose forward holds the node.
+OWNER_KEY = "qir.owner"
 
 
 def trace_fx(root: nn.Module) -> torch.fx.Graph:
@@ -168,6 +173,9 @@ def build_ir(root: nn.Module, example_inputs: Any = None) -> tuple[Graph, dict[s
     owners = {n.name: owner_of_stack(n.meta.get("nn_module_stack"), is_module_call=n.op == "call_module")
               for n in fx_graph.nodes}
     values = _values(root, fx_graph, example_inputs)
-    return _Converter(root, values).run(fx_graph), owners
+    g = _Converter(root, values).run(fx_graph)
+    for n in g.nodes:
+        n.meta[OWNER_KEY] = owners.get(n.name, "")
+    return g, owners
 
 

@@ -2,7 +2,9 @@
 
 Flow (docs/tutorial.md): the model is deep-copied and fused (:func:`build_fused`, even if
 it was fused before), functional ops that quantize (``+``, ``torch.cat``, ``*``, ``mean``
-...) become generated ``FloatFunctional`` modules, every module's qconfig is resolved
+...) become generated ``FloatFunctional`` modules, functional ops with their own output
+scale (bilinear ``F.interpolate``, ``torch.sigmoid``, ``x.exp()``, ...) become generated
+``qir.nn`` / ``torch.nn`` modules (:mod:`qir.quantization.functional_swap`), every module's qconfig is resolved
 (:mod:`qir.quantization.qconfig_dict`), and each module with a qconfig whose class is in
 ``qir.nn.qat.QAT_MODULE_MAP`` is replaced by ``from_float(module, qconfig)``.
 Scale-preserving functional ops (relu, reshape, max pool, ...) stay as they are.
@@ -26,6 +28,7 @@ from torch import nn
 from backends.common.numerics import scale_denominator
 from qir.march import March, get_march
 from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.functional_swap import swap_functionals
 from qir.quantization.fuse import ALL_FUNCTIONALS, FuseRecord, build_fused
 from qir.quantization.qconfig import QConfig, qconfig_kind
 from qir.quantization.qconfig_dict import QConfigSpec, parse_hybrid_dict, parse_qconfig_dict
@@ -188,7 +191,12 @@ def _carry_scales(src: nn.Module, dst: nn.Module) -> None:
 
 def _prepare_float(model: nn.Module, qconfig_dict: Mapping[str, Any] | None, example_inputs: Any,
                    march: March) -> torch.fx.GraphModule:
-    gm, record = build_fused(model, example_inputs, functionals=ALL_FUNCTIONALS)
+    swapped: dict[str, Any] = {}
+    gm, record = build_fused(model, example_inputs, functionals=ALL_FUNCTIONALS,
+                             prepare_objects=lambda g: swapped.update(swap_functionals(g)))
+    for path, target in swapped.items():
+        record.generated[path] = target
+        record.sources[path] = [path]
     float_copy = copy.deepcopy(gm)
     spec = parse_qconfig_dict(qconfig_dict, record.qconfig_attrs)
     kind = _swap(gm, record, spec)
