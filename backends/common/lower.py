@@ -132,7 +132,7 @@ class LowerContext:
     instructions: list[Instruction] = field(default_factory=list)
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)
-    _const_ids: dict[int, str] = field(default_factory=dict)
+    _const_ids: dict[int, tuple[str, torch.Tensor]] = field(default_factory=dict)
     _count: int = 0
 
     def fresh(self, hint: str) -> str:
@@ -142,11 +142,13 @@ class LowerContext:
     def const(self, hint: str, t: torch.Tensor) -> str:
         """Register an integer (or boundary float32) array; the same tensor object is stored once."""
         key = id(t)
-        if key in self._const_ids:
-            return self._const_ids[key]
+        hit = self._const_ids.get(key)
+        if hit is not None:
+            return hit[0]
         name = f"{hint}#{len(self.constants)}"
         self.constants[name] = t.detach().clone().contiguous()
-        self._const_ids[key] = name
+        # Keep ``t`` alive: an id() of a freed temporary can be reused by a different tensor.
+        self._const_ids[key] = (name, t)
         return name
 
     def example(self, v: Any) -> Any:

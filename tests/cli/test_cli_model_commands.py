@@ -109,10 +109,6 @@ def test_image_folder_calibration(qir: Qir, model: Model, tmp_path: Path) -> Non
     assert "calibrated on 2 batch(es)" in r.out
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "backends/common/lower.py LowerContext.const dedups constants by id() of temporary tensors: a later "
-    "DeQuantStub's scale can be replaced by an earlier one's (id reuse after GC), so the artifact differs and "
-    "qir compile exits 3 (reported to the lowering's owners)"))
 def test_two_inputs_two_outputs(qir: Qir, model: Model, tmp_path: Path) -> None:
     shapes = ("--input-shape", "1,3,8,8", "--input-shape", "2,3,4,4", "--calib-steps", "2", "--no-progress")
     art = tmp_path / "two.hbm"
