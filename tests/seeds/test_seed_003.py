@@ -87,6 +87,7 @@ def test_seed_003_non_hybrid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
             x = self.conv1(x)
             return self.dequant(x)
 
+    torch.manual_seed(0)  # the harness fixes the seed; the seed's own lines follow unchanged
     data_shape = [1, 3, 224, 224]
     data = torch.rand(size=data_shape)
     model = NonHybridModel()
