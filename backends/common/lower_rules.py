@@ -238,16 +238,17 @@ def lower_interpolate(ctx: LowerContext, node: Node, m: Any, args: list[Any], kw
     ac = bool(m.align_corners)
     consts: dict[str, str] = {}
     attrs: dict[str, Any] = {"in_size": [h, w], "out_dtype": _dt(m.dtype)}
-    for bits in (12, 16):
+    # Taps for both input widths: B = 12 fraction bits for int8 codes, 15 for int16 (module rule).
+    for bits in (12, 15):
         hi0, hi1, hw0, hw1 = bilinear_taps(h, oh, fh, ac, bits)
         wi0, wi1, ww0, ww1 = bilinear_taps(w, ow, fw, ac, bits)
         for k, t in (("hi0", hi0), ("hi1", hi1), ("wi0", wi0), ("wi1", wi1)):
             consts[k] = ctx.const(f"{node.name}.{k}", t)
         for k, t in ((f"hw0_{bits}", hw0), (f"hw1_{bits}", hw1), (f"ww0_{bits}", ww0), (f"ww1_{bits}", ww1)):
             consts[k] = ctx.const(f"{node.name}.{k}", t)
-        tag = "8" if bits == 12 else "16"
-        attrs[f"multiplier{bits}"] = int(getattr(m, f"mult{tag}"))
-        attrs[f"shift{bits}"] = int(getattr(m, f"shift{tag}"))
+        # The weights' 2**-2B folds into the shift (docs/modules.md, bilinear resize).
+        attrs[f"multiplier{bits}"] = int(m.multiplier)
+        attrs[f"shift{bits}"] = int(m.shift) + 2 * bits
     return ValueRef(ctx.emit("resize_bilinear", [x], attrs, consts, node.name, str(node.target)))
 
 
