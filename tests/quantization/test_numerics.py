@@ -212,9 +212,17 @@ def test_add_params_limits_and_error(march: str, sx: float, ratio_y: float, rati
     x = torch.randint(-128, 128, (64,), generator=g)
     y = torch.randint(-128, 128, (64,), generator=g)
     out = nx.add_int(x.to(torch.int8), y.to(torch.int8), p, "qint8")
+    # Bayes (int16 multipliers): within 1 LSB. Bernoulli2's 8-bit output multiplier has a
+    # relative error up to 2**-8 of the *accumulator*, which under cancellation (large
+    # x and y, small sum) can exceed the output: the bound adds that worst case
+    # (docs/semantics.md, "Elementwise add").
+    m_exact = Fraction(p.multiplier, 2**p.out_shift)
+    r2 = Fraction(a_s) / (2**p.shift * Fraction(so))
+    slack = 128 * 2**p.shift * abs(m_exact - r2) + 128 * abs(p.qscale * m_exact - Fraction(b_s) / Fraction(so))
+    bound = 1 if march == "bayes" else 1 + slack
     for xi, yi, o in zip(x.tolist(), y.tolist(), out.tolist(), strict=True):
         exact = (xi * Fraction(sx) + yi * Fraction(sy)) / Fraction(so)
-        assert abs(o - sat(half_up(exact), "qint8")) <= 1
+        assert abs(o - sat(half_up(exact), "qint8")) <= bound
 
 
 def test_add_int16_shift_limit_and_int_formula() -> None:
