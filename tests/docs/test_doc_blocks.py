@@ -58,7 +58,7 @@ def test_marker_parsing() -> None:
     assert python_blocks(text) == [("x = 1\n", True), ("f(a, b) -> C\n", False)]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_doc_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if page.name in RUN_ELSEWHERE and page.parent.name == "docs":
         pytest.skip(f"run by {RUN_ELSEWHERE[page.name]}")
