@@ -64,3 +64,15 @@ def test_paths_said_to_be_missing_are_missing() -> None:
         except (AttributeError, ModuleNotFoundError):
             continue
         raise AssertionError(f"{p} exists now: move it to the mapped rows of docs/migration.md")
+
+
+def test_seed_style_attribute_access_after_import_qir() -> None:
+    # seed 002 writes `import horizon_plugin_pytorch as horizon` then `horizon.nn...`,
+    # `horizon.quantization...`, `horizon.march...`: the same attribute paths work on qir.
+    import qir as horizon
+
+    assert horizon.nn.Exp is not None
+    assert horizon.functional.rgb2centered_yuv is not None
+    assert horizon.quantization.prepare_qat is not None
+    assert horizon.march.March.BAYES.value == "bayes"
+    assert horizon.qconfig.default_qat_8bit_fake_quant_qconfig is not None
