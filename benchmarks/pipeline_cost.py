@@ -7,17 +7,29 @@ a torch GraphModule, beside ``torch.fx.symbolic_trace`` alone on the same model 
 baseline measured in the same run. Prints seconds per 1,000 IR nodes per stage and the
 growth of that figure from the smallest to the largest size (flat = linear cost).
 
-    python benchmarks/pipeline_cost.py [--sizes 200 1000 5000] [--repeat 2] [--json out.json]
+It also times the user-facing flow on the same chains (between a QuantStub and a
+DeQuantStub, march bayes): qir's ``prepare_qat_fx`` and ``convert_fx`` beside torch.ao's
+``torch.ao.quantization.quantize_fx.prepare_qat_fx`` / ``convert_fx`` with the x86
+(fbgemm) qconfig mapping, and prints the qir / torch.ao ratio per stage. torch.ao's fx
+flow is deprecated upstream; its deprecation warnings are suppressed here. torch.ao runs
+on chains up to ``--ao-max-blocks`` blocks (default 5,000); larger sizes print "capped".
+
+    python benchmarks/pipeline_cost.py [--sizes 200 1000 5000] [--repeat 2] [--ao-max-blocks 5000]
+        [--json out.json] [--png out.png]
+
+The plot needs matplotlib (``pip install -e .[bench]``).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import platform
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +48,59 @@ def chain(n: int, ch: int = 4) -> nn.Module:
     return nn.Sequential(*layers).eval()
 
 
+class Stubbed(nn.Module):
+    """``dequant(body(quant(x)))``: where the quantization flows start and stop."""
+
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        from torch.ao.quantization import DeQuantStub
+
+        from qir.quantization import QuantStub
+
+        self.quant = QuantStub()
+        self.body = body
+        self.dequant = DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.body(self.quant(x)))
+
+
+def measure_flows(n: int, repeat: int, nodes: int, with_ao: bool) -> dict[str, Any]:
+    """Seconds of prepare_qat_fx / convert_fx for qir and (when ``with_ao``) torch.ao on chain(n)."""
+    from qir.march import march_scope
+    from qir.quantization import convert_fx, get_default_qat_qconfig, prepare_qat_fx
+
+    model = Stubbed(chain(n)).train()
+    x = torch.randn(1, 4, 4, 4)
+    out: dict[str, float] = {}
+    with march_scope("bayes"):
+        out["qir prepare_qat_fx"], prepared = best_of(
+            repeat, lambda: prepare_qat_fx(model, {"": get_default_qat_qconfig()}))
+        prepared.eval()
+        with torch.no_grad():
+            prepared(x)
+        out["qir convert_fx"], _ = best_of(repeat, lambda: convert_fx(prepared))
+    if with_ao:
+        from torch.ao.quantization import get_default_qat_qconfig_mapping
+        from torch.ao.quantization.quantize_fx import convert_fx as ao_convert_fx
+        from torch.ao.quantization.quantize_fx import prepare_qat_fx as ao_prepare_qat_fx
+
+        torch.backends.quantized.engine = "x86"
+        mapping = get_default_qat_qconfig_mapping("x86")
+        body = chain(n).train()  # torch.ao needs no stubs: it quantizes the graph's inputs itself
+        # qir's prepare_qat_fx / convert_fx deep-copy their input (the user's model is untouched); torch.ao's
+        # modify theirs, so the timed torch.ao calls include a deep copy too (same work, same contract)
+        with warnings.catch_warnings():  # torch.ao's fx flow is deprecated upstream: silence its warnings
+            warnings.simplefilter("ignore")
+            out["torch.ao prepare_qat_fx"], ao_prepared = best_of(
+                repeat, lambda: ao_prepare_qat_fx(copy.deepcopy(body), mapping, (x,)))
+            ao_prepared.eval()
+            with torch.no_grad():
+                ao_prepared(x)
+            out["torch.ao convert_fx"], _ = best_of(repeat, lambda: ao_convert_fx(copy.deepcopy(ao_prepared)))
+    return {"seconds": out, "per_1000_nodes": {k: v / nodes * 1000 for k, v in out.items()}}
+
+
 def best_of(repeat: int, fn: Callable[[], Any]) -> tuple[float, Any]:
     best, out = float("inf"), None
     for _ in range(repeat):
@@ -46,7 +111,7 @@ def best_of(repeat: int, fn: Callable[[], Any]) -> tuple[float, Any]:
     return best, out
 
 
-def measure(n: int, repeat: int) -> dict[str, Any]:
+def measure(n: int, repeat: int, ao_max_blocks: int = 0) -> dict[str, Any]:
     model = chain(n)
     x = torch.randn(1, 4, 4, 4)
     t_fx, _ = best_of(repeat, lambda: torch.fx.symbolic_trace(model))
@@ -62,20 +127,63 @@ def measure(n: int, repeat: int) -> dict[str, Any]:
     stages = {"fx.symbolic_trace": t_fx, "qir trace": t_trace, "absorb-bn,fuse": t_pipe,
               "verify": t_verify, "emit": t_emit}
     total = t_trace + t_pipe + t_verify + t_emit
+    flows = measure_flows(n, repeat, nodes, with_ao=n <= ao_max_blocks)
     return {"blocks": n, "nodes": nodes, "seconds": stages, "qir_total": total,
-            "per_1000_nodes": {k: v / nodes * 1000 for k, v in {**stages, "qir total": total}.items()}}
+            "per_1000_nodes": {k: v / nodes * 1000 for k, v in {**stages, "qir total": total}.items()},
+            "flows": flows}
+
+
+def plot(rows: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    for ax, key, title in ((ax1, "per_1000_nodes", "qir compiler stages (IR level)"),
+                           (ax2, "flows", "prepare_qat_fx / convert_fx: qir vs torch.ao (x86)")):
+        names: list[str] = []
+        for r in rows:
+            d = r[key]["per_1000_nodes"] if key == "flows" else r[key]
+            names += [k for k in d if k not in names]
+        for name in names:
+            pts = [(r["nodes"], (r[key]["per_1000_nodes"] if key == "flows" else r[key]).get(name)) for r in rows]
+            xs = [p[0] for p in pts if p[1] is not None]
+            ys = [p[1] for p in pts if p[1] is not None]
+            style = "--" if name.startswith(("torch", "fx.")) else "-"
+            ax.plot(xs, ys, style, marker="o", label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel("graph size (IR nodes, log scale)")
+        ax.set_ylabel("seconds per 1,000 nodes (best of repeats)")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_ylim(bottom=0)
+    blocks = ", ".join(f"{r['blocks']:,}" for r in rows)
+    fig.suptitle(f"Pipeline cost vs size: chains of {blocks} conv-bn-relu blocks (flat line = linear cost); "
+                 f"torch {torch.__version__}, 2 threads, shared machine")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[200, 1000, 5000])
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--ao-max-blocks", type=int, default=5000,
+                    help="run torch.ao's flow only on chains up to this many blocks")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--png", help="write the plot here (needs matplotlib)")
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     # Warm up one-time costs (lazy torch imports, meta kernels) outside the measurement.
-    measure(20, 1)
-    rows = [measure(n, args.repeat) for n in args.sizes]
+    measure(20, 1, 20)
+    rows = []
+    for n in args.sizes:
+        t0 = time.perf_counter()
+        rows.append(measure(n, args.repeat, args.ao_max_blocks))
+        print(f"  measured {n} blocks in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     stages = list(rows[0]["per_1000_nodes"])
     print(f"torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}")
     print(f"seconds per 1,000 IR nodes (best of {args.repeat})")
@@ -92,9 +200,37 @@ def main(argv: list[str] | None = None) -> int:
     qir_vs_fx = last["qir_total"] / last["seconds"]["fx.symbolic_trace"]
     print(f"\nqir total / fx.symbolic_trace at {last['blocks']} blocks: {qir_vs_fx:.1f}x")
     print(f"worst qir stage growth: {worst:.2f}x (target <= 1.5x)")
+
+    flows = list(dict.fromkeys(k for r in rows for k in r["flows"]["per_1000_nodes"]))
+    print("\nprepare_qat_fx / convert_fx, seconds per 1,000 IR nodes "
+          "(torch.ao: x86 qconfig mapping, deprecation warnings suppressed)")
+    print(f"{'blocks':>7} {'nodes':>7} " + " ".join(f"{s:>24}" for s in flows))
+    for r in rows:
+        d = r["flows"]["per_1000_nodes"]
+        print(f"{r['blocks']:>7} {r['nodes']:>7} " + " ".join(
+            f"{d[s]:>24.4f}" if s in d else f"{'capped':>24}" for s in flows))
+    if any(r["blocks"] > args.ao_max_blocks for r in rows):
+        print(f"torch.ao capped at {args.ao_max_blocks} blocks (--ao-max-blocks)")
+    print(f"\ngrowth of s/node from {first['blocks']} to the largest measured size:")
+    for s in flows:
+        have = [r for r in rows if s in r["flows"]["per_1000_nodes"]]
+        g = have[-1]["flows"]["per_1000_nodes"][s] / have[0]["flows"]["per_1000_nodes"][s]
+        print(f"  {s:<24} {g:6.2f}x  ({have[0]['blocks']} -> {have[-1]['blocks']} blocks)")
+    print("\nqir / torch.ao (below 1.0: qir faster):")
+    for r in rows:
+        sec = r["flows"]["seconds"]
+        if "torch.ao prepare_qat_fx" in sec:
+            rp = sec["qir prepare_qat_fx"] / sec["torch.ao prepare_qat_fx"]
+            rc = sec["qir convert_fx"] / sec["torch.ao convert_fx"]
+            r["flows"]["qir_over_ao"] = {"prepare_qat_fx": rp, "convert_fx": rc}
+            print(f"  {r['blocks']:>5} blocks: prepare_qat_fx {rp:5.2f}x   convert_fx {rc:5.2f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "python": platform.python_version(), "rows": rows}, f, indent=2)
+            json.dump({"torch": torch.__version__, "python": platform.python_version(),
+                       "ao_max_blocks": args.ao_max_blocks, "repeat": args.repeat, "rows": rows}, f, indent=2)
+    if args.png:
+        plot(rows, args.png)
+        print(f"wrote {args.png}")
     return 0
 
 
