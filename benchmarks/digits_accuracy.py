@@ -3,22 +3,29 @@
 A small residual CNN on the 8x8 digits (1,797 images, fixed 75/25 split) goes through the
 seed 003 flow for each march: float training, ``prepare_qat_fx`` with the calibration
 qconfig and a calibration pass, ``prepare_qat_fx`` again with QAT qconfigs (last layer
-high-precision), QAT fine-tuning, ``convert_fx``. Prints one table row per march:
+high-precision), QAT fine-tuning, ``convert_fx``, then ``compile_model`` to an .hbm
+artifact loaded back with ``qir.load_compiled``. Prints one table row per march:
 
-    march       float  calib   QAT  converted  QAT~conv argmax
+    march       float  calib   QAT  converted  artifact  bit-exact  QAT~conv argmax
     bayes       ...
 
-and checks the converted accuracy is within 1 point of float and that the QAT and
-converted models agree on >= 99.5% of test predictions (exit status 1 otherwise).
+("bit-exact": the loaded artifact's outputs equal the converted model's on the whole test
+set) and checks the converted accuracy is within 1 point of float, that the QAT and
+converted models agree on >= 99.5% of test predictions and that the artifact is bit-exact
+(exit status 1 otherwise).
 
-    python benchmarks/digits_accuracy.py [--epochs 30] [--qat-epochs 5] [--json out.json]
+    python benchmarks/digits_accuracy.py [--epochs 30] [--qat-epochs 5] [--json out.json] [--png out.png]
+
+The plot needs matplotlib (``pip install -e .[bench]``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -30,11 +37,14 @@ from torch.ao.quantization import DeQuantStub
 
 from qir.march import march_scope
 from qir.quantization import (
+    CompileError,
     QuantStub,
+    compile_model,
     convert_fx,
     get_default_calib_qconfig,
     get_default_qat_out_qconfig,
     get_default_qat_qconfig,
+    load_compiled,
     prepare_qat_fx,
     set_fake_quantize,
 )
@@ -112,6 +122,9 @@ class Row:
     calib_acc: float
     qat_acc: float
     converted_acc: float
+    artifact_acc: float  # compile_model -> .hbm -> qir.load_compiled
+    artifact_bit_exact: bool  # the loaded artifact's outputs equal the converted model's on the test set
+    legality: str  # check_model's verdict ("legal", or the violations; the artifact is then built with check=False)
     agreement: float  # % of test images where QAT and converted argmax agree
     seconds: float
 
@@ -135,12 +148,27 @@ def run_march(march: str, float_model: nn.Module, data: tuple[torch.Tensor, ...]
         qat_pred = predict(qat_model, x_te)
         converted = convert_fx(qat_model)
         conv_pred = predict(converted, x_te)
+        with tempfile.TemporaryDirectory() as tmp:
+            hbm = os.path.join(tmp, f"digits_{march}.hbm")
+            try:
+                compile_model(converted, [x_te[:1]], hbm=hbm)
+                legality = "legal"
+            except CompileError as e:  # report the march's legality verdict; still measure the artifact
+                legality = "; ".join(line.strip() for line in str(e).splitlines()[1:])
+                compile_model(converted, [x_te[:1]], hbm=hbm, check=False)
+            artifact = load_compiled(hbm)
+            with torch.no_grad():
+                art_out = artifact(x_te)
+                bit_exact = torch.equal(art_out, converted(x_te))
     return Row(
         march=march,
         float_acc=accuracy(predict(float_model, x_te), y_te),
         calib_acc=calib_acc,
         qat_acc=accuracy(qat_pred, y_te),
         converted_acc=accuracy(conv_pred, y_te),
+        artifact_acc=accuracy(art_out.argmax(1), y_te),
+        artifact_bit_exact=bit_exact,
+        legality=legality,
         agreement=accuracy(conv_pred, qat_pred),
         seconds=time.perf_counter() - t0,
     )
@@ -157,10 +185,15 @@ def run(epochs: int = 30, qat_epochs: int = 5, marches: tuple[str, ...] = ("baye
 
 
 def table(rows: list[Row]) -> str:
-    lines = [f"{'march':<11} {'float':>6} {'calib':>6} {'QAT':>6} {'converted':>9} {'QAT~conv argmax':>16}"]
+    lines = [f"{'march':<11} {'float':>6} {'calib':>6} {'QAT':>6} {'converted':>9} {'artifact':>8} "
+             f"{'bit-exact':>9} {'QAT~conv argmax':>16}"]
     for r in rows:
         lines.append(f"{r.march:<11} {r.float_acc:6.2f} {r.calib_acc:6.2f} {r.qat_acc:6.2f} "
-                     f"{r.converted_acc:9.2f} {r.agreement:15.2f}%")
+                     f"{r.converted_acc:9.2f} {r.artifact_acc:8.2f} {'yes' if r.artifact_bit_exact else 'NO':>9} "
+                     f"{r.agreement:15.2f}%")
+    for r in rows:
+        if r.legality != "legal":
+            lines.append(f"{r.march}: check_model: {r.legality} (artifact compiled with check=False)")
     return "\n".join(lines)
 
 
@@ -173,7 +206,39 @@ def check(rows: list[Row], max_drop: float = 1.0, min_agreement: float = 99.5) -
                        f"{r.float_acc:.2f}%")
         if r.agreement < min_agreement:
             bad.append(f"{r.march}: QAT and converted agree on {r.agreement:.2f}% < {min_agreement}%")
+        if not r.artifact_bit_exact:
+            bad.append(f"{r.march}: the loaded artifact's outputs differ from the converted model's")
     return bad
+
+
+def plot(rows: list[Row], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = [("float_acc", "float"), ("calib_acc", "calibration"), ("qat_acc", "QAT"),
+             ("converted_acc", "integer (converted)"), ("artifact_acc", "artifact (.hbm)")]
+    fig, ax = plt.subplots(figsize=(10, 5))
+    width = 0.16
+    for i, (key, label) in enumerate(kinds):
+        xs = [j + (i - 2) * width for j in range(len(rows))]
+        vals = [getattr(r, key) for r in rows]
+        bars = ax.bar(xs, vals, width, label=label)
+        for b, r, v in zip(bars, rows, vals, strict=True):
+            extra = ("\nbit-exact" if r.artifact_bit_exact else "\nNOT exact") if key == "artifact_acc" else ""
+            ax.annotate(f"{v:.2f}{extra}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom",
+                        fontsize=7)
+    lo = min(min(getattr(r, k) for k, _ in kinds) for r in rows)
+    ax.set_ylim(max(0.0, lo - 5), 101.5)
+    ax.set_xticks(range(len(rows)), [r.march for r in rows])
+    ax.set_xlabel("march")
+    ax.set_ylabel("test accuracy (%), y axis not from 0")
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper center", ncol=5, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--png", default=None, help="write a grouped bar chart here (needs matplotlib)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = run(args.epochs, args.qat_epochs, seed=args.seed)
@@ -192,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
                                "qat_epochs": args.qat_epochs, "seed": args.seed}
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
+    if args.png:
+        plot(rows, args.png, f"scikit-learn digits (449 test images), residual CNN: accuracy per stage and march\n"
+                             f"{args.epochs} float epochs, {args.qat_epochs} QAT epochs, seed {args.seed}")
+        print(f"wrote {args.png}")
     bad = check(rows)
     for b in bad:
         print("FAIL:", b)

@@ -153,6 +153,8 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
             style = "--" if name.startswith(("torch", "fx.")) else "-"
             ax.plot(xs, ys, style, marker="o", label=name)
         ax.set_xscale("log")
+        ax.set_xticks([r["nodes"] for r in rows], [f"{r['nodes']:,}" for r in rows])
+        ax.minorticks_off()
         ax.set_xlabel("graph size (IR nodes, log scale)")
         ax.set_ylabel("seconds per 1,000 nodes (best of repeats)")
         ax.set_title(title)

@@ -1,0 +1,174 @@
+"""QAT training-step overhead: float vs qir QAT vs torch.ao QAT (x86), in one run.
+
+For torchvision resnet18 and mobilenet_v2 (random weights, no download), times one
+training step (forward + cross-entropy backward + SGD step) on a random batch of 8
+224x224 images with a fixed number of threads: the float model, qir's QAT model
+(``prepare_qat_fx`` with ``get_default_qat_qconfig``, march bayes) and torch.ao's QAT
+model (``torch.ao.quantization.quantize_fx.prepare_qat_fx`` with the x86 qconfig
+mapping; deprecated upstream, its deprecation warnings are suppressed). The three run
+round-robin after a warm-up; the figure is the median of ``--repeats`` steps. Prints the
+overhead ratios qir/float, torch.ao/float and qir/torch.ao; writes JSON and a bar chart.
+
+    /work/tvenv/bin/python benchmarks/qat_overhead.py [--repeats 10] [--json out.json] [--png out.png]
+
+Needs torchvision and matplotlib (``pip install -e .[bench]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class Stubbed(nn.Module):
+    """``dequant(model(quant(x)))``: the stubs a float torchvision model lacks (qir quantizes between them)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        from qir.quantization import DeQuantStub, QuantStub
+
+        self.quant = QuantStub()
+        self.model = model
+        self.dequant = DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.model(self.quant(x)))
+
+
+def _model(name: str) -> nn.Module:
+    import torchvision
+
+    torch.manual_seed(0)
+    return getattr(torchvision.models, name)(weights=None)
+
+
+def _step_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-5, momentum=0.9)
+
+    def step() -> None:
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def qir_qat(float_model: nn.Module) -> nn.Module:
+    from qir.march import march_scope
+    from qir.quantization import get_default_qat_qconfig, prepare_qat_fx
+
+    with march_scope("bayes"):
+        return prepare_qat_fx(Stubbed(copy.deepcopy(float_model)), {"": get_default_qat_qconfig()})
+
+
+def ao_qat(float_model: nn.Module, x: torch.Tensor) -> nn.Module:
+    from torch.ao.quantization import get_default_qat_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import prepare_qat_fx
+
+    torch.backends.quantized.engine = "x86"
+    with warnings.catch_warnings():  # the fx flow is deprecated upstream: silence its warnings
+        warnings.simplefilter("ignore")
+        return prepare_qat_fx(copy.deepcopy(float_model).train(), get_default_qat_qconfig_mapping("x86"), (x,))
+
+
+def measure(name: str, batch: int, size: int, repeats: int, warmup: int) -> dict[str, Any]:
+    float_model = _model(name)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 3, size, size, generator=g)
+    y = torch.randint(0, 1000, (batch,), generator=g)
+    steps = {"float": _step_fn(float_model, x, y), "qir QAT": _step_fn(qir_qat(float_model), x, y),
+             "torch.ao QAT": _step_fn(ao_qat(float_model, x), x, y)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for fn in steps.values():
+            for _ in range(warmup):
+                fn()
+        ts: dict[str, list[float]] = {k: [] for k in steps}
+        for _ in range(repeats):  # round-robin: the three share the machine's load
+            for k, fn in steps.items():
+                t0 = time.perf_counter()
+                fn()
+                ts[k].append((time.perf_counter() - t0) * 1e3)
+    med = {k: statistics.median(v) for k, v in ts.items()}
+    return {"model": name, "median_ms": med, "min_ms": {k: min(v) for k, v in ts.items()},
+            "ratios": {"qir/float": med["qir QAT"] / med["float"],
+                       "torch.ao/float": med["torch.ao QAT"] / med["float"],
+                       "qir/torch.ao": med["qir QAT"] / med["torch.ao QAT"]}}
+
+
+def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = ["float", "qir QAT", "torch.ao QAT"]
+    fig, ax = plt.subplots(figsize=(9, 5))
+    width = 0.26
+    for i, kind in enumerate(kinds):
+        xs = [j + (i - 1) * width for j in range(len(rows))]
+        ys = [r["median_ms"][kind] for r in rows]
+        bars = ax.bar(xs, ys, width, label=kind)
+        for b, r in zip(bars, rows, strict=True):
+            ratio = "" if kind == "float" else f"\n{r['median_ms'][kind] / r['median_ms']['float']:.2f}x float"
+            ax.annotate(f"{b.get_height():.0f} ms{ratio}", (b.get_x() + b.get_width() / 2, b.get_height()),
+                        ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(rows)), [r["model"] for r in rows])
+    ax.set_ylabel("training step, median (ms)")
+    ax.set_title(title, fontsize=10)
+    ax.legend()
+    ax.set_ylim(0, max(max(r["median_ms"].values()) for r in rows) * 1.25)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v2"])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--png", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = [measure(m, args.batch, args.size, args.repeats, args.warmup) for m in args.models]
+    print(f"torch {torch.__version__}, python {platform.python_version()}, {args.threads} threads, "
+          f"batch {args.batch}, {args.size}x{args.size}, median of {args.repeats} steps after {args.warmup} warm-up")
+    print(f"{'model':<14} {'float':>9} {'qir QAT':>9} {'torch.ao QAT':>13} {'qir/float':>10} "
+          f"{'torch.ao/float':>15} {'qir/torch.ao':>13}")
+    for r in rows:
+        m, q = r["median_ms"], r["ratios"]
+        print(f"{r['model']:<14} {m['float']:>7.0f}ms {m['qir QAT']:>7.0f}ms {m['torch.ao QAT']:>11.0f}ms "
+              f"{q['qir/float']:>9.2f}x {q['torch.ao/float']:>14.2f}x {q['qir/torch.ao']:>12.2f}x")
+    meta = {"torch": torch.__version__, "python": platform.python_version(), "threads": args.threads,
+            "batch": args.batch, "size": args.size, "repeats": args.repeats, "warmup": args.warmup}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**meta, "rows": rows}, f, indent=2)
+    if args.png:
+        plot(rows, args.png, f"QAT training step (fwd+bwd+SGD), batch {args.batch}, {args.size}x{args.size}, "
+                             f"{args.threads} threads, median of {args.repeats}\n"
+                             f"torch {torch.__version__}; shared noisy machine: compare bars within one model")
+        print(f"wrote {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
