@@ -1,10 +1,25 @@
 """Latency of a compiled resnet18 (Bayes) beside the float model in eager torch and torch.ao's
 x86 int8 model, in one run, 224x224, batch 1 and 8, a fixed number of threads.
 
-    /work/tvenv/bin/python benchmarks/compiled_latency.py --out compiled_latency.json
+Also times onnxruntime (CPU provider, the same thread count) on two exports:
+
+- ``ort_float``: the float model through ``torch.onnx.export`` (the dynamo exporter);
+- ``ort_int8_qdq``: first choice, qir's own QAT model through
+  ``qir.utils.onnx_helper.export_to_onnx`` (each fake quant becomes
+  QuantizeLinear/DequantizeLinear with qir's scales), so the int8 model onnxruntime runs
+  is the one qir calibrated. If onnxruntime refuses that file, the error is printed and
+  recorded, and the int8 model is ``onnxruntime.quantization.quantize_static`` (QDQ
+  format, int8 activations and per-channel int8 weights, calibrated on the same random
+  batches) applied to the float export; the JSON's ``ort_int8_source`` says which ran.
+  onnxruntime fuses QDQ pairs into its int8 kernels where it can.
+
+Each ONNX model is exported once per batch size (static shapes).
+
+    /work/tvenv/bin/python benchmarks/compiled_latency.py --out compiled_latency.json [--png out.png]
 
 Prints a table with ratios (compiled / float eager; below 1.0 means faster) and writes
-JSON. Weights are random (no download); calibration uses a few random batches.
+JSON (and a bar chart with ``--png``; needs matplotlib). Weights are random (no download);
+calibration uses a few random batches.
 """
 
 from __future__ import annotations
@@ -12,8 +27,10 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import platform
 import statistics
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -54,7 +71,7 @@ def _time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: i
     return {k: {"median_ms": round(statistics.median(v), 2), "min_ms": round(min(v), 2)} for k, v in ts.items()}
 
 
-def build_compiled(body: nn.Module, batches: int, opt: int) -> tuple[Any, nn.Module, float]:
+def build_compiled(body: nn.Module, batches: int, opt: int) -> tuple[Any, nn.Module, nn.Module, float]:
     from qir.march import march_scope
     from qir.quantization import compile_model, convert_fx, get_default_qat_qconfig, prepare_qat_fx
 
@@ -69,7 +86,7 @@ def build_compiled(body: nn.Module, batches: int, opt: int) -> tuple[Any, nn.Mod
         converted = convert_fx(prepared)
         t0 = time.perf_counter()
         compiled = compile_model(converted, [torch.randn(1, 3, 224, 224, generator=g)], opt=opt)
-        return compiled, converted, time.perf_counter() - t0
+        return compiled, converted, prepared, time.perf_counter() - t0
 
 
 def build_ao_x86(body: nn.Module, batches: int) -> nn.Module | str:
@@ -93,6 +110,102 @@ def build_ao_x86(body: nn.Module, batches: int) -> nn.Module | str:
         return f"torch.ao x86 int8 flow failed: {type(e).__name__}: {e}"
 
 
+def ort_quantize_static(float_path: str, path: str, x: torch.Tensor, batches: int) -> None:
+    """onnxruntime's own static int8 QDQ quantization of the float export (random calibration batches)."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    name = ort.InferenceSession(float_path, providers=["CPUExecutionProvider"]).get_inputs()[0].name
+    g = torch.Generator().manual_seed(0)
+    data = [{name: torch.randn(*x.shape, generator=g).numpy()} for _ in range(batches)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter(data)
+
+        def get_next(self) -> dict[str, Any] | None:
+            return next(self.it, None)
+
+    quantize_static(float_path, path, Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8, per_channel=True)
+
+
+def build_ort(model: nn.Module, x: torch.Tensor, path: str, threads: int, qdq: bool,
+              float_path: str = "", calib: int = 3) -> tuple[Callable[[], Any] | str, str]:
+    """An onnxruntime session on ``model`` exported at ``x``'s shape (a string says why not), and its source."""
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        return f"onnxruntime unavailable: {e}", ""
+    source = "torch.onnx.export (dynamo)"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if qdq:
+                from qir.utils.onnx_helper import export_to_onnx
+
+                export_to_onnx(model, (x,), path, input_names=["x"])
+            else:
+                torch.onnx.export(model, (x,), path, input_names=["x"], dynamo=True, verbose=False)
+        source = "qir export_to_onnx (QAT model)" if qdq else source
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        # no busy-waiting worker threads after a run: with round-robin timing they would steal the
+        # cores from the torch runs measured next
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        try:
+            sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            if not (qdq and float_path):
+                raise
+            print(f"onnxruntime refuses qir's QDQ export ({type(e).__name__}: {str(e)[:200]}); "
+                  "falling back to onnxruntime.quantization.quantize_static on the float export")
+            source = f"onnxruntime quantize_static (qir export refused: {str(e)[:200]})"
+            ort_quantize_static(float_path, path, x, calib)
+            sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        name = sess.get_inputs()[0].name
+        feed = {name: x.numpy()}
+        return (lambda: sess.run(None, feed)), source
+    except Exception as e:  # report, do not fail the benchmark
+        return f"onnxruntime {'int8 QDQ' if qdq else 'float'} failed: {type(e).__name__}: {e}", source
+
+
+COLUMNS = [("float_eager", "float eager"), ("ao_x86_int8", "torch.ao x86 int8"), ("ort_float", "ORT float"),
+           ("ort_int8_qdq", "ORT int8 QDQ"), ("qir_compiled", "qir compiled")]
+
+
+def plot(results: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["rows"]
+    cols = [(k, label) for k, label in COLUMNS if any(k in r for r in rows)]
+    fig, axes = plt.subplots(1, len(rows), figsize=(6 * len(rows), 5))
+    for ax, r in zip(axes if len(rows) > 1 else [axes], rows, strict=True):
+        f = r["float_eager"]["median_ms"]
+        src = str(results.get("ort_int8_source", ""))
+        suffix = {"ort_int8_qdq": "\n(ORT quantize_static)" if src.startswith("onnxruntime quantize_static")
+                  else "\n(qir export)"}
+        names = [label + suffix.get(k, "") for k, label in cols if k in r]
+        vals = [r[k]["median_ms"] for k, _ in cols if k in r]
+        bars = ax.bar(names, vals, color=[f"C{i}" for i in range(len(vals))])
+        for b, v in zip(bars, vals, strict=True):
+            ax.annotate(f"{v:.1f} ms\n{v / f:.2f}x", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom",
+                        fontsize=8)
+        ax.set_title(f"batch {r['batch']}")
+        ax.set_ylabel("latency, median (ms)")
+        ax.set_ylim(0, max(vals) * 1.25)
+        ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    fig.suptitle(f"{results['model']}: latency, {results['threads']} threads, median of {results['repeats']} "
+                 f"(ratio = / float eager); torch {results['torch']}; shared noisy machine", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -100,12 +213,13 @@ def main() -> None:
     ap.add_argument("--calib", type=int, default=3)
     ap.add_argument("--opt", type=int, default=2)
     ap.add_argument("--out", default="compiled_latency.json")
+    ap.add_argument("--png", default=None, help="write a bar chart here (needs matplotlib)")
     args = ap.parse_args()
     import torchvision
 
     torch.manual_seed(0)
     body = torchvision.models.resnet18().eval()
-    compiled, converted, compile_s = build_compiled(body, args.calib, args.opt)
+    compiled, converted, prepared, compile_s = build_compiled(body, args.calib, args.opt)
     ao = build_ao_x86(body, args.calib)
     torch.set_num_threads(args.threads)
     compiled.num_threads = args.threads
@@ -120,14 +234,29 @@ def main() -> None:
         if eng:
             results["engines"][eng] = results["engines"].get(eng, 0) + 1
     print(f"compiled in {compile_s:.1f} s; engines per layer: {results['engines']}")
+    tmp = tempfile.mkdtemp(prefix="qir-bench-")
+    results["onnxruntime"] = {}
     for batch in (1, 8):
         x = torch.randn(batch, 3, 224, 224)
+        float_path = os.path.join(tmp, f"float_b{batch}.onnx")
+        ort_float, _ = build_ort(body, x, float_path, args.threads, False)
+        ort_int8, source = build_ort(prepared, x, os.path.join(tmp, f"qdq_b{batch}.onnx"), args.threads, True,
+                                     float_path if not isinstance(ort_float, str) else "", args.calib)
+        results["ort_int8_source"] = source
+        ort_fns = {"ort_float": ort_float, "ort_int8_qdq": ort_int8}
+        torch.set_num_threads(args.threads)
         with torch.no_grad():
             row: dict[str, Any] = {"batch": batch}
             fns: dict[str, Callable[[], Any]] = {
                 "float_eager": lambda x=x: body(x), "qir_compiled": lambda x=x: compiled(x)}
             if not isinstance(ao, str):
                 fns["ao_x86_int8"] = lambda x=x: ao(x)
+            for k, fn in ort_fns.items():
+                results["onnxruntime"][f"{k}_b{batch}"] = fn if isinstance(fn, str) else "ok"
+                if isinstance(fn, str):
+                    print(fn)
+                else:
+                    fns[k] = fn
             row.update(_time_interleaved(fns, args.repeats))
             slow = {"qir_converted_torch": lambda x=x: converted(x)}
             row.update(_time_interleaved(slow, max(2, args.repeats // 4), 1))
@@ -137,6 +266,9 @@ def main() -> None:
         row["ratio_compiled_over_float"] = round(row["qir_compiled"]["median_ms"] / f, 3)
         if "ao_x86_int8" in row:
             row["ratio_ao_over_float"] = round(row["ao_x86_int8"]["median_ms"] / f, 3)
+        for k in ("ort_float", "ort_int8_qdq"):
+            if k in row:
+                row[f"ratio_{k}_over_float"] = round(row[k]["median_ms"] / f, 3)
         results["rows"].append(row)
     print(f"{'batch':>5} {'float eager':>12} {'qir compiled':>13} {'ao x86 int8':>12} {'converted':>10} "
           f"{'compiled/float':>15} {'ao/float':>9}")
@@ -145,11 +277,20 @@ def main() -> None:
         print(f"{r['batch']:>5} {r['float_eager']['median_ms']:>10.1f}ms {r['qir_compiled']['median_ms']:>11.1f}ms "
               f"{ao_ms:>10.1f}ms {r['qir_converted_torch']['median_ms']:>8.0f}ms "
               f"{r['ratio_compiled_over_float']:>15.3f} {r.get('ratio_ao_over_float', float('nan')):>9.3f}")
+    print(f"\n{'batch':>5} " + " ".join(f"{label:>18}" for _, label in COLUMNS) + "   (median ms; ratio / float eager)")
+    for r in results["rows"]:
+        f = r["float_eager"]["median_ms"]
+        cells = [f"{r[k]['median_ms']:>8.1f}ms {r[k]['median_ms'] / f:>6.2f}x" if k in r else f"{'n/a':>18}"
+                 for k, _ in COLUMNS]
+        print(f"{r['batch']:>5} " + " ".join(cells))
     if isinstance(ao, str):
         print(ao)
     with open(args.out, "w") as fh:
         json.dump(results, fh, indent=2)
     print(f"wrote {args.out}")
+    if args.png:
+        plot(results, args.png)
+        print(f"wrote {args.png}")
 
 
 if __name__ == "__main__":
