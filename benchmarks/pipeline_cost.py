@@ -178,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--png", help="write the plot here (needs matplotlib)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(2)
+    # The chains use 4x4 feature maps: intra-op threads add only spin contention, so one thread
+    # measures the pipeline itself (and is stable on a shared machine).
+    torch.set_num_threads(1)
     # Warm up one-time costs (lazy torch imports, meta kernels) outside the measurement.
     measure(20, 1, 20)
     rows = []
