@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import platform
@@ -248,9 +249,9 @@ def main() -> None:
         with torch.no_grad():
             row: dict[str, Any] = {"batch": batch}
             fns: dict[str, Callable[[], Any]] = {
-                "float_eager": lambda x=x: body(x), "qir_compiled": lambda x=x: compiled(x)}
+                "float_eager": functools.partial(body, x), "qir_compiled": functools.partial(compiled, x)}
             if not isinstance(ao, str):
-                fns["ao_x86_int8"] = lambda x=x: ao(x)
+                fns["ao_x86_int8"] = functools.partial(ao, x)
             for k, fn in ort_fns.items():
                 results["onnxruntime"][f"{k}_b{batch}"] = fn if isinstance(fn, str) else "ok"
                 if isinstance(fn, str):
@@ -258,7 +259,7 @@ def main() -> None:
                 else:
                     fns[k] = fn
             row.update(_time_interleaved(fns, args.repeats))
-            slow = {"qir_converted_torch": lambda x=x: converted(x)}
+            slow: dict[str, Callable[[], Any]] = {"qir_converted_torch": functools.partial(converted, x)}
             row.update(_time_interleaved(slow, max(2, args.repeats // 4), 1))
             assert torch.equal(compiled(x), converted(x)), "compiled output differs from the converted model"
             row["bit_exact"] = True
