@@ -163,7 +163,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
         ax.set_ylim(bottom=0)
     blocks = ", ".join(f"{r['blocks']:,}" for r in rows)
     fig.suptitle(f"Pipeline cost vs size: chains of {blocks} conv-bn-relu blocks (flat line = linear cost); "
-                 f"torch {torch.__version__}, 2 threads, shared machine")
+                 f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), shared machine")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
