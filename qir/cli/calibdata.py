@@ -66,8 +66,8 @@ def _load_images(folder: Path, shapes: list[tuple[int, ...]]) -> list[np.ndarray
     out = []
     for f in files:
         try:
-            with Image.open(f) as im:
-                im = im.convert("L" if c == 1 else "RGB").resize((w, h), Image.Resampling.BILINEAR)
+            with Image.open(f) as src:
+                im = src.convert("L" if c == 1 else "RGB").resize((w, h), Image.Resampling.BILINEAR)
                 a = np.asarray(im, dtype=np.float32) / 255.0
         except OSError as e:
             raise UserError(f"--calib-data: cannot read image '{f}': {e}") from None
