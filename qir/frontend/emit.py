@@ -208,10 +208,34 @@ class _Emitter:
             elif name not in parent._modules:
                 parent._modules[name] = nn.Module()
                 self.owned.add(path)
+        # A tensor a rebuilt module already holds (e.g. inside a fused ConvReLU2d's ``conv``)
+        # is not installed again under its constant key: one state-dict entry per tensor.
+        # Compared by storage: to_module may wrap a constant in a new Parameter sharing it.
+        held = {_storage_key(t) for m in self.modules.values() for t in (*m.parameters(), *m.buffers())}
         for key, (t, kind) in self.tensors.items():
+            if _storage_key(t) in held and not _holds_at(gm, key):
+                continue
             owner_path, _, leaf = key.rpartition(".")
             owner_module = gm.get_submodule(owner_path) if owner_path else gm
             _install_tensor(owner_module, leaf, t, kind)
+
+
+def _storage_key(t: torch.Tensor) -> tuple[Any, ...]:
+    ptr = t.data_ptr()
+    if ptr == 0:  # meta or empty tensors have no storage to compare
+        return ("id", id(t))
+    return (t.device.type, ptr, tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def _holds_at(gm: nn.Module, key: str) -> bool:
+    """Whether a module already has a parameter/buffer slot at ``key`` (then installing
+    there replaces it in place and adds no state-dict entry)."""
+    owner_path, _, leaf = key.rpartition(".")
+    try:
+        owner = gm.get_submodule(owner_path) if owner_path else gm
+    except AttributeError:
+        return False
+    return leaf in owner._parameters or leaf in owner._buffers
 
 
 def _install_tensor(owner: nn.Module, leaf: str, t: torch.Tensor, kind: str) -> None:

@@ -143,3 +143,17 @@ def test_untraceable_model_names_module_line_and_wrap() -> None:
     assert "module 'gate' (Gate)" in msg
     assert "test_fe_trace.py" in msg and "if x.sum() > 0" in msg
     assert "qir.utils.fx_helper.wrap" in msg
+
+
+def test_fused_modules_keep_one_state_dict_entry_per_tensor() -> None:
+    import passes
+    from qir.examples import DigitsNet
+    from qir.frontend import emit, trace
+
+    m = DigitsNet().eval()
+    x = torch.randn(2, 1, 28, 28)
+    gm = emit(passes.run_pipeline(trace(m, (x,)), "absorb-bn,fuse").graph)
+    sd = gm.state_dict()
+    ptrs = [t.data_ptr() for t in sd.values() if t.numel()]
+    assert len(ptrs) == len(set(ptrs)), list(sd)
+    torch.testing.assert_close(gm(x), m(x), atol=1e-5, rtol=1e-5)
