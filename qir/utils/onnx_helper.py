@@ -4,7 +4,8 @@ The export goes through torch's ``torch.export``-based ONNX exporter (``dynamo=T
 needs onnxscript). Every qir :class:`~qir.quantization.fake_quantize.FakeQuantize` of a deep
 copy of the model is switched to call the custom op ``qir::onnx_fake_quant``, which the
 exporter translates to a ``QuantizeLinear -> DequantizeLinear`` pair with the fake quant's
-scale, an int8/int16 zero point of 0 and, per channel, ``axis``. See docs/onnx.md.
+scale, an int8/int16 zero point of 0 on the QuantizeLinear (the DequantizeLinear's default zero
+point is that same 0) and, per channel, ``axis``. See docs/onnx.md.
 """
 
 from __future__ import annotations
@@ -62,7 +63,11 @@ def _translation(opset: int) -> Any:
     def onnx_fake_quant(x: Any, scale: Any, zero_point: Any, axis: int | None = None) -> Any:
         kw = {} if axis is None else {"axis": axis}
         q = op.QuantizeLinear(x, scale, zero_point, **kw)
-        return op.DequantizeLinear(q, scale, zero_point, **kw)
+        # The DequantizeLinear takes no zero point: its default is 0 of its input's type, which is
+        # the same value. onnxruntime (1.31) fails to load, or mistypes, graphs where the pair
+        # shares an int8 zero point and its QDQ propagation copies the DequantizeLinear past a
+        # Reshape; the Q-only form loads at every optimization level (tests/onnx, docs/onnx.md).
+        return op.DequantizeLinear(q, scale, **kw)
 
     return onnx_fake_quant
 
