@@ -150,9 +150,13 @@ def constant_kind(root: nn.Module, key: str) -> str:
 
 
 class _Converter:
-    def __init__(self, root: nn.Module, values: dict[str, Any]) -> None:
+    """fx graph -> IR. ``keep_whole``: module paths that stay opaque calls even when an op is
+    registered for their class (hybrid CPU modules: never fused, their forward runs as written)."""
+
+    def __init__(self, root: nn.Module, values: dict[str, Any], keep_whole: frozenset[str] = frozenset()) -> None:
         self.root = root
         self.values = values
+        self.keep_whole = keep_whole
         self.g = Graph(type(root).__name__)
         self.g.training = root.training
         self.env: dict[str, Any] = {}
@@ -244,6 +248,11 @@ class _Converter:
         args, kwargs = self.args(n)
         if is_float_functional(m):
             raise TraceError(f"FloatFunctional '{path}' is called directly; call its methods (add, cat, ...)")
+        if path in self.keep_whole:
+            self.opaque_paths.add(path)
+            self.g.objects[f"module:{path}"] = m
+            self.opaque(n, "module", path, args, kwargs, "kept whole (hybrid: placed on the CPU)", scope=path)
+            return
         if type(m) is nn.Identity and len(args) == 1 and not kwargs and isinstance(args[0], Value):
             self.add(n, Identity(), [args[0]], scope=path)
             return
@@ -321,8 +330,9 @@ class _Converter:
             raise TraceError(f"FloatFunctional {ff!r} is not a submodule of the traced model")
         self.opaque_paths.add(path)
         self.g.objects[f"module:{path}"] = ff
-        cls = ff_op_class(method)
-        why = f"FloatFunctional.{method} has no registered op"
+        kept = path in self.keep_whole
+        cls = None if kept else ff_op_class(method)
+        why = "kept whole (hybrid: placed on the CPU)" if kept else f"FloatFunctional.{method} has no registered op"
         if cls is not None:
             res = self.try_bind(n, cls, method, args, kwargs, "function", scope=path)
             if isinstance(res, Node):

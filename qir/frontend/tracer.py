@@ -31,16 +31,20 @@ class TraceError(RuntimeError):
 
 class QirTracer(torch.fx.Tracer):
     """fx tracer keeping as leaves: QuantStub / DeQuantStub, FloatFunctional, every module
-    class some registered op is built from, qir's module library and torch.nn built-ins."""
+    class some registered op is built from, qir's module library and torch.nn built-ins,
+    and the module paths in ``leaves`` (hybrid CPU modules: one call, their forward runs as written)."""
 
-    def __init__(self) -> None:
+    def __init__(self, leaves: frozenset[str] = frozenset()) -> None:
         super().__init__()
+        self.leaves = leaves
         self._qir_stack: list[tuple[str, type]] = []
         #: the module stack when a call first failed (the stack unwinds before the error is reported)
         self.failed_in: list[tuple[str, type]] | None = None
         self._ff_paths: dict[int, str] = {}
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if module_qualified_name in self.leaves:
+            return True
         if isinstance(m, float_functional_classes() + stub_classes() + fused_module_classes()):
             return True
         if tables().for_module(m) is not None or is_qir_library_module(m) or is_opaque_leaf(m):

@@ -50,9 +50,11 @@ from qir.quantization.check import LegalityReport, Violation, check_model  # noq
 from qir.quantization.convert import convert_fx
 from qir.quantization.eager import convert, fuse_known_modules, prepare_qat
 from qir.quantization.fuse import fuse_fx
+from qir.quantization.hybrid import HybridPlan, hybrid_placement
 from qir.quantization.prepare import prepare_qat_fx
 
-__all__ += ["convert", "convert_fx", "fuse_fx", "fuse_known_modules", "prepare_qat", "prepare_qat_fx"]
+__all__ += ["HybridPlan", "convert", "convert_fx", "fuse_fx", "fuse_known_modules", "hybrid_placement", "prepare_qat",
+            "prepare_qat_fx"]
 
 # -- compile / load: converted model -> Program -> artifact (backends.common) -------------------
 from qir.quantization.compile import CompileError, compile_model, load_compiled  # noqa: E402

@@ -41,6 +41,7 @@ from passes.legalize import (
 )
 from passes.manager import run_pipeline
 from qir.frontend import trace
+from qir.quantization.hybrid import CPU, HybridPlan, hybrid_plan_of
 
 __all__ = ["LegalityReport", "Violation", "check_model"]
 
@@ -116,6 +117,8 @@ class LegalityReport:
     cpu_nodes: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     advice: int = 0
+    #: hybrid models: the CPU placements (``target (n calls): reason``), not checked against the march
+    hybrid_cpu: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -151,6 +154,9 @@ class LegalityReport:
         if self.cpu_nodes:
             head += f", {len(self.cpu_nodes)} outside the quantized region (CPU)"
         lines = [head]
+        if self.hybrid_cpu:
+            lines += ["", "Placed on the CPU (hybrid; float, not checked against the march):"]
+            lines += [f"  {h}" for h in self.hybrid_cpu]
         if errors:
             lines += ["", "Errors:"]
             lines += self._rows(errors)
@@ -485,6 +491,9 @@ def check_model(
     suggested fixes and the report is printed. Returns a :class:`LegalityReport`;
     ``report.ok`` is False when an operator is unsupported or a rule fails.
 
+    A hybrid model's CPU placements (``prepare_qat_fx(..., hybrid=True)``) run in float:
+    the report lists them (``report.hybrid_cpu``) and checks only the BPU operators.
+
     Raises TypeError for a ``torch.jit`` module: pass the ``nn.Module`` that was traced.
     """
     if isinstance(model, (torch.jit.ScriptModule, torch.jit.ScriptFunction)):
@@ -504,6 +513,25 @@ def check_model(
     run_pipeline(graph, Legalize(march=name), ctx=ctx, inplace=True)
     result: LegalityResult = ctx.options[RESULT_KEY]
     report = report_from_result(result, int(advice or 0))
+    plan = hybrid_plan_of(model)
+    if plan is not None:
+        report = _with_hybrid(report, plan)
     if advice:
         print(report)
     return report
+
+
+def _with_hybrid(report: LegalityReport, plan: HybridPlan) -> LegalityReport:
+    """A hybrid model's CPU modules run in float: listed as CPU placements, never as findings."""
+    cpu = plan.on(CPU)
+    targets = {p.target for p in cpu}
+
+    def on_cpu(module: str | None) -> bool:
+        return module is not None and any(module == t or module.startswith(t + ".") for t in targets)
+
+    rows: dict[str, tuple[int, str]] = {}
+    for p in cpu:
+        count, _ = rows.get(p.target, (0, p.reason))
+        rows[p.target] = (count + 1, p.reason)
+    lines = tuple(f"{t} ({n} call{'s' if n > 1 else ''}): {why}" for t, (n, why) in rows.items())
+    return attrs.evolve(report, findings=tuple(f for f in report.findings if not on_cpu(f.module)), hybrid_cpu=lines)

@@ -125,6 +125,23 @@ def _check(module: nn.Module, inputs: tuple[Any, ...], march: str) -> None:
                            "it (check=False skips this check):\n" + "\n".join(lines))
 
 
+def _refuse_hybrid(root: nn.Module) -> None:
+    """A hybrid model's CPU modules are float torch code between integer segments: not one program."""
+    from qir.quantization.hybrid import hybrid_plan_of
+
+    plan = hybrid_plan_of(root)
+    cpu = plan.cpu_modules() if plan is not None else []
+    if cpu:
+        raise CompileError(
+            f"cannot compile a hybrid model: {', '.join(cpu)} {'run' if len(cpu) > 1 else 'runs'} on the CPU in "
+            "float between integer BPU segments, and a compiled program is integer kernels only. A hybrid integer "
+            "model is for accuracy "
+            "evaluation (qir.quantization.hybrid_placement(model) lists the placement). To deploy, compile each BPU "
+            "segment as its own model (docs/hybrid.md, 'Segmented deployment'), or export the QAT model with "
+            "export_to_onnx for Horizon's toolchain"
+        )
+
+
 def compile_model(
     module: nn.Module,
     example_inputs: Any,
@@ -157,6 +174,7 @@ def compile_model(
     if sources and len(sources) != len(inputs):
         raise ValueError(f"input_source has {len(sources)} entries for {len(inputs)} input(s)")
     root, graph = _resolve(module)
+    _refuse_hybrid(root)
     march_name = _march_of(root, march)
     if check:
         _check(root, inputs, march_name)

@@ -13,7 +13,6 @@ disappears.
 from __future__ import annotations
 
 import copy
-import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +25,17 @@ from torch import nn
 from backends.common import numerics
 from qir.march import March
 from qir.quantization.fuse import trace_fx
+from qir.quantization.hybrid import hybrid_plan_of
 from qir.quantization.prepare import PREPARE_RECORD_KEY, PrepareRecord, require_march, set_submodule
+from qir.quantization.scale_ops import (
+    PRESERVING_FUNCTIONS,
+    PRESERVING_METHODS,
+    PRESERVING_MODULES,
+    QUERY_METHODS,
+    is_nearest,
+    module_self,
+)
+from qir.quantization.stubs import DeQuantStub as FloatDeQuantStub
 
 __all__ = ["ConvertError", "ScalePlan", "convert_fx", "input_scales", "nearest_interpolate_codes",
            "quantized_class_for", "relu6_codes"]
@@ -36,26 +45,12 @@ class ConvertError(RuntimeError):
     """The QAT model cannot be converted; the message names the module or op and the fix."""
 
 
-# ---------------------------------------------------------------------------------------------
-# which ops keep their input's scale
-
-_PRESERVING_FUNCTIONS: set[Any] = {
-    operator.getitem, torch.flatten, torch.reshape, torch.permute, torch.transpose, torch.squeeze,
-    torch.unsqueeze, torch.split, torch.chunk, torch.unbind, torch.relu, F.relu, F.max_pool1d, F.max_pool2d,
-    F.max_pool3d, torch.max_pool2d, F.adaptive_max_pool2d, F.pixel_shuffle, F.pixel_unshuffle, F.channel_shuffle,
-    torch.flip, torch.roll, F.dropout, F.dropout2d, torch.dropout, F.interpolate, F.relu6, F.hardtanh,
-}
-_PRESERVING_METHODS = {
-    "view", "reshape", "flatten", "permute", "transpose", "contiguous", "squeeze", "unsqueeze", "expand",
-    "expand_as", "repeat", "split", "chunk", "unbind", "relu", "clone", "detach", "flip", "roll", "view_as",
-    "reshape_as", "__getitem__", "tile",
-}
-#: calls whose result is not a tensor (shape queries)
-_QUERY_METHODS = {"size", "dim", "numel", "nelement", "ndimension"}
-_PRESERVING_MODULES: tuple[type[nn.Module], ...] = (
-    nn.ReLU, nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
-    nn.Dropout3d, nn.Flatten, nn.Unflatten, nn.PixelShuffle, nn.PixelUnshuffle, nn.ChannelShuffle,
-)
+# which ops keep their input's scale: qir/quantization/scale_ops.py (these names are kept for
+# backends/common/coverage.py)
+_PRESERVING_FUNCTIONS = PRESERVING_FUNCTIONS
+_PRESERVING_METHODS = PRESERVING_METHODS
+_QUERY_METHODS = QUERY_METHODS
+_PRESERVING_MODULES = PRESERVING_MODULES
 
 
 def quantized_class_for(m: nn.Module, mapping: Mapping[type, type] | None = None) -> type | None:
@@ -72,11 +67,6 @@ def _is_qat_module(m: nn.Module) -> bool:
     return isinstance(m, QATModule)
 
 
-def _is_nearest(n: torch.fx.Node) -> bool:
-    mode = n.kwargs.get("mode", n.args[3] if len(n.args) > 3 else "nearest")
-    return mode == "nearest"
-
-
 # ---------------------------------------------------------------------------------------------
 # scale propagation
 
@@ -90,6 +80,8 @@ class ScalePlan:
 
     module_inputs: dict[str, list[list[torch.Tensor]]] = field(default_factory=dict)
     node_scales: dict[str, Scale] = field(default_factory=dict)
+    #: hybrid models: DeQuantStubs called on float values only (identities)
+    float_dequants: set[str] = field(default_factory=set)
 
     def inputs_of(self, path: str) -> list[torch.Tensor]:
         sites = self.module_inputs.get(path, [])
@@ -126,11 +118,13 @@ def _out_scale_of_qat(m: nn.Module, ins: Sequence[torch.Tensor]) -> Scale:
 
 
 def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, list[torch.Tensor]], Scale]
-                 | None = None) -> ScalePlan:
+                 | None = None, hybrid: bool = False) -> ScalePlan:
     """Walk ``gm``'s graph once: every QAT module call site's input scales.
 
     ``out_scale(path, module, ins)`` may supply the output scale of a module whose QAT
     form does not show it (high-precision convs: convert passes the quantized module's).
+    ``hybrid``: a DeQuantStub of a float value (after a CPU op) is an identity, left out of
+    the plan, instead of an error.
     """
     plan = ScalePlan()
     env = plan.node_scales
@@ -143,9 +137,13 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
         if n.op == "get_attr":
             env[n.name] = None
             continue
-        if n.op == "call_module" or (n.op == "call_method" and _module_self(gm, n) is not None):
+        if n.op == "call_module" or (n.op == "call_method" and module_self(gm, n) is not None):
             path = str(n.target) if n.op == "call_module" else str(n.args[0].target)  # type: ignore[union-attr]
             m = gm.get_submodule(path)
+            if hybrid and _is_dequant_stub(m) and not quantized:
+                plan.float_dequants.add(path)
+                env[n.name] = None
+                continue
             if _is_qat_module(m):
                 tensor_ins = [s for s in ins if s is not None]
                 if len(tensor_ins) != len([a for a in _nodes_in((n.args, n.kwargs)) if a.op != "get_attr"]) \
@@ -183,7 +181,7 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
             continue
         if (n.op == "call_function" and target in _PRESERVING_FUNCTIONS) or \
                 (n.op == "call_method" and target in _PRESERVING_METHODS):
-            if target is F.interpolate and not _is_nearest(n):
+            if target is F.interpolate and not is_nearest(n):
                 raise ConvertError(
                     f"F.interpolate at node '{n.name}' (mode={n.kwargs.get('mode')}) on a quantized tensor "
                     "changes its values; use qir.nn.Interpolate so it gets a quantized form"
@@ -197,17 +195,6 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
             "again with a qconfig that covers it, or put a DeQuantStub before it"
         )
     return plan
-
-
-def _module_self(gm: torch.fx.GraphModule, n: torch.fx.Node) -> nn.Module | None:
-    """The module whose method a ``call_method`` node calls (``self.ff.add(...)``), else None."""
-    if not n.args or not isinstance(n.args[0], torch.fx.Node) or n.args[0].op != "get_attr":
-        return None
-    try:
-        obj = gm.get_submodule(str(n.args[0].target))
-    except AttributeError:
-        return None
-    return obj
 
 
 def _is_quant_stub(m: nn.Module) -> bool:
@@ -303,8 +290,12 @@ def _convert_modules(root: nn.Module, gm: torch.fx.GraphModule, march: March,
                 raise ConvertError(f"converting module '{path}' ({type(m).__name__}): {e}") from e
         return built[path]
 
-    plan = input_scales(gm, out_scale)
+    plan = input_scales(gm, out_scale, hybrid=hybrid_plan_of(gm) is not None)
     _rewrite_functionals(gm, plan, eager)  # before any swap: an eager error leaves the model whole
+    for path in plan.float_dequants - plan.module_inputs.keys():
+        set_submodule(root, path, FloatDeQuantStub())  # float in, float out: the float stub (identity)
+        if root is not gm:
+            set_submodule(gm, path, FloatDeQuantStub())
     for path in plan.module_inputs:
         m = gm.get_submodule(path)
         q = build(path, m, plan.inputs_of(path))
@@ -330,7 +321,9 @@ def convert_fx(qat_model: nn.Module, mapping: Mapping[type, type] | None = None)
 
     Tensors between quantized modules are integer codes; the result is in eval mode,
     traceable by ``torch.jit.trace``, and its ``graph`` can be edited (seed 001's
-    ``centered_yuv2rgb`` insertion). The input is not modified.
+    ``centered_yuv2rgb`` insertion). The input is not modified. A hybrid model's CPU
+    modules stay float between the generated stubs (docs/hybrid.md); its placement stays
+    in ``meta`` for ``check_model`` / ``compile_model``.
     """
     march = _march_for(qat_model, "convert_fx")
     model = copy.deepcopy(qat_model)

@@ -125,9 +125,12 @@ def _stub_kind(obj: Any) -> str | None:
     return None
 
 
-def _quantized_values(g: Graph) -> set[str]:
-    """Names of the nodes computed on quantized tensors: after a QuantStub, not past a DeQuantStub."""
-    quantized: set[str] = set()
+def _quantized_values(g: Graph, inputs_quantized: bool = False) -> set[str]:
+    """Names of the nodes computed on quantized tensors: after a QuantStub, not past a DeQuantStub.
+
+    ``inputs_quantized`` (hybrid preparation): model inputs count as quantized too, since a
+    generated QuantStub will quantize whatever float value feeds a BPU op."""
+    quantized: set[str] = {a.name for a in g.inputs} if inputs_quantized else set()
     for n in g.nodes:
         op = n.op
         obj = g.objects.get(f"module:{op.target}") if isinstance(op, Call) and op.kind == "module" else None
@@ -173,12 +176,13 @@ def _module_for(n: Node) -> nn.Module | None:
     return module if module is not None and qat_class_for(module) is not None else None
 
 
-def swap_functionals(g: Graph) -> dict[str, Any]:
+def swap_functionals(g: Graph, inputs_quantized: bool = False) -> dict[str, Any]:
     """Replace the table's functional calls on quantized tensors by generated module calls, in place.
 
     Returns generated path -> the torch callable it replaced (for ``FuseRecord.generated``).
+    ``inputs_quantized``: see :func:`_quantized_values` (hybrid preparation).
     """
-    quantized = _quantized_values(g)
+    quantized = _quantized_values(g, inputs_quantized)
     alloc = NameAllocator(_taken(g))
     generated: dict[str, Any] = {}
     for n in g.nodes:

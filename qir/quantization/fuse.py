@@ -158,16 +158,26 @@ def _replace_functionals(g: Graph, owners: Mapping[str, str], methods: frozenset
 # fused modules: names, constants, remaps
 
 
-def _rekey(g: Graph, node: Node, new_key: str) -> str:
-    """Move constant ``node`` to ``new_key`` (graph.constants and the op)."""
+def _rekey(node: Node, new_key: str, renames: dict[str, str]) -> None:
+    """Point constant ``node`` at ``new_key``; ``renames`` collects old -> new for :func:`_apply_renames`."""
     op = node.op
     assert isinstance(op, Constant)
-    old = op.key
-    if old == new_key:
-        return old
-    g.constants = {(new_key if k == old else k): t for k, t in g.constants.items()}
-    node.op = attrs.evolve(op, key=new_key)
-    return old
+    if op.key != new_key:
+        renames[op.key] = new_key
+        node.op = attrs.evolve(op, key=new_key)
+
+
+def _apply_renames(g: Graph, renames: Mapping[str, str]) -> None:
+    """Re-key ``g.constants`` once for all renames, keeping its order (the state dict's order).
+
+    One rebuild, not one per constant: per-constant rebuilds made fusion quadratic in model size."""
+    if not renames:
+        return
+    targets = set(renames.values())
+    clash = next((k for k in g.constants if k in targets and k not in renames), None)
+    if clash is not None:
+        raise RuntimeError(f"fusion would move a tensor onto the existing key {clash!r}")
+    g.constants = {renames.get(k, k): t for k, t in g.constants.items()}
 
 
 def _place_fused(g: Graph, owners: Mapping[str, str], alloc: NameAllocator, record: FuseRecord,
@@ -176,6 +186,7 @@ def _place_fused(g: Graph, owners: Mapping[str, str], alloc: NameAllocator, reco
 
     Returns the original module paths the fusion consumed (they become Identity)."""
     consumed: set[str] = set()
+    renames: dict[str, str] = {}
     for n in g.nodes:
         if not isinstance(n.op, FUSABLE):
             continue
@@ -197,7 +208,7 @@ def _place_fused(g: Graph, owners: Mapping[str, str], alloc: NameAllocator, reco
         for role_index, role in enumerate(n.op.param_roles()):  # type: ignore[attr-defined]
             c = n.operands[1 + role_index]
             if isinstance(c, Node) and isinstance(c.op, Constant):
-                _rekey(g, c, new_prefix + role)
+                _rekey(c, new_prefix + role, renames)
         n.scope = path
         record.remap.remaps.append(KeyRemap(
             conv_prefix=f"{conv_path}.", new_prefix=new_prefix, conv_op=n.op,
@@ -209,6 +220,7 @@ def _place_fused(g: Graph, owners: Mapping[str, str], alloc: NameAllocator, reco
         if conv_path in module_types:
             record.source_types[path] = module_types[conv_path]
         consumed.update(s for s in sources if s != path)
+    _apply_renames(g, renames)
     return consumed
 
 
@@ -273,12 +285,14 @@ def build_fused(
     *,
     functionals: frozenset[str] = ADD_FUNCTIONALS,
     prepare_objects: Callable[[Graph], None] | None = None,
+    keep_whole: frozenset[str] = frozenset(),
 ) -> tuple[torch.fx.GraphModule, FuseRecord]:
     """The fused float GraphModule of a deep copy of ``model``, and what fusion did.
 
     ``functionals`` are the FloatFunctional methods whose functional spellings become
     generated modules; ``prepare_objects`` may swap opaque module objects in the IR
-    (prepare turns torch's stubs into qir's) before emission.
+    (prepare turns torch's stubs into qir's) before emission. Modules at the paths in
+    ``keep_whole`` (hybrid CPU modules) stay one opaque call each: never fused, kept as they are.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
@@ -292,7 +306,7 @@ def build_fused(
         qc = getattr(m, "qconfig", None)
         if qc is not None:
             record.qconfig_attrs.setdefault(p, qc)
-    g, owners = build_ir(root, example_inputs)
+    g, owners = build_ir(root, example_inputs, keep_whole)
     _note_bn_eps(g)
     passes_: list[Pass] = [Fuse(absorb_bn=True, force_bn=True), DeadCodeElimination()]
     # rank-only types (no example inputs) are not real shapes: skip the type verifier then

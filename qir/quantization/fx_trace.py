@@ -29,9 +29,10 @@ __all__ = ["OWNER_KEY", "build_ir", "trace_fx"]
 OWNER_KEY = "qir.owner"
 
 
-def trace_fx(root: nn.Module) -> torch.fx.Graph:
-    """fx-trace ``root`` with qir's tracer (stubs, FloatFunctional calls and qir modules as leaves)."""
-    tracer = QirTracer()
+def trace_fx(root: nn.Module, leaves: frozenset[str] = frozenset()) -> torch.fx.Graph:
+    """fx-trace ``root`` with qir's tracer (stubs, FloatFunctional calls, qir modules and the
+    module paths in ``leaves`` as leaves)."""
+    tracer = QirTracer(leaves)
     try:
         with patch_float_functional(tracer):
             return tracer.trace(root)
@@ -167,13 +168,16 @@ def _values(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Any) -> d
     return propagate(root, fx_graph, tuple(example_inputs))
 
 
-def build_ir(root: nn.Module, example_inputs: Any = None) -> tuple[Graph, dict[str, str]]:
-    """IR of ``root`` plus, per node name, the qualified name of the module owning it."""
-    fx_graph = trace_fx(root)
+def build_ir(root: nn.Module, example_inputs: Any = None,
+             keep_whole: frozenset[str] = frozenset()) -> tuple[Graph, dict[str, str]]:
+    """IR of ``root`` plus, per node name, the qualified name of the module owning it.
+
+    Modules at the paths in ``keep_whole`` are traced as one opaque call each (hybrid CPU modules)."""
+    fx_graph = trace_fx(root, keep_whole)
     owners = {n.name: owner_of_stack(n.meta.get("nn_module_stack"), is_module_call=n.op == "call_module")
               for n in fx_graph.nodes}
     values = _values(root, fx_graph, example_inputs)
-    g = _Converter(root, values).run(fx_graph)
+    g = _Converter(root, values, keep_whole).run(fx_graph)
     for n in g.nodes:
         n.meta[OWNER_KEY] = owners.get(n.name, "")
     return g, owners

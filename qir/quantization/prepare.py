@@ -12,13 +12,18 @@ Scale-preserving functional ops (relu, reshape, max pool, ...) stay as they are.
 Preparing a model that was itself prepared (calibration, then QAT: seed 003) starts from
 the fused float model recorded in it and carries every calibrated scale into the new
 fake quants, so QAT starts from the calibrated ranges.
+
+With ``hybrid=True`` (docs/hybrid.md, :mod:`qir.quantization.hybrid`) the modules
+``hybrid_dict`` names stay float on the CPU (traced whole, not fused, not swapped), ops
+without a quantized form that receive quantized values join them, and generated
+QuantStub / DeQuantStub modules mark every CPU/BPU boundary.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,8 +35,9 @@ from qir.march import March, get_march
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.functional_swap import swap_functionals
 from qir.quantization.fuse import ALL_FUNCTIONALS, FuseRecord, build_fused
-from qir.quantization.qconfig import QConfig, qconfig_kind
-from qir.quantization.qconfig_dict import QConfigSpec, parse_hybrid_dict, parse_qconfig_dict
+from qir.quantization.hybrid import HYBRID_KEY, HybridSpec, check_cpu_calls, cpu_modules, place_boundaries
+from qir.quantization.qconfig import QConfig, get_default_calib_qconfig, get_default_qat_qconfig, qconfig_kind
+from qir.quantization.qconfig_dict import QConfigSpec, parse_qconfig_dict
 
 __all__ = ["PREPARE_RECORD_KEY", "PrepareRecord", "prepare_qat_fx", "qat_class_for", "require_march"]
 
@@ -46,6 +52,11 @@ class PrepareRecord:
     float_model: torch.fx.GraphModule
     march: March
     kind: str  # "qat" or "calibration"
+    #: the hybrid_dict of a hybrid prepare (None: not hybrid); a later prepare must use the same
+    hybrid: HybridSpec | None = None
+    #: the CPU modules it resolved to (path -> reason); a later prepare reuses them, since the
+    #: float model then also holds generated modules a ``module_type`` entry could match
+    cpu: dict[str, str] = field(default_factory=dict)
 
 
 def require_march(what: str) -> March:
@@ -137,10 +148,15 @@ def check_kinds(chosen: Mapping[str, QConfig]) -> str:
     return next(iter(by_kind), "qat")
 
 
-def _swap(gm: torch.fx.GraphModule, record: FuseRecord, spec: QConfigSpec) -> str:
-    """Replace every quantizable called module by its QAT class; returns the qconfig kind."""
+def _swap(gm: torch.fx.GraphModule, record: FuseRecord, spec: QConfigSpec,
+          keep_float: Collection[str] = ()) -> tuple[str, dict[str, QConfig]]:
+    """Replace every quantizable called module (outside ``keep_float``) by its QAT class.
+
+    Returns the qconfig kind and the qconfig of every swapped module."""
     plan: list[tuple[str, nn.Module, type, QConfig]] = []
     for path in _called_modules(gm):
+        if path in keep_float:
+            continue
         m = gm.get_submodule(path)
         cls = qat_class_for(m)
         if cls is None:
@@ -160,7 +176,7 @@ def _swap(gm: torch.fx.GraphModule, record: FuseRecord, spec: QConfigSpec) -> st
         qat = cls.from_float(m, qc)  # type: ignore[attr-defined]
         record.remap.key_map.update(_key_map(path, m, qat))
         set_submodule(gm, path, qat)
-    return kind
+    return kind, {p: qc for p, _, _, qc in plan}
 
 
 def _carry_scales(src: nn.Module, dst: nn.Module) -> None:
@@ -189,20 +205,61 @@ def _carry_scales(src: nn.Module, dst: nn.Module) -> None:
             obs.scale = scale.clone()
 
 
+def _stub_qconfig(spec: QConfigSpec, kind: str) -> QConfig:
+    """The qconfig of generated QuantStubs whose consumers have no activation fake quant."""
+    g = spec.global_qconfig
+    if isinstance(g, QConfig) and g.activation is not None and qconfig_kind(g) == kind:
+        return g
+    return get_default_calib_qconfig() if kind == "calibration" else get_default_qat_qconfig()
+
+
 def _prepare_float(model: nn.Module, qconfig_dict: Mapping[str, Any] | None, example_inputs: Any,
-                   march: March) -> torch.fx.GraphModule:
+                   march: March, hybrid: HybridSpec | None = None,
+                   cpu: Mapping[str, str] | None = None) -> torch.fx.GraphModule:
+    if cpu is None:
+        cpu = cpu_modules(model, hybrid) if hybrid is not None else {}
     swapped: dict[str, Any] = {}
-    gm, record = build_fused(model, example_inputs, functionals=ALL_FUNCTIONALS,
-                             prepare_objects=lambda g: swapped.update(swap_functionals(g)))
+    gm, record = build_fused(
+        model, example_inputs, functionals=ALL_FUNCTIONALS, keep_whole=frozenset(cpu),
+        prepare_objects=lambda g: swapped.update(swap_functionals(g, inputs_quantized=hybrid is not None)),
+    )
+    check_cpu_calls(gm, cpu)
     for path, target in swapped.items():
         record.generated[path] = target
         record.sources[path] = [path]
     float_copy = copy.deepcopy(gm)
     spec = parse_qconfig_dict(qconfig_dict, record.qconfig_attrs)
-    kind = _swap(gm, record, spec)
-    gm.meta[PREPARE_RECORD_KEY] = PrepareRecord(float_model=float_copy, march=march, kind=kind)
+    kind, chosen = _swap(gm, record, spec, keep_float=cpu)
+    if hybrid is not None:
+        gm.meta[HYBRID_KEY] = place_boundaries(gm, cpu, chosen, _stub_qconfig(spec, kind))
+    gm.meta[PREPARE_RECORD_KEY] = PrepareRecord(float_model=float_copy, march=march, kind=kind, hybrid=hybrid,
+                                                cpu=dict(cpu))
     gm.train(model.training)
     return gm
+
+
+def _hybrid_spec(hybrid: bool, hybrid_dict: Mapping[str, Any] | None) -> HybridSpec | None:
+    spec = HybridSpec.parse(hybrid_dict)  # validates even when unused
+    if hybrid_dict is not None and not hybrid:
+        raise ValueError("hybrid_dict is read only by hybrid preparation: pass prepare_qat_fx(..., hybrid=True, "
+                         "hybrid_dict=...) to run those modules on the CPU, or drop hybrid_dict")
+    return spec if hybrid else None
+
+
+def _same_hybrid(record: PrepareRecord, hybrid: HybridSpec | None) -> None:
+    """A re-prepare must place modules as the first prepare did: fusion and boundaries were fixed then."""
+    old = record.hybrid
+    if (old is None and hybrid is None) or (old is not None and hybrid is not None and old.same_as(hybrid)):
+        return
+
+    def show(h: HybridSpec | None) -> str:
+        return f"hybrid=True, hybrid_dict={h}" if h is not None else "hybrid=False"
+
+    raise ValueError(
+        f"the model was prepared with {show(old)} but this prepare_qat_fx call has {show(hybrid)}; the CPU/BPU "
+        "placement decides fusion and the generated stubs when the float model is first prepared, so calibration "
+        f"and QAT must agree: pass {show(old)} here, or prepare the float model again with the new placement"
+    )
 
 
 def prepare_qat_fx(
@@ -219,13 +276,12 @@ def prepare_qat_fx(
     ``example_inputs`` types the traced graph (optional). A model returned by an earlier
     ``prepare_qat_fx`` (e.g. after calibration) is re-prepared from its float model with
     its calibrated scales carried over. The input model is never modified.
+
+    ``hybrid=True``: CPU/BPU heterogeneous preparation; ``hybrid_dict`` (``{"module_name":
+    [paths], "module_type": [classes]}``) names the modules that stay float on the CPU
+    (docs/hybrid.md). The placement is in ``qir.quantization.hybrid_placement(result)``.
     """
-    parse_hybrid_dict(hybrid_dict)
-    if hybrid:
-        raise NotImplementedError(
-            "prepare_qat_fx(hybrid=True) (CPU/BPU heterogeneous models) is not implemented yet; "
-            "prepare without hybrid (all operators on the BPU)"
-        )
+    spec = _hybrid_spec(hybrid, hybrid_dict)
     march = require_march("prepare_qat_fx")
     if _is_qat(model):
         record = model.meta.get(PREPARE_RECORD_KEY) if isinstance(model, torch.fx.GraphModule) else None
@@ -234,9 +290,10 @@ def prepare_qat_fx(
                 f"{type(model).__name__} already holds QAT modules but was not made by prepare_qat_fx; "
                 "prepare the float model instead"
             )
-        new = _prepare_float(record.float_model, qconfig_dict, example_inputs, march)
+        _same_hybrid(record, spec)
+        new = _prepare_float(record.float_model, qconfig_dict, example_inputs, march, spec, record.cpu)
         _carry_scales(model, new)
         new.train(model.training)
         return new
-    return _prepare_float(model, qconfig_dict, example_inputs, march)
+    return _prepare_float(model, qconfig_dict, example_inputs, march, spec)
 

@@ -33,6 +33,7 @@ RUN_ELSEWHERE = {
     "qconfig.md": "tests/quantization/test_docs_qconfig.py",
     "testing.md": "tests/ir/test_docs.py",
     "legality.md": "tests/quantization/test_check_model.py",
+    "hybrid.md": "tests/docs/test_hybrid_doc.py",
     "passes.md": "tests/passes/test_manager.py",
     "patterns.md": "tests/passes/test_patterns.py",
 }

@@ -121,9 +121,10 @@ def test_bad_qconfig_dict() -> None:
         prepare_qat_fx(ResNetish(), {"": "qat"})
 
 
-def test_hybrid() -> None:
-    with pytest.raises(NotImplementedError, match="hybrid"):
-        prepare_qat_fx(ResNetish(), {"": QAT}, hybrid=True, hybrid_dict={"module_name": ["fc"]})
+def test_hybrid_dict_validation() -> None:
+    # hybrid preparation itself: tests/flows/test_hybrid.py
+    with pytest.raises(ValueError, match=r"pass prepare_qat_fx\(\.\.\., hybrid=True"):
+        prepare_qat_fx(ResNetish(), {"": QAT}, hybrid_dict={"module_name": ["fc"]})
     with pytest.raises(KeyError, match="hybrid_dict"):
         prepare_qat_fx(ResNetish(), {"": QAT}, hybrid_dict={"names": ["fc"]})
     with pytest.raises(TypeError, match="module classes"):

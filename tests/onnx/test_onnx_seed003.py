@@ -78,7 +78,7 @@ class HybridModel(nn.Module):
     def __init__(self, channels: int = 3) -> None:
         super().__init__()
         self.layer0 = ConvBNReLU()
-        self.layer1 = ConvBNReLU()
+        self.layer1 = ConvReLU()  # the seed writes ConvBNReLU() but names layer1.conv: its ConvReLU is meant
         self.layer2 = ConvBNReLU()
         self.selu = _SeluModule()
         self.conv0 = nn.Conv2d(channels, channels, 1)
@@ -178,10 +178,7 @@ def test_seed003_hybrid_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         "hybrid": True,
         "hybrid_dict": {"module_name": ["layer1.conv", "conv0"], "module_type": [_SeluModule]},
     }
-    try:
-        qat_model = seed_qat_model(HybridModel(), **hybrid)
-    except NotImplementedError as e:
-        pytest.skip(f"hybrid prepare_qat_fx not available: {e}")
+    qat_model = seed_qat_model(HybridModel(), **hybrid)
     qat_model(data)
     qat_model.eval()
     disable_observer(qat_model)
@@ -189,3 +186,13 @@ def test_seed003_hybrid_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     export_to_onnx(qat_model, data, "qat.onnx", enable_onnx_checker=True, operator_export_type=None)
 
     check_seed_export(qat_model, data, tmp_path / "qat.onnx")
+    # Q/DQ around the BPU parts only: the CPU convs (layer1.conv, conv0) keep float weights; the three
+    # selu calls read the float input, layer0's dequantized output and conv1's high-precision output
+    graph = load(tmp_path / "qat.onnx").graph
+    producer = {o: n.op_type for n in graph.node for o in n.output}
+    convs = [n for n in graph.node if n.op_type == "Conv"]
+    assert [producer.get(n.input[1], "float") for n in convs] == [
+        "DequantizeLinear", "float", "DequantizeLinear", "float", "DequantizeLinear"
+    ]
+    selus = [n for n in graph.node if n.op_type == "Selu"]
+    assert [producer.get(n.input[0], "input") for n in selus] == ["input", "DequantizeLinear", "Conv"]
