@@ -31,6 +31,7 @@ import torch.fx
 from torch import nn
 
 from backends.common.numerics import scale_denominator
+from qir.frontend.convert import gc_paused
 from qir.march import March, get_march
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.functional_swap import swap_functionals
@@ -262,6 +263,9 @@ def _same_hybrid(record: PrepareRecord, hybrid: HybridSpec | None) -> None:
     )
 
 
+# Like tracing, these build many small objects; a paused cyclic GC keeps the cost linear in model
+# size (benchmarks/pipeline_cost.py: 1.13x growth per node from 500 to 2,500 blocks with it, 1.00x without).
+@gc_paused()
 def prepare_qat_fx(
     model: nn.Module,
     qconfig_dict: Mapping[str, Any] | None = None,

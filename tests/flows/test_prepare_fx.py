@@ -186,3 +186,38 @@ def test_prepare_an_already_fused_model() -> None:
     assert via_fused.get_submodule("fc").activation_post_process is None  # the attribute survived fusion
     result = via_fused.load_state_dict(model.state_dict(), strict=False)  # float keys still load
     assert not result.unexpected_keys
+
+
+def test_prepare_and_convert_restore_the_garbage_collector() -> None:
+    """Both pause Python's cyclic GC while they build (linear cost) and restore it, on error too."""
+    import gc
+
+    from qir.march import March, march_scope
+    from qir.quantization import convert_fx, get_default_qat_qconfig, prepare_qat_fx
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.quant = torch.quantization.QuantStub()
+            self.conv = nn.Conv2d(1, 2, 3)
+            self.dequant = torch.quantization.DeQuantStub()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.dequant(self.conv(self.quant(x)))
+
+    assert gc.isenabled()
+    with march_scope(March.BAYES):
+        qat = prepare_qat_fx(Net(), {"": get_default_qat_qconfig()})
+        assert gc.isenabled()
+        qat(torch.randn(2, 1, 6, 6))
+        convert_fx(qat)
+        assert gc.isenabled()
+        with pytest.raises(TypeError):
+            prepare_qat_fx(Net(), {"": get_default_qat_qconfig()}, hybrid=True, hybrid_dict=["conv"])  # type: ignore[arg-type]
+        assert gc.isenabled()
+        gc.disable()
+        try:
+            prepare_qat_fx(Net(), {"": get_default_qat_qconfig()})
+            assert not gc.isenabled()  # a caller's choice is kept
+        finally:
+            gc.enable()
