@@ -102,6 +102,9 @@ FUNCTIONAL_MODULES: dict[str, ModuleFactory] = {
     }.items()},
     "pow": _pow,
     "square": _square,
+    # nn.Softmax(dim) / nn.GLU(dim) (qat.Softmax refuses the legacy implicit-dim softmax, saying so)
+    "softmax": _torch_module,
+    "glu": _torch_module,
     # torch activations that are LUT ops in qir.nn.qat (LUT_FLOAT_CLASSES): their own nn module
     **dict.fromkeys((
         "sigmoid", "tanh", "gelu", "silu", "hardsigmoid", "hardswish", "elu", "leaky_relu", "softplus", "mish",

@@ -63,16 +63,16 @@ class HybridModel(nn.Module):
 
 
 class NoBPUForm(nn.Module):
-    """A LayerNorm module and a cumsum between convs: neither has a quantized form. No stubs at all."""
+    """A GroupNorm module and a cumsum between convs: neither has a quantized form. No stubs at all."""
 
     def __init__(self) -> None:
         super().__init__()
         self.c1 = nn.Conv2d(3, 4, 3, padding=1)
-        self.ln = nn.LayerNorm([4, 8, 8])
+        self.gn = nn.GroupNorm(2, 4)
         self.c2 = nn.Conv2d(4, 4, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.ln(self.c1(x))
+        x = self.gn(self.c1(x))
         return torch.cumsum(self.c2(x), 1)
 
 

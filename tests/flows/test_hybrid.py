@@ -232,7 +232,7 @@ def test_functional_and_module_without_bpu_form_go_to_the_cpu() -> None:
     prepared = prepare_qat_fx(NoBPUForm(), {"": QAT}, hybrid=True)  # no hybrid_dict: automatic placement only
     plan = hybrid_placement(prepared)
     auto = [(p.target, p.kind, p.reason) for p in plan.placements if p.placed]
-    assert auto == [("ln", "LayerNorm", "no BPU form"), ("cumsum", "function", "no BPU form")]
+    assert auto == [("gn", "GroupNorm", "no BPU form"), ("cumsum", "function", "no BPU form")]
     # no QuantStub in the model: one is generated for the input; cumsum's float result leaves as it is
     assert feeding(prepared)[0] == ("_generated_quant_0", ["placeholder"])
     x = torch.randn(2, 3, 8, 8)

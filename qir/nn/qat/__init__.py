@@ -37,10 +37,14 @@ from qir.nn.qat.conv import (
     QATConvBase,
 )
 from qir.nn.qat.functional import FloatFunctional
+from qir.nn.qat.glu import GLU
 from qir.nn.qat.interpolate import Interpolate
 from qir.nn.qat.mapping import QAT_MODULE_MAP, get_qat_module_class
 from qir.nn.qat.misc import Div, Dropout, Identity
+from qir.nn.qat.normalization import LayerNorm
 from qir.nn.qat.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from qir.nn.qat.prelu import PReLU
+from qir.nn.qat.softmax import Softmax
 from qir.nn.qat.stubs import DeQuantStub, QuantStub
 
 __all__ = [
@@ -53,3 +57,4 @@ __all__ = [
     "LinearReLU", "LinearReLU6", "MaxPool2d", "QATConvBase", "QATModule", "QuantStub", "ReLU", "ReLU6", "UnaryLUT",
     "get_qat_module_class",
 ]
+__all__ += ["GLU", "LayerNorm", "PReLU", "Softmax"]

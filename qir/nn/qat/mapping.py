@@ -13,9 +13,13 @@ from qir.nn.modules.unary import UNARY_MODULES
 from qir.nn.qat.activation import LUT_FLOAT_CLASSES, ReLU, ReLU6, UnaryLUT
 from qir.nn.qat.conv import QAT_CONV_CLASSES, fused_float_class
 from qir.nn.qat.functional import FloatFunctional
+from qir.nn.qat.glu import GLU
 from qir.nn.qat.interpolate import Interpolate
 from qir.nn.qat.misc import Div, Dropout, Identity
+from qir.nn.qat.normalization import LayerNorm
 from qir.nn.qat.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from qir.nn.qat.prelu import PReLU
+from qir.nn.qat.softmax import Softmax
 from qir.nn.qat.stubs import DeQuantStub, QuantStub
 from qir.quantization.stubs import DeQuantStub as FloatDeQuantStub
 from qir.quantization.stubs import QuantStub as FloatQuantStub
@@ -52,6 +56,10 @@ def _build() -> dict[type[nn.Module], type[nn.Module]]:
         nn.Dropout2d: Dropout,
         nn.Dropout3d: Dropout,
         FloatDiv: Div,
+        nn.PReLU: PReLU,
+        nn.GLU: GLU,
+        nn.Softmax: Softmax,
+        nn.LayerNorm: LayerNorm,
     })
     for cls in (*UNARY_MODULES.values(), *LUT_FLOAT_CLASSES):
         m[cls] = UnaryLUT

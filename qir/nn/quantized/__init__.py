@@ -42,10 +42,14 @@ from qir.nn.quantized.conv import (
     QuantizedConvBase,
 )
 from qir.nn.quantized.functional import QFunctional
+from qir.nn.quantized.glu import GLU
 from qir.nn.quantized.interpolate import Interpolate
 from qir.nn.quantized.mapping import QUANTIZED_MODULE_MAP, get_quantized_module_class
 from qir.nn.quantized.misc import Div, Identity
+from qir.nn.quantized.normalization import LayerNorm
 from qir.nn.quantized.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from qir.nn.quantized.prelu import PReLU
+from qir.nn.quantized.softmax import Softmax
 from qir.nn.quantized.stubs import DeQuantStub, QuantStub
 
 __all__ = [
@@ -98,3 +102,4 @@ __all__ = [
     "UnaryLUT",
     "get_quantized_module_class",
 ]
+__all__ += ["GLU", "LayerNorm", "PReLU", "Softmax"]

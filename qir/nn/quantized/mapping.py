@@ -8,9 +8,13 @@ from qir.nn import qat
 from qir.nn.quantized.activation import ReLU, ReLU6, UnaryLUT
 from qir.nn.quantized.conv import QUANTIZED_CONV_CLASSES
 from qir.nn.quantized.functional import QFunctional
+from qir.nn.quantized.glu import GLU
 from qir.nn.quantized.interpolate import Interpolate
 from qir.nn.quantized.misc import Div, Identity
+from qir.nn.quantized.normalization import LayerNorm
 from qir.nn.quantized.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from qir.nn.quantized.prelu import PReLU
+from qir.nn.quantized.softmax import Softmax
 from qir.nn.quantized.stubs import DeQuantStub, QuantStub
 
 __all__ = ["QUANTIZED_MODULE_MAP", "get_quantized_module_class"]
@@ -31,6 +35,10 @@ QUANTIZED_MODULE_MAP: dict[type[nn.Module], type[nn.Module]] = {
     qat.Identity: Identity,
     qat.Dropout: Identity,
     qat.Div: Div,
+    qat.PReLU: PReLU,
+    qat.GLU: GLU,
+    qat.Softmax: Softmax,
+    qat.LayerNorm: LayerNorm,
 }
 
 

@@ -1,0 +1,58 @@
+"""LayerNorm on codes: exact int64 moments, integer square root, exact rounded division to a 2**-G
+fixed point, then the affine weight and bias as a per-element requantization (docs/semantics.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from backends.common.kernels.base import qbounds, register_kernel, requant_i64, sat_to
+from backends.common.program import Instruction
+
+
+def _bit_length(t: torch.Tensor) -> torch.Tensor:
+    """Bit length of non-negative int64 ``t`` from the float64 exponent, corrected where rounding carried."""
+    _, e = torch.frexp(t.to(torch.float64))
+    b = e.to(torch.int64)
+    over = (b > 0) & ((torch.ones_like(b) << (b - 1).clamp(min=0)) > t)
+    return torch.where(over, b - 1, b)
+
+
+def _isqrt(n: torch.Tensor) -> torch.Tensor:
+    """``floor(sqrt(n))`` for int64 ``n < 2**62``: the float64 root is within 1; two integer corrections."""
+    r = torch.sqrt(n.to(torch.float64)).floor().to(torch.int64)
+    for _ in range(2):
+        r = torch.where(r * r > n, r - 1, r)
+        r = torch.where((r + 1) * (r + 1) <= n, r + 1, r)
+    return r
+
+
+@register_kernel("layer_norm")
+def layer_norm(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+    a = inst.attrs
+    x = args[0]
+    nd, zb, p, f = int(a["ndims"]), int(a["z_bits"]), int(a["extra_bits"]), int(a["eps_bits"])
+    shape = x.shape
+    n = 1
+    for d in shape[x.dim() - nd :]:
+        n *= int(d)
+    if n != state["multiplier"].numel():
+        raise ValueError(
+            f"layer_norm ({inst.source}): the program normalizes {state['multiplier'].numel()} "
+            f"elements, the input has {n}"
+        )
+    q = x.to(torch.int64).reshape(-1, n)
+    s1 = q.sum(1, keepdim=True)
+    t = ((n * (q * q).sum(1, keepdim=True) - s1 * s1) << (2 * f)) + int(a["eps_term"])
+    k = (60 - _bit_length(t)).clamp(min=0) // 2
+    root = _isqrt(t << (2 * k)).clamp(min=1)
+    num = (n * q - s1) << (f + k + zb)
+    z = torch.div(2 * num + root, 2 * root, rounding_mode="floor")
+    mid = requant_i64(z, state["multiplier"], state["shift"], axis=1)
+    mid = mid.clamp(-(2**31), 2**31 - 1) + state["bias"].to(torch.int64)
+    out = (mid + (1 << (p - 1))) >> p
+    dt = str(a["out_dtype"])
+    lo, hi = qbounds(dt)
+    return [sat_to(out.clamp_(lo, hi).reshape(shape), dt)]

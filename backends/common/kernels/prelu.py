@@ -1,0 +1,33 @@
+"""PReLU on codes: ``q >= 0`` requantized with one multiplier, ``q < 0`` with a signed one per channel.
+
+Products of int8 / int16 codes and 15-bit multipliers are below 2**31, so both requantizations
+use the exact float64 path of :class:`~backends.common.kernels.base.RequantF64`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from backends.common.kernels.base import RequantF64, qbounds, register_kernel, sat_to
+from backends.common.program import Instruction
+
+
+def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> tuple[RequantF64, RequantF64]:
+    a = inst.attrs
+    pos = RequantF64(torch.tensor(int(a["pos_multiplier"])), torch.tensor(int(a["pos_shift"])))
+    return pos, RequantF64(consts[inst.consts["neg_multiplier"]], consts[inst.consts["neg_shift"]])
+
+
+@register_kernel("prelu", prepare=_prepare)
+def prelu(inst: Instruction, args: list[Any], state: tuple[RequantF64, RequantF64]) -> list[Any]:
+    """``sat(floor(q * M/2**s + 2**(s-1)/2**s))`` with the positive or the channel's negative ``(M, s)``."""
+    pos, neg = state
+    x = args[0]
+    xf = x.to(torch.float64)
+    dt = str(inst.attrs["out_dtype"])
+    lo, hi = qbounds(dt)
+    out = torch.where(x >= 0, pos.apply(xf), neg.apply(xf, axis=1))
+    return [sat_to(out.clamp_(lo, hi), dt)]
