@@ -7,7 +7,8 @@ opaque module calls) the module object the graph keeps:
   of a sequence, results that are not tensors, and value-preserving transparent nodes
   (identity, eval-mode dropout: "optimized out during deployment") are not checked.
 * :func:`subject_of` - what was called: the op (rebuilt from the module for an opaque
-  call such as a fused ``ConvAddReLU2d`` or a QAT module), how it was called (module,
+  call such as a fused ``ConvAddReLU2d`` or a QAT module; from a registered function view
+  for a converted model's integer form such as ``abs_codes``), how it was called (module,
   function/method, FloatFunctional) and the exact torch spelling when the graph tells it.
 * :func:`build_facts` - the facts dict the rules read (``backends.common.rules.FIELDS``;
   names listed in docs/operators.md). Float models get the dtype each value *would* have
@@ -234,6 +235,20 @@ def module_view(m: nn.Module) -> nn.Module | type:
     return m
 
 
+#: Functions mapping an opaque function call to the op it computes, keyed by the function's
+#: qualified name: a converted model's integer forms (``abs_codes`` is ``abs`` on codes) are
+#: checked against the rows of the op they stand for. ``view(args, kwargs)`` gets the call's
+#: arguments (graph values for tensors) and returns the op, or None when it cannot tell.
+FunctionView = Callable[[Sequence[Any], dict[str, Any]], "Op | None"]
+_FUNCTION_VIEWS: dict[str, FunctionView] = {}
+
+
+def register_function_view(target: str, view: FunctionView) -> FunctionView:
+    """Check calls of the function named ``target`` (``module.qualname``) as the op ``view`` returns."""
+    _FUNCTION_VIEWS[target] = view
+    return view
+
+
 def _fusion(cls: type) -> tuple[bool, str | None] | None:
     """Class-level ``has_add`` / ``act`` of a fused module class (float, QAT or integer)."""
     has_add = getattr(cls, "has_add", None)
@@ -293,6 +308,10 @@ def subject_of(node: Node, graph: Graph) -> Subject:
             inputs = tensors[:1] if addend is not None else tensors
             # a fused module is looked up by its conv (the module holding the weights)
             return Subject(node, rebuilt, FORM_MODULE, spelling, inputs, Params(weight, bias), addend, type(holder))
+        fview = _FUNCTION_VIEWS.get(op.target) if op.kind == "function" else None
+        viewed = fview(resolve(op.args, node.operands), resolve(op.kwargs, node.operands)) if fview else None
+        if viewed is not None:
+            return Subject(node, viewed, FORM_FUNCTION, spelling, tensors, Params())
         return Subject(node, None, FORM_OPAQUE, spelling, tensors, Params())
     if "float_functional" in node.meta:
         form = FORM_FLOAT_FUNCTIONAL
@@ -524,13 +543,13 @@ def _is_output(outs: frozenset[Value], node: Node) -> bool:
 
 
 def _index_values(node: Node) -> list[Value]:
-    """Integer results of ``node`` (argmax, the indices of max(dim)) as graph values."""
+    """The indices ``node`` returns (argmax, the indices of max(dim): ``r[1]`` or ``r.indices``) as
+    graph values. Indices are int64; a converted model's int8 / int16 / int32 codes are not."""
     if isinstance(node.type, TensorType):
-        return [node] if not node.type.dtype.is_float and not node.type.dtype.is_quantized else []
+        return [node] if node.type.dtype is DType.int64 else []
     return [
         u for u in node.users
-        if isinstance(u.op, GetItem) and isinstance(u.type, TensorType)
-        and not u.type.dtype.is_float and not u.type.dtype.is_quantized
+        if isinstance(u.op, (GetItem, GetAttr)) and isinstance(u.type, TensorType) and u.type.dtype is DType.int64
     ]
 
 

@@ -8,8 +8,9 @@ Generated from the live registries, never from a hand-kept list:
   ``qir.nn.QAT_MODULE_MAP`` / ``QUANTIZED_MODULE_MAP`` for module classes; for functions,
   the generated module of ``qir.quantization.functional_swap.FUNCTIONAL_MODULES``, the
   generated ``FloatFunctional`` method (``qir.quantization.fuse``), or convert's list of
-  scale-preserving calls that run on codes as written; else the row's eager replacement
-  (``qir.nn.Exp``) when qir has it;
+  scale-preserving calls that run on codes as written, or the ops on codes convert gives an
+  integer form (``qir.quantization.code_convert.CONVERTED_FORMS``); else the row's eager
+  replacement (``qir.nn.Exp``) when qir has it;
 * **lowering**: a rule in ``backends.common.lower``'s registry for the quantized module,
   ``QFunctional`` method, function or tensor method;
 * **bernoulli2** / **bayes**: the row's support in the march's operator table.
@@ -147,6 +148,12 @@ def _functional_route(op_name: str, obj: Any) -> tuple[str | None, str | None, l
     if method is not None and hasattr(QatFF, method):
         quantized = f"`QFunctional.{method}`" if hasattr(QFunctional, method) else None
         return f"generated `FloatFunctional.{method}`", quantized, [("functional", method)]
+    code_convert = importlib.import_module("qir.quantization.code_convert")
+    if op_name in code_convert.CONVERTED_FORMS:  # ops on codes: kept, given an integer form at conversion
+        scale_ops = importlib.import_module("qir.quantization.scale_ops")
+        kept = scale_ops.CODE_OPS[op_name] in (scale_ops.CODES, scale_ops.REDUCE, scale_ops.PAIR)
+        return ("kept (scale-preserving)" if kept else "kept (exact on codes)", "runs on codes",
+                list(code_convert.CONVERTED_FORMS[op_name]))
     preserving = (obj in convert._PRESERVING_FUNCTIONS) if not isinstance(obj, str) else \
         (obj in convert._PRESERVING_METHODS)
     if preserving:

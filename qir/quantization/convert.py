@@ -7,7 +7,8 @@ reshape / view / flatten / permute / getitem, nearest interpolate, identity, dro
 Each QAT module is then replaced by ``QUANTIZED_MODULE_MAP[type].from_qat(module,
 input_scales, march)``. Functional ops that are exact on codes stay; ``relu6`` becomes a
 clamp at ``round(6 / s)``, nearest ``interpolate`` a float round trip (exact), ``dropout``
-disappears.
+disappears. abs, clamp, comparisons, pads, gather, max / min, top-k and arg-reductions run
+on codes too (:mod:`qir.quantization.code_convert` gives them their integer forms).
 """
 
 from __future__ import annotations
@@ -24,17 +25,22 @@ from torch import nn
 
 from backends.common import numerics
 from qir.frontend.convert import gc_paused
+from qir.ir.types import DType
 from qir.march import March
+from qir.quantization.code_convert import EXACT, CodeOpError, classify, rewrite_code_ops
 from qir.quantization.fuse import trace_fx
 from qir.quantization.hybrid import hybrid_plan_of
 from qir.quantization.prepare import PREPARE_RECORD_KEY, PrepareRecord, require_march, set_submodule
 from qir.quantization.scale_ops import (
+    PAIR,
     PRESERVING_FUNCTIONS,
     PRESERVING_METHODS,
     PRESERVING_MODULES,
     QUERY_METHODS,
+    code_op,
     is_nearest,
     module_self,
+    pair_item,
 )
 from qir.quantization.stubs import DeQuantStub as FloatDeQuantStub
 
@@ -77,12 +83,18 @@ Scale = torch.Tensor | None
 
 @dataclass
 class ScalePlan:
-    """Per QAT module path: its call sites' input scales; per fx node: its output scale."""
+    """Per QAT module path: its call sites' input scales; per fx node: its output scale and code dtype."""
 
     module_inputs: dict[str, list[list[torch.Tensor]]] = field(default_factory=dict)
     node_scales: dict[str, Scale] = field(default_factory=dict)
-    #: hybrid models: DeQuantStubs called on float values only (identities)
+    node_dtypes: dict[str, DType | None] = field(default_factory=dict)
+    #: hybrid models: DeQuantStubs called on float values only (identities); also DeQuantStubs
+    #: of exact values (indices, booleans)
     float_dequants: set[str] = field(default_factory=set)
+    #: nodes returning (values, indices) on codes (max / min along a dim, topk)
+    pairs: set[str] = field(default_factory=set)
+    #: nodes whose results are exact values without a scale (indices, booleans of calls on codes)
+    exact_values: set[str] = field(default_factory=set)
 
     def inputs_of(self, path: str) -> list[torch.Tensor]:
         sites = self.module_inputs.get(path, [])
@@ -118,6 +130,17 @@ def _out_scale_of_qat(m: nn.Module, ins: Sequence[torch.Tensor]) -> Scale:
     return None  # a high-precision output: known once the quantized module exists
 
 
+def _out_dtype_of_qat(m: nn.Module, ins: Sequence[DType | None]) -> DType | None:
+    from qir.quantization.fake_quantize import FakeQuantize
+
+    fq = getattr(m, "activation_post_process", None)
+    if isinstance(fq, FakeQuantize):
+        return DType(fq.dtype)
+    if getattr(m, "is_scale_preserving", False):
+        return ins[0] if ins else None
+    return DType.qint32  # a high-precision output
+
+
 def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, list[torch.Tensor]], Scale]
                  | None = None, hybrid: bool = False) -> ScalePlan:
     """Walk ``gm``'s graph once: every QAT module call site's input scales.
@@ -129,9 +152,16 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
     """
     plan = ScalePlan()
     env = plan.node_scales
+    dts = plan.node_dtypes
+
+    def keep(n: torch.fx.Node, src: torch.fx.Node) -> None:
+        env[n.name], dts[n.name] = env.get(src.name), dts.get(src.name)
+
     for n in gm.graph.nodes:
-        ins = [env.get(a.name) for a in _nodes_in((n.args, n.kwargs))]
+        in_nodes = _nodes_in((n.args, n.kwargs))
+        ins = [env.get(a.name) for a in in_nodes]
         quantized = [s for s in ins if s is not None]
+        first_q = next((a for a in in_nodes if env.get(a.name) is not None), None)
         if n.op in ("placeholder", "output"):
             env[n.name] = None
             continue
@@ -141,13 +171,14 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
         if n.op == "call_module" or (n.op == "call_method" and module_self(gm, n) is not None):
             path = str(n.target) if n.op == "call_module" else str(n.args[0].target)  # type: ignore[union-attr]
             m = gm.get_submodule(path)
-            if hybrid and _is_dequant_stub(m) and not quantized:
-                plan.float_dequants.add(path)
+            exact_only = bool(in_nodes) and all(a.name in plan.exact_values for a in in_nodes)
+            if _is_dequant_stub(m) and not quantized and (hybrid or exact_only):
+                plan.float_dequants.add(path)  # float (hybrid) or exact values (indices, booleans): identity
                 env[n.name] = None
                 continue
             if _is_qat_module(m):
                 tensor_ins = [s for s in ins if s is not None]
-                if len(tensor_ins) != len([a for a in _nodes_in((n.args, n.kwargs)) if a.op != "get_attr"]) \
+                if len(tensor_ins) != len([a for a in in_nodes if a.op != "get_attr"]) \
                         and not _is_quant_stub(m):
                     raise ConvertError(
                         f"module '{path}' ({type(m).__name__}) receives a float tensor; quantized modules take "
@@ -160,12 +191,14 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
                 if s is None and out_scale is not None and not _is_dequant_stub(m):
                     s = out_scale(path, m, tensor_ins)
                 env[n.name] = None if _is_dequant_stub(m) else s
+                dts[n.name] = None if _is_dequant_stub(m) else _out_dtype_of_qat(
+                    m, [dts.get(a.name) for a in in_nodes if env.get(a.name) is not None])
                 continue
             if not quantized:
                 env[n.name] = None
                 continue
             if isinstance(m, _PRESERVING_MODULES):
-                env[n.name] = quantized[0]
+                keep(n, first_q)  # type: ignore[arg-type]
                 continue
             raise ConvertError(
                 f"module '{path}' ({type(m).__name__}) receives quantized tensors but has no quantized form; "
@@ -177,8 +210,28 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
             env[n.name] = None
             continue
         target = n.target
+        item = pair_item(n)
+        if item is not None and item[0].name in plan.pairs:  # (values, indices): values keep the scale
+            if item[1] == 0:
+                keep(n, item[0])
+            else:
+                env[n.name] = None
+                plan.exact_values.add(n.name)
+            continue
         if (n.op == "call_method" and target in _QUERY_METHODS) or target is getattr:
             env[n.name] = None
+            continue
+        op = code_op(n)
+        if op is not None:
+            try:
+                res = classify(n, op, env, dts)
+            except CodeOpError as e:
+                raise ConvertError(str(e)) from e
+            env[n.name], dts[n.name] = res.scale, res.dtype
+            if res.kind == PAIR:
+                plan.pairs.add(n.name)
+            elif res.kind == EXACT:
+                plan.exact_values.add(n.name)
             continue
         if (n.op == "call_function" and target in _PRESERVING_FUNCTIONS) or \
                 (n.op == "call_method" and target in _PRESERVING_METHODS):
@@ -187,7 +240,7 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
                     f"F.interpolate at node '{n.name}' (mode={n.kwargs.get('mode')}) on a quantized tensor "
                     "changes its values; use qir.nn.Interpolate so it gets a quantized form"
                 )
-            env[n.name] = quantized[0]
+            keep(n, first_q)  # type: ignore[arg-type]
             continue
         name = getattr(target, "__name__", str(target))
         raise ConvertError(
@@ -293,6 +346,10 @@ def _convert_modules(root: nn.Module, gm: torch.fx.GraphModule, march: March,
 
     plan = input_scales(gm, out_scale, hybrid=hybrid_plan_of(gm) is not None)
     _rewrite_functionals(gm, plan, eager)  # before any swap: an eager error leaves the model whole
+    try:
+        rewrite_code_ops(root, gm, plan.node_scales, plan.node_dtypes, eager)
+    except CodeOpError as e:
+        raise ConvertError(str(e)) from e
     for path in plan.float_dequants - plan.module_inputs.keys():
         set_submodule(root, path, FloatDeQuantStub())  # float in, float out: the float stub (identity)
         if root is not gm:

@@ -39,10 +39,16 @@ from qir.quantization.names import NameAllocator
 from qir.quantization.qconfig import QConfig
 from qir.quantization.qconfig_dict import parse_hybrid_dict
 from qir.quantization.scale_ops import (
+    CODE_OPS,
+    CODES,
+    PAIR,
     PRESERVING_MODULES,
     QUERY_METHODS,
+    REDUCE,
+    code_op,
     is_preserving_call,
     module_self,
+    pair_item,
 )
 
 __all__ = [
@@ -273,6 +279,12 @@ def _data_inputs(n: torch.fx.Node) -> list[torch.fx.Node]:
     return list(dict.fromkeys(found))
 
 
+def _reduces_along_dim(n: torch.fx.Node) -> bool:
+    """``torch.max(x, dim)`` / ``x.min(dim=...)``: returns (values, indices); not ``max(x)`` or ``max(x, y)``."""
+    second = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+    return second is not None and not isinstance(second, torch.fx.Node)
+
+
 def _parent(path: str) -> str:
     return path.rpartition(".")[0]
 
@@ -309,6 +321,8 @@ class _Walk:
         self.to_quant: dict[torch.fx.Node, list[tuple[torch.fx.Node, QConfig]]] = {}
         #: consumer node -> the module path it calls (for stub scopes)
         self.owner: dict[torch.fx.Node, str] = {}
+        #: BPU calls returning (values, indices): max / min along a dim, topk
+        self.pairs: set[torch.fx.Node] = set()
 
     def place(self, n: torch.fx.Node, target: str, kind: str, device: str, reason: str, placed: bool = False) -> None:
         self.placements.append(HybridPlacement(n.name, target, kind, device, reason, placed))
@@ -371,6 +385,9 @@ class _Walk:
             self.place(n, path, kind, CPU, why, placed=True)
             self.needs_float(n, ins)
             return _F
+        item = pair_item(n)
+        if item is not None and item[0] in self.pairs:  # values keep the codes; indices are exact, not codes
+            return _Q if item[1] == 0 else _N
         if (n.op == "call_method" and n.target in QUERY_METHODS) or n.target is getattr:
             return _N
         if not ins:  # size arithmetic stays a number; a tensor made from sizes (torch.zeros) is float
@@ -380,12 +397,24 @@ class _Walk:
         if not quantized:
             self.place(n, name, n.op.removeprefix("call_"), CPU, "float input")
             return _F
+        op = code_op(n)
+        if op is not None and self.on_codes(n, op, ins):
+            self.place(n, name, n.op.removeprefix("call_"), BPU, "exact on codes")
+            kind = CODE_OPS[op]
+            if kind == PAIR or (kind == REDUCE and _reduces_along_dim(n)):
+                self.pairs.add(n)
+            return _Q if kind in (CODES, PAIR, REDUCE) else _N
         if is_preserving_call(n) and isinstance(first, torch.fx.Node) and self.kind.get(first) == _Q:
             self.place(n, name, n.op.removeprefix("call_"), BPU, "scale-preserving")
             return _Q
         self.place(n, name, n.op.removeprefix("call_"), CPU, "no BPU form", placed=True)
         self.needs_float(n, ins)
         return _F
+
+    def on_codes(self, n: torch.fx.Node, op: str, ins: Sequence[torch.fx.Node]) -> bool:
+        """A code op runs on the BPU when its data inputs are quantized (gather's index may be any tensor)."""
+        index = n.args[2] if op == "gather" and len(n.args) > 2 else n.kwargs.get("index")
+        return all(self.kind[a] == _Q or (op == "gather" and a is index) for a in ins)
 
     def module_of(self, n: torch.fx.Node) -> tuple[str, nn.Module | None]:
         if n.op == "call_module":

@@ -5,6 +5,11 @@ A scale-preserving op computes on integer codes exactly as on the values they st
 identity, dropout), so its output has its input's scale and needs no quantized module of
 its own. ``convert_fx`` passes scales through these ops; hybrid preparation keeps them on
 the BPU when their input is quantized.
+
+:data:`CODE_OPS` are the ops that also compute exactly on codes but whose integer form
+``convert_fx`` derives per call (:mod:`qir.quantization.code_convert`): abs, clamp, pad,
+gather, max / min, top-k, arg-reductions and comparisons. Some keep the input's scale,
+some return indices or booleans, which are exact values and carry no scale.
 """
 
 from __future__ import annotations
@@ -18,13 +23,16 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
+    "CODE_OPS",
     "PRESERVING_FUNCTIONS",
     "PRESERVING_METHODS",
     "PRESERVING_MODULES",
     "QUERY_METHODS",
+    "code_op",
     "is_nearest",
     "is_preserving_call",
     "module_self",
+    "pair_item",
 ]
 
 PRESERVING_FUNCTIONS: set[Any] = {
@@ -99,7 +107,45 @@ PRESERVING_MODULES: tuple[type[nn.Module], ...] = (
     nn.PixelShuffle,
     nn.PixelUnshuffle,
     nn.ChannelShuffle,
+    # padding moves data; a constant pad's value becomes a code at conversion (code_convert)
+    nn.ZeroPad1d,
+    nn.ZeroPad2d,
+    nn.ZeroPad3d,
+    nn.ConstantPad1d,
+    nn.ConstantPad2d,
+    nn.ConstantPad3d,
+    nn.ReplicationPad1d,
+    nn.ReplicationPad2d,
+    nn.ReplicationPad3d,
+    nn.ReflectionPad1d,
+    nn.ReflectionPad2d,
+    nn.ReflectionPad3d,
+    nn.CircularPad1d,
+    nn.CircularPad2d,
+    nn.CircularPad3d,
 )
+
+# what a code op returns (CODE_OPS values)
+CODES = "codes"  # codes at the input's scale
+REDUCE = "reduce"  # max / min: codes (whole tensor), or (values, indices) along a dim
+PAIR = "pair"  # (values at the input's scale, indices)
+INDEX = "index"  # int64 indices: exact, no scale
+BOOL = "bool"  # booleans: exact, no scale
+
+#: IR op name -> what the op returns on codes (every spelling of the op: ``torch.clip``,
+#: ``Tensor.greater``, ``operator.gt`` ... resolve to their op through the op registry).
+CODE_OPS: dict[str, str] = {
+    "abs": CODES,
+    "clamp": CODES,
+    "pad": CODES,
+    "gather": CODES,
+    "max": REDUCE,
+    "min": REDUCE,
+    "topk": PAIR,
+    "argmax": INDEX,
+    "argmin": INDEX,
+    **dict.fromkeys(("eq", "ne", "gt", "ge", "lt", "le"), BOOL),
+}
 
 
 def is_nearest(n: torch.fx.Node) -> bool:
@@ -120,6 +166,34 @@ def is_preserving_call(n: torch.fx.Node) -> bool:
     if n.target is F.hardtanh:
         return bool(n.kwargs.get("min_val", n.args[1] if len(n.args) > 1 else -1.0) == 0.0)
     return True
+
+
+def code_op(n: torch.fx.Node) -> str | None:
+    """The :data:`CODE_OPS` op a ``call_function`` / ``call_method`` node calls, else None."""
+    from qir.frontend.lookup import tables
+
+    if n.op == "call_function":
+        cls = tables().for_function(n.target)  # type: ignore[arg-type]
+    elif n.op == "call_method":
+        cls = tables().by_method.get(str(n.target))
+    else:
+        return None
+    name = cls.name if cls is not None else None
+    return name if name in CODE_OPS else None
+
+
+def pair_item(n: torch.fx.Node) -> tuple[torch.fx.Node, int] | None:
+    """``(source, 0 | 1)`` when ``n`` reads the values (0) or indices (1) of a call's result:
+    ``r[0]``, ``r[1]``, ``r.values``, ``r.indices``. Whether ``source`` returns such a pair is
+    for the caller to know."""
+    if n.op != "call_function" or len(n.args) != 2 or not isinstance(n.args[0], torch.fx.Node):
+        return None
+    key = n.args[1]
+    if n.target is operator.getitem and key in (0, 1) and not isinstance(key, bool):
+        return n.args[0], int(key)  # type: ignore[arg-type]
+    if n.target is getattr and key in ("values", "indices"):
+        return n.args[0], 0 if key == "values" else 1
+    return None
 
 
 def module_self(gm: torch.fx.GraphModule, n: torch.fx.Node) -> nn.Module | None:
