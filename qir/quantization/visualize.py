@@ -23,8 +23,12 @@ from qir.quantization.perf import Lowered, lower_for_analysis
 
 __all__ = ["program_scales", "visualize_model"]
 
-#: Kernels whose output codes carry their input's scale (shape moves, clamps, max, nearest resize).
-_SCALE_PRESERVING = frozenset({"shape_fn", "clamp", "maxpool2d", "resize_nearest"})
+#: Kernels whose output codes carry their input's scale (shape moves, clamps, max, nearest resize,
+#: the ops on codes).
+_SCALE_PRESERVING = frozenset({"shape_fn", "clamp", "maxpool2d", "resize_nearest", "abs", "pad", "gather",
+                               "reduce_max", "topk"})
+#: Kernels that may return a tuple whose tensors keep their input's scale (indices are int64: no scale).
+_TUPLES = frozenset({"shape_fn", "reduce_max", "topk"})
 
 
 def program_scales(low: Lowered) -> dict[str, Scale]:
@@ -40,8 +44,8 @@ def program_scales(low: Lowered) -> dict[str, Scale]:
     for inst in low.program.instructions:
         for o in inst.outputs:
             info = low.infos.get(o)
-            if info is None and inst.op == "shape_fn":
-                # a tuple of tensors (chunk, split): its items keep the input's scale
+            if info is None and inst.op in _TUPLES:
+                # a tuple of tensors (chunk, split; max / topk values and indices): its codes keep the input's scale
                 s0 = next((scales[v] for v in inst.inputs if v in scales), None)
                 if s0 is not None:
                     scales[o] = s0

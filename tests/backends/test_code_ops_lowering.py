@@ -203,3 +203,13 @@ def test_abs_kernel_saturates_the_most_negative_code() -> None:
         x = torch.tensor([lo, lo + 1, 0, 5], dtype=dt)
         got = k.run(Instruction("abs", ("x",), ("y",), {}), [x], None)[0]
         assert got.tolist() == [-(lo + 1), -(lo + 1), 0, 5] and got.dtype == dt
+
+
+def test_picture_knows_the_scales_of_codes_ops_keep(tmp_path: Path) -> None:
+    from qir.quantization import visualize_model
+
+    net = Net(lambda s, x: (s.dq(torch.topk(x, 2, dim=1)[0]), s.dq2(torch.max(torch.abs(x), 1)[0]), x > 0.1))
+    converted = fx_converted(net, SHAPE, "bayes")
+    visualize_model(converted, torch.randn(*SHAPE), save_path=tmp_path / "m.svg", march="bayes")
+    svg = (tmp_path / "m.svg").read_text()
+    assert "qint8 2x2x8x8 scale 0." in svg and "scale ?" not in svg
