@@ -213,3 +213,13 @@ def test_picture_knows_the_scales_of_codes_ops_keep(tmp_path: Path) -> None:
     visualize_model(converted, torch.randn(*SHAPE), save_path=tmp_path / "m.svg", march="bayes")
     svg = (tmp_path / "m.svg").read_text()
     assert "qint8 2x2x8x8 scale 0." in svg and "scale ?" not in svg
+
+
+@pytest.mark.parametrize("name", ["abs_clamp", "compare_number", "pad_modules", "topk", "max_dim"])
+def test_qint16_codes_compile_bit_exact(name: str) -> None:
+    qd = {"": get_default_qat_qconfig("qint16")}
+    converted = fx_converted(Net(CASES[name]), SHAPE, "bayes", batches=2, qconfig_dict=qd)
+    run = compile_model(converted, [torch.randn(*SHAPE)], march="bayes", opt=1, check=False)
+    x = torch.randn(N_INPUTS, *SHAPE[1:]) * 2
+    with torch.no_grad():
+        _assert_same(run(x), converted(x))

@@ -102,10 +102,11 @@ REQUANTIZED_OPS: dict[str, Op] = {
 
 
 def converted_pair(
-    model: nn.Module, shape: tuple[int, ...] = (2, 3, 8, 8), batches: int = 2, seed: int = 0
+    model: nn.Module, shape: tuple[int, ...] = (2, 3, 8, 8), batches: int = 2, seed: int = 0, dtype: str = "qint8"
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
-    """prepare_qat_fx -> QAT forward passes -> frozen fake quants (validation) -> convert_fx."""
-    prepared = prepare_qat_fx(model, {"": get_default_qat_qconfig()})
+    """prepare_qat_fx (activations of ``dtype``) -> QAT forward passes -> frozen fake quants (validation) ->
+    convert_fx."""
+    prepared = prepare_qat_fx(model, {"": get_default_qat_qconfig(dtype)})
     prepared.train()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -65,6 +65,20 @@ def test_rounded_ops_equal_the_fake_quant_of_qat(name: str) -> None:
         assert torch.equal(got[on_grid], want[on_grid])  # off the grid only at bounds / the pad value / |-128|
 
 
+@pytest.mark.parametrize("name", ["abs", "clamp", "pad_constant_module"])
+def test_qint16_codes(name: str) -> None:
+    prepared, converted = converted_pair(CodeOpNet(ROUNDED_OPS[name]), dtype="qint16")
+    for x in _inputs():
+        want, got, s = run_both(prepared, converted, x)
+        assert torch.equal(got, fake_quant(want, s, "qint16")), name
+    prepared, converted = converted_pair(
+        CodeOpNet(lambda s, x: (x > 0.1, x <= -0.2, torch.topk(x, 2, 1)[1])), dtype="qint16"
+    )
+    for x in _inputs():
+        want, got, _ = run_both(prepared, converted, x)
+        assert all(torch.equal(w, o) for w, o in zip(want, got, strict=True))
+
+
 @pytest.mark.parametrize("name", sorted(REQUANTIZED_OPS))
 def test_two_tensor_max_min_get_their_own_scale(name: str) -> None:
     prepared, converted = converted_pair(CodeOpNet(REQUANTIZED_OPS[name]))
