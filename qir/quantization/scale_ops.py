@@ -184,13 +184,13 @@ def code_op(n: torch.fx.Node) -> str | None:
 
 def pair_item(n: torch.fx.Node) -> tuple[torch.fx.Node, int] | None:
     """``(source, 0 | 1)`` when ``n`` reads the values (0) or indices (1) of a call's result:
-    ``r[0]``, ``r[1]``, ``r.values``, ``r.indices``. Whether ``source`` returns such a pair is
+    ``r[0]``, ``r[1]`` (or ``r[-2]``, ``r[-1]``), ``r.values``, ``r.indices``. Whether ``source`` returns such a pair is
     for the caller to know."""
     if n.op != "call_function" or len(n.args) != 2 or not isinstance(n.args[0], torch.fx.Node):
         return None
     key = n.args[1]
-    if n.target is operator.getitem and key in (0, 1) and not isinstance(key, bool):
-        return n.args[0], int(key)  # type: ignore[arg-type]
+    if n.target is operator.getitem and isinstance(key, int) and not isinstance(key, bool) and -2 <= key <= 1:
+        return n.args[0], key % 2
     if n.target is getattr and key in ("values", "indices"):
         return n.args[0], 0 if key == "values" else 1
     return None

@@ -55,6 +55,7 @@ EXACT_OPS: dict[str, Op] = {
     "max_dim": lambda s, x: (s.dq(torch.max(x, 1)[0]), torch.max(x, 1)[1]),
     "min_dim_method_keepdim": lambda s, x: s.dq(x.min(dim=1, keepdim=True).values),
     "max_indices_attr": lambda s, x: x.max(dim=1).indices,
+    "min_negative_items": lambda s, x: (s.dq(torch.min(x, 2, keepdim=True)[-2]), torch.min(x, 2)[-1]),
     "max_whole": lambda s, x: s.dq(torch.max(x)),
     "min_whole_method": lambda s, x: s.dq(x.min()),
     "argmax": lambda s, x: torch.argmax(x, 1),
