@@ -95,6 +95,8 @@ class ScalePlan:
     pairs: set[str] = field(default_factory=set)
     #: nodes whose results are exact values without a scale (indices, booleans of calls on codes)
     exact_values: set[str] = field(default_factory=set)
+    #: DeQuantStub path -> its call nodes on exact values (identities even when the stub also dequantizes)
+    exact_dequants: dict[str, list[str]] = field(default_factory=dict)
 
     def inputs_of(self, path: str) -> list[torch.Tensor]:
         sites = self.module_inputs.get(path, [])
@@ -174,6 +176,8 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
             exact_only = bool(in_nodes) and all(a.name in plan.exact_values for a in in_nodes)
             if _is_dequant_stub(m) and not quantized and (hybrid or exact_only):
                 plan.float_dequants.add(path)  # float (hybrid) or exact values (indices, booleans): identity
+                if exact_only:
+                    plan.exact_dequants.setdefault(path, []).append(n.name)
                 env[n.name] = None
                 continue
             if _is_qat_module(m):
@@ -350,6 +354,7 @@ def _convert_modules(root: nn.Module, gm: torch.fx.GraphModule, march: March,
         rewrite_code_ops(root, gm, plan.node_scales, plan.node_dtypes, eager)
     except CodeOpError as e:
         raise ConvertError(str(e)) from e
+    _bypass_exact_dequants(gm, plan, eager)
     for path in plan.float_dequants - plan.module_inputs.keys():
         set_submodule(root, path, FloatDeQuantStub())  # float in, float out: the float stub (identity)
         if root is not gm:
@@ -361,6 +366,26 @@ def _convert_modules(root: nn.Module, gm: torch.fx.GraphModule, march: March,
         set_submodule(root, path, q)
         if root is not gm:
             set_submodule(gm, path, q)
+
+
+def _bypass_exact_dequants(gm: torch.fx.GraphModule, plan: ScalePlan, eager: bool) -> None:
+    """A DeQuantStub called on indices or booleans (and elsewhere on codes) is an identity at those calls."""
+    shared = {path: names for path, names in plan.exact_dequants.items() if path in plan.module_inputs}
+    if not shared:
+        return
+    if eager:
+        path, names = next(iter(shared.items()))
+        raise ConvertError(
+            f"DeQuantStub '{path}' is called on codes and on indices / booleans (node '{names[0]}'); the eager "
+            "forward cannot tell the calls apart: use one DeQuantStub per call site, or none for indices / booleans"
+        )
+    nodes = {n.name: n for n in gm.graph.nodes}
+    for names in shared.values():
+        for name in names:
+            n = nodes[name]
+            n.replace_all_uses_with(n.args[0])  # type: ignore[arg-type]
+            gm.graph.erase_node(n)
+    gm.recompile()
 
 
 def _march_for(model: nn.Module, what: str) -> March:

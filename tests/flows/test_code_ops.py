@@ -101,6 +101,14 @@ def test_converted_graph_holds_the_integer_forms() -> None:
     assert float(converted.cpad.value) == float(numerics.quantize(torch.tensor([0.25]), s, "qint8")[0])
 
 
+def test_one_dequant_stub_for_codes_and_indices() -> None:
+    # the stub dequantizes the values and passes the indices (exact values) through
+    prepared, converted = converted_pair(CodeOpNet(lambda s, x: (s.dq(torch.max(x, 1)[0]), s.dq(torch.max(x, 1)[1]))))
+    for x in _inputs(2):
+        want, got, _ = run_both(prepared, converted, x)
+        assert got[1].dtype == torch.int64 and torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+
+
 # ---------------------------------------------------------------------------------------------
 # exact ties: inputs on a fixed grid, constants on the grid and half-way between
 
@@ -215,6 +223,8 @@ class _EagerNet(nn.Module):
             return y > 0.5
         elif self.kind == "max":
             y = torch.max(y, dim=1, keepdim=True)[0]
+        elif self.kind == "shared_dequant":
+            return self.dequant(torch.argmax(y, dim=1)) + self.dequant(y).sum()
         return self.dequant(y)
 
 
@@ -224,6 +234,11 @@ def _eager(kind: str) -> tuple[nn.Module, nn.Module]:
     prepare_qat(model, inplace=True)
     model(torch.randn(*SHAPE))
     return model.eval(), convert(model.eval(), inplace=False)
+
+
+def test_eager_convert_refuses_one_dequant_stub_for_codes_and_indices() -> None:
+    with pytest.raises(ConvertError, match=r"DeQuantStub 'dequant' is called on codes and on indices.*one DeQuantStub"):
+        _eager("shared_dequant")
 
 
 @pytest.mark.parametrize("kind", ["abs", "clamp", "compare"])
