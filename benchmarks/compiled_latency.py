@@ -4,14 +4,17 @@ x86 int8 model, in one run, 224x224, batch 1 and 8, a fixed number of threads.
 Also times onnxruntime (CPU provider, the same thread count) on two exports:
 
 - ``ort_float``: the float model through ``torch.onnx.export`` (the dynamo exporter);
-- ``ort_int8_qdq``: first choice, qir's own QAT model through
-  ``qir.utils.onnx_helper.export_to_onnx`` (each fake quant becomes
-  QuantizeLinear/DequantizeLinear with qir's scales), so the int8 model onnxruntime runs
-  is the one qir calibrated. If onnxruntime refuses that file, the error is printed and
-  recorded, and the int8 model is ``onnxruntime.quantization.quantize_static`` (QDQ
-  format, int8 activations and per-channel int8 weights, calibrated on the same random
-  batches) applied to the float export; the JSON's ``ort_int8_source`` says which ran.
-  onnxruntime fuses QDQ pairs into its int8 kernels where it can.
+- ``ort_int8_qdq``: qir's own QAT model through ``qir.utils.onnx_helper.export_to_onnx``
+  (each fake quant becomes QuantizeLinear/DequantizeLinear with qir's scales), so the int8
+  model onnxruntime runs is the one qir calibrated. If onnxruntime refuses that file, the
+  error is printed and recorded (``ort_int8_source``) and the column is left out.
+- ``ort_int8_static``: onnxruntime's own ``quantize_static`` (QDQ format, int8 activations
+  and per-channel int8 weights, calibrated on the same random batches) applied to the float
+  export: how fast onnxruntime's int8 path goes on a graph its quantizer laid out.
+
+onnxruntime rewrites QDQ graphs into its int8 kernels where its patterns match; the JSON's
+``onnxruntime.optimized_ops`` counts the op types of each session's optimized graph
+(``QLinearConv`` = an int8 conv kernel, ``Conv``/``FusedConv`` = a float one).
 
 Each ONNX model is exported once per batch size (static shapes).
 
@@ -131,49 +134,70 @@ def ort_quantize_static(float_path: str, path: str, x: torch.Tensor, batches: in
                     weight_type=QuantType.QInt8, per_channel=True)
 
 
-def build_ort(model: nn.Module, x: torch.Tensor, path: str, threads: int, qdq: bool,
-              float_path: str = "", calib: int = 3) -> tuple[Callable[[], Any] | str, str]:
-    """An onnxruntime session on ``model`` exported at ``x``'s shape (a string says why not), and its source."""
+def _session(path: str, threads: int, optimized_path: str | None = None) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    # no busy-waiting worker threads after a run: with round-robin timing they would steal the
+    # cores from the torch runs measured next
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if optimized_path:
+        opts.optimized_model_filepath = optimized_path
+    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
+def optimized_ops(path: str) -> dict[str, int]:
+    """Op-type histogram of the graph onnxruntime runs after its optimizations."""
+    import onnx
+
+    counts: dict[str, int] = {}
+    for n in onnx.load(path).graph.node:
+        counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def build_ort(model: nn.Module | None, x: torch.Tensor, path: str, threads: int, kind: str,
+              float_path: str = "", calib: int = 3, ops: dict[str, Any] | None = None,
+              ) -> tuple[Callable[[], Any] | str, str]:
+    """An onnxruntime session at ``x``'s shape (a string says why not), and its source.
+
+    ``kind``: "float" (torch.onnx.export of ``model``), "qdq" (qir's export_to_onnx of the QAT
+    ``model``) or "static" (onnxruntime quantize_static of the float export at ``float_path``).
+    """
     try:
-        import onnxruntime as ort
+        import onnxruntime  # noqa: F401
     except ImportError as e:
         return f"onnxruntime unavailable: {e}", ""
-    source = "torch.onnx.export (dynamo)"
+    source = {"float": "torch.onnx.export (dynamo)", "qdq": "qir export_to_onnx (QAT model)",
+              "static": "onnxruntime quantize_static (float export)"}[kind]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if qdq:
+            if kind == "qdq":
                 from qir.utils.onnx_helper import export_to_onnx
 
                 export_to_onnx(model, (x,), path, input_names=["x"])
-            else:
+            elif kind == "float":
                 torch.onnx.export(model, (x,), path, input_names=["x"], dynamo=True, verbose=False)
-        source = "qir export_to_onnx (QAT model)" if qdq else source
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        # no busy-waiting worker threads after a run: with round-robin timing they would steal the
-        # cores from the torch runs measured next
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        try:
-            sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-        except Exception as e:
-            if not (qdq and float_path):
-                raise
-            print(f"onnxruntime refuses qir's QDQ export ({type(e).__name__}: {str(e)[:200]}); "
-                  "falling back to onnxruntime.quantization.quantize_static on the float export")
-            source = f"onnxruntime quantize_static (qir export refused: {str(e)[:200]})"
-            ort_quantize_static(float_path, path, x, calib)
-            sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+            else:
+                ort_quantize_static(float_path, path, x, calib)
+        opt_path = path.replace(".onnx", ".opt.onnx")
+        sess = _session(path, threads, opt_path)
+        if ops is not None:
+            ops[f"{kind}_b{x.shape[0]}"] = optimized_ops(opt_path)
         name = sess.get_inputs()[0].name
         feed = {name: x.numpy()}
         return (lambda: sess.run(None, feed)), source
     except Exception as e:  # report, do not fail the benchmark
-        return f"onnxruntime {'int8 QDQ' if qdq else 'float'} failed: {type(e).__name__}: {e}", source
+        print(f"onnxruntime {kind} failed: {type(e).__name__}: {str(e)[:300]}")
+        return f"onnxruntime {kind} failed: {type(e).__name__}: {e}", source
 
 
 COLUMNS = [("float_eager", "float eager"), ("ao_x86_int8", "torch.ao x86 int8"), ("ort_float", "ORT float"),
-           ("ort_int8_qdq", "ORT int8 QDQ"), ("qir_compiled", "qir compiled")]
+           ("ort_int8_qdq", "ORT int8 (qir QDQ)"), ("ort_int8_static", "ORT int8 (static)"),
+           ("qir_compiled", "qir compiled")]
 
 
 def plot(results: dict[str, Any], path: str) -> None:
@@ -187,10 +211,7 @@ def plot(results: dict[str, Any], path: str) -> None:
     fig, axes = plt.subplots(1, len(rows), figsize=(6 * len(rows), 5))
     for ax, r in zip(axes if len(rows) > 1 else [axes], rows, strict=True):
         f = r["float_eager"]["median_ms"]
-        src = str(results.get("ort_int8_source", ""))
-        suffix = {"ort_int8_qdq": "\n(ORT quantize_static)" if src.startswith("onnxruntime quantize_static")
-                  else "\n(qir export)"}
-        names = [label + suffix.get(k, "") for k, label in cols if k in r]
+        names = [label for k, label in cols if k in r]
         vals = [r[k]["median_ms"] for k, _ in cols if k in r]
         bars = ax.bar(names, vals, color=[f"C{i}" for i in range(len(vals))])
         for b, v in zip(bars, vals, strict=True):
@@ -236,15 +257,17 @@ def main() -> None:
             results["engines"][eng] = results["engines"].get(eng, 0) + 1
     print(f"compiled in {compile_s:.1f} s; engines per layer: {results['engines']}")
     tmp = tempfile.mkdtemp(prefix="qir-bench-")
-    results["onnxruntime"] = {}
+    results["onnxruntime"] = {"optimized_ops": {}}
+    ops = results["onnxruntime"]["optimized_ops"]
     for batch in (1, 8):
         x = torch.randn(batch, 3, 224, 224)
         float_path = os.path.join(tmp, f"float_b{batch}.onnx")
-        ort_float, _ = build_ort(body, x, float_path, args.threads, False)
-        ort_int8, source = build_ort(prepared, x, os.path.join(tmp, f"qdq_b{batch}.onnx"), args.threads, True,
-                                     float_path if not isinstance(ort_float, str) else "", args.calib)
-        results["ort_int8_source"] = source
-        ort_fns = {"ort_float": ort_float, "ort_int8_qdq": ort_int8}
+        ort_fns = {"ort_float": build_ort(body, x, float_path, args.threads, "float", ops=ops)[0]}
+        ort_fns["ort_int8_qdq"], results["ort_int8_source"] = build_ort(
+            prepared, x, os.path.join(tmp, f"qdq_b{batch}.onnx"), args.threads, "qdq", ops=ops)
+        if not isinstance(ort_fns["ort_float"], str):
+            ort_fns["ort_int8_static"] = build_ort(None, x, os.path.join(tmp, f"static_b{batch}.onnx"), args.threads,
+                                                   "static", float_path, args.calib, ops=ops)[0]
         torch.set_num_threads(args.threads)
         with torch.no_grad():
             row: dict[str, Any] = {"batch": batch}
@@ -267,7 +290,7 @@ def main() -> None:
         row["ratio_compiled_over_float"] = round(row["qir_compiled"]["median_ms"] / f, 3)
         if "ao_x86_int8" in row:
             row["ratio_ao_over_float"] = round(row["ao_x86_int8"]["median_ms"] / f, 3)
-        for k in ("ort_float", "ort_int8_qdq"):
+        for k in ("ort_float", "ort_int8_qdq", "ort_int8_static"):
             if k in row:
                 row[f"ratio_{k}_over_float"] = round(row[k]["median_ms"] / f, 3)
         results["rows"].append(row)
@@ -284,6 +307,11 @@ def main() -> None:
         cells = [f"{r[k]['median_ms']:>8.1f}ms {r[k]['median_ms'] / f:>6.2f}x" if k in r else f"{'n/a':>18}"
                  for k, _ in COLUMNS]
         print(f"{r['batch']:>5} " + " ".join(cells))
+    print("\nonnxruntime's optimized graphs, batch 1 (int8 conv kernels = QLinearConv; float = Conv/FusedConv):")
+    for key, counts in ops.items():
+        if key.endswith("_b1"):
+            convs = {k: v for k, v in counts.items() if "Conv" in k or k in ("QLinearMatMul", "Gemm", "MatMul")}
+            print(f"  {key[:-3]:>7}: {convs}")
     if isinstance(ao, str):
         print(ao)
     with open(args.out, "w") as fh:
