@@ -25,4 +25,4 @@ def test_coverage_spot_checks() -> None:
     assert rows["torch.exp"].qat == "generated `Exp` → `qat.UnaryLUT`"
     assert rows["torch.nn.Linear"].support == ("not_supported", "supported")  # (bernoulli2, bayes)
     assert rows["torch.nn.LSTMCell"].qat is None and not rows["torch.nn.LSTMCell"].lowering
-    assert rows["torch.nn.LayerNorm"].qat == "`qat.LayerNorm`"
+    assert rows["torch.nn.LayerNorm"].qat == "`qat.LayerNorm`" and rows["torch.nn.LayerNorm"].lowering
