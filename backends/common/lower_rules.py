@@ -506,3 +506,8 @@ register_method_rule("__getitem__", lambda ctx, node, name, args, kwargs: shape_
 register_method_rule("relu", method_relu)
 
 __all__: Sequence[str] = ["lower_conv"]
+
+# The rule families in their own files register on import (they import this module's helpers):
+# lower_rules_codes (abs, clamp, compare, pad, max, topk, gather), lower_rules_math (PReLU, GLU,
+# Softmax, LayerNorm).
+from backends.common import lower_rules_codes, lower_rules_math  # noqa: E402,F401

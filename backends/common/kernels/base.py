@@ -90,13 +90,18 @@ def kernel_names() -> list[str]:
 def _load_all() -> None:
     # the kernel families register on import; one import point keeps the registry complete
     from backends.common.kernels import (  # noqa: F401
+        codes,
         conv,
         elementwise,
+        layer_norm,
         matmul,
         pool,
+        prelu,
         quant,
         resize,
+        select,
         shape,
+        softmax,
     )
 
 
