@@ -19,3 +19,20 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+from collections.abc import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+
+from qir.march import get_march, set_march  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def restore_march() -> Iterator[None]:
+    """Code written like the seeds calls ``set_march``: no test leaks its march into the next."""
+    saved = get_march(None)
+    try:
+        yield
+    finally:
+        set_march(saved)

@@ -1,18 +1,9 @@
-"""Seed examples run as tests: they set the process-wide march, so each test restores it."""
-
-from collections.abc import Iterator
+"""Seed examples run as tests (tests/conftest.py restores the march they set)."""
 
 import pytest
 import torch
 
-from qir.march import get_march, set_march
-
 
 @pytest.fixture(autouse=True)
-def restore_march() -> Iterator[None]:
-    saved = get_march(None)
+def seeded() -> None:
     torch.manual_seed(0)  # the seeds draw random data: the same every run
-    try:
-        yield
-    finally:
-        set_march(saved)
