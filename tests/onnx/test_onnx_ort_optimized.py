@@ -98,3 +98,44 @@ def test_only_the_quantize_carries_the_zero_point(
         assert zp.dtype == np.int8 and not zp.any()
     dq = [n for n in graph.graph.node if n.op_type == "DequantizeLinear"]
     assert len(dq) >= len(nodes) and all(len(n.input) == 2 for n in dq), "a DequantizeLinear has a zero point"
+
+
+class _Selu(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.selu(x)
+
+
+class HybridNet(nn.Module):
+    """BPU conv -> CPU selu -> BPU conv -> flatten -> linear; no stubs (hybrid generates them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv0 = nn.Conv2d(1, 4, 3, padding=1)
+        self.selu = _Selu()
+        self.conv1 = nn.Conv2d(4, 4, 3, stride=2, padding=1)
+        self.fc = nn.Linear(4 * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv1(self.selu(self.conv0(x)))
+        return self.fc(torch.flatten(y, 1))
+
+
+def test_hybrid_export_loads_with_default_optimizations(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(8, 1, 8, 8)
+    with march_scope(March.BAYES):
+        model = prepare_qat_fx(
+            HybridNet(), {"": get_default_qat_qconfig()}, hybrid=True, hybrid_dict={"module_type": [_Selu]}
+        )
+    model.train()
+    model(x)
+    set_fake_quantize(model, "validation")
+    model.eval()
+    path = tmp_path / "hybrid.onnx"
+    export_to_onnx(model, (x,), path, input_names=["x"])
+    graph = load(path)
+    assert any(n.op_type == "Selu" for n in graph.graph.node)  # the CPU op stays float
+    (got,) = _session(path).run(None, {"x": x.numpy()})  # type: ignore[attr-defined]
+    want = model(x).detach().numpy()
+    assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
+    assert np.abs(got - want).max() <= 0.1 * np.abs(want).max()
