@@ -421,3 +421,16 @@ def convert_fx(qat_model: nn.Module, mapping: Mapping[type, type] | None = None)
     gm.eval()
     gm.meta.pop(PREPARE_RECORD_KEY, None)
     return gm
+
+
+def _register_legality_views() -> None:
+    """A converted model's ``relu6_codes`` calls are checked as the relu6 they compute."""
+    from passes.legality_facts import register_function_view
+    from qir.frontend.lookup import qualified_name
+    from qir.ir.op import OP_REGISTRY
+
+    relu6 = OP_REGISTRY["relu6"]
+    register_function_view(qualified_name(relu6_codes), lambda args, kwargs: relu6())
+
+
+_register_legality_views()
