@@ -214,7 +214,7 @@ def _tensor_type(t: Any) -> TensorType | None:
 #: Functions mapping a module the tables do not name (a QAT or integer module) to the float
 #: module or module class it stands for, or None. The layers that define such modules
 #: register one (qir.quantization.check does for qir.nn.qat / qir.nn.quantized).
-ModuleView = Callable[[nn.Module], "nn.Module | type | None"]
+ModuleView = Callable[[nn.Module], "nn.Module | type | Op | None"]
 _MODULE_VIEWS: list[ModuleView] = []
 
 
@@ -225,9 +225,10 @@ def register_module_view(view: ModuleView) -> ModuleView:
     return view
 
 
-def module_view(m: nn.Module) -> nn.Module | type:
-    """The float module (or class) the tables describe ``m`` as: the first registered view's
-    answer, else ``m`` itself."""
+def module_view(m: nn.Module) -> nn.Module | type | Op:
+    """The float module (or class) the tables describe ``m`` as, or the op of the functional
+    call it stands for (``qir.nn.GridSample`` is ``F.grid_sample``): the first registered
+    view's answer, else ``m`` itself."""
     for view in _MODULE_VIEWS:
         found = view(m)
         if found is not None:
@@ -297,6 +298,8 @@ def subject_of(node: Node, graph: Graph) -> Subject:
         tensors = tuple(v for v in call_args if isinstance(v.type, TensorType))
         if isinstance(module, nn.Module):
             view = module_view(module)
+            if isinstance(view, Op):  # a module standing for a functional call: that function's rows
+                return Subject(node, view, FORM_FUNCTION, spelling, tensors, Params())
             if not isinstance(view, nn.Module):  # a class: enough to find the row
                 return Subject(node, None, FORM_MODULE, spelling, tensors, Params(), row_class=view)
             rebuilt, holder = _op_from_module(view, _fusion(type(module)))

@@ -123,6 +123,10 @@ def _functional_route(op_name: str, obj: Any) -> tuple[str | None, str | None, l
             from qir.nn import Interpolate
 
             module_cls = Interpolate
+        elif op_name == "grid_sample":
+            from qir.nn import GridSample
+
+            module_cls = GridSample
         elif op_name in ("pow", "square"):
             from qir.nn import Pow
 

@@ -23,6 +23,7 @@ from qir.nn.modules import (
     Erf,
     Exp,
     Floor,
+    GridSample,
     HardLog,
     Identity,
     Interpolate,
@@ -43,3 +44,4 @@ __all__ = [
     "Atan", "Atanh", "Ceil", "Cos", "Cosh", "Div", "Erf", "Exp", "Floor", "HardLog", "Identity", "Interpolate", "Pow",
     "Reciprocal", "Selu", "Sin", "Sinh", "Sqrt", "Tan", "UnaryModule", "intrinsic", "qat", "quantized",
 ]
+__all__ += ["GridSample"]

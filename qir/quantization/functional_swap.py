@@ -88,6 +88,20 @@ def _interpolate(op: Op) -> nn.Module | None:
                        recompute_scale_factor=a.recompute_scale_factor)
 
 
+def _grid_sample(op: Op) -> nn.Module | None:
+    """``F.grid_sample`` -> ``qir.nn.GridSample``; modes / paddings the BPU lacks stay functional."""
+    from qir.nn.modules.grid_sample import GridSample
+
+    a: Any = op
+    if a.mode not in ("bilinear", "nearest") or a.padding_mode not in ("zeros", "border"):
+        return None
+    return GridSample(a.mode, a.padding_mode, a.align_corners)
+
+
+#: ops whose generated module takes more than the one tensor operand
+_TENSOR_OPERANDS: dict[str, int] = {"grid_sample": 2}
+
+
 #: IR op name (the functional, method and ``F.`` spellings all map to one op) -> the module
 #: that replaces a call of it. Every module built here must map through QAT_MODULE_MAP
 #: (tests/flows/test_functional_swap.py checks the table against the library).
@@ -102,6 +116,7 @@ FUNCTIONAL_MODULES: dict[str, ModuleFactory] = {
     }.items()},
     "pow": _pow,
     "square": _square,
+    "grid_sample": _grid_sample,  # two tensor operands: input and grid (see _TENSOR_OPERANDS)
     # nn.Softmax(dim) / nn.GLU(dim) (qat.Softmax refuses the legacy implicit-dim softmax, saying so)
     "softmax": _torch_module,
     "glu": _torch_module,
@@ -171,7 +186,7 @@ def _torch_target(op: Op) -> Any:
 
 def _module_for(n: Node) -> nn.Module | None:
     factory = FUNCTIONAL_MODULES.get(n.op.name)
-    if factory is None or isinstance(n.op, Call) or len(n.operands) != 1:
+    if factory is None or isinstance(n.op, Call) or len(n.operands) != _TENSOR_OPERANDS.get(n.op.name, 1):
         return None  # not in the table, or a run-time argument (size=y.shape[-2:]) a module cannot hold
     from qir.quantization.prepare import qat_class_for
 
@@ -196,7 +211,7 @@ def swap_functionals(g: Graph, inputs_quantized: bool = False) -> dict[str, Any]
             continue
         path = alloc.new(n.meta.get(OWNER_KEY, ""), n.op.name)
         generated[path] = _torch_target(n.op)
-        n.op = Call(kind="module", target=path, args=(Ref(0),))
+        n.op = Call(kind="module", target=path, args=tuple(Ref(i) for i in range(len(n.operands))))
         n.scope = path
         g.objects[f"module:{path}"] = module
     return generated

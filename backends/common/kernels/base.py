@@ -99,6 +99,7 @@ def _load_all() -> None:
         prelu,
         quant,
         resize,
+        sampling,
         select,
         shape,
         softmax,

@@ -4,6 +4,7 @@ from torch.nn import Identity
 
 from qir.nn.modules.binary import Div
 from qir.nn.modules.functional import FLOAT_FUNCTIONAL_METHODS, FloatFunctional, FunctionalBase
+from qir.nn.modules.grid_sample import GridSample
 from qir.nn.modules.interpolate import Interpolate
 from qir.nn.modules.unary import (
     UNARY_FUNCTIONS,
@@ -36,3 +37,4 @@ __all__ = [
     "Atanh", "Ceil", "Cos", "Cosh", "Div", "Erf", "Exp", "FloatFunctional", "Floor", "FunctionalBase", "HardLog",
     "Identity", "Interpolate", "Pow", "Reciprocal", "Selu", "Sin", "Sinh", "Sqrt", "Tan", "UnaryModule",
 ]
+__all__ += ["GridSample"]

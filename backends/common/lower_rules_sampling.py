@@ -1,0 +1,53 @@
+"""Lowering rule of GridSample (imported at the end of ``lower_rules``).
+
+The rule reads the quantized module's scales and fixes the fixed-point coordinate
+parameters for the compiled input size; the kernel (``kernels/sampling.py``) recomputes the
+taps from the grid codes at run time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+
+from backends.common.lower import LowerContext, LoweringError, register_module_rule, tensor_ref
+from backends.common.program import ValueRef
+from qir.nn import quantized as Q
+from qir.nn.qat.grid_sample import GRID_COORD_BITS
+from qir.nn.quantized._sampling_rules import grid_axis
+
+__all__ = ["lower_grid_sample"]
+
+Node = torch.fx.Node
+
+
+def lower_grid_sample(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x, grid = tensor_ref(args[0], node), tensor_ref(args[1], node, "grid")
+    xv, gv = ctx.values[x], ctx.values[grid]
+    if gv.is_floating_point() or gv.dtype not in (torch.int8, torch.int16):
+        raise LoweringError(
+            f"node '{node.name}': GridSample '{node.target}' takes a qint8 / qint16 grid, got "
+            f"{gv.dtype}; quantize the grid with a QuantStub"
+        )
+    h, w = int(xv.shape[-2]), int(xv.shape[-1])
+    bits = GRID_COORD_BITS
+    s_g = m.per_tensor_input(1)
+    ax, ay = grid_axis(w, s_g, m.align_corners, bits), grid_axis(h, s_g, m.align_corners, bits)
+    attrs: dict[str, Any] = {
+        "in_size": [h, w],
+        "mode": m.mode,
+        "padding_mode": m.padding_mode,
+        "bits": bits,
+        "coord_x": [ax.multiplier, ax.shift, ax.offset],
+        "coord_y": [ay.multiplier, ay.shift, ay.offset],
+        "out_dtype": str(xv.dtype).replace("torch.int", "qint") if m.mode == "nearest" else m.dtype.name,
+    }
+    if m.mode == "bilinear":
+        # the weights' 2**-2B folds into the shift, as for bilinear resize
+        attrs["multiplier"], attrs["shift"] = int(m.multiplier), int(m.shift) + 2 * bits
+    return ValueRef(ctx.emit("grid_sample", [x, grid], attrs, {}, node.name, str(node.target)))
+
+
+register_module_rule(Q.GridSample, lower_grid_sample)
