@@ -24,5 +24,7 @@ def test_coverage_spot_checks() -> None:
     assert rows["torch.add"].quantized == "`QFunctional.add`" and rows["torch.add"].lowering
     assert rows["torch.exp"].qat == "generated `Exp` → `qat.UnaryLUT`"
     assert rows["torch.nn.Linear"].support == ("not_supported", "supported")  # (bernoulli2, bayes)
-    assert rows["torch.nn.LSTMCell"].qat is None and not rows["torch.nn.LSTMCell"].lowering
+    anchors = rows["torchvision.models.detection.rpn.AnchorGenerator"]
+    assert anchors.qat is None and not anchors.lowering
+    assert rows["torch.nn.LSTMCell"].qat == "`qat.LSTMCell`" and rows["torch.nn.LSTMCell"].lowering
     assert rows["torch.nn.LayerNorm"].qat == "`qat.LayerNorm`" and rows["torch.nn.LayerNorm"].lowering

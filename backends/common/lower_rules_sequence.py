@@ -1,0 +1,117 @@
+"""Lowering rule of LSTMCell (imported at the end of ``lower_rules``).
+
+The cell has no kernel of its own: it is composed of the kernels every other module uses —
+``linear`` for the two projections (the conv / linear rule, so engines and exactness proofs
+are shared), ``add`` (the add rule), ``lut`` (sigmoid, tanh), ``mul`` (exact product, one
+requantization), ``rescale`` (the cell state onto the qint8 tanh input) and ``shape_fn``
+chunks. Like every rule it reads the quantized module's buffers and never calls its forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, cast
+
+import torch
+import torch.fx
+
+from backends.common.lower import LowerContext, LoweringError, register_module_rule, shape_call, tensor_ref
+from backends.common.lower_rules import lower_conv
+from backends.common.numerics import AddParams
+from backends.common.program import ValueRef
+from qir.nn import quantized as Q
+
+__all__ = ["lower_lstm_cell"]
+
+Node = torch.fx.Node
+
+
+class _Part(NamedTuple):
+    """What ``lower_conv`` reads of a node, for a projection inside the cell."""
+
+    name: str
+    target: str
+
+
+def _add(ctx: LowerContext, node: Node, ins: list[str], p: AddParams, dtype: str, hint: str) -> str:
+    attrs = {
+        "swap": bool(p.swap),
+        "add_shift": int(p.shift),
+        "qscale": int(p.qscale),
+        "multiplier": int(p.multiplier),
+        "shift": int(p.out_shift),
+        "out_dtype": dtype,
+    }
+    return ctx.emit("add", ins, attrs, {}, node.name, hint)
+
+
+def _requant(ctx: LowerContext, node: Node, m: Any, key: str, ins: list[str], op: str, hint: str) -> str:
+    mult, shift = m.rq[key]
+    attrs = {"out_dtype": m.dtypes[key].name, "multiplier": int(mult), "shift": int(shift)}
+    return ctx.emit(op, ins, attrs, {}, node.name, hint)
+
+
+def _chunks(ctx: LowerContext, node: Node, x: str) -> list[str]:
+    parts = shape_call(ctx, node, "chunk", [ValueRef(x), 4], {"dim": 1})
+    return [shape_call(ctx, node, "getitem", [parts, k]).name for k in range(4)]
+
+
+def lower_lstm_cell(
+    ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]
+) -> tuple[ValueRef, ValueRef]:
+    tgt = str(node.target)
+    x = tensor_ref(args[0], node)
+    hx = args[1] if len(args) > 1 else kwargs.get("hx")
+    if (hx is not None) != m.has_state:
+        raise LoweringError(
+            f"node '{node.name}': LSTMCell '{tgt}' was converted for calls "
+            f"{'with' if m.has_state else 'without'} (h, c) and is called "
+            f"{'without' if hx is None else 'with'} them; use one module instance per call form"
+        )
+    if ctx.values[x].dim() != 2:
+        raise LoweringError(f"node '{node.name}': LSTMCell '{tgt}' takes a 2-dimensional input (batch, features)")
+    gates = lower_conv(ctx, cast(Node, _Part(node.name, f"{tgt}.ih")), m.ih, [ValueRef(x)], {}).name
+    if hx is not None:
+        h, c = tensor_ref(hx[0], node, "h"), tensor_ref(hx[1], node, "c")
+        hh = lower_conv(ctx, cast(Node, _Part(node.name, f"{tgt}.hh")), m.hh, [ValueRef(h)], {}).name
+        gates = _add(ctx, node, [gates, hh], m.gates_add, "qint8", f"{tgt}.gates")
+    for v in (gates,):
+        if ctx.values[v].dtype != torch.int8:
+            raise LoweringError(f"node '{node.name}': LSTMCell '{tgt}': the gates must be qint8 codes (tables)")
+    sig = ctx.emit(
+        "lut",
+        [gates],
+        {"what": "sigmoid"},
+        {"table": ctx.const(f"{tgt}.sigmoid_table", m.sigmoid_table)},
+        node.name,
+        f"{tgt}.sigmoid",
+    )
+    i, f, _, o = _chunks(ctx, node, sig)
+    g_in = _chunks(ctx, node, gates)[2]
+    g = ctx.emit(
+        "lut",
+        [g_in],
+        {"what": "tanh"},
+        {"table": ctx.const(f"{tgt}.tanh_g_table", m.tanh_g_table)},
+        node.name,
+        f"{tgt}.tanh_g",
+    )
+    ig = _requant(ctx, node, m, "ig", [i, g], "mul", f"{tgt}.ig")
+    if hx is None:
+        c_new = ig
+    else:
+        fc = _requant(ctx, node, m, "fc", [f, c], "mul", f"{tgt}.fc")
+        c_new = _add(ctx, node, [fc, ig], m.cell_add, m.cell_dtype.name, f"{tgt}.cell")
+    c8 = _requant(ctx, node, m, "c8", [c_new], "rescale", f"{tgt}.cell_tanh_input")
+    tc = ctx.emit(
+        "lut",
+        [c8],
+        {"what": "tanh"},
+        {"table": ctx.const(f"{tgt}.tanh_c_table", m.tanh_c_table)},
+        node.name,
+        f"{tgt}.tanh_c",
+    )
+    h_new = _requant(ctx, node, m, "h", [o, tc], "mul", f"{tgt}.h")
+    return ValueRef(h_new), ValueRef(c_new)
+
+
+register_module_rule(Q.LSTMCell, lower_lstm_cell)

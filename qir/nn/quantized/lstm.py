@@ -1,0 +1,217 @@
+"""Quantized LSTMCell: integer linears, the add rule, sigmoid / tanh tables and exact products."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from backends.common import numerics
+from passes.legality_facts import register_module_view
+from qir.ir.types import DType
+from qir.nn.qat import conv as qat_conv
+from qir.nn.qat.lstm import LSTMCell as QATLSTMCell
+from qir.nn.quantized._base import QuantizedModule, check_qat, march_name
+from qir.nn.quantized._rules import check_out_dtype
+from qir.nn.quantized.conv import QUANTIZED_CONV_CLASSES, QuantizedConvBase
+from qir.quantization.fake_quantize import FakeQuantize
+
+__all__ = ["LSTMCell"]
+
+
+def _scale(fq: FakeQuantize) -> float:
+    return float(fq.scale.detach().reshape(-1)[0].to(torch.float32))
+
+
+def _linear(
+    qat: QATLSTMCell, which: str, bias: torch.Tensor | None, out_fq: FakeQuantize, s_in: float, march: str
+) -> QuantizedConvBase:
+    """The integer linear of ``weight_<which>`` (its per-channel weight fake quant), output at ``out_fq``."""
+    w = getattr(qat, f"weight_{which}")
+    lin: Any = qat_conv.Linear(w.shape[1], w.shape[0], bias=bias is not None, qconfig=qat.qconfig)
+    with torch.no_grad():
+        lin.weight.copy_(w.detach())
+        if bias is not None:
+            lin.bias.copy_(bias.detach())
+    lin.weight_fake_quant = copy.deepcopy(getattr(qat, f"weight_{which}_fake_quant"))
+    lin.activation_post_process = copy.deepcopy(out_fq)
+    qcls = QUANTIZED_CONV_CLASSES[type(lin)]
+    out = qcls.from_qat(lin, [s_in], march)
+    assert isinstance(out, QuantizedConvBase)
+    return out
+
+
+def _product_params(s_a: float, s_b: float, s_out: float, march: str, dtype: DType) -> tuple[int, int]:
+    m, s = numerics.conv_requant_params(s_a, s_b, s_out, march, dtype)
+    return int(m.reshape(-1)[0]), int(s.reshape(-1)[0])
+
+
+class LSTMCell(QuantizedModule):
+    """Integer ``(h', c') = LSTMCell(x, (h, c))`` (docs/semantics.md "LSTMCell")::
+
+        gates = add_int(ih(x), hh(h))                 # or ih(x) with bias b_ih + b_hh, without a state
+        sig   = sigmoid_table[gates]; g = tanh_g_table[chunk(gates, 4)[2]]
+        c'    = add_int(rq(f * c), rq(i * g))          # or rq(i * g) without a state; qint16
+        h'    = rq(o * tanh_c_table[rq(c')])          # rq(c'): c' requantized to the qint8 table input
+
+    Every ``rq`` is one requantization of an exact product (``conv_requant_params``).
+    ``has_state`` is fixed at conversion: a module converted for calls with ``(h, c)`` needs them.
+    """
+
+    _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.LSTMCell
+    num_inputs: ClassVar[int] = -1
+    input_size: int
+    hidden_size: int
+    has_bias: bool
+    has_state: bool
+    march: str
+    gates_add: numerics.AddParams | None
+    cell_add: numerics.AddParams | None
+    #: (multiplier, shift) of each requantized product / rescale
+    rq: dict[str, tuple[int, int]]
+    #: output dtype of each requantization step
+    dtypes: dict[str, DType]
+    sigmoid_table: torch.Tensor
+    tanh_g_table: torch.Tensor
+    tanh_c_table: torch.Tensor
+    cell_scale: torch.Tensor
+    cell_dtype: DType
+    ih: QuantizedConvBase
+    hh: QuantizedConvBase | None
+
+    @classmethod
+    def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any], march: Any) -> LSTMCell:
+        check_qat(cls, qat, QATLSTMCell)
+        assert isinstance(qat, QATLSTMCell)
+        name = cls.__name__
+        if len(input_scales) not in (1, 3):
+            raise ValueError(f"{name}.from_qat: give the scales of x, or of x, h and c; got {len(input_scales)}")
+        mname = march_name(march)
+        new = cls()
+        h_fq, c_fq = qat.output_fake_quants()
+        new._set_scales(input_scales, h_fq.scale.detach(), h_fq.dtype, len(input_scales))
+        new.register_buffer("cell_scale", c_fq.scale.detach().to(torch.float32).reshape(1).clone())
+        new.cell_dtype = DType(c_fq.dtype)
+        for fq_name in (
+            "activation_post_process",
+            "cell_post_process",
+            "sigmoid_post_process",
+            "tanh_g_post_process",
+            "tanh_c_post_process",
+            "fc_post_process",
+            "ig_post_process",
+        ):
+            check_out_dtype(mname, getattr(qat, fq_name).dtype, f"{name} {fq_name}")
+        for fq_name in ("gates_post_process", "cell_tanh_input", "ih_post_process", "hh_post_process"):
+            if DType(getattr(qat, fq_name).dtype) is not DType.qint8:
+                raise ValueError(f"{name}: {fq_name} must be qint8 (a 256-entry table reads it)")
+        new.input_size, new.hidden_size, new.has_bias = qat.input_size, qat.hidden_size, bool(qat.bias)
+        new.has_state = len(input_scales) == 3
+        new.march = mname
+        s_x = new.per_tensor_input(0)
+        gates = qat.gates_post_process
+        s_g = _scale(gates)
+        b_ih, b_hh = qat.bias_ih, qat.bias_hh
+        new.rq, new.dtypes = {}, {}
+        if new.has_state:
+            new.ih = _linear(qat, "ih", b_ih, qat.ih_post_process, s_x, mname)
+            new.hh = _linear(qat, "hh", b_hh, qat.hh_post_process, new.per_tensor_input(1), mname)
+            new.gates_add = numerics.add_params(
+                _scale(qat.ih_post_process), _scale(qat.hh_post_process), s_g, mname, DType.qint8
+            )
+        else:
+            bias = None if b_ih is None or b_hh is None else b_ih.detach() + b_hh.detach()
+            new.ih = _linear(qat, "ih", bias, gates, s_x, mname)
+            new.hh = None
+            new.gates_add = None
+        sig, tg, tc = qat.sigmoid_post_process, qat.tanh_g_post_process, qat.tanh_c_post_process
+        c8 = qat.cell_tanh_input
+        s_sig, s_tg, s_c, s_c8, s_tc = _scale(sig), _scale(tg), _scale(c_fq), _scale(c8), _scale(tc)
+        with torch.no_grad():
+            new.register_buffer("sigmoid_table", numerics.lut_int8(torch.sigmoid, s_g, s_sig, sig.dtype))
+            new.register_buffer("tanh_g_table", numerics.lut_int8(torch.tanh, s_g, s_tg, tg.dtype))
+            new.register_buffer("tanh_c_table", numerics.lut_int8(torch.tanh, s_c8, s_tc, tc.dtype))
+        c_dt = new.cell_dtype
+        if new.has_state:
+            s_fc, s_ig = _scale(qat.fc_post_process), _scale(qat.ig_post_process)
+            if DType(qat.fc_post_process.dtype) is not c_dt or DType(qat.ig_post_process.dtype) is not c_dt:
+                raise ValueError(
+                    f"{name}: fc_post_process, ig_post_process and cell_post_process need one dtype "
+                    "(the add rule takes operands of the output's dtype)"
+                )
+            new.rq["fc"] = _product_params(s_sig, new.per_tensor_input(2), s_fc, mname, c_dt)
+            new.rq["ig"] = _product_params(s_sig, s_tg, s_ig, mname, c_dt)
+            new.dtypes["fc"] = new.dtypes["ig"] = c_dt
+            new.cell_add = numerics.add_params(s_fc, s_ig, s_c, mname, c_dt)
+        else:
+            new.rq["ig"] = _product_params(s_sig, s_tg, s_c, mname, c_dt)
+            new.dtypes["ig"] = c_dt
+            new.cell_add = None
+        m, s = numerics.requant_params(s_c, s_c8, mname, DType.qint8)
+        new.rq["c8"], new.dtypes["c8"] = (int(m), int(s)), DType.qint8
+        assert new.dtype is not None
+        new.rq["h"] = _product_params(s_sig, s_tc, float(new.scale[0]), mname, new.dtype)
+        new.dtypes["h"] = new.dtype
+        return new
+
+    def _rq(self, key: str, acc: torch.Tensor) -> torch.Tensor:
+        m, s = self.rq[key]
+        return numerics.requantize(acc, m, s, self.dtypes[key])
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.is_floating_point() or x.dim() != 2:
+            raise TypeError(
+                f"LSTMCell takes 2-dimensional integer codes (batch, features); got {x.dtype} of rank {x.dim()}"
+            )
+        if (hx is not None) != self.has_state:
+            raise ValueError(
+                "LSTMCell was converted for calls "
+                + ("with (h, c)" if self.has_state else "without a state")
+                + " and is called "
+                + ("without one" if hx is None else "with (h, c)")
+                + "; use one module instance per call form"
+            )
+        return self.state_from_gates(self.gates(x, hx), None if hx is None else hx[1])
+
+    def gates(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """The qint8 gate codes ``(i, f, g, o)`` at ``gates_post_process``'s scale."""
+        if hx is None:
+            return self.ih(x)
+        assert self.hh is not None and self.gates_add is not None
+        return numerics.add_int(self.ih(x), self.hh(hx[0]), self.gates_add, DType.qint8)
+
+    def state_from_gates(self, gates: torch.Tensor, c: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(h', c')`` from the gate codes and the cell state codes (``None``: zeros)."""
+        sig = numerics.lut_apply(self.sigmoid_table, gates).to(torch.int64)
+        i, f, _, o = sig.chunk(4, dim=1)
+        g = numerics.lut_apply(self.tanh_g_table, gates.chunk(4, dim=1)[2]).to(torch.int64)
+        ig = self._rq("ig", i * g)
+        if c is None:
+            c_new = ig
+        else:
+            assert self.cell_add is not None
+            fc = self._rq("fc", f * c.to(torch.int64))
+            c_new = numerics.add_int(fc, ig, self.cell_add, self.cell_dtype)
+        tc = numerics.lut_apply(self.tanh_c_table, self._rq("c8", c_new.to(torch.int64))).to(torch.int64)
+        return self._rq("h", o * tc), c_new
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.input_size}, {self.hidden_size}, bias={self.has_bias}, has_state={self.has_state}, "
+            f"cell=qint16 scale {float(self.cell_scale[0]):.6g}, {super().extra_repr()}"
+        )
+
+
+def _legality_view(m: nn.Module) -> nn.Module | None:
+    """The float LSTMCell (on the meta device) the operator tables describe a quantized one as."""
+    if not isinstance(m, LSTMCell):
+        return None
+    return nn.LSTMCell(m.input_size, m.hidden_size, bias=m.has_bias, device="meta")
+
+
+register_module_view(_legality_view)

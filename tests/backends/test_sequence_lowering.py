@@ -1,0 +1,129 @@
+"""LSTMCell through the whole flow: prepare -> QAT -> convert -> check -> compile -> artifact.
+
+The cell lowers to existing kernels only (linear, add, lut, mul, rescale, shape_fn); the compiled
+program and its artifact equal the converted model bit for bit, with (h, c) from QuantStubs and
+with no state (zeros).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.fx
+from torch import nn
+
+import qir
+from backends.common.lower import LoweringError, lower_graph
+from qir.march import march_scope
+from qir.nn import quantized
+from qir.quantization import (
+    DeQuantStub,
+    QuantStub,
+    check_model,
+    compile_model,
+    convert_fx,
+    get_default_qat_qconfig,
+    prepare_qat_fx,
+    set_fake_quantize,
+)
+from qir.quantization.convert import ConvertError
+
+pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+
+IN, HID = 6, 8
+
+
+class Net(nn.Module):
+    def __init__(self, state: bool) -> None:
+        super().__init__()
+        self.state = state
+        self.qx, self.qh, self.qc = QuantStub(), QuantStub(), QuantStub()
+        self.cell = nn.LSTMCell(IN, HID)
+        self.fc = nn.Linear(HID, 4)
+        self.dh, self.dc = DeQuantStub(), DeQuantStub()
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hx = (self.qh(h), self.qc(c)) if self.state else None
+        h2, c2 = self.cell(self.qx(x), hx)
+        return self.dh(self.fc(h2)), self.dc(c2)
+
+
+def _inputs(seed: int, n: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(n, IN, generator=g),
+        0.8 * torch.tanh(torch.randn(n, HID, generator=g)),
+        1.5 * torch.randn(n, HID, generator=g),
+    )
+
+
+def _flow(state: bool, march: str = "bayes") -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    torch.manual_seed(0)
+    qc = get_default_qat_qconfig()
+    with march_scope(march):
+        prepared = prepare_qat_fx(Net(state), {"": qc, "module_name": {"qc": get_default_qat_qconfig(dtype="qint16")}})
+    prepared.train()
+    opt = torch.optim.SGD(prepared.parameters(), lr=1e-3)
+    for s in range(3):
+        opt.zero_grad()
+        h, c = prepared(*_inputs(s))
+        (h.square().mean() + c.square().mean()).backward()
+        opt.step()
+    set_fake_quantize(prepared, "validation")
+    prepared.eval()
+    with march_scope(march):
+        return prepared, convert_fx(prepared)
+
+
+@pytest.mark.parametrize("state", [True, False], ids=["state", "zeros"])
+def test_compiled_and_artifact_bitexact(tmp_path: Path, state: bool) -> None:
+    prepared, converted = _flow(state)
+    assert isinstance(converted.get_submodule("cell"), quantized.LSTMCell)
+    path = tmp_path / "lstm.hbm"
+    compiled = compile_model(converted, _inputs(0, 2), hbm=path, opt=1)
+    ops = {i.op for i in compiled.program.instructions}
+    assert {"linear", "lut", "mul", "rescale"} <= ops and ops <= {
+        "linear",
+        "lut",
+        "mul",
+        "rescale",
+        "add",
+        "shape_fn",
+        "quantize",
+        "dequantize",
+    }
+    loaded = qir.load_compiled(path)
+    with torch.no_grad():
+        for seed in (10, 11):
+            x = _inputs(seed)
+            want = converted(*x)
+            for got in (compiled(*x), loaded(*x)):
+                assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+            qat_out = prepared(*x)
+            # the converted head stays close to QAT (the cell's bound: docs/semantics.md "LSTMCell")
+            assert float((qat_out[1] - want[1]).abs().max()) < 0.05
+
+
+def test_check_model_verdicts() -> None:
+    prepared, converted = _flow(True)
+    x = _inputs(0, 1)
+    assert check_model(converted, x, march="bayes").ok
+    assert check_model(prepared, x, march="bayes").ok
+    report = check_model(Net(True), x, march="bernoulli2")
+    assert ("unsupported", "cell", "torch.nn.LSTMCell") in [(v.kind, v.node, v.spelling) for v in report.violations]
+
+
+def test_bernoulli2_refuses_the_qint16_cell_state() -> None:
+    with pytest.raises(ConvertError, match=r"LSTMCell.*qint16"):
+        _flow(True, march="bernoulli2")
+
+
+def test_lowering_names_the_call_form() -> None:
+    _, converted = _flow(True)
+    converted.get_submodule("cell").has_state = False
+    with pytest.raises(LoweringError, match=r"node 'cell'.*converted for calls without \(h, c\)"):
+        lower_graph(converted, converted.graph, _inputs(0, 2), "bayes", opt=1)
+    with pytest.raises(ValueError, match=r"converted for calls without a state and is called with \(h, c\)"):
+        converted(*_inputs(0, 2))
