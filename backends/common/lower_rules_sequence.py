@@ -1,10 +1,13 @@
-"""Lowering rule of LSTMCell (imported at the end of ``lower_rules``).
+"""Lowering rules of LSTMCell and MultiheadAttention (imported at the end of ``lower_rules``).
 
-The cell has no kernel of its own: it is composed of the kernels every other module uses —
+Neither has a kernel of its own. The cell is composed of the kernels every other module uses —
 ``linear`` for the two projections (the conv / linear rule, so engines and exactness proofs
 are shared), ``add`` (the add rule), ``lut`` (sigmoid, tanh), ``mul`` (exact product, one
 requantization), ``rescale`` (the cell state onto the qint8 tanh input) and ``shape_fn``
-chunks. Like every rule it reads the quantized module's buffers and never calls its forward.
+chunks. Attention is ``linear`` projections, ``shape_fn`` head splits, ``matmul`` (exact
+product, one requantization with the 1/√D folded in), the ``softmax`` kernel, ``reduce_sum`` /
+``rescale`` for the returned weights. Like every rule they read the quantized modules' buffers
+and never call their forward.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ import torch.fx
 
 from backends.common.lower import LowerContext, LoweringError, register_module_rule, shape_call, tensor_ref
 from backends.common.lower_rules import lower_conv
+from backends.common.lower_rules_math import lower_softmax
 from backends.common.numerics import AddParams
 from backends.common.program import ValueRef
 from qir.nn import quantized as Q
 
-__all__ = ["lower_lstm_cell"]
+__all__ = ["lower_lstm_cell", "lower_multihead_attention"]
 
 Node = torch.fx.Node
 
@@ -114,4 +118,68 @@ def lower_lstm_cell(
     return ValueRef(h_new), ValueRef(c_new)
 
 
+def _part(node: Node, what: str) -> Node:
+    return cast(Node, _Part(node.name, f"{node.target}.{what}"))
+
+
+def lower_multihead_attention(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    tgt = str(node.target)
+    names = (
+        "query",
+        "key",
+        "value",
+        "key_padding_mask",
+        "need_weights",
+        "attn_mask",
+        "average_attn_weights",
+        "is_causal",
+    )
+    call = dict(zip(names, args, strict=False)) | kwargs
+    if call.get("key_padding_mask") is not None or call.get("attn_mask") is not None or call.get("is_causal"):
+        raise LoweringError(
+            f"node '{node.name}': MultiheadAttention '{tgt}': masks and is_causal are not "
+            "implemented (no masked integer softmax)"
+        )
+    ins = [tensor_ref(call[k], node, k) for k in ("query", "key", "value")]
+    if ctx.values[ins[0]].dim() != 3:
+        raise LoweringError(f"node '{node.name}': MultiheadAttention '{tgt}' takes 3-dimensional inputs")
+    if not m.batch_first:
+        ins = [shape_call(ctx, node, "transpose", [ValueRef(x), 0, 1]).name for x in ins]
+    h = int(m.num_heads)
+    d = int(m.embed_dim) // h
+    heads: list[ValueRef] = []
+    for proj, x in zip(("q_proj", "k_proj", "v_proj"), ins, strict=True):
+        y = lower_conv(ctx, _part(node, proj), getattr(m, proj), [ValueRef(x)], {})
+        length = int(ctx.values[y.name].shape[1])
+        y = shape_call(ctx, node, "reshape", [y, [-1, length, h, d]])  # the batch stays free
+        heads.append(shape_call(ctx, node, "transpose", [y, 1, 2]))  # (N, H, L, D)
+    q, k, v = heads
+    kt = shape_call(ctx, node, "transpose", [k, -2, -1])
+    scores = _requant(ctx, node, m, "scores", [q.name, kt.name], "matmul", f"{tgt}.scores")
+    attn = lower_softmax(ctx, _part(node, "softmax"), m.softmax, [ValueRef(scores)], {})
+    c = _requant(ctx, node, m, "context", [attn.name, v.name], "matmul", f"{tgt}.context")
+    length = int(ctx.values[c].shape[2])
+    merged = shape_call(
+        ctx, node, "reshape", [shape_call(ctx, node, "transpose", [ValueRef(c), 1, 2]), [-1, length, int(m.embed_dim)]]
+    )
+    out = lower_conv(ctx, _part(node, "out_proj"), m.out_proj, [merged], {})
+    if not m.batch_first:
+        out = shape_call(ctx, node, "transpose", [out, 0, 1])
+    if not call.get("need_weights", True):
+        return out, None
+    if call.get("average_attn_weights", True):
+        mult, shift = m.rq["weights_mean"]
+        attrs = {
+            "dims": [1],
+            "keepdim": False,
+            "out_dtype": m.dtypes["weights_mean"].name,
+            "n": h,
+            "multiplier": int(mult),
+            "shift": int(shift),
+        }
+        return out, ValueRef(ctx.emit("reduce_sum", [attn.name], attrs, {}, node.name, f"{tgt}.weights"))
+    return out, ValueRef(_requant(ctx, node, m, "weights", [attn.name], "rescale", f"{tgt}.weights"))
+
+
 register_module_rule(Q.LSTMCell, lower_lstm_cell)
+register_module_rule(Q.MultiheadAttention, lower_multihead_attention)

@@ -127,3 +127,68 @@ def test_lowering_names_the_call_form() -> None:
         lower_graph(converted, converted.graph, _inputs(0, 2), "bayes", opt=1)
     with pytest.raises(ValueError, match=r"converted for calls without a state and is called with \(h, c\)"):
         converted(*_inputs(0, 2))
+
+
+# ----------------------------------------------------------------------------- MultiheadAttention
+
+EMBED = 16
+
+
+class Attn(nn.Module):
+    def __init__(self, batch_first: bool, self_attention: bool, weights: str) -> None:
+        super().__init__()
+        self.self_attention, self.weights = self_attention, weights
+        self.q1, self.q2, self.q3 = QuantStub(), QuantStub(), QuantStub()
+        self.attn = nn.MultiheadAttention(EMBED, 4, batch_first=batch_first)
+        self.d1, self.d2 = DeQuantStub(), DeQuantStub()
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x = self.q1(x)
+        kv = (x, x) if self.self_attention else (self.q2(k), self.q3(v))
+        need = self.weights != "none"
+        o, w = self.attn(x, *kv, need_weights=need, average_attn_weights=self.weights == "mean")
+        return (self.d1(o), self.d2(w)) if need else (self.d1(o),)
+
+
+def _attn_inputs(seed: int, batch_first: bool, n: int = 3) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    shape = (n, 7, EMBED) if batch_first else (7, n, EMBED)
+    return tuple(torch.randn(*shape, generator=g) for _ in range(3))
+
+
+@pytest.mark.parametrize("weights", ["none", "mean", "per_head"])
+@pytest.mark.parametrize("self_attention", [True, False], ids=["self", "separate"])
+@pytest.mark.parametrize("batch_first", [True, False], ids=["batch_first", "seq_first"])
+def test_attention_compiled_and_artifact_bitexact(
+    tmp_path: Path, batch_first: bool, self_attention: bool, weights: str
+) -> None:
+    torch.manual_seed(0)
+    with march_scope("bayes"):
+        prepared = prepare_qat_fx(Attn(batch_first, self_attention, weights), {"": get_default_qat_qconfig()})
+    for s in range(3):
+        prepared(*_attn_inputs(s, batch_first))
+    set_fake_quantize(prepared, "validation")
+    prepared.eval()
+    with march_scope("bayes"):
+        converted = convert_fx(prepared)
+    assert isinstance(converted.get_submodule("attn"), quantized.MultiheadAttention)
+    x = _attn_inputs(0, batch_first, 1)
+    assert check_model(converted, x, march="bayes").ok
+    path = tmp_path / "attn.hbm"
+    compiled = compile_model(converted, x, hbm=path, opt=1)
+    ops = {i.op for i in compiled.program.instructions}
+    assert {"linear", "matmul", "softmax"} <= ops
+    loaded = qir.load_compiled(path)
+    with torch.no_grad():
+        for seed in (10, 11):
+            xs = _attn_inputs(seed, batch_first)
+            want = converted(*xs)
+            for got in (compiled(*xs), loaded(*xs)):
+                assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_attention_refused_on_bernoulli2() -> None:
+    report = check_model(Attn(True, True, "none"), _attn_inputs(0, True, 1), march="bernoulli2")
+    assert ("unsupported", "attn", "torch.nn.MultiheadAttention") in [
+        (v.kind, v.node, v.spelling) for v in report.violations
+    ]

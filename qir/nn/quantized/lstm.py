@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -12,41 +11,20 @@ from torch import nn
 from backends.common import numerics
 from passes.legality_facts import register_module_view
 from qir.ir.types import DType
-from qir.nn.qat import conv as qat_conv
 from qir.nn.qat.lstm import LSTMCell as QATLSTMCell
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name
+from qir.nn.quantized._composed import fq_scale, integer_linear, product_params
 from qir.nn.quantized._rules import check_out_dtype
-from qir.nn.quantized.conv import QUANTIZED_CONV_CLASSES, QuantizedConvBase
+from qir.nn.quantized.conv import QuantizedConvBase
 from qir.quantization.fake_quantize import FakeQuantize
 
 __all__ = ["LSTMCell"]
 
 
-def _scale(fq: FakeQuantize) -> float:
-    return float(fq.scale.detach().reshape(-1)[0].to(torch.float32))
-
-
-def _linear(
-    qat: QATLSTMCell, which: str, bias: torch.Tensor | None, out_fq: FakeQuantize, s_in: float, march: str
-) -> QuantizedConvBase:
-    """The integer linear of ``weight_<which>`` (its per-channel weight fake quant), output at ``out_fq``."""
-    w = getattr(qat, f"weight_{which}")
-    lin: Any = qat_conv.Linear(w.shape[1], w.shape[0], bias=bias is not None, qconfig=qat.qconfig)
-    with torch.no_grad():
-        lin.weight.copy_(w.detach())
-        if bias is not None:
-            lin.bias.copy_(bias.detach())
-    lin.weight_fake_quant = copy.deepcopy(getattr(qat, f"weight_{which}_fake_quant"))
-    lin.activation_post_process = copy.deepcopy(out_fq)
-    qcls = QUANTIZED_CONV_CLASSES[type(lin)]
-    out = qcls.from_qat(lin, [s_in], march)
-    assert isinstance(out, QuantizedConvBase)
-    return out
-
-
-def _product_params(s_a: float, s_b: float, s_out: float, march: str, dtype: DType) -> tuple[int, int]:
-    m, s = numerics.conv_requant_params(s_a, s_b, s_out, march, dtype)
-    return int(m.reshape(-1)[0]), int(s.reshape(-1)[0])
+def _weights(
+    qat: QATLSTMCell, which: str, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None, FakeQuantize]:
+    return getattr(qat, f"weight_{which}"), bias, getattr(qat, f"weight_{which}_fake_quant")
 
 
 class LSTMCell(QuantizedModule):
@@ -113,47 +91,49 @@ class LSTMCell(QuantizedModule):
         new.march = mname
         s_x = new.per_tensor_input(0)
         gates = qat.gates_post_process
-        s_g = _scale(gates)
+        s_g = fq_scale(gates)
         b_ih, b_hh = qat.bias_ih, qat.bias_hh
         new.rq, new.dtypes = {}, {}
         if new.has_state:
-            new.ih = _linear(qat, "ih", b_ih, qat.ih_post_process, s_x, mname)
-            new.hh = _linear(qat, "hh", b_hh, qat.hh_post_process, new.per_tensor_input(1), mname)
+            new.ih = integer_linear(*_weights(qat, "ih", b_ih), qat.ih_post_process, qat.qconfig, s_x, mname)
+            new.hh = integer_linear(
+                *_weights(qat, "hh", b_hh), qat.hh_post_process, qat.qconfig, new.per_tensor_input(1), mname
+            )
             new.gates_add = numerics.add_params(
-                _scale(qat.ih_post_process), _scale(qat.hh_post_process), s_g, mname, DType.qint8
+                fq_scale(qat.ih_post_process), fq_scale(qat.hh_post_process), s_g, mname, DType.qint8
             )
         else:
             bias = None if b_ih is None or b_hh is None else b_ih.detach() + b_hh.detach()
-            new.ih = _linear(qat, "ih", bias, gates, s_x, mname)
+            new.ih = integer_linear(*_weights(qat, "ih", bias), gates, qat.qconfig, s_x, mname)
             new.hh = None
             new.gates_add = None
         sig, tg, tc = qat.sigmoid_post_process, qat.tanh_g_post_process, qat.tanh_c_post_process
         c8 = qat.cell_tanh_input
-        s_sig, s_tg, s_c, s_c8, s_tc = _scale(sig), _scale(tg), _scale(c_fq), _scale(c8), _scale(tc)
+        s_sig, s_tg, s_c, s_c8, s_tc = fq_scale(sig), fq_scale(tg), fq_scale(c_fq), fq_scale(c8), fq_scale(tc)
         with torch.no_grad():
             new.register_buffer("sigmoid_table", numerics.lut_int8(torch.sigmoid, s_g, s_sig, sig.dtype))
             new.register_buffer("tanh_g_table", numerics.lut_int8(torch.tanh, s_g, s_tg, tg.dtype))
             new.register_buffer("tanh_c_table", numerics.lut_int8(torch.tanh, s_c8, s_tc, tc.dtype))
         c_dt = new.cell_dtype
         if new.has_state:
-            s_fc, s_ig = _scale(qat.fc_post_process), _scale(qat.ig_post_process)
+            s_fc, s_ig = fq_scale(qat.fc_post_process), fq_scale(qat.ig_post_process)
             if DType(qat.fc_post_process.dtype) is not c_dt or DType(qat.ig_post_process.dtype) is not c_dt:
                 raise ValueError(
                     f"{name}: fc_post_process, ig_post_process and cell_post_process need one dtype "
                     "(the add rule takes operands of the output's dtype)"
                 )
-            new.rq["fc"] = _product_params(s_sig, new.per_tensor_input(2), s_fc, mname, c_dt)
-            new.rq["ig"] = _product_params(s_sig, s_tg, s_ig, mname, c_dt)
+            new.rq["fc"] = product_params(s_sig, new.per_tensor_input(2), s_fc, mname, c_dt)
+            new.rq["ig"] = product_params(s_sig, s_tg, s_ig, mname, c_dt)
             new.dtypes["fc"] = new.dtypes["ig"] = c_dt
             new.cell_add = numerics.add_params(s_fc, s_ig, s_c, mname, c_dt)
         else:
-            new.rq["ig"] = _product_params(s_sig, s_tg, s_c, mname, c_dt)
+            new.rq["ig"] = product_params(s_sig, s_tg, s_c, mname, c_dt)
             new.dtypes["ig"] = c_dt
             new.cell_add = None
         m, s = numerics.requant_params(s_c, s_c8, mname, DType.qint8)
         new.rq["c8"], new.dtypes["c8"] = (int(m), int(s)), DType.qint8
         assert new.dtype is not None
-        new.rq["h"] = _product_params(s_sig, s_tc, float(new.scale[0]), mname, new.dtype)
+        new.rq["h"] = product_params(s_sig, s_tc, float(new.scale[0]), mname, new.dtype)
         new.dtypes["h"] = new.dtype
         return new
 

@@ -1,0 +1,98 @@
+"""MultiheadAttention: QAT module (float checkpoints load, unsupported configurations refused)
+and the integer module's agreement with it (docs/semantics.md "MultiheadAttention")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from backends.common import numerics
+from qir.nn import qat, quantized
+from qir.quantization import get_default_qat_qconfig, set_fake_quantize
+from qir.quantization.fake_quantize import disable_fake_quant
+
+QC = get_default_qat_qconfig()
+
+
+def _qz(t: torch.Tensor, s: float) -> torch.Tensor:
+    return numerics.quantize(t, torch.tensor([s]), "qint8")
+
+
+def _dq(q: torch.Tensor, s: float) -> torch.Tensor:
+    return numerics.dequantize(q, torch.tensor([s]))
+
+
+def test_float_checkpoint_loads_and_keys_match() -> None:
+    f = nn.MultiheadAttention(16, 4)
+    m = qat.MultiheadAttention.from_float(f, QC)
+    assert set(f.state_dict()) <= set(m.state_dict())
+    for k, v in f.state_dict().items():
+        assert torch.equal(m.state_dict()[k], v)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_qat_without_fake_quant_is_the_float_attention(batch_first: bool) -> None:
+    f = nn.MultiheadAttention(16, 4, batch_first=batch_first).eval()
+    m = qat.MultiheadAttention.from_float(f, QC).eval()
+    disable_fake_quant(m)
+    q, k, v = (torch.randn(2, 5, 16) for _ in range(3))
+    for avg in (True, False):
+        want = f(q, k, v, need_weights=True, average_attn_weights=avg)
+        got = m(q, k, v, need_weights=True, average_attn_weights=avg)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert m(q, q, q, need_weights=False)[1] is None
+
+
+def test_unsupported_configurations_raise() -> None:
+    for kwargs in ({"add_bias_kv": True}, {"add_zero_attn": True}, {"kdim": 8, "vdim": 8}):
+        with pytest.raises(NotImplementedError, match="add_bias_kv, add_zero_attn and kdim / vdim"):
+            qat.MultiheadAttention.from_float(nn.MultiheadAttention(16, 4, **kwargs), QC)
+    m = qat.MultiheadAttention.from_float(nn.MultiheadAttention(16, 4), QC)
+    x = torch.randn(5, 2, 16)
+    with pytest.raises(NotImplementedError, match="attn_mask, key_padding_mask and is_causal are not implemented"):
+        m(x, x, x, attn_mask=torch.zeros(5, 5))
+    with pytest.raises(NotImplementedError, match="attn_mask, key_padding_mask and is_causal"):
+        m(x, x, x, key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
+
+
+def _pair(seed: int, dtype: str) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """(integer outputs, QAT outputs as codes) on the same input codes; embed 32, 4 heads, 8 x 20 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    m = qat.MultiheadAttention.from_float(
+        nn.MultiheadAttention(32, 4, batch_first=True), get_default_qat_qconfig(dtype=dtype)
+    )
+
+    def sample() -> list[torch.Tensor]:
+        return [torch.randn(8, 20, 32, generator=g) for _ in range(3)]
+
+    xs = sample()
+    sc = [float(t.abs().max() / 127.5) for t in xs]
+    with torch.no_grad():
+        for _ in range(3):
+            m(*(_dq(_qz(t, s), s) for t, s in zip(sample(), sc, strict=True)))
+        set_fake_quantize(m, "validation")
+        m.eval()
+        q = quantized.MultiheadAttention.from_qat(m, sc, "bayes")
+        codes = [_qz(t, s) for t, s in zip(xs, sc, strict=True)]
+        o_i, w_i = q(*codes)
+        o_f, w_f = m(*(_dq(c, s) for c, s in zip(codes, sc, strict=True)))
+    assert w_i is not None and w_f is not None
+    ow = numerics.quantize(o_f, m.activation_post_process.scale, m.activation_post_process.dtype)
+    ww = numerics.quantize(w_f, m.weights_post_process.scale, m.weights_post_process.dtype)
+    return (o_i, w_i), (ow, ww)
+
+
+#: measured maxima (docs/semantics.md "MultiheadAttention"), output and weights, in their own LSB
+BOUND = {"qint8": (2, 1), "qint16": (325, 365)}
+
+
+@pytest.mark.parametrize("dtype", ["qint8", "qint16"])
+def test_converted_within_measured_bound_of_qat(dtype: str) -> None:
+    for seed in range(3):
+        (o_i, w_i), (ow, ww) = _pair(seed, dtype)
+        assert o_i.dtype == ow.dtype and w_i.dtype == ww.dtype
+        assert int((o_i.long() - ow.long()).abs().max()) <= BOUND[dtype][0]
+        assert int((w_i.long() - ww.long()).abs().max()) <= BOUND[dtype][1]
