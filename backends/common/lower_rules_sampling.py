@@ -1,4 +1,4 @@
-"""Lowering rule of GridSample (imported at the end of ``lower_rules``).
+"""Lowering rules of GridSample and RoIAlign (imported at the end of ``lower_rules``).
 
 The rule reads the quantized module's scales and fixes the fixed-point coordinate
 parameters for the compiled input size; the kernel (``kernels/sampling.py``) recomputes the
@@ -16,9 +16,10 @@ from backends.common.lower import LowerContext, LoweringError, register_module_r
 from backends.common.program import ValueRef
 from qir.nn import quantized as Q
 from qir.nn.qat.grid_sample import GRID_COORD_BITS
+from qir.nn.quantized._roi_rules import ROI_BITS, ROI_MEAN_BITS
 from qir.nn.quantized._sampling_rules import grid_axis
 
-__all__ = ["lower_grid_sample"]
+__all__ = ["lower_grid_sample", "lower_roi_align"]
 
 Node = torch.fx.Node
 
@@ -51,3 +52,29 @@ def lower_grid_sample(ctx: LowerContext, node: Node, m: Any, args: list[Any], kw
 
 
 register_module_rule(Q.GridSample, lower_grid_sample)
+
+
+def lower_roi_align(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0], node)
+    boxes = args[1] if len(args) > 1 else kwargs.get("boxes")
+    if isinstance(boxes, (list, tuple)):
+        box_list, names = True, [tensor_ref(b, node, "boxes") for b in boxes]
+    else:
+        box_list, names = False, [tensor_ref(boxes, node, "boxes")]
+    attrs: dict[str, Any] = {
+        "output_size": list(m.output_size),
+        "spatial_scale": float(m.spatial_scale),
+        "sampling_ratio": int(m.sampling_ratio),
+        "aligned": bool(m.aligned),
+        "box_list": box_list,
+        "bits": ROI_BITS,
+        "mean_bits": ROI_MEAN_BITS,
+        # the mean's 2**-8 folds into the shift
+        "multiplier": int(m.multiplier),
+        "shift": int(m.shift) + ROI_MEAN_BITS,
+        "out_dtype": m.dtype.name,
+    }
+    return ValueRef(ctx.emit("roi_align", [x, *names], attrs, {}, node.name, str(node.target)))
+
+
+register_module_rule(Q.RoIAlign, lower_roi_align)

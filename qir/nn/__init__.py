@@ -29,6 +29,7 @@ from qir.nn.modules import (
     Interpolate,
     Pow,
     Reciprocal,
+    RoIAlign,
     Selu,
     Sin,
     Sinh,
@@ -44,4 +45,4 @@ __all__ = [
     "Atan", "Atanh", "Ceil", "Cos", "Cosh", "Div", "Erf", "Exp", "Floor", "HardLog", "Identity", "Interpolate", "Pow",
     "Reciprocal", "Selu", "Sin", "Sinh", "Sqrt", "Tan", "UnaryModule", "intrinsic", "qat", "quantized",
 ]
-__all__ += ["GridSample"]
+__all__ += ["GridSample", "RoIAlign"]

@@ -82,7 +82,26 @@ def qat_class_for(m: nn.Module, mapping: Mapping[type, type] | None = None) -> t
             return mapping[cls]
         if cls is nn.Module:
             break
-    return None
+    return optional_qat_class(f"{type(m).__module__}.{type(m).__qualname__}")
+
+
+#: optional libraries' module classes (qualified name and public spelling) -> qir's QAT class,
+#: matched by name: torchvision stays an optional dependency and is never imported here
+_OPTIONAL_QAT_CLASSES = {
+    "torchvision.ops.roi_align.RoIAlign": "RoIAlign",
+    "torchvision.ops.RoIAlign": "RoIAlign",
+}
+
+
+def optional_qat_class(name: str) -> type | None:
+    """The ``qir.nn.qat`` class for an optional library's module class named ``name``, or None."""
+    attr = _OPTIONAL_QAT_CLASSES.get(name)
+    if attr is None:
+        return None
+    from qir.nn import qat
+
+    cls: type = getattr(qat, attr)
+    return cls
 
 
 def _is_qat(m: nn.Module) -> bool:

@@ -28,7 +28,7 @@ def _pair(
 ) -> tuple[torch.nn.Module, torch.nn.Module]:
     m = qat.GridSample.from_float(GridSample(mode, pad, ac), QC).eval()
     if m.activation_post_process is not None:
-        m.activation_post_process.scale.fill_(s_out)
+        m.activation_post_process.disable_observer().scale.fill_(s_out)  # a fixed output scale
     return m, quantized.GridSample.from_qat(m, [torch.tensor(s_in), torch.tensor(s_g)], "bayes")
 
 

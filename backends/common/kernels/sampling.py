@@ -1,8 +1,15 @@
-"""Grid-sample kernel on codes: fixed-point source coordinates from the grid codes, integer
+"""Grid-sample and RoIAlign kernels on codes.
+
+Grid sample: fixed-point source coordinates from the grid codes, integer
 bilinear (or nearest) taps, exact int64 sum, one requantization.
 
 Coordinate parameters (multiplier, shift, offset per axis) are computed at lowering for the
 compiled input size; the module library's rule is ``qir.nn.quantized._sampling_rules``.
+
+RoIAlign: box corners to ``2**-12`` (half up), sampling positions by exact integer division,
+torchvision's edge rules, per bin an exact int64 sum of tap products, the exact rounded mean
+at ``2**-8`` of the input scale, one requantization. The module library's rule is
+``qir.nn.quantized._roi_rules``; this is a second, per-sample implementation of it.
 """
 
 from __future__ import annotations
@@ -70,3 +77,62 @@ def grid_sample(inst: Instruction, args: list[Any], state: Mapping[str, torch.Te
     out = requant_i64(acc, torch.tensor(int(a["multiplier"])), torch.tensor(int(a["shift"])), None)
     lo, hi = qbounds(dt)
     return [sat_to(out.clamp_(lo, hi), dt)]
+
+
+def _roi_axis(
+    b0: int, b1: int, size: int, pooled: int, ratio: int, aligned: bool, bits: int
+) -> tuple[list[list[tuple[int, int]]], int]:
+    """Per bin, the ``(index, weight)`` taps of its samples along one axis, and samples per bin."""
+    one = 1 << bits
+    start = b0 - (one // 2 if aligned else 0)
+    roi = b1 - b0 if aligned else max(b1 - b0, one)
+    g = ratio if ratio > 0 else -((-roi) // (pooled * one))
+    bins: list[list[tuple[int, int]]] = [[] for _ in range(pooled)]
+    for p in range(max(pooled, 0)):
+        for i in range(max(g, 0)):
+            num, den = roi * (2 * p * g + 2 * i + 1), 2 * pooled * g
+            pos = start + (2 * num + den) // (2 * den)
+            if pos < -one or pos > size * one:
+                continue
+            pos = max(pos, 0)
+            lo = pos // one
+            if lo >= size - 1:
+                bins[p].append((size - 1, one))
+            else:
+                bins[p] += [(lo, one - (pos - lo * one)), (lo + 1, pos - lo * one)]
+    return bins, max(g, 0)
+
+
+@register_kernel("roi_align")
+def roi_align(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+    """Per RoI and output bin: exact int64 sum of tap products, exact rounded mean, one requantization."""
+    a = inst.attrs
+    x = args[0]
+    if a["box_list"]:
+        parts = [torch.cat([torch.full_like(b[:, :1], float(i)), b], 1) for i, b in enumerate(args[1:])]
+        rois = torch.cat(parts) if parts else torch.zeros(0, 5)
+    else:
+        rois = args[1]
+    bits, mean_bits = int(a["bits"]), int(a["mean_bits"])
+    ph, pw = (int(v) for v in a["output_size"])
+    h, w = int(x.shape[-2]), int(x.shape[-1])
+    v = rois[:, 1:].to(torch.float64) * float(a["spatial_scale"]) * float(1 << bits)
+    fixed = torch.floor(v) + (v - torch.floor(v) >= 0.5)  # half up, exactly (v + 0.5 can round)
+    q = x.to(torch.int64)
+    out = torch.zeros(int(rois.shape[0]), int(x.shape[1]), ph, pw, dtype=torch.int64)
+    for k, (r, b) in enumerate(zip(fixed.to(torch.int64).tolist(), rois[:, 0].tolist(), strict=True)):
+        ybins, gh = _roi_axis(r[1], r[3], h, ph, int(a["sampling_ratio"]), bool(a["aligned"]), bits)
+        xbins, gw = _roi_axis(r[0], r[2], w, pw, int(a["sampling_ratio"]), bool(a["aligned"]), bits)
+        den = max(gh * gw, 1) << (2 * bits - mean_bits)
+        img = q[int(b)]
+        for i, ytaps in enumerate(ybins):
+            for j, xtaps in enumerate(xbins):
+                acc = torch.zeros(int(x.shape[1]), dtype=torch.int64)
+                for yi, wy in ytaps:
+                    for xi, wx in xtaps:
+                        acc += img[:, yi, xi] * (wy * wx)
+                out[k, :, i, j] = torch.div(2 * acc + den, 2 * den, rounding_mode="floor")
+    res = requant_i64(out, torch.tensor(int(a["multiplier"])), torch.tensor(int(a["shift"])), None)
+    dt = str(a["out_dtype"])
+    lo, hi = qbounds(dt)
+    return [sat_to(res.clamp_(lo, hi), dt)]
