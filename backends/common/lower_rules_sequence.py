@@ -135,10 +135,10 @@ def lower_multihead_attention(ctx: LowerContext, node: Node, m: Any, args: list[
         "is_causal",
     )
     call = dict(zip(names, args, strict=False)) | kwargs
-    if call.get("key_padding_mask") is not None or call.get("attn_mask") is not None or call.get("is_causal"):
+    if call.get("is_causal"):
         raise LoweringError(
-            f"node '{node.name}': MultiheadAttention '{tgt}': masks and is_causal are not "
-            "implemented (no masked integer softmax)"
+            f"node '{node.name}': MultiheadAttention '{tgt}': is_causal is not implemented; pass the causal "
+            "mask as attn_mask"
         )
     ins = [tensor_ref(call[k], node, k) for k in ("query", "key", "value")]
     if ctx.values[ins[0]].dim() != 3:
@@ -156,7 +156,9 @@ def lower_multihead_attention(ctx: LowerContext, node: Node, m: Any, args: list[
     q, k, v = heads
     kt = shape_call(ctx, node, "transpose", [k, -2, -1])
     scores = _requant(ctx, node, m, "scores", [q.name, kt.name], "matmul", f"{tgt}.scores")
-    attn = lower_softmax(ctx, _part(node, "softmax"), m.softmax, [ValueRef(scores)], {})
+    attn = _attention_softmax(
+        ctx, node, m, call, scores, h, int(ctx.values[q.name].shape[2]), int(ctx.values[k.name].shape[2])
+    )
     c = _requant(ctx, node, m, "context", [attn.name, v.name], "matmul", f"{tgt}.context")
     length = int(ctx.values[c].shape[2])
     merged = shape_call(
@@ -179,6 +181,55 @@ def lower_multihead_attention(ctx: LowerContext, node: Node, m: Any, args: list[
         }
         return out, ValueRef(ctx.emit("reduce_sum", [attn.name], attrs, {}, node.name, f"{tgt}.weights"))
     return out, ValueRef(_requant(ctx, node, m, "weights", [attn.name], "rescale", f"{tgt}.weights"))
+
+
+def _attention_softmax(
+    ctx: LowerContext, node: Node, m: Any, call: dict[str, Any], scores: str, h: int, lq: int, lk: int
+) -> ValueRef:
+    """The softmax of the scores, with the masks: finite float entries added as codes on the scores'
+    grid (an exact saturating add), excluded entries (bool True, ``-inf``) left out of the softmax."""
+    tgt = str(node.target)
+    inputs: list[str] = []
+    roles: list[str] = []
+    consts: dict[str, str] = {}
+    soft = False
+    for role in ("attn_mask", "key_padding_mask"):
+        v = call.get(role)
+        if v is None:
+            continue
+        example = ctx.example(v)
+        if not isinstance(example, torch.Tensor):
+            raise LoweringError(f"node '{node.name}': MultiheadAttention '{tgt}': {role} must be a tensor")
+        soft = soft or example.dtype != torch.bool
+        if isinstance(v, ValueRef):
+            inputs.append(v.name)
+            roles.append(role)
+        else:  # a constant (a buffer of the model): stored as uint8 (bool) or float32
+            stored = v.to(torch.uint8) if v.dtype == torch.bool else v.to(torch.float32)
+            consts[role] = ctx.const(f"{tgt}.{role}", stored)
+    if not roles and not consts:
+        return lower_softmax(ctx, _part(node, "softmax"), m.softmax, [ValueRef(scores)], {})
+    attrs = {"inputs": roles, "heads": h, "lq": lq, "lk": lk}
+    if soft:
+        scale = float(torch.tensor(m.scores_scale, dtype=torch.float32))
+        codes = ctx.emit(
+            "attention_mask_codes", inputs, {**attrs, "scale": scale}, consts, node.name, f"{tgt}.mask_codes"
+        )
+        add = {"swap": False, "add_shift": 0, "qscale": 1, "multiplier": 1, "shift": 0, "out_dtype": "qint8"}
+        scores = ctx.emit("add", [scores, codes], add, {}, node.name, f"{tgt}.masked_scores")
+    masked = ctx.emit("attention_masked", inputs, attrs, consts, node.name, f"{tgt}.masked")
+    sm = m.softmax
+    sattrs = {"multiplier": int(sm.multiplier), "shift": int(sm.shift), "out_dtype": sm.dtype.name}
+    return ValueRef(
+        ctx.emit(
+            "masked_softmax",
+            [scores, masked],
+            sattrs,
+            {"table": ctx.const(f"{tgt}.softmax.table", sm.table)},
+            node.name,
+            f"{tgt}.softmax",
+        )
+    )
 
 
 register_module_rule(Q.LSTMCell, lower_lstm_cell)

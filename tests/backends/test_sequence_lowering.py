@@ -192,3 +192,66 @@ def test_attention_refused_on_bernoulli2() -> None:
     assert ("unsupported", "attn", "torch.nn.MultiheadAttention") in [
         (v.kind, v.node, v.spelling) for v in report.violations
     ]
+
+
+class MaskedAttn(nn.Module):
+    """Masks as graph inputs (float with -inf, or bool) and a bool causal mask held as a buffer."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.q1 = QuantStub()
+        self.attn = nn.MultiheadAttention(EMBED, 4, batch_first=True)
+        self.d1, self.d2 = DeQuantStub(), DeQuantStub()
+        self.register_buffer("causal", torch.ones(7, 7, dtype=torch.bool).triu(1))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, kpm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.q1(x)
+        if self.mode == "float":
+            o, w = self.attn(x, x, x, attn_mask=mask)
+        elif self.mode == "bool_kpm":
+            o, w = self.attn(x, x, x, attn_mask=mask, key_padding_mask=kpm)
+        else:
+            o, w = self.attn(x, x, x, attn_mask=self.causal)
+        return self.d1(o), self.d2(w)
+
+
+def _mask_inputs(seed: int, n: int = 3, bool_masks: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Input, a float attn_mask with -inf entries (bool: True there) and a key padding mask."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 7, EMBED, generator=g)
+    mask = torch.randn(7, 7, generator=g) * 0.5
+    mask[torch.rand(7, 7, generator=g) > 0.7] = float("-inf")
+    mask[:, 0] = 0.0  # every row keeps one key
+    kpm = torch.zeros(n, 7)
+    kpm[-1, 4:] = 1.0
+    if bool_masks:
+        return x, torch.isneginf(mask), kpm > 0.5
+    return x, mask, kpm
+
+
+@pytest.mark.parametrize("mode", ["float", "bool_kpm", "buffer"])
+def test_masked_attention_compiled_and_artifact_bitexact(tmp_path: Path, mode: str) -> None:
+    torch.manual_seed(0)
+    with march_scope("bayes"):
+        prepared = prepare_qat_fx(MaskedAttn(mode), {"": get_default_qat_qconfig()})
+    bm = mode == "bool_kpm"
+    for s in range(3):
+        prepared(*_mask_inputs(s, bool_masks=bm))
+    set_fake_quantize(prepared, "validation")
+    prepared.eval()
+    with march_scope("bayes"):
+        converted = convert_fx(prepared)
+    path = tmp_path / "masked.hbm"
+    compiled = compile_model(converted, _mask_inputs(0, 1, bm), hbm=path, opt=1)
+    assert "masked_softmax" in {i.op for i in compiled.program.instructions}
+    loaded = qir.load_compiled(path)
+    with torch.no_grad():
+        for seed in (10, 11):
+            xs = _mask_inputs(seed, bool_masks=bm)
+            want = converted(*xs)
+            for got in (compiled(*xs), loaded(*xs)):
+                assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+            # masked entries get exactly zero weight, as in QAT
+            w_qat = prepared(*xs)[1]
+            assert torch.equal(want[1] == 0, w_qat == 0) or mode == "float"

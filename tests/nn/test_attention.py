@@ -51,13 +51,13 @@ def test_unsupported_configurations_raise() -> None:
             qat.MultiheadAttention.from_float(nn.MultiheadAttention(16, 4, **kwargs), QC)
     m = qat.MultiheadAttention.from_float(nn.MultiheadAttention(16, 4), QC)
     x = torch.randn(5, 2, 16)
-    with pytest.raises(NotImplementedError, match="attn_mask, key_padding_mask and is_causal are not implemented"):
-        m(x, x, x, attn_mask=torch.zeros(5, 5))
-    with pytest.raises(NotImplementedError, match="attn_mask, key_padding_mask and is_causal"):
-        m(x, x, x, key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
+    with pytest.raises(NotImplementedError, match="is_causal is not implemented; pass the causal mask"):
+        m(x, x, x, attn_mask=torch.ones(5, 5, dtype=torch.bool).triu(1), is_causal=True)
 
 
-def _pair(seed: int, dtype: str) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+def _pair(
+    seed: int, dtype: str, masks: str = "none"
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """(integer outputs, QAT outputs as codes) on the same input codes; embed 32, 4 heads, 8 x 20 tokens."""
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -68,17 +68,25 @@ def _pair(seed: int, dtype: str) -> tuple[tuple[torch.Tensor, torch.Tensor], tup
     def sample() -> list[torch.Tensor]:
         return [torch.randn(8, 20, 32, generator=g) for _ in range(3)]
 
+    mask = torch.randn(20, 20, generator=g) * 0.5
+    mask[torch.rand(20, 20, generator=g) > 0.7] = float("-inf")
+    mask[:, 0] = 0.0
+    kw: dict[str, torch.Tensor] = {}
+    if masks == "float":
+        kw = {"attn_mask": mask}
+    elif masks == "bool":
+        kw = {"attn_mask": torch.isneginf(mask), "key_padding_mask": torch.rand(8, 20, generator=g) > 0.8}
     xs = sample()
     sc = [float(t.abs().max() / 127.5) for t in xs]
     with torch.no_grad():
         for _ in range(3):
-            m(*(_dq(_qz(t, s), s) for t, s in zip(sample(), sc, strict=True)))
+            m(*(_dq(_qz(t, s), s) for t, s in zip(sample(), sc, strict=True)), **kw)
         set_fake_quantize(m, "validation")
         m.eval()
         q = quantized.MultiheadAttention.from_qat(m, sc, "bayes")
         codes = [_qz(t, s) for t, s in zip(xs, sc, strict=True)]
-        o_i, w_i = q(*codes)
-        o_f, w_f = m(*(_dq(c, s) for c, s in zip(codes, sc, strict=True)))
+        o_i, w_i = q(*codes, **kw)
+        o_f, w_f = m(*(_dq(c, s) for c, s in zip(codes, sc, strict=True)), **kw)
     assert w_i is not None and w_f is not None
     ow = numerics.quantize(o_f, m.activation_post_process.scale, m.activation_post_process.dtype)
     ww = numerics.quantize(w_f, m.weights_post_process.scale, m.weights_post_process.dtype)
@@ -96,3 +104,34 @@ def test_converted_within_measured_bound_of_qat(dtype: str) -> None:
         assert o_i.dtype == ow.dtype and w_i.dtype == ww.dtype
         assert int((o_i.long() - ow.long()).abs().max()) <= BOUND[dtype][0]
         assert int((w_i.long() - ww.long()).abs().max()) <= BOUND[dtype][1]
+
+
+@pytest.mark.parametrize("masks", ["float", "bool"])
+def test_masked_within_the_same_bound(masks: str) -> None:
+    """Float masks (finite entries added as codes, -inf excluded) and bool masks (attn_mask and
+    key_padding_mask) keep the unmasked bound; excluded entries get weight 0 exactly, as in QAT."""
+    for seed in range(3):
+        (o_i, w_i), (ow, ww) = _pair(seed, "qint8", masks)
+        assert int((o_i.long() - ow.long()).abs().max()) <= BOUND["qint8"][0]
+        assert int((w_i.long() - ww.long()).abs().max()) <= BOUND["qint8"][1]
+
+
+def test_fully_masked_row_is_zero() -> None:
+    m = qat.MultiheadAttention.from_float(nn.MultiheadAttention(16, 4, batch_first=True), QC).eval()
+    x = torch.randn(2, 5, 16)
+    kpm = torch.zeros(2, 5, dtype=torch.bool)
+    kpm[1] = True
+    with torch.no_grad():
+        m(x, x, x, key_padding_mask=kpm)
+        set_fake_quantize(m, "validation")
+        q = quantized.MultiheadAttention.from_qat(m, [float(x.abs().max() / 127.5)] * 3, "bayes")
+        c = _qz(x, float(x.abs().max() / 127.5))
+        _, w_i = q(c, c, c, key_padding_mask=kpm)
+        _, w_f = m(
+            _dq(c, float(x.abs().max() / 127.5)),
+            _dq(c, float(x.abs().max() / 127.5)),
+            _dq(c, float(x.abs().max() / 127.5)),
+            key_padding_mask=kpm,
+        )
+    assert w_i is not None and w_f is not None
+    assert bool((w_i[1] == 0).all()) and bool((w_f[1] == 0).all())

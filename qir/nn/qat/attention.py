@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +14,7 @@ from qir.nn.qat.softmax import Softmax
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.qconfig import QConfig
 
-__all__ = ["MHA_FQ_DTYPES", "MultiheadAttention", "check_attention_call"]
+__all__ = ["MHA_FQ_DTYPES", "MultiheadAttention", "attention_masks", "check_attention_call"]
 
 #: Fake quant name -> dtype (``None``: the qconfig's activation dtype). The scores are qint8:
 #: the integer softmax's exp table takes 256 codes.
@@ -29,13 +29,37 @@ MHA_FQ_DTYPES: dict[str, str | None] = {
 }
 
 
-def check_attention_call(what: str, key_padding_mask: Any, attn_mask: Any, is_causal: bool) -> None:
+def check_attention_call(what: str, is_causal: bool) -> None:
     """Refuse the configurations the integer form does not implement, naming them."""
-    if key_padding_mask is not None or attn_mask is not None or is_causal:
+    if is_causal:
         raise NotImplementedError(
-            f"{what}: attn_mask, key_padding_mask and is_causal are not implemented (the integer softmax has no "
-            "masked form yet); call it without masks, or keep the attention in float (DeQuantStub before it)"
+            f"{what}: is_causal is not implemented; pass the causal mask itself as attn_mask (a bool mask, True = "
+            "masked, or a float mask with -inf)"
         )
+
+
+def attention_masks(
+    attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None, n: int, h: int, lq: int, lk: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(masked, additive)`` shaped (N, H, L, S) (broadcastable): ``masked`` is bool (True = excluded:
+    True in a bool mask, ``-inf`` in a float one); ``additive`` the finite float entries (0 where masked)."""
+    masked: torch.Tensor | None = None
+    additive: torch.Tensor | None = None
+    for mask, shape in ((attn_mask, None), (key_padding_mask, (n, 1, 1, lk))):
+        if mask is None:
+            continue
+        if shape is None:
+            shape = (1, 1, lq, lk) if mask.dim() == 2 else (n, h, lq, lk)
+        mask = mask.reshape(shape)
+        if mask.dtype == torch.bool:
+            hard, soft = mask, None
+        else:
+            hard = torch.isneginf(mask)
+            soft = torch.where(hard, torch.zeros_like(mask), mask)
+        masked = hard if masked is None else masked | hard
+        if soft is not None:
+            additive = soft if additive is None else additive + soft
+    return masked, additive
 
 
 class MultiheadAttention(QATModule, nn.MultiheadAttention):
@@ -49,12 +73,15 @@ class MultiheadAttention(QATModule, nn.MultiheadAttention):
         weights = fq_w(mean over heads of attn)      # need_weights; fq_w(attn) with average_attn_weights=False
 
     Parameters and state-dict keys are ``nn.MultiheadAttention``'s (``in_proj_weight``,
-    ``in_proj_bias``, ``out_proj.*``). Not implemented: masks, ``is_causal``, ``add_bias_kv``,
-    ``add_zero_attn``, ``kdim`` / ``vdim`` different from ``embed_dim`` (the Bayes table refuses
-    the last three as well).
+    ``in_proj_bias``, ``out_proj.*``). Masks (bool, or float with ``-inf``) exclude entries from
+    the softmax; finite float mask entries are added to the scores on their grid. Not implemented:
+    ``is_causal``, ``add_bias_kv``, ``add_zero_attn``, ``kdim`` / ``vdim`` different from
+    ``embed_dim`` (the Bayes table refuses the last three as well).
     """
 
     _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.MultiheadAttention
+    #: positions of the arguments that stay float / bool (key_padding_mask, attn_mask): convert takes them as they are
+    float_inputs: ClassVar[tuple[int, ...]] = (3, 5)
     wq_fake_quant: FakeQuantize
     wk_fake_quant: FakeQuantize
     wv_fake_quant: FakeQuantize
@@ -114,7 +141,7 @@ class MultiheadAttention(QATModule, nn.MultiheadAttention):
         average_attn_weights: bool = True,
         is_causal: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        check_attention_call(type(self).__name__, key_padding_mask, attn_mask, is_causal)
+        check_attention_call(type(self).__name__, is_causal)
         if query.dim() != 3:
             raise NotImplementedError(f"{type(self).__name__}: only batched (3-dimensional) inputs are implemented")
         if not self.batch_first:
@@ -134,7 +161,10 @@ class MultiheadAttention(QATModule, nn.MultiheadAttention):
             proj.append(y.reshape(y.shape[0], y.shape[1], h, d).transpose(1, 2))  # (N, H, L, D)
         q, k, v = proj
         scores = self.scores_post_process(torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d)))
-        attn = self.softmax(scores)
+        masked, additive = attention_masks(attn_mask, key_padding_mask, q.shape[0], h, q.shape[2], k.shape[2])
+        if additive is not None:  # added on the scores' grid: the integer form adds the mask's codes
+            scores = self.scores_post_process(scores + additive)
+        attn = self.softmax(scores) if masked is None else self._masked_softmax(scores, masked)
         attn_d = F.dropout(attn, self.dropout, self.training) if self.dropout > 0 else attn
         ctx = self.context_post_process(torch.matmul(attn_d, v))
         ctx = ctx.transpose(1, 2).reshape(ctx.shape[0], ctx.shape[2], e)
@@ -145,6 +175,17 @@ class MultiheadAttention(QATModule, nn.MultiheadAttention):
             return out, None
         weights = self.weights_post_process(attn.mean(dim=1) if average_attn_weights else attn)
         return out, weights
+
+    def _masked_softmax(self, x: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        """qir's QAT Softmax (its fake quants) with the masked entries excluded; a fully masked row is 0."""
+        sm = self.softmax
+        keep = ~masked
+        mx = x.masked_fill(masked, float("-inf")).amax(dim=-1, keepdim=True).detach()
+        e = sm.exp_post_process(torch.exp(torch.where(keep, x - mx, torch.zeros_like(x))))
+        e = e * keep
+        out_fq = sm.activation_post_process
+        assert out_fq is not None
+        return out_fq(e / e.sum(dim=-1, keepdim=True).clamp_min(1e-30))
 
     @classmethod
     def from_float(cls, mod: nn.Module, qconfig: QConfig | None = None) -> MultiheadAttention:

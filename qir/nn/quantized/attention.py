@@ -13,14 +13,14 @@ from backends.common import numerics
 from passes.legality_facts import register_module_view
 from qir.ir.types import DType
 from qir.nn.qat.attention import MultiheadAttention as QATMultiheadAttention
-from qir.nn.qat.attention import check_attention_call
+from qir.nn.qat.attention import attention_masks, check_attention_call
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name
 from qir.nn.quantized._composed import fq_scale, integer_linear, product_params
 from qir.nn.quantized._rules import check_out_dtype, ratio_params
 from qir.nn.quantized.conv import QuantizedConvBase
 from qir.nn.quantized.softmax import Softmax
 
-__all__ = ["MultiheadAttention"]
+__all__ = ["MultiheadAttention", "mask_codes"]
 
 
 class MultiheadAttention(QuantizedModule):
@@ -32,6 +32,9 @@ class MultiheadAttention(QuantizedModule):
         ctx     = rq(attn @ v_h)
         out     = out_proj(ctx)
         weights = rq(Σ_heads attn)       # (M, k) for s_attn / (H · s_weights); per head: rq(attn)
+
+    Masks: excluded entries (bool True, ``-inf``) get weight 0 from a masked softmax; finite float
+    entries are added to the scores as codes ``round(a / s_scores)``.
 
     ``rq`` is one requantization of an exact integer product (sum).
     """
@@ -122,7 +125,7 @@ class MultiheadAttention(QuantizedModule):
         average_attn_weights: bool = True,
         is_causal: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        check_attention_call(type(self).__name__, key_padding_mask, attn_mask, is_causal)
+        check_attention_call(type(self).__name__, is_causal)
         if query.is_floating_point() or query.dim() != 3:
             raise TypeError(
                 f"MultiheadAttention takes 3-dimensional integer codes; got {query.dtype} of rank {query.dim()}"
@@ -140,7 +143,10 @@ class MultiheadAttention(QuantizedModule):
         scores = self._rq(
             "scores", torch.matmul(q.to(torch.float64), k.transpose(-2, -1).to(torch.float64)).to(torch.int64)
         )
-        attn = self.softmax(scores)
+        masked, additive = attention_masks(attn_mask, key_padding_mask, q.shape[0], h, q.shape[2], k.shape[2])
+        if additive is not None:
+            scores = numerics.saturate(scores.to(torch.int64) + mask_codes(additive, self.scores_scale), DType.qint8)
+        attn = self.softmax(scores) if masked is None else self._masked_softmax(scores, masked)
         ctx = self._rq("context", torch.matmul(attn.to(torch.float64), v.to(torch.float64)).to(torch.int64))
         ctx = ctx.transpose(1, 2).reshape(ctx.shape[0], ctx.shape[2], self.embed_dim)
         out = self.out_proj(ctx)
@@ -152,8 +158,33 @@ class MultiheadAttention(QuantizedModule):
             return out, self._rq("weights_mean", attn.to(torch.int64).sum(dim=1))
         return out, self._rq("weights", attn.to(torch.int64))
 
+    @property
+    def scores_scale(self) -> float:
+        return self.softmax.per_tensor_input(0)
+
+    def _masked_softmax(self, q: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        """The Softmax rule with masked entries excluded: the row maximum over the kept codes, their
+        table entries summed, masked outputs 0; a fully masked row is 0."""
+        sm = self.softmax
+        assert sm.dtype is not None
+        x = q.to(torch.int64)
+        keep = ~masked.expand(x.shape)
+        mx = torch.where(keep, x, torch.full_like(x, -(2**15))).amax(dim=-1, keepdim=True)
+        e = sm.table.to(torch.int64)[(x - mx + 255).clamp(0, 255)] * keep
+        total = e.sum(dim=-1, keepdim=True)
+        den = torch.where(total == 0, torch.ones_like(total), total) << int(sm.shift)
+        out = torch.div(2 * e * int(sm.multiplier) + den, 2 * den, rounding_mode="floor")
+        return numerics.saturate(torch.where(total == 0, torch.zeros_like(out), out), sm.dtype)
+
     def extra_repr(self) -> str:
         return f"{self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}, {super().extra_repr()}"
+
+
+def mask_codes(additive: torch.Tensor, s_scores: float) -> torch.Tensor:
+    """A finite additive mask as codes on the scores' grid: ``round_half_up(float64(a) / f32(s))``, clamped
+    to ±512 (the sum with a qint8 code saturates beyond that anyway)."""
+    s = float(torch.tensor(s_scores, dtype=torch.float32))
+    return numerics.round_half_up(additive.to(torch.float64) / s).clamp(-512, 512).to(torch.int64)
 
 
 def numerics_requant(s_in: float, s_out: float, march: str, dtype: DType) -> tuple[int, int]:

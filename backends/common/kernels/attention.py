@@ -1,0 +1,83 @@
+"""Attention masks on codes: the masks as a bool ``masked`` tensor and additive codes on the scores'
+grid, and the softmax with masked entries excluded (the ``softmax`` kernel's rule otherwise)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from backends.common.kernels.base import qbounds, register_kernel, sat_to
+from backends.common.program import Instruction
+
+#: additive codes beyond this saturate any qint8 score anyway
+_CODE_LIMIT = 512
+
+
+def _mask_args(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The masks by role: graph inputs in ``attrs['inputs']`` order, constants by their role."""
+    found = dict(zip(inst.attrs["inputs"], args, strict=True))
+    for role, t in state.items():
+        found[role] = t.to(torch.bool) if t.dtype == torch.uint8 else t
+    return found
+
+
+def _shaped(inst: Instruction, masks: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    a = inst.attrs
+    h, lq, lk = int(a["heads"]), int(a["lq"]), int(a["lk"])
+    out = []
+    if "attn_mask" in masks:
+        m = masks["attn_mask"]
+        out.append(m.reshape(1, 1, lq, lk) if m.dim() == 2 else m.reshape(m.shape[0] // h, h, lq, lk))
+    if "key_padding_mask" in masks:
+        m = masks["key_padding_mask"]
+        out.append(m.reshape(m.shape[0], 1, 1, lk))
+    return out
+
+
+@register_kernel("attention_masked")
+def attention_masked(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+    """True where an entry is excluded: True in a bool mask, ``-inf`` in a float one."""
+    masked: torch.Tensor | None = None
+    for m in _shaped(inst, _mask_args(inst, args, state)):
+        hard = m if m.dtype == torch.bool else torch.isneginf(m)
+        masked = hard if masked is None else masked | hard
+    assert masked is not None
+    return [masked]
+
+
+@register_kernel("attention_mask_codes")
+def attention_mask_codes(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+    """The finite float masks summed, as codes ``floor(a / s + 1/2)`` (float64, exact tie test) at ``scale``."""
+    total: torch.Tensor | None = None
+    for m in _shaped(inst, _mask_args(inst, args, state)):
+        if m.dtype == torch.bool:
+            continue
+        soft = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+        total = soft if total is None else total + soft
+    assert total is not None
+    v = total.to(torch.float64) / float(inst.attrs["scale"])
+    f = torch.floor(v)
+    codes = f + (v - f >= 0.5).to(torch.float64)
+    return [codes.clamp(-_CODE_LIMIT, _CODE_LIMIT).to(torch.int64)]
+
+
+@register_kernel("masked_softmax")
+def masked_softmax(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+    """``softmax`` over the last dim with ``masked`` entries excluded (output 0); a fully masked row is 0."""
+    a = inst.attrs
+    x, masked = args
+    if x.dtype != torch.int8:
+        raise NotImplementedError(f"masked_softmax ({inst.source}): the exp table takes qint8 codes; got {x.dtype}")
+    q = x.to(torch.int64)
+    keep = ~masked.expand(q.shape)
+    mx = q.masked_fill(~keep, -(2**15)).amax(dim=-1, keepdim=True)
+    e = state["table"].to(torch.int64)[(q - mx + 255).clamp(0, 255)] * keep
+    total = e.sum(dim=-1, keepdim=True)
+    empty = total == 0
+    den = total.masked_fill(empty, 1) << int(a["shift"])
+    out = torch.div(2 * e * int(a["multiplier"]) + den, 2 * den, rounding_mode="floor").masked_fill(empty, 0)
+    dt = str(a["out_dtype"])
+    lo, hi = qbounds(dt)
+    return [sat_to(out.clamp_(lo, hi), dt)]
