@@ -31,18 +31,28 @@ def test_float_checkpoint_loads_and_keys_match() -> None:
         assert torch.equal(m.state_dict()[k], v)
 
 
+@pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_qat_without_fake_quant_is_the_float_attention(batch_first: bool) -> None:
     f = nn.MultiheadAttention(16, 4, batch_first=batch_first).eval()
     m = qat.MultiheadAttention.from_float(f, QC).eval()
     disable_fake_quant(m)
-    q, k, v = (torch.randn(2, 5, 16) for _ in range(3))
+    shape = (2, 5, 16) if batch_first else (5, 2, 16)
+    q, k, v = (torch.randn(*shape) for _ in range(3))
     for avg in (True, False):
         want = f(q, k, v, need_weights=True, average_attn_weights=avg)
         got = m(q, k, v, need_weights=True, average_attn_weights=avg)
         for a, b in zip(got, want, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert m(q, q, q, need_weights=False)[1] is None
+    bool_mask = torch.rand(5, 5) > 0.6
+    bool_mask[:, 0] = False
+    float_mask = torch.randn(5, 5).masked_fill(bool_mask, float("-inf"))
+    kpm = torch.zeros(2, 5, dtype=torch.bool)
+    kpm[1, 3:] = True
+    for kw in ({"attn_mask": bool_mask}, {"key_padding_mask": kpm}, {"attn_mask": float_mask, "key_padding_mask": kpm}):
+        for a, b in zip(m(q, k, v, **kw), f(q, k, v, **kw), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_unsupported_configurations_raise() -> None:

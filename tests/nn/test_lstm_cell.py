@@ -9,9 +9,10 @@ import torch
 from torch import nn
 
 from backends.common import numerics
+from qir.march import march_scope
 from qir.nn import qat, quantized
 from qir.nn.qat.lstm import LSTM_FQ_DTYPES
-from qir.quantization import get_default_qat_qconfig, set_fake_quantize
+from qir.quantization import DeQuantStub, QuantStub, convert, get_default_qat_qconfig, prepare_qat, set_fake_quantize
 from qir.quantization.fake_quantize import disable_fake_quant
 
 QC = get_default_qat_qconfig()
@@ -124,3 +125,35 @@ def test_converted_within_measured_bound_of_qat(state: bool) -> None:
         assert h_int.dtype == torch.int8 and c_int.dtype == torch.int16
         assert int(_lsb(h_int, numerics.quantize(h_qat, m.activation_post_process.scale, "qint8")).max()) <= bh
         assert int(_lsb(c_int, numerics.quantize(c_qat, m.cell_post_process.scale, "qint16")).max()) <= bc
+
+
+class _EagerNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qx, self.qh, self.qc = QuantStub(), QuantStub(), QuantStub()
+        self.cell = nn.LSTMCell(6, 5)
+        self.dh, self.dc = DeQuantStub(), DeQuantStub()
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h2, c2 = self.cell(self.qx(x), (self.qh(h), self.qc(c)))
+        return self.dh(h2), self.dc(c2)
+
+
+def test_eager_flow_converts_the_cell() -> None:
+    net = _EagerNet()
+    net.qconfig = QC
+    ins = (torch.randn(4, 6), 0.8 * torch.tanh(torch.randn(4, 5)), torch.randn(4, 5))
+    with march_scope("bayes"):
+        prepared = prepare_qat(net)
+        prepared(*ins)
+        set_fake_quantize(prepared, "validation")
+        converted = convert(prepared.eval())
+    assert isinstance(converted.cell, quantized.LSTMCell)
+    with torch.no_grad():
+        h_qat, c_qat = prepared(*ins)
+        h_int, c_int = converted(*ins)
+    # the end-to-end bound of the state call (qint8 h', qint16 c'), in values
+    s_h = float(prepared.cell.activation_post_process.scale[0])
+    s_c = float(prepared.cell.cell_post_process.scale[0])
+    assert float((h_qat - h_int).abs().max()) <= END_TO_END[True][0] * s_h * 1.001
+    assert float((c_qat - c_int).abs().max()) <= END_TO_END[True][1] * s_c * 1.001

@@ -173,7 +173,8 @@ class MultiheadAttention(QATModule, nn.MultiheadAttention):
             out = out.transpose(0, 1)
         if not need_weights:
             return out, None
-        weights = self.weights_post_process(attn.mean(dim=1) if average_attn_weights else attn)
+        # torch returns the weights after dropout (training only; identical in eval)
+        weights = self.weights_post_process(attn_d.mean(dim=1) if average_attn_weights else attn_d)
         return out, weights
 
     def _masked_softmax(self, x: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
