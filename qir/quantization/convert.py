@@ -30,6 +30,7 @@ from qir.march import March
 from qir.quantization.code_convert import EXACT, CodeOpError, classify, rewrite_code_ops
 from qir.quantization.fuse import trace_fx
 from qir.quantization.hybrid import hybrid_plan_of
+from qir.quantization.multi_output import multi_output_item, multi_output_scales
 from qir.quantization.prepare import PREPARE_RECORD_KEY, PrepareRecord, require_march, set_submodule
 from qir.quantization.scale_ops import (
     PAIR,
@@ -97,6 +98,8 @@ class ScalePlan:
     exact_values: set[str] = field(default_factory=set)
     #: DeQuantStub path -> its call nodes on exact values (identities even when the stub also dequantizes)
     exact_dequants: dict[str, list[str]] = field(default_factory=dict)
+    #: calls of modules with several quantized outputs (LSTMCell's (h', c')): each output's scale and dtype
+    multi_outputs: dict[str, list[tuple[Scale, DType | None]]] = field(default_factory=dict)
 
     def inputs_of(self, path: str) -> list[torch.Tensor]:
         sites = self.module_inputs.get(path, [])
@@ -182,8 +185,9 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
                 continue
             if _is_qat_module(m):
                 tensor_ins = [s for s in ins if s is not None]
+                # float_inputs: arguments that stay float (RoIAlign's boxes)
                 if len(tensor_ins) != len([a for a in in_nodes if a.op != "get_attr"]) \
-                        and not _is_quant_stub(m):
+                        and not _is_quant_stub(m) and not getattr(m, "float_inputs", ()):
                     raise ConvertError(
                         f"module '{path}' ({type(m).__name__}) receives a float tensor; quantized modules take "
                         "quantized inputs: put a QuantStub in front of it"
@@ -197,6 +201,10 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
                 env[n.name] = None if _is_dequant_stub(m) else s
                 dts[n.name] = None if _is_dequant_stub(m) else _out_dtype_of_qat(
                     m, [dts.get(a.name) for a in in_nodes if env.get(a.name) is not None])
+                outs = multi_output_scales(m)
+                if outs is not None:  # r[i] of the result reads output i's scale
+                    plan.multi_outputs[n.name] = outs
+                    env[n.name], dts[n.name] = outs[0]
                 continue
             if not quantized:
                 env[n.name] = None
@@ -214,6 +222,10 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
             env[n.name] = None
             continue
         target = n.target
+        part = multi_output_item(n, plan.multi_outputs)
+        if part is not None:
+            env[n.name], dts[n.name] = part
+            continue
         item = pair_item(n)
         if item is not None and item[0].name in plan.pairs:  # (values, indices): values keep the scale
             if item[1] == 0:

@@ -2,6 +2,7 @@
 
 from qir.nn.qat._base import QATModule
 from qir.nn.qat.activation import LUT_FLOAT_CLASSES, ReLU, ReLU6, UnaryLUT
+from qir.nn.qat.attention import MultiheadAttention
 from qir.nn.qat.conv import (
     QAT_CONV_CLASSES,
     Conv1d,
@@ -38,12 +39,15 @@ from qir.nn.qat.conv import (
 )
 from qir.nn.qat.functional import FloatFunctional
 from qir.nn.qat.glu import GLU
+from qir.nn.qat.grid_sample import GridSample
 from qir.nn.qat.interpolate import Interpolate
+from qir.nn.qat.lstm import LSTMCell
 from qir.nn.qat.mapping import QAT_MODULE_MAP, get_qat_module_class
 from qir.nn.qat.misc import Div, Dropout, Identity
 from qir.nn.qat.normalization import LayerNorm
 from qir.nn.qat.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from qir.nn.qat.prelu import PReLU
+from qir.nn.qat.roi_align import RoIAlign
 from qir.nn.qat.softmax import Softmax
 from qir.nn.qat.stubs import DeQuantStub, QuantStub
 
@@ -58,3 +62,5 @@ __all__ = [
     "get_qat_module_class",
 ]
 __all__ += ["GLU", "LayerNorm", "PReLU", "Softmax"]
+__all__ += ["LSTMCell", "MultiheadAttention"]
+__all__ += ["GridSample", "RoIAlign"]

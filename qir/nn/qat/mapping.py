@@ -8,17 +8,23 @@ from torch import nn
 
 from qir.nn.modules.binary import Div as FloatDiv
 from qir.nn.modules.functional import FloatFunctional as FloatFF
+from qir.nn.modules.grid_sample import GridSample as FloatGridSample
 from qir.nn.modules.interpolate import Interpolate as FloatInterpolate
+from qir.nn.modules.roi_align import RoIAlign as FloatRoIAlign
 from qir.nn.modules.unary import UNARY_MODULES
 from qir.nn.qat.activation import LUT_FLOAT_CLASSES, ReLU, ReLU6, UnaryLUT
+from qir.nn.qat.attention import MultiheadAttention
 from qir.nn.qat.conv import QAT_CONV_CLASSES, fused_float_class
 from qir.nn.qat.functional import FloatFunctional
 from qir.nn.qat.glu import GLU
+from qir.nn.qat.grid_sample import GridSample
 from qir.nn.qat.interpolate import Interpolate
+from qir.nn.qat.lstm import LSTMCell
 from qir.nn.qat.misc import Div, Dropout, Identity
 from qir.nn.qat.normalization import LayerNorm
 from qir.nn.qat.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from qir.nn.qat.prelu import PReLU
+from qir.nn.qat.roi_align import RoIAlign
 from qir.nn.qat.softmax import Softmax
 from qir.nn.qat.stubs import DeQuantStub, QuantStub
 from qir.quantization.stubs import DeQuantStub as FloatDeQuantStub
@@ -60,6 +66,10 @@ def _build() -> dict[type[nn.Module], type[nn.Module]]:
         nn.GLU: GLU,
         nn.Softmax: Softmax,
         nn.LayerNorm: LayerNorm,
+        nn.LSTMCell: LSTMCell,
+        nn.MultiheadAttention: MultiheadAttention,
+        FloatGridSample: GridSample,
+        FloatRoIAlign: RoIAlign,
     })
     for cls in (*UNARY_MODULES.values(), *LUT_FLOAT_CLASSES):
         m[cls] = UnaryLUT

@@ -7,6 +7,7 @@ torch's layout); :class:`QFunctional` is its integer counterpart.
 from qir.nn.modules.functional import FloatFunctional
 from qir.nn.quantized._base import QuantizedModule
 from qir.nn.quantized.activation import ReLU, ReLU6, UnaryLUT
+from qir.nn.quantized.attention import MultiheadAttention
 from qir.nn.quantized.conv import (
     QUANTIZED_CONV_CLASSES,
     Conv1d,
@@ -43,12 +44,15 @@ from qir.nn.quantized.conv import (
 )
 from qir.nn.quantized.functional import QFunctional
 from qir.nn.quantized.glu import GLU
+from qir.nn.quantized.grid_sample import GridSample
 from qir.nn.quantized.interpolate import Interpolate
+from qir.nn.quantized.lstm import LSTMCell
 from qir.nn.quantized.mapping import QUANTIZED_MODULE_MAP, get_quantized_module_class
 from qir.nn.quantized.misc import Div, Identity
 from qir.nn.quantized.normalization import LayerNorm
 from qir.nn.quantized.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from qir.nn.quantized.prelu import PReLU
+from qir.nn.quantized.roi_align import RoIAlign
 from qir.nn.quantized.softmax import Softmax
 from qir.nn.quantized.stubs import DeQuantStub, QuantStub
 
@@ -82,6 +86,8 @@ __all__ = [
     "DeQuantStub",
     "Div",
     "FloatFunctional",
+    "GridSample",
+    "RoIAlign",
     "Identity",
     "Interpolate",
     "Linear",
@@ -103,3 +109,4 @@ __all__ = [
     "get_quantized_module_class",
 ]
 __all__ += ["GLU", "LayerNorm", "PReLU", "Softmax"]
+__all__ += ["LSTMCell", "MultiheadAttention"]

@@ -6,14 +6,18 @@ from torch import nn
 
 from qir.nn import qat
 from qir.nn.quantized.activation import ReLU, ReLU6, UnaryLUT
+from qir.nn.quantized.attention import MultiheadAttention
 from qir.nn.quantized.conv import QUANTIZED_CONV_CLASSES
 from qir.nn.quantized.functional import QFunctional
 from qir.nn.quantized.glu import GLU
+from qir.nn.quantized.grid_sample import GridSample
 from qir.nn.quantized.interpolate import Interpolate
+from qir.nn.quantized.lstm import LSTMCell
 from qir.nn.quantized.misc import Div, Identity
 from qir.nn.quantized.normalization import LayerNorm
 from qir.nn.quantized.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from qir.nn.quantized.prelu import PReLU
+from qir.nn.quantized.roi_align import RoIAlign
 from qir.nn.quantized.softmax import Softmax
 from qir.nn.quantized.stubs import DeQuantStub, QuantStub
 
@@ -39,6 +43,10 @@ QUANTIZED_MODULE_MAP: dict[type[nn.Module], type[nn.Module]] = {
     qat.GLU: GLU,
     qat.Softmax: Softmax,
     qat.LayerNorm: LayerNorm,
+    qat.LSTMCell: LSTMCell,
+    qat.MultiheadAttention: MultiheadAttention,
+    qat.GridSample: GridSample,
+    qat.RoIAlign: RoIAlign,
 }
 
 
