@@ -1,4 +1,4 @@
-"""Lowering rules of GridSample and RoIAlign (imported at the end of ``lower_rules``).
+"""Lowering rules of GridSample, RoIAlign and MultiScaleRoIAlign (imported at the end of ``lower_rules``).
 
 The rule reads the quantized module's scales and fixes the fixed-point coordinate
 parameters for the compiled input size; the kernel (``kernels/sampling.py``) recomputes the
@@ -19,7 +19,7 @@ from qir.nn.qat.grid_sample import GRID_COORD_BITS
 from qir.nn.quantized._roi_rules import ROI_BITS, ROI_MEAN_BITS
 from qir.nn.quantized._sampling_rules import grid_axis
 
-__all__ = ["lower_grid_sample", "lower_roi_align"]
+__all__ = ["lower_grid_sample", "lower_multi_scale_roi_align", "lower_roi_align"]
 
 Node = torch.fx.Node
 
@@ -78,3 +78,61 @@ def lower_roi_align(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwar
 
 
 register_module_rule(Q.RoIAlign, lower_roi_align)
+
+
+def lower_multi_scale_roi_align(
+    ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]
+) -> ValueRef:
+    """``roi_levels`` (float level mapper on the run-time boxes) then ``multi_scale_roi_align``; level
+    scales are inferred here from the compiled feature and image sizes, as the module infers them."""
+    from qir.nn.modules.multi_scale_roi_align import LEVEL_EPS, level_scales
+
+    call = dict(zip(("x", "boxes", "image_shapes"), args, strict=False)) | kwargs
+    x, boxes, shapes = call.get("x"), call.get("boxes"), call.get("image_shapes")
+    where = f"node '{node.name}': MultiScaleRoIAlign '{node.target}'"
+    if not isinstance(x, dict) or not isinstance(boxes, (list, tuple)):
+        raise LoweringError(f"{where} takes a dict of feature maps and a list of (K_i, 4) box tensors")
+    if not isinstance(shapes, (list, tuple)) or not all(
+        isinstance(s, (list, tuple)) and all(isinstance(v, int) for v in s) for s in shapes
+    ):
+        raise LoweringError(
+            f"{where}: image_shapes must be constant (height, width) pairs to compile (the level scales are fixed "
+            f"for the compiled size); got {shapes!r:.80}"
+        )
+    chosen = [(i, tensor_ref(v, node, f"x[{k!r}]")) for i, (k, v) in enumerate(x.items()) if k in m.featmap_names]
+    sizes = [[int(ctx.values[r].shape[-2]), int(ctx.values[r].shape[-1])] for _, r in chosen]
+    scales, k_min, k_max = level_scales(sizes, shapes, where)
+    box_refs = [tensor_ref(b, node, "boxes") for b in boxes]
+    levels = ctx.emit(
+        "roi_levels",
+        box_refs,
+        {
+            "k_min": k_min,
+            "k_max": k_max,
+            "canonical_scale": int(m.canonical_scale),
+            "canonical_level": int(m.canonical_level),
+            "eps": LEVEL_EPS,
+        },
+        {},
+        node.name,
+        f"{node.target}.levels",
+    )
+    attrs: dict[str, Any] = {
+        "output_size": list(m.output_size),
+        "sampling_ratio": int(m.sampling_ratio),
+        "spatial_scales": scales,
+        "feature_sizes": sizes,
+        "bits": ROI_BITS,
+        "mean_bits": ROI_MEAN_BITS,
+        # per level: the mean's 2**-8 folds into the shift
+        "multipliers": [int(m.multipliers[i]) for i, _ in chosen],
+        "shifts": [int(m.shifts[i]) + ROI_MEAN_BITS for i, _ in chosen],
+        "out_dtype": m.dtype.name,
+    }
+    feats = [r for _, r in chosen]
+    return ValueRef(
+        ctx.emit("multi_scale_roi_align", [levels, *feats, *box_refs], attrs, {}, node.name, str(node.target))
+    )
+
+
+register_module_rule(Q.MultiScaleRoIAlign, lower_multi_scale_roi_align)

@@ -27,6 +27,7 @@ from qir.nn.modules import (
     HardLog,
     Identity,
     Interpolate,
+    MultiScaleRoIAlign,
     Pow,
     Reciprocal,
     RoIAlign,
@@ -45,4 +46,4 @@ __all__ = [
     "Atan", "Atanh", "Ceil", "Cos", "Cosh", "Div", "Erf", "Exp", "Floor", "HardLog", "Identity", "Interpolate", "Pow",
     "Reciprocal", "Selu", "Sin", "Sinh", "Sqrt", "Tan", "UnaryModule", "intrinsic", "qat", "quantized",
 ]
-__all__ += ["GridSample", "RoIAlign"]
+__all__ += ["GridSample", "MultiScaleRoIAlign", "RoIAlign"]

@@ -90,6 +90,8 @@ def qat_class_for(m: nn.Module, mapping: Mapping[type, type] | None = None) -> t
 _OPTIONAL_QAT_CLASSES = {
     "torchvision.ops.roi_align.RoIAlign": "RoIAlign",
     "torchvision.ops.RoIAlign": "RoIAlign",
+    "torchvision.ops.poolers.MultiScaleRoIAlign": "MultiScaleRoIAlign",
+    "torchvision.ops.MultiScaleRoIAlign": "MultiScaleRoIAlign",
 }
 
 

@@ -10,6 +10,10 @@ RoIAlign: box corners to ``2**-12`` (half up), sampling positions by exact integ
 torchvision's edge rules, per bin an exact int64 sum of tap products, the exact rounded mean
 at ``2**-8`` of the input scale, one requantization. The module library's rule is
 ``qir.nn.quantized._roi_rules``; this is a second, per-sample implementation of it.
+
+MultiScaleRoIAlign: ``roi_levels`` maps each float box to its level at run time (float math,
+as torchvision's LevelMapper); ``multi_scale_roi_align`` gathers each level's rows, pools them
+with the RoIAlign kernel's integer rule and requantizes them to the one output scale.
 """
 
 from __future__ import annotations
@@ -103,26 +107,26 @@ def _roi_axis(
     return bins, max(g, 0)
 
 
-@register_kernel("roi_align")
-def roi_align(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
-    """Per RoI and output bin: exact int64 sum of tap products, exact rounded mean, one requantization."""
-    a = inst.attrs
-    x = args[0]
-    if a["box_list"]:
-        parts = [torch.cat([torch.full_like(b[:, :1], float(i)), b], 1) for i, b in enumerate(args[1:])]
-        rois = torch.cat(parts) if parts else torch.zeros(0, 5)
-    else:
-        rois = args[1]
+def _rois(boxes: list[torch.Tensor]) -> torch.Tensor:
+    """A list of (K_i, 4) boxes as one (K, 5) tensor ``(batch index, x1, y1, x2, y2)``."""
+    parts = [torch.cat([torch.full_like(b[:, :1], float(i)), b], 1) for i, b in enumerate(boxes)]
+    return torch.cat(parts) if parts else torch.zeros(0, 5)
+
+
+def _roi_means(
+    x: torch.Tensor, rois: torch.Tensor, a: Mapping[str, Any], spatial_scale: float, aligned: bool
+) -> torch.Tensor:
+    """Per RoI and output bin: exact int64 sum of tap products, exact rounded mean at ``2**-mean_bits``."""
     bits, mean_bits = int(a["bits"]), int(a["mean_bits"])
     ph, pw = (int(v) for v in a["output_size"])
     h, w = int(x.shape[-2]), int(x.shape[-1])
-    v = rois[:, 1:].to(torch.float64) * float(a["spatial_scale"]) * float(1 << bits)
+    v = rois[:, 1:].to(torch.float64) * float(spatial_scale) * float(1 << bits)
     fixed = torch.floor(v) + (v - torch.floor(v) >= 0.5)  # half up, exactly (v + 0.5 can round)
     q = x.to(torch.int64)
     out = torch.zeros(int(rois.shape[0]), int(x.shape[1]), ph, pw, dtype=torch.int64)
     for k, (r, b) in enumerate(zip(fixed.to(torch.int64).tolist(), rois[:, 0].tolist(), strict=True)):
-        ybins, gh = _roi_axis(r[1], r[3], h, ph, int(a["sampling_ratio"]), bool(a["aligned"]), bits)
-        xbins, gw = _roi_axis(r[0], r[2], w, pw, int(a["sampling_ratio"]), bool(a["aligned"]), bits)
+        ybins, gh = _roi_axis(r[1], r[3], h, ph, int(a["sampling_ratio"]), aligned, bits)
+        xbins, gw = _roi_axis(r[0], r[2], w, pw, int(a["sampling_ratio"]), aligned, bits)
         den = max(gh * gw, 1) << (2 * bits - mean_bits)
         img = q[int(b)]
         for i, ytaps in enumerate(ybins):
@@ -132,7 +136,57 @@ def roi_align(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tens
                     for xi, wx in xtaps:
                         acc += img[:, yi, xi] * (wy * wx)
                 out[k, :, i, j] = torch.div(2 * acc + den, 2 * den, rounding_mode="floor")
-    res = requant_i64(out, torch.tensor(int(a["multiplier"])), torch.tensor(int(a["shift"])), None)
-    dt = str(a["out_dtype"])
+    return out
+
+
+def _requant_sat(acc: torch.Tensor, multiplier: int, shift: int, dt: str) -> torch.Tensor:
+    res = requant_i64(acc, torch.tensor(multiplier), torch.tensor(shift), None)
     lo, hi = qbounds(dt)
-    return [sat_to(res.clamp_(lo, hi), dt)]
+    return sat_to(res.clamp_(lo, hi), dt)
+
+
+@register_kernel("roi_align")
+def roi_align(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+    """Per RoI and output bin: exact int64 sum of tap products, exact rounded mean, one requantization."""
+    a = inst.attrs
+    x = args[0]
+    rois = _rois(list(args[1:])) if a["box_list"] else args[1]
+    out = _roi_means(x, rois, a, float(a["spatial_scale"]), bool(a["aligned"]))
+    return [_requant_sat(out, int(a["multiplier"]), int(a["shift"]), str(a["out_dtype"]))]
+
+
+@register_kernel("roi_levels")
+def roi_levels(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+    """Level index of every box at run time, in float on the float boxes (torchvision's LevelMapper, FPN eq. 1)."""
+    a = inst.attrs
+    cat = torch.cat(list(args)) if args else torch.zeros(0, 4)
+    s = torch.sqrt((cat[:, 2] - cat[:, 0]) * (cat[:, 3] - cat[:, 1]))
+    eps = torch.tensor(float(a["eps"]), dtype=s.dtype)
+    lvl = torch.floor(int(a["canonical_level"]) + torch.log2(s / int(a["canonical_scale"])) + eps)
+    k_min, k_max = int(a["k_min"]), int(a["k_max"])
+    return [torch.clamp(lvl, min=k_min, max=k_max).to(torch.int64) - k_min]
+
+
+@register_kernel("multi_scale_roi_align")
+def multi_scale_roi_align(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+    """``args``: levels, one feature map per level, the boxes per image. Rows of each level gathered,
+    pooled as ``roi_align`` on that level's codes, requantized to the output scale, scattered back."""
+    a = inst.attrs
+    n_lvl = len(a["spatial_scales"])
+    levels, feats, boxes = args[0], list(args[1 : 1 + n_lvl]), list(args[1 + n_lvl :])
+    for f, size in zip(feats, a["feature_sizes"], strict=True):
+        if [int(f.shape[-2]), int(f.shape[-1])] != [int(v) for v in size]:
+            raise ValueError(
+                f"multi_scale_roi_align ({inst.source}): compiled for feature sizes {a['feature_sizes']}, got "
+                f"{[list(t.shape[-2:]) for t in feats]}; compile again for this input size"
+            )
+    rois = _rois(boxes)
+    ph, pw = (int(v) for v in a["output_size"])
+    dt = str(a["out_dtype"])
+    out = sat_to(torch.zeros(int(rois.shape[0]), int(feats[0].shape[1]), ph, pw, dtype=torch.int64), dt)
+    for lvl, f in enumerate(feats):
+        idx = torch.where(levels == lvl)[0]
+        if idx.numel():
+            means = _roi_means(f, rois[idx], a, float(a["spatial_scales"][lvl]), False)
+            out[idx] = _requant_sat(means, int(a["multipliers"][lvl]), int(a["shifts"][lvl]), dt)
+    return [out]

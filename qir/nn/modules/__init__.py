@@ -6,6 +6,7 @@ from qir.nn.modules.binary import Div
 from qir.nn.modules.functional import FLOAT_FUNCTIONAL_METHODS, FloatFunctional, FunctionalBase
 from qir.nn.modules.grid_sample import GridSample
 from qir.nn.modules.interpolate import Interpolate
+from qir.nn.modules.multi_scale_roi_align import MultiScaleRoIAlign
 from qir.nn.modules.roi_align import RoIAlign
 from qir.nn.modules.unary import (
     UNARY_FUNCTIONS,
@@ -38,4 +39,4 @@ __all__ = [
     "Atanh", "Ceil", "Cos", "Cosh", "Div", "Erf", "Exp", "FloatFunctional", "Floor", "FunctionalBase", "HardLog",
     "Identity", "Interpolate", "Pow", "Reciprocal", "Selu", "Sin", "Sinh", "Sqrt", "Tan", "UnaryModule",
 ]
-__all__ += ["GridSample", "RoIAlign"]
+__all__ += ["GridSample", "MultiScaleRoIAlign", "RoIAlign"]

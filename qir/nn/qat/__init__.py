@@ -44,6 +44,7 @@ from qir.nn.qat.interpolate import Interpolate
 from qir.nn.qat.lstm import LSTMCell
 from qir.nn.qat.mapping import QAT_MODULE_MAP, get_qat_module_class
 from qir.nn.qat.misc import Div, Dropout, Identity
+from qir.nn.qat.multi_scale_roi_align import MultiScaleRoIAlign
 from qir.nn.qat.normalization import LayerNorm
 from qir.nn.qat.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from qir.nn.qat.prelu import PReLU
@@ -63,4 +64,4 @@ __all__ = [
 ]
 __all__ += ["GLU", "LayerNorm", "PReLU", "Softmax"]
 __all__ += ["LSTMCell", "MultiheadAttention"]
-__all__ += ["GridSample", "RoIAlign"]
+__all__ += ["GridSample", "MultiScaleRoIAlign", "RoIAlign"]

@@ -10,6 +10,7 @@ from qir.nn.modules.binary import Div as FloatDiv
 from qir.nn.modules.functional import FloatFunctional as FloatFF
 from qir.nn.modules.grid_sample import GridSample as FloatGridSample
 from qir.nn.modules.interpolate import Interpolate as FloatInterpolate
+from qir.nn.modules.multi_scale_roi_align import MultiScaleRoIAlign as FloatMultiScaleRoIAlign
 from qir.nn.modules.roi_align import RoIAlign as FloatRoIAlign
 from qir.nn.modules.unary import UNARY_MODULES
 from qir.nn.qat.activation import LUT_FLOAT_CLASSES, ReLU, ReLU6, UnaryLUT
@@ -21,6 +22,7 @@ from qir.nn.qat.grid_sample import GridSample
 from qir.nn.qat.interpolate import Interpolate
 from qir.nn.qat.lstm import LSTMCell
 from qir.nn.qat.misc import Div, Dropout, Identity
+from qir.nn.qat.multi_scale_roi_align import MultiScaleRoIAlign
 from qir.nn.qat.normalization import LayerNorm
 from qir.nn.qat.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from qir.nn.qat.prelu import PReLU
@@ -70,6 +72,7 @@ def _build() -> dict[type[nn.Module], type[nn.Module]]:
         nn.MultiheadAttention: MultiheadAttention,
         FloatGridSample: GridSample,
         FloatRoIAlign: RoIAlign,
+        FloatMultiScaleRoIAlign: MultiScaleRoIAlign,
     })
     for cls in (*UNARY_MODULES.values(), *LUT_FLOAT_CLASSES):
         m[cls] = UnaryLUT

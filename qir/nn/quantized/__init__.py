@@ -49,6 +49,7 @@ from qir.nn.quantized.interpolate import Interpolate
 from qir.nn.quantized.lstm import LSTMCell
 from qir.nn.quantized.mapping import QUANTIZED_MODULE_MAP, get_quantized_module_class
 from qir.nn.quantized.misc import Div, Identity
+from qir.nn.quantized.multi_scale_roi_align import MultiScaleRoIAlign
 from qir.nn.quantized.normalization import LayerNorm
 from qir.nn.quantized.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from qir.nn.quantized.prelu import PReLU
@@ -87,6 +88,7 @@ __all__ = [
     "Div",
     "FloatFunctional",
     "GridSample",
+    "MultiScaleRoIAlign",
     "RoIAlign",
     "Identity",
     "Interpolate",

@@ -14,6 +14,7 @@ from qir.nn.quantized.grid_sample import GridSample
 from qir.nn.quantized.interpolate import Interpolate
 from qir.nn.quantized.lstm import LSTMCell
 from qir.nn.quantized.misc import Div, Identity
+from qir.nn.quantized.multi_scale_roi_align import MultiScaleRoIAlign
 from qir.nn.quantized.normalization import LayerNorm
 from qir.nn.quantized.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from qir.nn.quantized.prelu import PReLU
@@ -47,6 +48,7 @@ QUANTIZED_MODULE_MAP: dict[type[nn.Module], type[nn.Module]] = {
     qat.MultiheadAttention: MultiheadAttention,
     qat.GridSample: GridSample,
     qat.RoIAlign: RoIAlign,
+    qat.MultiScaleRoIAlign: MultiScaleRoIAlign,
 }
 
 
