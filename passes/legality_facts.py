@@ -484,7 +484,10 @@ class Domains:
     def dtype(self, v: Value | None) -> str | None:
         if v is None:
             return None
-        if not self.is_quantized(v) and isinstance(v.type, TensorType) and v.type.dtype.is_float:
+        t: Type | None = v.type
+        if isinstance(t, SequenceType):  # a list of float tensors (AnchorGenerator's anchors) is float too
+            t = next((e for e in t.elements if isinstance(e, TensorType)), None)
+        if not self.is_quantized(v) and isinstance(t, TensorType) and t.dtype.is_float:
             return "float32"
         return dtype_name(v.type, self.assumed)
 

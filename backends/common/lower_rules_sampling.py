@@ -1,4 +1,4 @@
-"""Lowering rules of GridSample, RoIAlign and MultiScaleRoIAlign (imported at the end of ``lower_rules``).
+"""Lowering rules of GridSample, RoIAlign, MultiScaleRoIAlign, AnchorGenerator (imported by ``lower_rules``).
 
 The rule reads the quantized module's scales and fixes the fixed-point coordinate
 parameters for the compiled input size; the kernel (``kernels/sampling.py``) recomputes the
@@ -19,7 +19,7 @@ from qir.nn.qat.grid_sample import GRID_COORD_BITS
 from qir.nn.quantized._roi_rules import ROI_BITS, ROI_MEAN_BITS
 from qir.nn.quantized._sampling_rules import grid_axis
 
-__all__ = ["lower_grid_sample", "lower_multi_scale_roi_align", "lower_roi_align"]
+__all__ = ["lower_anchor_generator", "lower_grid_sample", "lower_multi_scale_roi_align", "lower_roi_align"]
 
 Node = torch.fx.Node
 
@@ -136,3 +136,26 @@ def lower_multi_scale_roi_align(
 
 
 register_module_rule(Q.MultiScaleRoIAlign, lower_multi_scale_roi_align)
+
+
+def lower_anchor_generator(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    """The anchors for the compiled shapes, computed here once and stored as a float32 constant."""
+    call = dict(zip(("image_list", "feature_maps"), args, strict=False)) | kwargs
+    images, feats = call.get("image_list"), call.get("feature_maps")
+    where = f"node '{node.name}': AnchorGenerator '{node.target}'"
+    if not isinstance(images, ValueRef) or not isinstance(feats, (list, tuple)):
+        raise LoweringError(
+            f"{where} compiles with the batched image tensor (N, C, H, W) and a list of feature maps; an ImageList "
+            "is not a graph value: pass its .tensors"
+        )
+    refs = [images.name, *(tensor_ref(f, node, "feature map") for f in feats)]
+    anchors = m(ctx.values[images.name], [ctx.values[r] for r in refs[1:]])
+    img = ctx.values[images.name]
+    shapes = [[int(img.shape[0]), int(img.shape[-2]), int(img.shape[-1])]]
+    shapes += [[int(ctx.values[r].shape[-2]), int(ctx.values[r].shape[-1])] for r in refs[1:]]
+    const = ctx.const(f"{node.name}.anchors", anchors[0])
+    attrs = {"shapes": shapes, "images": len(anchors)}
+    return ValueRef(ctx.emit("anchors", refs, attrs, {"anchors": const}, node.name, str(node.target)))
+
+
+register_module_rule(Q.AnchorGenerator, lower_anchor_generator)

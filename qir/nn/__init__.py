@@ -12,6 +12,7 @@ from qir.nn.modules import (
     UNARY_MODULES,
     Acos,
     Acosh,
+    AnchorGenerator,
     Asin,
     Asinh,
     Atan,
@@ -46,4 +47,4 @@ __all__ = [
     "Atan", "Atanh", "Ceil", "Cos", "Cosh", "Div", "Erf", "Exp", "Floor", "HardLog", "Identity", "Interpolate", "Pow",
     "Reciprocal", "Selu", "Sin", "Sinh", "Sqrt", "Tan", "UnaryModule", "intrinsic", "qat", "quantized",
 ]
-__all__ += ["GridSample", "MultiScaleRoIAlign", "RoIAlign"]
+__all__ += ["AnchorGenerator", "GridSample", "MultiScaleRoIAlign", "RoIAlign"]

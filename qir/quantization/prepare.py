@@ -92,6 +92,8 @@ _OPTIONAL_QAT_CLASSES = {
     "torchvision.ops.RoIAlign": "RoIAlign",
     "torchvision.ops.poolers.MultiScaleRoIAlign": "MultiScaleRoIAlign",
     "torchvision.ops.MultiScaleRoIAlign": "MultiScaleRoIAlign",
+    "torchvision.models.detection.anchor_utils.AnchorGenerator": "AnchorGenerator",
+    "torchvision.models.detection.rpn.AnchorGenerator": "AnchorGenerator",
 }
 
 

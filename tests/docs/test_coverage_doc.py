@@ -25,6 +25,6 @@ def test_coverage_spot_checks() -> None:
     assert rows["torch.exp"].qat == "generated `Exp` → `qat.UnaryLUT`"
     assert rows["torch.nn.Linear"].support == ("not_supported", "supported")  # (bernoulli2, bayes)
     anchors = rows["torchvision.models.detection.rpn.AnchorGenerator"]
-    assert anchors.qat is None and not anchors.lowering
+    assert anchors.qat == "`qat.AnchorGenerator`" and anchors.quantized == "`AnchorGenerator`" and anchors.lowering
     assert rows["torch.nn.LSTMCell"].qat == "`qat.LSTMCell`" and rows["torch.nn.LSTMCell"].lowering
     assert rows["torch.nn.LayerNorm"].qat == "`qat.LayerNorm`" and rows["torch.nn.LayerNorm"].lowering

@@ -90,6 +90,7 @@ def kernel_names() -> list[str]:
 def _load_all() -> None:
     # the kernel families register on import; one import point keeps the registry complete
     from backends.common.kernels import (  # noqa: F401
+        anchors,
         attention,
         codes,
         conv,

@@ -2,6 +2,7 @@
 
 from torch.nn import Identity
 
+from qir.nn.modules.anchor_generator import AnchorGenerator
 from qir.nn.modules.binary import Div
 from qir.nn.modules.functional import FLOAT_FUNCTIONAL_METHODS, FloatFunctional, FunctionalBase
 from qir.nn.modules.grid_sample import GridSample
@@ -39,4 +40,4 @@ __all__ = [
     "Atanh", "Ceil", "Cos", "Cosh", "Div", "Erf", "Exp", "FloatFunctional", "Floor", "FunctionalBase", "HardLog",
     "Identity", "Interpolate", "Pow", "Reciprocal", "Selu", "Sin", "Sinh", "Sqrt", "Tan", "UnaryModule",
 ]
-__all__ += ["GridSample", "MultiScaleRoIAlign", "RoIAlign"]
+__all__ += ["AnchorGenerator", "GridSample", "MultiScaleRoIAlign", "RoIAlign"]

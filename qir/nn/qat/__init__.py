@@ -2,6 +2,7 @@
 
 from qir.nn.qat._base import QATModule
 from qir.nn.qat.activation import LUT_FLOAT_CLASSES, ReLU, ReLU6, UnaryLUT
+from qir.nn.qat.anchor_generator import AnchorGenerator
 from qir.nn.qat.attention import MultiheadAttention
 from qir.nn.qat.conv import (
     QAT_CONV_CLASSES,
@@ -64,4 +65,4 @@ __all__ = [
 ]
 __all__ += ["GLU", "LayerNorm", "PReLU", "Softmax"]
 __all__ += ["LSTMCell", "MultiheadAttention"]
-__all__ += ["GridSample", "MultiScaleRoIAlign", "RoIAlign"]
+__all__ += ["AnchorGenerator", "GridSample", "MultiScaleRoIAlign", "RoIAlign"]

@@ -6,6 +6,7 @@ import importlib
 
 from torch import nn
 
+from qir.nn.modules.anchor_generator import AnchorGenerator as FloatAnchorGenerator
 from qir.nn.modules.binary import Div as FloatDiv
 from qir.nn.modules.functional import FloatFunctional as FloatFF
 from qir.nn.modules.grid_sample import GridSample as FloatGridSample
@@ -14,6 +15,7 @@ from qir.nn.modules.multi_scale_roi_align import MultiScaleRoIAlign as FloatMult
 from qir.nn.modules.roi_align import RoIAlign as FloatRoIAlign
 from qir.nn.modules.unary import UNARY_MODULES
 from qir.nn.qat.activation import LUT_FLOAT_CLASSES, ReLU, ReLU6, UnaryLUT
+from qir.nn.qat.anchor_generator import AnchorGenerator
 from qir.nn.qat.attention import MultiheadAttention
 from qir.nn.qat.conv import QAT_CONV_CLASSES, fused_float_class
 from qir.nn.qat.functional import FloatFunctional
@@ -73,6 +75,7 @@ def _build() -> dict[type[nn.Module], type[nn.Module]]:
         FloatGridSample: GridSample,
         FloatRoIAlign: RoIAlign,
         FloatMultiScaleRoIAlign: MultiScaleRoIAlign,
+        FloatAnchorGenerator: AnchorGenerator,
     })
     for cls in (*UNARY_MODULES.values(), *LUT_FLOAT_CLASSES):
         m[cls] = UnaryLUT

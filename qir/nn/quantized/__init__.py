@@ -7,6 +7,7 @@ torch's layout); :class:`QFunctional` is its integer counterpart.
 from qir.nn.modules.functional import FloatFunctional
 from qir.nn.quantized._base import QuantizedModule
 from qir.nn.quantized.activation import ReLU, ReLU6, UnaryLUT
+from qir.nn.quantized.anchor_generator import AnchorGenerator
 from qir.nn.quantized.attention import MultiheadAttention
 from qir.nn.quantized.conv import (
     QUANTIZED_CONV_CLASSES,
@@ -88,6 +89,7 @@ __all__ = [
     "Div",
     "FloatFunctional",
     "GridSample",
+    "AnchorGenerator",
     "MultiScaleRoIAlign",
     "RoIAlign",
     "Identity",

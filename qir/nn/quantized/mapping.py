@@ -6,6 +6,7 @@ from torch import nn
 
 from qir.nn import qat
 from qir.nn.quantized.activation import ReLU, ReLU6, UnaryLUT
+from qir.nn.quantized.anchor_generator import AnchorGenerator
 from qir.nn.quantized.attention import MultiheadAttention
 from qir.nn.quantized.conv import QUANTIZED_CONV_CLASSES
 from qir.nn.quantized.functional import QFunctional
@@ -49,6 +50,7 @@ QUANTIZED_MODULE_MAP: dict[type[nn.Module], type[nn.Module]] = {
     qat.GridSample: GridSample,
     qat.RoIAlign: RoIAlign,
     qat.MultiScaleRoIAlign: MultiScaleRoIAlign,
+    qat.AnchorGenerator: AnchorGenerator,
 }
 
 

@@ -1,0 +1,31 @@
+"""Anchors kernel: AnchorGenerator's float32 anchors, a constant computed at compile time.
+
+Anchors depend on the image and feature map shapes only (docs/semantics.md,
+"AnchorGenerator"); the lowering rule computes them for the compiled sizes and stores them as
+one float32 constant; the kernel checks the run-time shapes and returns one copy per image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from backends.common.kernels.base import register_kernel
+from backends.common.program import Instruction
+
+
+@register_kernel("anchors")
+def anchors(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+    """``args``: the image batch, then the feature maps; returns ``[anchors] * images``."""
+    a = inst.attrs
+    got = [[int(t.shape[0]), int(t.shape[-2]), int(t.shape[-1])] for t in args[:1]]
+    got += [[int(t.shape[-2]), int(t.shape[-1])] for t in args[1:]]
+    want = [list(map(int, s)) for s in a["shapes"]]
+    if got != want:
+        raise ValueError(
+            f"anchors ({inst.source}): compiled for image / feature shapes {want}, got {got}; the anchors are "
+            "fixed for the compiled input size: compile again for this size"
+        )
+    return [[state["anchors"].clone() for _ in range(int(a["images"]))]]
