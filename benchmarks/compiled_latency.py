@@ -130,8 +130,15 @@ def ort_quantize_static(float_path: str, path: str, x: torch.Tensor, batches: in
         def get_next(self) -> dict[str, Any] | None:
             return next(self.it, None)
 
-    quantize_static(float_path, path, Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
-                    weight_type=QuantType.QInt8, per_channel=True)
+    quantize_static(
+        float_path,
+        path,
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+    )
 
 
 def _session(path: str, threads: int, optimized_path: str | None = None) -> Any:
@@ -158,9 +165,16 @@ def optimized_ops(path: str) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def build_ort(model: nn.Module | None, x: torch.Tensor, path: str, threads: int, kind: str,
-              float_path: str = "", calib: int = 3, ops: dict[str, Any] | None = None,
-              ) -> tuple[Callable[[], Any] | str, str]:
+def build_ort(
+    model: nn.Module | None,
+    x: torch.Tensor,
+    path: str,
+    threads: int,
+    kind: str,
+    float_path: str = "",
+    calib: int = 3,
+    ops: dict[str, Any] | None = None,
+) -> tuple[Callable[[], Any] | str, str]:
     """An onnxruntime session at ``x``'s shape (a string says why not), and its source.
 
     ``kind``: "float" (torch.onnx.export of ``model``), "qdq" (qir's export_to_onnx of the QAT
@@ -170,8 +184,11 @@ def build_ort(model: nn.Module | None, x: torch.Tensor, path: str, threads: int,
         import onnxruntime  # noqa: F401
     except ImportError as e:
         return f"onnxruntime unavailable: {e}", ""
-    source = {"float": "torch.onnx.export (dynamo)", "qdq": "qir export_to_onnx (QAT model)",
-              "static": "onnxruntime quantize_static (float export)"}[kind]
+    source = {
+        "float": "torch.onnx.export (dynamo)",
+        "qdq": "qir export_to_onnx (QAT model)",
+        "static": "onnxruntime quantize_static (float export)",
+    }[kind]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -195,9 +212,14 @@ def build_ort(model: nn.Module | None, x: torch.Tensor, path: str, threads: int,
         return f"onnxruntime {kind} failed: {type(e).__name__}: {e}", source
 
 
-COLUMNS = [("float_eager", "float eager"), ("ao_x86_int8", "torch.ao x86 int8"), ("ort_float", "ORT float"),
-           ("ort_int8_qdq", "ORT int8 (qir QDQ)"), ("ort_int8_static", "ORT int8 (static)"),
-           ("qir_compiled", "qir compiled")]
+COLUMNS = [
+    ("float_eager", "float eager"),
+    ("ao_x86_int8", "torch.ao x86 int8"),
+    ("ort_float", "ORT float"),
+    ("ort_int8_qdq", "ORT int8 (qir QDQ)"),
+    ("ort_int8_static", "ORT int8 (static)"),
+    ("qir_compiled", "qir compiled"),
+]
 
 
 def plot(results: dict[str, Any], path: str) -> None:
@@ -215,14 +237,18 @@ def plot(results: dict[str, Any], path: str) -> None:
         vals = [r[k]["median_ms"] for k, _ in cols if k in r]
         bars = ax.bar(names, vals, color=[f"C{i}" for i in range(len(vals))])
         for b, v in zip(bars, vals, strict=True):
-            ax.annotate(f"{v:.1f} ms\n{v / f:.2f}x", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom",
-                        fontsize=8)
+            ax.annotate(
+                f"{v:.1f} ms\n{v / f:.2f}x", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=8
+            )
         ax.set_title(f"batch {r['batch']}")
         ax.set_ylabel("latency, median (ms)")
         ax.set_ylim(0, max(vals) * 1.25)
         ax.tick_params(axis="x", labelrotation=20, labelsize=8)
-    fig.suptitle(f"{results['model']}: latency, {results['threads']} threads, median of {results['repeats']} "
-                 f"(ratio = / float eager); torch {results['torch']}; shared noisy machine", fontsize=10)
+    fig.suptitle(
+        f"{results['model']}: latency, {results['threads']} threads, median of {results['repeats']} "
+        f"(ratio = / float eager); torch {results['torch']}; shared noisy machine",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -246,10 +272,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     compiled.num_threads = args.threads
     results: dict[str, Any] = {
-        "model": "torchvision resnet18 (random weights), 224x224", "threads": args.threads, "repeats": args.repeats,
-        "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
-        "compile_seconds": round(compile_s, 2), "rows": [],
-        "engines": {}, "ao_x86": ao if isinstance(ao, str) else "ok",
+        "model": "torchvision resnet18 (random weights), 224x224",
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "compile_seconds": round(compile_s, 2),
+        "rows": [],
+        "engines": {},
+        "ao_x86": ao if isinstance(ao, str) else "ok",
     }
     for inst in compiled.program.instructions:
         eng = inst.attrs.get("engine")
@@ -264,15 +295,26 @@ def main() -> None:
         float_path = os.path.join(tmp, f"float_b{batch}.onnx")
         ort_fns = {"ort_float": build_ort(body, x, float_path, args.threads, "float", ops=ops)[0]}
         ort_fns["ort_int8_qdq"], results["ort_int8_source"] = build_ort(
-            prepared, x, os.path.join(tmp, f"qdq_b{batch}.onnx"), args.threads, "qdq", ops=ops)
+            prepared, x, os.path.join(tmp, f"qdq_b{batch}.onnx"), args.threads, "qdq", ops=ops
+        )
         if not isinstance(ort_fns["ort_float"], str):
-            ort_fns["ort_int8_static"] = build_ort(None, x, os.path.join(tmp, f"static_b{batch}.onnx"), args.threads,
-                                                   "static", float_path, args.calib, ops=ops)[0]
+            ort_fns["ort_int8_static"] = build_ort(
+                None,
+                x,
+                os.path.join(tmp, f"static_b{batch}.onnx"),
+                args.threads,
+                "static",
+                float_path,
+                args.calib,
+                ops=ops,
+            )[0]
         torch.set_num_threads(args.threads)
         with torch.no_grad():
             row: dict[str, Any] = {"batch": batch}
             fns: dict[str, Callable[[], Any]] = {
-                "float_eager": functools.partial(body, x), "qir_compiled": functools.partial(compiled, x)}
+                "float_eager": functools.partial(body, x),
+                "qir_compiled": functools.partial(compiled, x),
+            }
             if not isinstance(ao, str):
                 fns["ao_x86_int8"] = functools.partial(ao, x)
             for k, fn in ort_fns.items():
@@ -294,18 +336,24 @@ def main() -> None:
             if k in row:
                 row[f"ratio_{k}_over_float"] = round(row[k]["median_ms"] / f, 3)
         results["rows"].append(row)
-    print(f"{'batch':>5} {'float eager':>12} {'qir compiled':>13} {'ao x86 int8':>12} {'converted':>10} "
-          f"{'compiled/float':>15} {'ao/float':>9}")
+    print(
+        f"{'batch':>5} {'float eager':>12} {'qir compiled':>13} {'ao x86 int8':>12} {'converted':>10} "
+        f"{'compiled/float':>15} {'ao/float':>9}"
+    )
     for r in results["rows"]:
         ao_ms = r.get("ao_x86_int8", {}).get("median_ms", float("nan"))
-        print(f"{r['batch']:>5} {r['float_eager']['median_ms']:>10.1f}ms {r['qir_compiled']['median_ms']:>11.1f}ms "
-              f"{ao_ms:>10.1f}ms {r['qir_converted_torch']['median_ms']:>8.0f}ms "
-              f"{r['ratio_compiled_over_float']:>15.3f} {r.get('ratio_ao_over_float', float('nan')):>9.3f}")
+        print(
+            f"{r['batch']:>5} {r['float_eager']['median_ms']:>10.1f}ms {r['qir_compiled']['median_ms']:>11.1f}ms "
+            f"{ao_ms:>10.1f}ms {r['qir_converted_torch']['median_ms']:>8.0f}ms "
+            f"{r['ratio_compiled_over_float']:>15.3f} {r.get('ratio_ao_over_float', float('nan')):>9.3f}"
+        )
     print(f"\n{'batch':>5} " + " ".join(f"{label:>18}" for _, label in COLUMNS) + "   (median ms; ratio / float eager)")
     for r in results["rows"]:
         f = r["float_eager"]["median_ms"]
-        cells = [f"{r[k]['median_ms']:>8.1f}ms {r[k]['median_ms'] / f:>6.2f}x" if k in r else f"{'n/a':>18}"
-                 for k, _ in COLUMNS]
+        cells = [
+            f"{r[k]['median_ms']:>8.1f}ms {r[k]['median_ms'] / f:>6.2f}x" if k in r else f"{'n/a':>18}"
+            for k, _ in COLUMNS
+        ]
         print(f"{r['batch']:>5} " + " ".join(cells))
     print("\nonnxruntime's optimized graphs, batch 1 (int8 conv kernels = QLinearConv; float = Conv/FusedConv):")
     for key, counts in ops.items():

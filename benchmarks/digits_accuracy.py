@@ -91,7 +91,7 @@ def digits(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tor
 
 def _batches(x: torch.Tensor, y: torch.Tensor, size: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
-    return [(x[perm[i:i + size]], y[perm[i:i + size]]) for i in range(0, len(y), size)]
+    return [(x[perm[i : i + size]], y[perm[i : i + size]]) for i in range(0, len(y), size)]
 
 
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float, seed: int) -> None:
@@ -129,8 +129,9 @@ class Row:
     seconds: float
 
 
-def run_march(march: str, float_model: nn.Module, data: tuple[torch.Tensor, ...], qat_epochs: int,
-              seed: int = 0) -> Row:
+def run_march(
+    march: str, float_model: nn.Module, data: tuple[torch.Tensor, ...], qat_epochs: int, seed: int = 0
+) -> Row:
     x_tr, y_tr, x_te, y_te = data
     t0 = time.perf_counter()
     with march_scope(march):
@@ -142,8 +143,9 @@ def run_march(march: str, float_model: nn.Module, data: tuple[torch.Tensor, ...]
         set_fake_quantize(calib, "validation")  # evaluate the calibrated scales (observers frozen)
         calib_acc = accuracy(predict(calib, x_te), y_te)
         set_fake_quantize(calib, "calibration")
-        qat_model = prepare_qat_fx(calib, {"": get_default_qat_qconfig(),
-                                           "module_name": {"fc": get_default_qat_out_qconfig()}})
+        qat_model = prepare_qat_fx(
+            calib, {"": get_default_qat_qconfig(), "module_name": {"fc": get_default_qat_out_qconfig()}}
+        )
         train(qat_model, x_tr, y_tr, qat_epochs, lr=1e-4, seed=seed + 1000)
         qat_pred = predict(qat_model, x_te)
         converted = convert_fx(qat_model)
@@ -174,8 +176,9 @@ def run_march(march: str, float_model: nn.Module, data: tuple[torch.Tensor, ...]
     )
 
 
-def run(epochs: int = 30, qat_epochs: int = 5, marches: tuple[str, ...] = ("bayes", "bernoulli2"),
-        seed: int = 0) -> list[Row]:
+def run(
+    epochs: int = 30, qat_epochs: int = 5, marches: tuple[str, ...] = ("bayes", "bernoulli2"), seed: int = 0
+) -> list[Row]:
     torch.manual_seed(seed)
     data = digits(seed)
     float_model = DigitsCNN()
@@ -185,12 +188,16 @@ def run(epochs: int = 30, qat_epochs: int = 5, marches: tuple[str, ...] = ("baye
 
 
 def table(rows: list[Row]) -> str:
-    lines = [f"{'march':<11} {'float':>6} {'calib':>6} {'QAT':>6} {'converted':>9} {'artifact':>8} "
-             f"{'bit-exact':>9} {'QAT~conv argmax':>16}"]
+    lines = [
+        f"{'march':<11} {'float':>6} {'calib':>6} {'QAT':>6} {'converted':>9} {'artifact':>8} "
+        f"{'bit-exact':>9} {'QAT~conv argmax':>16}"
+    ]
     for r in rows:
-        lines.append(f"{r.march:<11} {r.float_acc:6.2f} {r.calib_acc:6.2f} {r.qat_acc:6.2f} "
-                     f"{r.converted_acc:9.2f} {r.artifact_acc:8.2f} {'yes' if r.artifact_bit_exact else 'NO':>9} "
-                     f"{r.agreement:15.2f}%")
+        lines.append(
+            f"{r.march:<11} {r.float_acc:6.2f} {r.calib_acc:6.2f} {r.qat_acc:6.2f} "
+            f"{r.converted_acc:9.2f} {r.artifact_acc:8.2f} {'yes' if r.artifact_bit_exact else 'NO':>9} "
+            f"{r.agreement:15.2f}%"
+        )
     for r in rows:
         if r.legality != "legal":
             lines.append(f"{r.march}: check_model: {r.legality} (artifact compiled with check=False)")
@@ -202,8 +209,9 @@ def check(rows: list[Row], max_drop: float = 1.0, min_agreement: float = 99.5) -
     bad = []
     for r in rows:
         if r.float_acc - r.converted_acc > max_drop:
-            bad.append(f"{r.march}: converted {r.converted_acc:.2f}% is more than {max_drop} below float "
-                       f"{r.float_acc:.2f}%")
+            bad.append(
+                f"{r.march}: converted {r.converted_acc:.2f}% is more than {max_drop} below float {r.float_acc:.2f}%"
+            )
         if r.agreement < min_agreement:
             bad.append(f"{r.march}: QAT and converted agree on {r.agreement:.2f}% < {min_agreement}%")
         if not r.artifact_bit_exact:
@@ -217,8 +225,13 @@ def plot(rows: list[Row], path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kinds = [("float_acc", "float"), ("calib_acc", "calibration"), ("qat_acc", "QAT"),
-             ("converted_acc", "integer (converted)"), ("artifact_acc", "artifact (.hbm)")]
+    kinds = [
+        ("float_acc", "float"),
+        ("calib_acc", "calibration"),
+        ("qat_acc", "QAT"),
+        ("converted_acc", "integer (converted)"),
+        ("artifact_acc", "artifact (.hbm)"),
+    ]
     fig, ax = plt.subplots(figsize=(10, 5))
     width = 0.16
     for i, (key, label) in enumerate(kinds):
@@ -227,8 +240,7 @@ def plot(rows: list[Row], path: str, title: str) -> None:
         bars = ax.bar(xs, vals, width, label=label)
         for b, r, v in zip(bars, rows, vals, strict=True):
             extra = ("\nbit-exact" if r.artifact_bit_exact else "\nNOT exact") if key == "artifact_acc" else ""
-            ax.annotate(f"{v:.2f}{extra}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom",
-                        fontsize=7)
+            ax.annotate(f"{v:.2f}{extra}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=7)
     lo = min(min(getattr(r, k) for k, _ in kinds) for r in rows)
     ax.set_ylim(max(0.0, lo - 5), 101.5)
     ax.set_xticks(range(len(rows)), [r.march for r in rows])
@@ -254,13 +266,21 @@ def main(argv: list[str] | None = None) -> int:
     rows = run(args.epochs, args.qat_epochs, seed=args.seed)
     print(table(rows))
     if args.json:
-        out: dict[str, Any] = {"rows": [asdict(r) for r in rows], "epochs": args.epochs,
-                               "qat_epochs": args.qat_epochs, "seed": args.seed}
+        out: dict[str, Any] = {
+            "rows": [asdict(r) for r in rows],
+            "epochs": args.epochs,
+            "qat_epochs": args.qat_epochs,
+            "seed": args.seed,
+        }
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
     if args.png:
-        plot(rows, args.png, f"scikit-learn digits (449 test images), residual CNN: accuracy per stage and march\n"
-                             f"{args.epochs} float epochs, {args.qat_epochs} QAT epochs, seed {args.seed}")
+        plot(
+            rows,
+            args.png,
+            f"scikit-learn digits (449 test images), residual CNN: accuracy per stage and march\n"
+            f"{args.epochs} float epochs, {args.qat_epochs} QAT epochs, seed {args.seed}",
+        )
         print(f"wrote {args.png}")
     bad = check(rows)
     for b in bad:

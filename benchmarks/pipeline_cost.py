@@ -75,7 +75,8 @@ def measure_flows(n: int, repeat: int, nodes: int, with_ao: bool) -> dict[str, A
     out: dict[str, float] = {}
     with march_scope("bayes"):
         out["qir prepare_qat_fx"], prepared = best_of(
-            repeat, lambda: prepare_qat_fx(model, {"": get_default_qat_qconfig()}))
+            repeat, lambda: prepare_qat_fx(model, {"": get_default_qat_qconfig()})
+        )
         prepared.eval()
         with torch.no_grad():
             prepared(x)
@@ -93,7 +94,8 @@ def measure_flows(n: int, repeat: int, nodes: int, with_ao: bool) -> dict[str, A
         with warnings.catch_warnings():  # torch.ao's fx flow is deprecated upstream: silence its warnings
             warnings.simplefilter("ignore")
             out["torch.ao prepare_qat_fx"], ao_prepared = best_of(
-                repeat, lambda: ao_prepare_qat_fx(copy.deepcopy(body), mapping, (x,)))
+                repeat, lambda: ao_prepare_qat_fx(copy.deepcopy(body), mapping, (x,))
+            )
             ao_prepared.eval()
             with torch.no_grad():
                 ao_prepared(x)
@@ -124,13 +126,23 @@ def measure(n: int, repeat: int, ao_max_blocks: int = 0) -> dict[str, Any]:
         diff = (gm(x) - model(x)).abs().max().item()
     if diff > 1e-3:
         raise SystemExit(f"chain({n}): emitted model differs from the original by {diff}")
-    stages = {"fx.symbolic_trace": t_fx, "qir trace": t_trace, "absorb-bn,fuse": t_pipe,
-              "verify": t_verify, "emit": t_emit}
+    stages = {
+        "fx.symbolic_trace": t_fx,
+        "qir trace": t_trace,
+        "absorb-bn,fuse": t_pipe,
+        "verify": t_verify,
+        "emit": t_emit,
+    }
     total = t_trace + t_pipe + t_verify + t_emit
     flows = measure_flows(n, repeat, nodes, with_ao=n <= ao_max_blocks)
-    return {"blocks": n, "nodes": nodes, "seconds": stages, "qir_total": total,
-            "per_1000_nodes": {k: v / nodes * 1000 for k, v in {**stages, "qir total": total}.items()},
-            "flows": flows}
+    return {
+        "blocks": n,
+        "nodes": nodes,
+        "seconds": stages,
+        "qir_total": total,
+        "per_1000_nodes": {k: v / nodes * 1000 for k, v in {**stages, "qir total": total}.items()},
+        "flows": flows,
+    }
 
 
 def plot(rows: list[dict[str, Any]], path: str) -> None:
@@ -140,8 +152,10 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
-    for ax, key, title in ((ax1, "per_1000_nodes", "qir compiler stages (IR level)"),
-                           (ax2, "flows", "prepare_qat_fx / convert_fx: qir vs torch.ao (x86)")):
+    for ax, key, title in (
+        (ax1, "per_1000_nodes", "qir compiler stages (IR level)"),
+        (ax2, "flows", "prepare_qat_fx / convert_fx: qir vs torch.ao (x86)"),
+    ):
         names: list[str] = []
         for r in rows:
             d = r[key]["per_1000_nodes"] if key == "flows" else r[key]
@@ -162,8 +176,10 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
         ax.legend(fontsize=8)
         ax.set_ylim(bottom=0)
     blocks = ", ".join(f"{r['blocks']:,}" for r in rows)
-    fig.suptitle(f"Pipeline cost vs size: chains of {blocks} conv-bn-relu blocks (flat line = linear cost); "
-                 f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), shared machine")
+    fig.suptitle(
+        f"Pipeline cost vs size: chains of {blocks} conv-bn-relu blocks (flat line = linear cost); "
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), shared machine"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -173,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[200, 1000, 5000])
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--ao-max-blocks", type=int, default=5000,
-                    help="run torch.ao's flow only on chains up to this many blocks")
+    ap.add_argument(
+        "--ao-max-blocks", type=int, default=5000, help="run torch.ao's flow only on chains up to this many blocks"
+    )
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--png", help="write the plot here (needs matplotlib)")
     args = ap.parse_args(argv)
@@ -206,13 +223,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"worst qir stage growth: {worst:.2f}x (target <= 1.5x)")
 
     flows = list(dict.fromkeys(k for r in rows for k in r["flows"]["per_1000_nodes"]))
-    print("\nprepare_qat_fx / convert_fx, seconds per 1,000 IR nodes "
-          "(torch.ao: x86 qconfig mapping, deprecation warnings suppressed)")
+    print(
+        "\nprepare_qat_fx / convert_fx, seconds per 1,000 IR nodes "
+        "(torch.ao: x86 qconfig mapping, deprecation warnings suppressed)"
+    )
     print(f"{'blocks':>7} {'nodes':>7} " + " ".join(f"{s:>24}" for s in flows))
     for r in rows:
         d = r["flows"]["per_1000_nodes"]
-        print(f"{r['blocks']:>7} {r['nodes']:>7} " + " ".join(
-            f"{d[s]:>24.4f}" if s in d else f"{'capped':>24}" for s in flows))
+        print(
+            f"{r['blocks']:>7} {r['nodes']:>7} "
+            + " ".join(f"{d[s]:>24.4f}" if s in d else f"{'capped':>24}" for s in flows)
+        )
     if any(r["blocks"] > args.ao_max_blocks for r in rows):
         print(f"torch.ao capped at {args.ao_max_blocks} blocks (--ao-max-blocks)")
     print(f"\ngrowth of s/node from {first['blocks']} to the largest measured size:")
@@ -230,8 +251,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {r['blocks']:>5} blocks: prepare_qat_fx {rp:5.2f}x   convert_fx {rc:5.2f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "python": platform.python_version(),
-                       "ao_max_blocks": args.ao_max_blocks, "repeat": args.repeat, "rows": rows}, f, indent=2)
+            json.dump(
+                {
+                    "torch": torch.__version__,
+                    "python": platform.python_version(),
+                    "ao_max_blocks": args.ao_max_blocks,
+                    "repeat": args.repeat,
+                    "rows": rows,
+                },
+                f,
+                indent=2,
+            )
     if args.png:
         plot(rows, args.png)
         print(f"wrote {args.png}")

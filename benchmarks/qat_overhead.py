@@ -89,8 +89,11 @@ def measure(name: str, batch: int, size: int, repeats: int, warmup: int) -> dict
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, 3, size, size, generator=g)
     y = torch.randint(0, 1000, (batch,), generator=g)
-    steps = {"float": _step_fn(float_model, x, y), "qir QAT": _step_fn(qir_qat(float_model), x, y),
-             "torch.ao QAT": _step_fn(ao_qat(float_model, x), x, y)}
+    steps = {
+        "float": _step_fn(float_model, x, y),
+        "qir QAT": _step_fn(qir_qat(float_model), x, y),
+        "torch.ao QAT": _step_fn(ao_qat(float_model, x), x, y),
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for fn in steps.values():
@@ -103,10 +106,16 @@ def measure(name: str, batch: int, size: int, repeats: int, warmup: int) -> dict
                 fn()
                 ts[k].append((time.perf_counter() - t0) * 1e3)
     med = {k: statistics.median(v) for k, v in ts.items()}
-    return {"model": name, "median_ms": med, "min_ms": {k: min(v) for k, v in ts.items()},
-            "ratios": {"qir/float": med["qir QAT"] / med["float"],
-                       "torch.ao/float": med["torch.ao QAT"] / med["float"],
-                       "qir/torch.ao": med["qir QAT"] / med["torch.ao QAT"]}}
+    return {
+        "model": name,
+        "median_ms": med,
+        "min_ms": {k: min(v) for k, v in ts.items()},
+        "ratios": {
+            "qir/float": med["qir QAT"] / med["float"],
+            "torch.ao/float": med["torch.ao QAT"] / med["float"],
+            "qir/torch.ao": med["qir QAT"] / med["torch.ao QAT"],
+        },
+    }
 
 
 def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
@@ -124,8 +133,13 @@ def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
         bars = ax.bar(xs, ys, width, label=kind)
         for b, r in zip(bars, rows, strict=True):
             ratio = "" if kind == "float" else f"\n{r['median_ms'][kind] / r['median_ms']['float']:.2f}x float"
-            ax.annotate(f"{b.get_height():.0f} ms{ratio}", (b.get_x() + b.get_width() / 2, b.get_height()),
-                        ha="center", va="bottom", fontsize=8)
+            ax.annotate(
+                f"{b.get_height():.0f} ms{ratio}",
+                (b.get_x() + b.get_width() / 2, b.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
     ax.set_xticks(range(len(rows)), [r["model"] for r in rows])
     ax.set_ylabel("training step, median (ms)")
     ax.set_title(title, fontsize=10)
@@ -149,23 +163,40 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = [measure(m, args.batch, args.size, args.repeats, args.warmup) for m in args.models]
-    print(f"torch {torch.__version__}, python {platform.python_version()}, {args.threads} threads, "
-          f"batch {args.batch}, {args.size}x{args.size}, median of {args.repeats} steps after {args.warmup} warm-up")
-    print(f"{'model':<14} {'float':>9} {'qir QAT':>9} {'torch.ao QAT':>13} {'qir/float':>10} "
-          f"{'torch.ao/float':>15} {'qir/torch.ao':>13}")
+    print(
+        f"torch {torch.__version__}, python {platform.python_version()}, {args.threads} threads, "
+        f"batch {args.batch}, {args.size}x{args.size}, median of {args.repeats} steps after {args.warmup} warm-up"
+    )
+    print(
+        f"{'model':<14} {'float':>9} {'qir QAT':>9} {'torch.ao QAT':>13} {'qir/float':>10} "
+        f"{'torch.ao/float':>15} {'qir/torch.ao':>13}"
+    )
     for r in rows:
         m, q = r["median_ms"], r["ratios"]
-        print(f"{r['model']:<14} {m['float']:>7.0f}ms {m['qir QAT']:>7.0f}ms {m['torch.ao QAT']:>11.0f}ms "
-              f"{q['qir/float']:>9.2f}x {q['torch.ao/float']:>14.2f}x {q['qir/torch.ao']:>12.2f}x")
-    meta = {"torch": torch.__version__, "python": platform.python_version(), "threads": args.threads,
-            "batch": args.batch, "size": args.size, "repeats": args.repeats, "warmup": args.warmup}
+        print(
+            f"{r['model']:<14} {m['float']:>7.0f}ms {m['qir QAT']:>7.0f}ms {m['torch.ao QAT']:>11.0f}ms "
+            f"{q['qir/float']:>9.2f}x {q['torch.ao/float']:>14.2f}x {q['qir/torch.ao']:>12.2f}x"
+        )
+    meta = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": args.threads,
+        "batch": args.batch,
+        "size": args.size,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+    }
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**meta, "rows": rows}, f, indent=2)
     if args.png:
-        plot(rows, args.png, f"QAT training step (fwd+bwd+SGD), batch {args.batch}, {args.size}x{args.size}, "
-                             f"{args.threads} threads, median of {args.repeats}\n"
-                             f"torch {torch.__version__}; shared noisy machine: compare bars within one model")
+        plot(
+            rows,
+            args.png,
+            f"QAT training step (fwd+bwd+SGD), batch {args.batch}, {args.size}x{args.size}, "
+            f"{args.threads} threads, median of {args.repeats}\n"
+            f"torch {torch.__version__}; shared noisy machine: compare bars within one model",
+        )
         print(f"wrote {args.png}")
     return 0
 

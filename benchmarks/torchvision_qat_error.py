@@ -77,8 +77,9 @@ def run_one(name: str, march: str, size: int, batch: int) -> dict[str, Any]:
         with torch.no_grad():
             for _ in range(3):
                 calib(torch.randn(batch, 3, size, size, generator=g))
-        qat_model = prepare_qat_fx(calib, {"": get_default_qat_qconfig(),
-                                           "module_name": {head: get_default_qat_out_qconfig()}})
+        qat_model = prepare_qat_fx(
+            calib, {"": get_default_qat_qconfig(), "module_name": {head: get_default_qat_out_qconfig()}}
+        )
         qat_model.train()
         opt = torch.optim.SGD(qat_model.parameters(), lr=1e-4)
         x = torch.randn(batch, 3, size, size, generator=g)
@@ -95,8 +96,7 @@ def run_one(name: str, march: str, size: int, batch: int) -> dict[str, Any]:
             q = converted(x)
     rel = float((q - f).norm() / f.norm())
     agree = float((q.argmax(1) == f.argmax(1)).float().mean())
-    return {"model": name, "march": march, "rel_l2": rel, "top1_agreement": agree,
-            "seconds": time.perf_counter() - t0}
+    return {"model": name, "march": march, "rel_l2": rel, "top1_agreement": agree, "seconds": time.perf_counter() - t0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models:
         for march in args.marches:
             r = run_one(name, march, args.size, args.batch)
-            print(f"{r['model']:<14} {r['march']:<11} {r['rel_l2']:21.3e} {r['top1_agreement']:12.2f} "
-                  f"{r['seconds']:8.1f}")
+            print(
+                f"{r['model']:<14} {r['march']:<11} {r['rel_l2']:21.3e} {r['top1_agreement']:12.2f} {r['seconds']:8.1f}"
+            )
     return 0
 
 

@@ -117,8 +117,14 @@ def _fold(graph: Graph, bn: Node, conv: Node, force: bool) -> Value | None:
         return None
 
     new_w, new_b = fold_batch_norm(
-        op, weight, b_const[1] if b_const else None, stats["running_mean"], stats["running_var"],
-        stats.get("weight"), stats.get("bias"), bn.op.eps,
+        op,
+        weight,
+        b_const[1] if b_const else None,
+        stats["running_mean"],
+        stats["running_var"],
+        stats.get("weight"),
+        stats.get("bias"),
+        bn.op.eps,
     )
     # the weight constant node stays (same key, name, shape); only its tensor changes
     graph.constants[w_node.op.key] = like(weight, new_w)  # type: ignore[attr-defined]
@@ -131,7 +137,11 @@ def _fold(graph: Graph, bn: Node, conv: Node, force: bool) -> Value | None:
         key = free_constant_key(graph, f"{prefix}{dot}bias" if last == "weight" else f"{wkey}_bias")
         b_node = add_constant_after(graph, w_node, key, like(weight, new_b), "parameter", w_node.scope)
     return rebuild(
-        graph, conv, attrs.evolve(op, bias=True), (conv.operands[0], w_node, b_node), before=bn,
+        graph,
+        conv,
+        attrs.evolve(op, bias=True),
+        (conv.operands[0], w_node, b_node),
+        before=bn,
         fused=(FusedFrom("bn", bn.op.name, bn.name, bn.scope),),
     )
 

@@ -93,8 +93,7 @@ def register_pass(cls: P) -> P:
     home = BUILTIN_PASSES.get(cls.name)
     if home is not None and cls.__module__ != home:
         raise ValueError(
-            f"pass name {cls.name!r} is reserved for the built-in pass in {home}; "
-            f"give {cls.__qualname__} another name"
+            f"pass name {cls.name!r} is reserved for the built-in pass in {home}; give {cls.__qualname__} another name"
         )
     old = PASS_REGISTRY.get(cls.name)
     if old is not None and old is not cls and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):

@@ -55,7 +55,11 @@ def _fuse_add(graph: Graph, m: Match) -> Value | None:
     conv, add = m.node("conv"), m.node("add")
     assert isinstance(conv.op, FUSABLE)
     return rebuild(
-        graph, conv, attrs.evolve(conv.op, add=True), (*conv.operands, m["other"]), before=add,
+        graph,
+        conv,
+        attrs.evolve(conv.op, add=True),
+        (*conv.operands, m["other"]),
+        before=add,
         fused=(FusedFrom("add", add.op.name, add.name, add.scope, m.slot("conv")),),
     )
 
@@ -64,7 +68,11 @@ def _fuse_act(graph: Graph, m: Match) -> Value | None:
     conv, act = m.node("conv"), m.node("act")
     assert isinstance(conv.op, FUSABLE)
     return rebuild(
-        graph, conv, attrs.evolve(conv.op, act=ACTS[type(act.op)]), conv.operands, before=act,
+        graph,
+        conv,
+        attrs.evolve(conv.op, act=ACTS[type(act.op)]),
+        conv.operands,
+        before=act,
         fused=(FusedFrom("act", act.op.name, act.name, act.scope),),
     )
 

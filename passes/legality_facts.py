@@ -50,8 +50,14 @@ FORM_MODULE, FORM_FUNCTION, FORM_FLOAT_FUNCTIONAL, FORM_OPAQUE = "module", "func
 SPELLING_META = "torch_spelling"
 
 _ITEM_BYTES = {"qint8": 1, "qint16": 2, "qint32": 4, "qbool": 1, "float32": 4}
-_INT_AS_QUANT = {DType.int8: "qint8", DType.int16: "qint16", DType.int32: "qint32", DType.int64: "qint32",
-                 DType.bool: "qbool", DType.uint8: "qint8"}
+_INT_AS_QUANT = {
+    DType.int8: "qint8",
+    DType.int16: "qint16",
+    DType.int32: "qint32",
+    DType.int64: "qint32",
+    DType.bool: "qbool",
+    DType.uint8: "qint8",
+}
 
 
 # ----------------------------------------------------------------------------- spellings
@@ -554,7 +560,8 @@ def _index_values(node: Node) -> list[Value]:
     if isinstance(node.type, TensorType):
         return [node] if node.type.dtype is DType.int64 else []
     return [
-        u for u in node.users
+        u
+        for u in node.users
         if isinstance(u.op, (GetItem, GetAttr)) and isinstance(u.type, TensorType) and u.type.dtype is DType.int64
     ]
 

@@ -132,17 +132,37 @@ def _rule_fields(rule: Any) -> tuple[str, ...]:
 
 def _entry_findings(subject: Subject, entry: Any, facts: dict[str, Any], march: str) -> list[Finding]:
     node = subject.node
-    base = {"node": node.name, "scope": node.scope, "op": subject.ir_name, "spelling": entry.spelling,
-            "entry": entry, "facts": facts}
+    base = {
+        "node": node.name,
+        "scope": node.scope,
+        "op": subject.ir_name,
+        "spelling": entry.spelling,
+        "entry": entry,
+        "facts": facts,
+    }
     support = getattr(entry.support, "value", entry.support)
     if support == "not_supported":
         repl = f"; eager replacement: {', '.join(entry.eager_replacement)}" if entry.eager_replacement else ""
-        return [Finding(UNSUPPORTED, rule="Not supported", check="supported",
-                        message=f"{entry.spelling} is not supported on {march}{repl}", **base)]
+        return [
+            Finding(
+                UNSUPPORTED,
+                rule="Not supported",
+                check="supported",
+                message=f"{entry.spelling} is not supported on {march}{repl}",
+                **base,
+            )
+        ]
     if support != "supported":
         why = f"it refers to {entry.refer_absent}, which the tables lack" if entry.refer_absent else "no usable answer"
-        return [Finding(UNKNOWN, rule="support unknown", check="supported",
-                        message=f"the {march} table gives {entry.spelling} {why}", **base)]
+        return [
+            Finding(
+                UNKNOWN,
+                rule="support unknown",
+                check="supported",
+                message=f"the {march} table gives {entry.spelling} {why}",
+                **base,
+            )
+        ]
     out: list[Finding] = []
     for rule in entry.checks():
         if not rule.checkable:
@@ -150,11 +170,29 @@ def _entry_findings(subject: Subject, entry: Any, facts: dict[str, Any], march: 
             continue
         v = rule.check(facts)
         if v.ok is False:
-            out.append(Finding(VIOLATION, rule=rule.text, check=str(rule), actual=v.actual, bound=v.bound,
-                               message=v.message, fields=_rule_fields(rule), **base))
+            out.append(
+                Finding(
+                    VIOLATION,
+                    rule=rule.text,
+                    check=str(rule),
+                    actual=v.actual,
+                    bound=v.bound,
+                    message=v.message,
+                    fields=_rule_fields(rule),
+                    **base,
+                )
+            )
         elif v.ok is None:
-            out.append(Finding(UNCHECKED, rule=rule.text, check=str(rule), message=v.message,
-                               fields=tuple(sorted(rule.fields())), **base))
+            out.append(
+                Finding(
+                    UNCHECKED,
+                    rule=rule.text,
+                    check=str(rule),
+                    message=v.message,
+                    fields=tuple(sorted(rule.fields())),
+                    **base,
+                )
+            )
     return out
 
 
@@ -162,25 +200,44 @@ def _signature(findings: Iterable[Finding]) -> frozenset[tuple[str, str, str]]:
     return frozenset((f.kind, f.rule, f.check) for f in findings)
 
 
-def _node_findings(subject: Subject, rows: tuple[Any, ...], looked_up: str, facts: dict[str, Any],
-                   march: str) -> list[Finding]:
+def _node_findings(
+    subject: Subject, rows: tuple[Any, ...], looked_up: str, facts: dict[str, Any], march: str
+) -> list[Finding]:
     node = subject.node
     if not rows:
         what = "opaque call" if subject.op is None else f"IR op {subject.ir_name}"
-        return [Finding(UNKNOWN, node.name, node.scope, subject.ir_name, looked_up, rule="not in the tables",
-                        check="listed", message=f"{looked_up} ({what}) is not in the {march} operator tables",
-                        facts=facts)]
+        return [
+            Finding(
+                UNKNOWN,
+                node.name,
+                node.scope,
+                subject.ir_name,
+                looked_up,
+                rule="not in the tables",
+                check="listed",
+                message=f"{looked_up} ({what}) is not in the {march} operator tables",
+                facts=facts,
+            )
+        ]
     per_row = [_entry_findings(subject, e, facts, march) for e in rows]
     if len({_signature(fs) for fs in per_row}) <= 1:
         return per_row[0]
     answers = "; ".join(
-        f"{e.spelling}: {', '.join(sorted({f.kind for f in fs})) or 'ok'}"
-        for e, fs in zip(rows, per_row, strict=True)
+        f"{e.spelling}: {', '.join(sorted({f.kind for f in fs})) or 'ok'}" for e, fs in zip(rows, per_row, strict=True)
     )
-    return [Finding(UNKNOWN, node.name, node.scope, subject.ir_name, " | ".join(e.spelling for e in rows),
-                    rule=AMBIGUOUS_RULE, check="one spelling",
-                    message=f"the graph does not record which spelling was called and the {march} rows "
-                            f"disagree ({answers})", facts=facts)]
+    return [
+        Finding(
+            UNKNOWN,
+            node.name,
+            node.scope,
+            subject.ir_name,
+            " | ".join(e.spelling for e in rows),
+            rule=AMBIGUOUS_RULE,
+            check="one spelling",
+            message=f"the graph does not record which spelling was called and the {march} rows disagree ({answers})",
+            facts=facts,
+        )
+    ]
 
 
 def _part_rows(table: Any, ir_name: str, module_form: bool) -> tuple[Any, ...]:

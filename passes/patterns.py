@@ -36,8 +36,22 @@ from qir.ir import OP_REGISTRY, Commutative, Graph, Node, Op, Trait, Value
 from qir.ir.ops.core import Constant
 
 __all__ = [
-    "Any", "AnyPattern", "Match", "MatchAllNode", "MatchStats", "OpIndex", "OpPattern", "P", "Pattern",
-    "PatternError", "PatternLike", "as_pattern", "find_all", "iter_matches", "match", "match_all",
+    "Any",
+    "AnyPattern",
+    "Match",
+    "MatchAllNode",
+    "MatchStats",
+    "OpIndex",
+    "OpPattern",
+    "P",
+    "Pattern",
+    "PatternError",
+    "PatternLike",
+    "as_pattern",
+    "find_all",
+    "iter_matches",
+    "match",
+    "match_all",
     "resolve_spelling",
 ]
 
@@ -215,9 +229,13 @@ class P:
         if name is not None:
             _check_name(name)
         return OpPattern(
-            name=name, single_use=single_use, kinds=kinds, traits=traits,
+            name=name,
+            single_use=single_use,
+            kinds=kinds,
+            traits=traits,
             operands=tuple(as_pattern(o) for o in operands) if operands else None,
-            attr_preds=tuple(attr_preds.items()), commutative=commutative,
+            attr_preds=tuple(attr_preds.items()),
+            commutative=commutative,
         )
 
     @staticmethod
@@ -313,8 +331,7 @@ def resolve_spelling(entry: typing.Any) -> tuple[type[Op], ...]:
     if not found:
         what = getattr(entry, "__qualname__", None) or repr(entry)
         raise PatternError(
-            f"pattern entry {what!r} names no registered op: no op class lists it in "
-            f"module_types, functions or methods"
+            f"pattern entry {what!r} names no registered op: no op class lists it in module_types, functions or methods"
         )
     return tuple(sorted(found, key=lambda c: c.name))
 
@@ -500,7 +517,11 @@ def _match_operands(p: OpPattern, node: Node, pos: int, st: _State) -> Iterator[
 
 
 def _match_seq(
-    pats: Sequence[Pattern], child_pos: Sequence[int], operands: Sequence[Value], order: Sequence[int], i: int,
+    pats: Sequence[Pattern],
+    child_pos: Sequence[int],
+    operands: Sequence[Value],
+    order: Sequence[int],
+    i: int,
     st: _State,
 ) -> Iterator[None]:
     if i == len(pats):

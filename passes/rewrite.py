@@ -27,8 +27,21 @@ from qir.ir import Graph, IRError, Node, Op, Pure, Value
 from qir.ir.ops.core import Constant
 
 __all__ = [
-    "FUSED_FROM", "FusedFrom", "RewriteError", "RewriteStats", "Rewriter", "Rule", "RuleLike", "RuleStats",
-    "add_constant_after", "apply_rewrites", "as_rule", "constant_of", "free_constant_key", "fused_from", "like",
+    "FUSED_FROM",
+    "FusedFrom",
+    "RewriteError",
+    "RewriteStats",
+    "Rewriter",
+    "Rule",
+    "RuleLike",
+    "RuleStats",
+    "add_constant_after",
+    "apply_rewrites",
+    "as_rule",
+    "constant_of",
+    "free_constant_key",
+    "fused_from",
+    "like",
     "rebuild",
 ]
 
@@ -231,7 +244,12 @@ def fused_from(node: Node) -> tuple[FusedFrom, ...]:
 
 
 def rebuild(
-    graph: Graph, base: Node, op: Op, operands: Sequence[Value], *, before: Node,
+    graph: Graph,
+    base: Node,
+    op: Op,
+    operands: Sequence[Value],
+    *,
+    before: Node,
     fused: Sequence[FusedFrom] = (),
 ) -> Node:
     """A node computing ``op(operands)``, inserted before ``before``, that takes over
@@ -250,7 +268,12 @@ def rebuild(
 
 
 def add_constant_after(
-    graph: Graph, anchor: Node, key: str, tensor: torch.Tensor, kind: str = "parameter", scope: str | None = None,
+    graph: Graph,
+    anchor: Node,
+    key: str,
+    tensor: torch.Tensor,
+    kind: str = "parameter",
+    scope: str | None = None,
 ) -> Node:
     """Register ``tensor`` under ``key`` with a ``constant`` node placed right after ``anchor``.
 

@@ -9,9 +9,7 @@ from hypothesis import HealthCheck, settings
 settings.register_profile(
     "ci", max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
-settings.register_profile(
-    "dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 # Two xdist workers on two cores: one intra-op thread each avoids oversubscription,

@@ -65,12 +65,14 @@ def write_program(program: Program, path: str | os.PathLike[str]) -> Path:
     offset = 0
     for name, t in program.constants.items():
         raw = _raw(t)
-        table.append({"name": name, "dtype": _NAMES[t.dtype], "shape": list(t.shape), "offset": offset,
-                      "nbytes": len(raw)})
+        table.append(
+            {"name": name, "dtype": _NAMES[t.dtype], "shape": list(t.shape), "offset": offset, "nbytes": len(raw)}
+        )
         blobs.append(raw + b"\x00" * _pad(len(raw)))
         offset += len(raw) + _pad(len(raw))
-    header = json.dumps({"program": program.header(), "tensors": table}, separators=(",", ":"),
-                        allow_nan=False).encode("utf-8")
+    header = json.dumps({"program": program.header(), "tensors": table}, separators=(",", ":"), allow_nan=False).encode(
+        "utf-8"
+    )
     head = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header
     body = head + b"\x00" * _pad(len(head)) + b"".join(blobs)
     data = body + hashlib.sha256(body).digest()
@@ -96,8 +98,10 @@ def read_program(path: str | os.PathLike[str]) -> Program:
     if magic != MAGIC:
         raise ArtifactError(f"{p}: not a qir compiled model (magic {magic!r}, expected {MAGIC!r})")
     if version > FORMAT_VERSION:
-        raise ArtifactError(f"{p}: format version {version} is newer than this qir reads ({FORMAT_VERSION}); "
-                            "upgrade qir or recompile the model")
+        raise ArtifactError(
+            f"{p}: format version {version} is newer than this qir reads ({FORMAT_VERSION}); "
+            "upgrade qir or recompile the model"
+        )
     if version < 1:
         raise ArtifactError(f"{p}: invalid format version {version}")
     body, digest = data[:-_DIGEST], data[-_DIGEST:]
@@ -106,7 +110,7 @@ def read_program(path: str | os.PathLike[str]) -> Program:
     if hashlib.sha256(body).digest() != digest:
         raise ArtifactError(f"{p}: checksum mismatch: the file is corrupted or truncated")
     try:
-        header = json.loads(body[_PREFIX.size:_PREFIX.size + hlen].decode("utf-8"))
+        header = json.loads(body[_PREFIX.size : _PREFIX.size + hlen].decode("utf-8"))
         table = header["tensors"]
         prog_header = header["program"]
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
@@ -141,9 +145,10 @@ def _tensor(p: Path, e: Any, body: bytes, start: int) -> torch.Tensor:
         numel *= d
     itemsize = torch.empty((), dtype=dtype).element_size()
     if nbytes != numel * itemsize or off < 0 or start + off + nbytes > len(body):
-        raise ArtifactError(f"{p}: tensor '{name}' ({e['dtype']}{shape}) does not fit the data section "
-                            f"(offset {off}, {nbytes} bytes)")
+        raise ArtifactError(
+            f"{p}: tensor '{name}' ({e['dtype']}{shape}) does not fit the data section (offset {off}, {nbytes} bytes)"
+        )
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
-    raw = bytearray(body[start + off:start + off + nbytes])
+    raw = bytearray(body[start + off : start + off + nbytes])
     return torch.frombuffer(raw, dtype=dtype).reshape(shape)

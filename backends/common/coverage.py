@@ -145,8 +145,11 @@ def _functional_route(op_name: str, obj: Any) -> tuple[str | None, str | None, l
         qat = QAT_MODULE_MAP[module_cls]
         q = QUANTIZED_MODULE_MAP.get(qat)
         kind = "generated" if factory is not None or op_name in fuse.MODULE_FUNCTIONALS else "module"
-        return (f"{kind} `{module_cls.__name__}` → `qat.{qat.__name__}`",
-                f"`{q.__name__}`" if q else None, [("module", q)] if q else [])
+        return (
+            f"{kind} `{module_cls.__name__}` → `qat.{qat.__name__}`",
+            f"`{q.__name__}`" if q else None,
+            [("module", q)] if q else [],
+        )
     ff_tables = (fuse._TWO_TENSOR, fuse._SEQUENCE, fuse._UNARY)
     method = next((t[op_name] for t in ff_tables if op_name in t), None)
     if method is not None and hasattr(QatFF, method):
@@ -156,10 +159,14 @@ def _functional_route(op_name: str, obj: Any) -> tuple[str | None, str | None, l
     if op_name in code_convert.CONVERTED_FORMS:  # ops on codes: kept, given an integer form at conversion
         scale_ops = importlib.import_module("qir.quantization.scale_ops")
         kept = scale_ops.CODE_OPS[op_name] in (scale_ops.CODES, scale_ops.REDUCE, scale_ops.PAIR)
-        return ("kept (scale-preserving)" if kept else "kept (exact on codes)", "runs on codes",
-                list(code_convert.CONVERTED_FORMS[op_name]))
-    preserving = (obj in convert._PRESERVING_FUNCTIONS) if not isinstance(obj, str) else \
-        (obj in convert._PRESERVING_METHODS)
+        return (
+            "kept (scale-preserving)" if kept else "kept (exact on codes)",
+            "runs on codes",
+            list(code_convert.CONVERTED_FORMS[op_name]),
+        )
+    preserving = (
+        (obj in convert._PRESERVING_FUNCTIONS) if not isinstance(obj, str) else (obj in convert._PRESERVING_METHODS)
+    )
     if preserving:
         keys: list[tuple[str, Any]] = [("method", obj)] if isinstance(obj, str) else [("function", obj)]
         if obj in (nn.functional.relu6, nn.functional.hardtanh):
@@ -200,8 +207,11 @@ def _route(entry: OpEntry, ir_op: str | None) -> tuple[str | None, str | None, l
         if isinstance(cls, type) and cls in QAT_MODULE_MAP and "FloatFunctional" not in path:
             qat = QAT_MODULE_MAP[cls]
             q = QUANTIZED_MODULE_MAP.get(qat)
-            return (f"eager `{path}` → `qat.{qat.__name__}`", (f"`{q.__name__}`" if q else None),
-                    ([("module", q)] if q else []))
+            return (
+                f"eager `{path}` → `qat.{qat.__name__}`",
+                (f"`{q.__name__}`" if q else None),
+                ([("module", q)] if q else []),
+            )
     return None, None, []
 
 
@@ -211,8 +221,7 @@ def _lowered(keys: list[tuple[str, Any]]) -> bool:
 
     if not keys:
         return False
-    tables = {"functional": lower._FUNCTIONAL_RULES, "function": lower._FUNCTION_RULES,
-              "method": lower._METHOD_RULES}
+    tables = {"functional": lower._FUNCTIONAL_RULES, "function": lower._FUNCTION_RULES, "method": lower._METHOD_RULES}
     for kind, key in keys:
         for march in MARCHES:
             ok = _module_rule(key, march) if kind == "module" else _rule(tables[kind], key, march)
@@ -245,21 +254,33 @@ def coverage_table_markdown() -> str:
     rows = coverage_rows()
     titles = {s.id: s.title for s in load_table(MARCHES[0]).sections}
     n = len(rows)
-    out = ["| | rows | IR op | QAT | quantized | lowering | " + " | ".join(MARCHES) + " |",
-           "|---|---:|---:|---:|---:|---:|" + "---:|" * len(MARCHES),
-           f"| **all** | {n} | {sum(r.ir_op is not None for r in rows)} | {sum(r.qat is not None for r in rows)} | "
-           f"{sum(r.quantized is not None for r in rows)} | {sum(r.lowering for r in rows)} | "
-           + " | ".join(str(sum(r.support[i] == 'supported' for r in rows)) for i in range(len(MARCHES))) + " |",
-           ""]
+    out = [
+        "| | rows | IR op | QAT | quantized | lowering | " + " | ".join(MARCHES) + " |",
+        "|---|---:|---:|---:|---:|---:|" + "---:|" * len(MARCHES),
+        f"| **all** | {n} | {sum(r.ir_op is not None for r in rows)} | {sum(r.qat is not None for r in rows)} | "
+        f"{sum(r.quantized is not None for r in rows)} | {sum(r.lowering for r in rows)} | "
+        + " | ".join(str(sum(r.support[i] == "supported" for r in rows)) for i in range(len(MARCHES)))
+        + " |",
+        "",
+    ]
     section = None
     for r in rows:
         if r.section != section:
             section = r.section
-            out += [f"#### {titles.get(section, section)}", "",
-                    "| Operator | IR op | QAT | quantized | lowering | " + " | ".join(MARCHES) + " |",
-                    "|---|---|---|---|---|" + "---|" * len(MARCHES)]
-        cells = [f"`{r.spelling}`", f"`{r.ir_op}`" if r.ir_op else "—", r.qat or "—", r.quantized or "—",
-                 "yes" if r.lowering else "—", *(_SUPPORT[s] for s in r.support)]
+            out += [
+                f"#### {titles.get(section, section)}",
+                "",
+                "| Operator | IR op | QAT | quantized | lowering | " + " | ".join(MARCHES) + " |",
+                "|---|---|---|---|---|" + "---|" * len(MARCHES),
+            ]
+        cells = [
+            f"`{r.spelling}`",
+            f"`{r.ir_op}`" if r.ir_op else "—",
+            r.qat or "—",
+            r.quantized or "—",
+            "yes" if r.lowering else "—",
+            *(_SUPPORT[s] for s in r.support),
+        ]
         out.append("| " + " | ".join(cells) + " |")
         nxt = rows.index(r) + 1
         if nxt == len(rows) or rows[nxt].section != section:

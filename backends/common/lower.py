@@ -30,8 +30,15 @@ from backends.common.kernels.base import F64_EXACT_ACC, get_kernel
 from backends.common.program import Instruction, Program, ValueRef
 
 __all__ = [
-    "KernelPolicy", "LowerContext", "LoweringError", "get_kernel_policy", "lower_graph",
-    "register_function_rule", "register_functional_rule", "register_kernel_policy", "register_method_rule",
+    "KernelPolicy",
+    "LowerContext",
+    "LoweringError",
+    "get_kernel_policy",
+    "lower_graph",
+    "register_function_rule",
+    "register_functional_rule",
+    "register_kernel_policy",
+    "register_method_rule",
     "register_module_rule",
 ]
 
@@ -161,8 +168,15 @@ class LowerContext:
             return type(v)(self.example(x) for x in v)
         return v
 
-    def emit(self, op: str, inputs: Sequence[str], attrs: Mapping[str, Any], consts: Mapping[str, str],
-             source: str, hint: str | None = None) -> str:
+    def emit(
+        self,
+        op: str,
+        inputs: Sequence[str],
+        attrs: Mapping[str, Any],
+        consts: Mapping[str, str],
+        source: str,
+        hint: str | None = None,
+    ) -> str:
         """Append one instruction, run it on the example values, return its output name."""
         out = self.fresh(hint or op)
         inst = Instruction(op, tuple(inputs), (out,), dict(attrs), dict(consts), source)
@@ -180,8 +194,15 @@ class LowerContext:
         except Exception as e:
             raise LoweringError(f"{inst.op} for '{inst.source}' failed on the example input: {e}") from e
 
-    def choose_engine(self, op: str, inputs: Sequence[str], attrs: dict[str, Any], consts: Mapping[str, str],
-                      candidates: Sequence[str], source: str) -> dict[str, Any]:
+    def choose_engine(
+        self,
+        op: str,
+        inputs: Sequence[str],
+        attrs: dict[str, Any],
+        consts: Mapping[str, str],
+        candidates: Sequence[str],
+        source: str,
+    ) -> dict[str, Any]:
         """``attrs`` with the engine set: the first candidate, or the fastest one measured (opt >= 2)."""
         if not candidates:
             raise LoweringError(f"{op} for '{source}': no exact engine applies")
@@ -212,8 +233,10 @@ class LowerContext:
         if isinstance(v, torch.Tensor) and not v.is_floating_point():
             dt = {torch.int8: "qint8", torch.int16: "qint16", torch.int32: "qint32"}.get(v.dtype)
             if dt is not None and dt not in self.policy.code_dtypes:
-                raise LoweringError(f"'{source}': {dt} tensors are not supported on {self.march} "
-                                    f"(valid: {', '.join(self.policy.code_dtypes)})")
+                raise LoweringError(
+                    f"'{source}': {dt} tensors are not supported on {self.march} "
+                    f"(valid: {', '.join(self.policy.code_dtypes)})"
+                )
 
 
 # ----------------------------------------------------------------------------- graph walk
@@ -224,8 +247,9 @@ def _describe(n: torch.fx.Node) -> str:
     return getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or str(t)
 
 
-def lower_graph(root: nn.Module, graph: torch.fx.Graph, example_inputs: Sequence[Any], march: str,
-                opt: int = 2) -> Program:
+def lower_graph(
+    root: nn.Module, graph: torch.fx.Graph, example_inputs: Sequence[Any], march: str, opt: int = 2
+) -> Program:
     """Lower ``graph`` (whose module targets live in ``root``) for ``march``."""
     import backends.common.lower_rules  # noqa: F401  (registers the common rules)
 
@@ -237,8 +261,10 @@ def lower_graph(root: nn.Module, graph: torch.fx.Graph, example_inputs: Sequence
     outputs: Any = None
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs):
-        raise LoweringError(f"the model takes {len(placeholders)} input(s) "
-                            f"({', '.join(n.name for n in placeholders)}), got {len(example_inputs)} example input(s)")
+        raise LoweringError(
+            f"the model takes {len(placeholders)} input(s) "
+            f"({', '.join(n.name for n in placeholders)}), got {len(example_inputs)} example input(s)"
+        )
     examples = dict(zip((n.name for n in placeholders), example_inputs, strict=True))
 
     def value(a: Any) -> Any:
@@ -264,16 +290,25 @@ def lower_graph(root: nn.Module, graph: torch.fx.Graph, example_inputs: Sequence
             m = root.get_submodule(str(n.target))
             rule = _module_rule(march, m)
             if rule is None:
-                raise LoweringError(f"node '{n.name}': module '{n.target}' ({type(m).__module__}.{type(m).__name__}) "
-                                    f"has no lowering rule on {march}")
+                raise LoweringError(
+                    f"node '{n.name}': module '{n.target}' ({type(m).__module__}.{type(m).__name__}) "
+                    f"has no lowering rule on {march}"
+                )
             res = rule(ctx, n, m, list(args), dict(kwargs))
-        elif n.op == "call_method" and n.args and isinstance(n.args[0], torch.fx.Node) \
-                and n.args[0].name in attrs_of and isinstance(attrs_of[n.args[0].name], nn.Module):
+        elif (
+            n.op == "call_method"
+            and n.args
+            and isinstance(n.args[0], torch.fx.Node)
+            and n.args[0].name in attrs_of
+            and isinstance(attrs_of[n.args[0].name], nn.Module)
+        ):
             m = attrs_of[n.args[0].name]
             frule = _lookup(_FUNCTIONAL_RULES, march, str(n.target))
             if frule is None or type(m).__name__ != "QFunctional":
-                raise LoweringError(f"node '{n.name}': method {type(m).__name__}.{n.target} of "
-                                    f"'{n.args[0].target}' has no lowering rule on {march}")
+                raise LoweringError(
+                    f"node '{n.name}': method {type(m).__name__}.{n.target} of "
+                    f"'{n.args[0].target}' has no lowering rule on {march}"
+                )
             res = frule(ctx, n, m, list(args[1:]), dict(kwargs))
         elif n.op == "call_method":
             mrule = _lookup(_METHOD_RULES, march, str(n.target))
@@ -288,8 +323,14 @@ def lower_graph(root: nn.Module, graph: torch.fx.Graph, example_inputs: Sequence
         env[n.name] = res
         for name in _names_in(res):
             ctx.check_dtype(name, n.name)
-    prog = Program(march=march, inputs=inputs, outputs=outputs, instructions=ctx.instructions,
-                   constants=ctx.constants, meta={"opt": opt})
+    prog = Program(
+        march=march,
+        inputs=inputs,
+        outputs=outputs,
+        instructions=ctx.instructions,
+        constants=ctx.constants,
+        meta={"opt": opt},
+    )
     prog.validate()
     return prog
 
@@ -340,12 +381,14 @@ def bind(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any])
     return dict(b.arguments)
 
 
-def shape_call(ctx: LowerContext, node: torch.fx.Node, fn: str, args: Sequence[Any],
-               kwargs: Mapping[str, Any] | None = None) -> ValueRef:
+def shape_call(
+    ctx: LowerContext, node: torch.fx.Node, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None
+) -> ValueRef:
     """Emit a ``shape_fn`` instruction calling allow-listed ``fn`` on (nested) values and literals."""
     used = sorted(set(_names_in(list(args)) + _names_in(list((kwargs or {}).values()))))
-    return ValueRef(ctx.emit("shape_fn", used, {"fn": fn, "args": list(args), "kwargs": dict(kwargs or {})}, {},
-                             node.name, hint=fn))
+    return ValueRef(
+        ctx.emit("shape_fn", used, {"fn": fn, "args": list(args), "kwargs": dict(kwargs or {})}, {}, node.name, hint=fn)
+    )
 
 
 def acc_bound(weight: torch.Tensor, x: torch.Tensor, out_axis: int = 0) -> tuple[int, int]:

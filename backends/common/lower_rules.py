@@ -54,8 +54,13 @@ def _dt(dtype: Any) -> str:
 
 # ----------------------------------------------------------------------------- conv / linear
 
-_KINDS = {"Conv2d": "conv2d", "Conv1d": "conv1d", "Conv3d": "conv3d", "ConvTranspose2d": "conv_transpose2d",
-          "Linear": "linear"}
+_KINDS = {
+    "Conv2d": "conv2d",
+    "Conv1d": "conv1d",
+    "Conv3d": "conv3d",
+    "ConvTranspose2d": "conv_transpose2d",
+    "Linear": "linear",
+}
 
 
 def _chunks(w: torch.Tensor, amax: int) -> list[list[int]] | None:
@@ -91,24 +96,44 @@ def lower_conv(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: d
     if m.has_add:
         attrs.update(add_multiplier=int(m.add_multiplier), add_shift=int(m.add_shift), extra_bits=int(m.extra_bits))
     hint = str(node.target)
-    consts = {"weight": ctx.const(f"{hint}.weight", m.weight), "bias": ctx.const(f"{hint}.bias", m.bias),
-              "multiplier": ctx.const(f"{hint}.multiplier", m.multiplier),
-              "shift": ctx.const(f"{hint}.shift", m.shift),
-              "relu6_bound": ctx.const(f"{hint}.relu6_bound", m.relu6_bound)}
+    consts = {
+        "weight": ctx.const(f"{hint}.weight", m.weight),
+        "bias": ctx.const(f"{hint}.bias", m.bias),
+        "multiplier": ctx.const(f"{hint}.multiplier", m.multiplier),
+        "shift": ctx.const(f"{hint}.shift", m.shift),
+        "relu6_bound": ctx.const(f"{hint}.relu6_bound", m.relu6_bound),
+    }
     bound, amax = acc_bound(m.weight, xv, out_axis=1 if kind == "conv_transpose2d" else 0)
     attrs["requant"] = requant_mode(bound, m.bias)
     int8 = xv.dtype == torch.int8 and m.weight.dtype == torch.int8
     hp = m.hp
     if kind == "linear":
-        cands = [e for e in ctx.policy.linear
-                 if (e == "int_mm" and int8 and bound < 2**31) or (e == "f32" and bound <= 2**24) or e == "f64"]
+        cands = [
+            e
+            for e in ctx.policy.linear
+            if (e == "int_mm" and int8 and bound < 2**31) or (e == "f32" and bound <= 2**24) or e == "f64"
+        ]
         if len(cands) > 1 and "f64" in cands:
             cands.remove("f64")
-        return ValueRef(ctx.emit("linear", inputs, ctx.choose_engine("linear", inputs, attrs, consts, cands,
-                                                                      node.name), consts, node.name, hint))
-    attrs.update(stride=_plain(hp["stride"]), padding=_plain(hp["padding"]), dilation=_plain(hp["dilation"]),
-                 groups=int(hp["groups"] or 1), padding_mode=str(hp["padding_mode"]),
-                 reversed_padding=_plain(hp["reversed_padding"]), kernel_size=list(m.weight.shape[2:]))
+        return ValueRef(
+            ctx.emit(
+                "linear",
+                inputs,
+                ctx.choose_engine("linear", inputs, attrs, consts, cands, node.name),
+                consts,
+                node.name,
+                hint,
+            )
+        )
+    attrs.update(
+        stride=_plain(hp["stride"]),
+        padding=_plain(hp["padding"]),
+        dilation=_plain(hp["dilation"]),
+        groups=int(hp["groups"] or 1),
+        padding_mode=str(hp["padding_mode"]),
+        reversed_padding=_plain(hp["reversed_padding"]),
+        kernel_size=list(m.weight.shape[2:]),
+    )
     if kind != "conv2d":
         if kind == "conv_transpose2d":
             attrs["output_padding"] = _plain(hp["output_padding"])
@@ -141,8 +166,9 @@ def lower_conv(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: d
 
 def lower_quant_stub(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
     x = tensor_ref(args[0], node)
-    return ValueRef(ctx.emit("quantize", [x], {"scale": f32_scale(m.scale), "dtype": _dt(m.dtype)}, {}, node.name,
-                             str(node.target)))
+    return ValueRef(
+        ctx.emit("quantize", [x], {"scale": f32_scale(m.scale), "dtype": _dt(m.dtype)}, {}, node.name, str(node.target))
+    )
 
 
 def lower_dequant_stub(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
@@ -178,23 +204,35 @@ def lower_lut(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: di
 def lower_maxpool(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
     x = tensor_ref(args[0], node)
     stride = m.stride if m.stride is not None else m.kernel_size
-    attrs = {"kernel_size": _plain(m.kernel_size), "stride": _plain(stride), "padding": _plain(m.padding),
-             "dilation": _plain(m.dilation), "ceil_mode": bool(m.ceil_mode)}
+    attrs = {
+        "kernel_size": _plain(m.kernel_size),
+        "stride": _plain(stride),
+        "padding": _plain(m.padding),
+        "dilation": _plain(m.dilation),
+        "ceil_mode": bool(m.ceil_mode),
+    }
     return ValueRef(ctx.emit("maxpool2d", [x], attrs, {}, node.name, str(node.target)))
 
 
 def lower_avgpool(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
     x = tensor_ref(args[0], node)
-    attrs = {"kernel_size": list(m.kernel_size), "stride": list(m.stride), "padding": list(m.padding),
-             "ceil_mode": bool(m.ceil_mode), "count_include_pad": bool(m.count_include_pad),
-             "divisor_override": m.divisor_override, "out_dtype": _dt(m.dtype)}
-    consts = {"multipliers": ctx.const(f"{node.target}.multipliers", m.multipliers),
-              "shifts": ctx.const(f"{node.target}.shifts", m.shifts)}
+    attrs = {
+        "kernel_size": list(m.kernel_size),
+        "stride": list(m.stride),
+        "padding": list(m.padding),
+        "ceil_mode": bool(m.ceil_mode),
+        "count_include_pad": bool(m.count_include_pad),
+        "divisor_override": m.divisor_override,
+        "out_dtype": _dt(m.dtype),
+    }
+    consts = {
+        "multipliers": ctx.const(f"{node.target}.multipliers", m.multipliers),
+        "shifts": ctx.const(f"{node.target}.shifts", m.shifts),
+    }
     return ValueRef(ctx.emit("avgpool2d", [x], attrs, consts, node.name, str(node.target)))
 
 
-def lower_adaptive_avgpool(ctx: LowerContext, node: Node, m: Any, args: list[Any],
-                           kwargs: dict[str, Any]) -> ValueRef:
+def lower_adaptive_avgpool(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
     from backends.common.kernels.pool import adaptive_bounds
 
     x = tensor_ref(args[0], node)
@@ -205,8 +243,10 @@ def lower_adaptive_avgpool(ctx: LowerContext, node: Node, m: Any, args: list[Any
     ws, we = adaptive_bounds(w, w if ow is None else int(ow))
     top = int((he - hs).max()) * int((we - ws).max())
     mult, sh = avg_pool_params(m.per_tensor_input(0), float(m.scale[0]), top, m.march)
-    consts = {"multipliers": ctx.const(f"{node.target}.multipliers", mult),
-              "shifts": ctx.const(f"{node.target}.shifts", sh)}
+    consts = {
+        "multipliers": ctx.const(f"{node.target}.multipliers", mult),
+        "shifts": ctx.const(f"{node.target}.shifts", sh),
+    }
     attrs = {"output_size": [oh, ow], "out_dtype": _dt(m.dtype)}
     return ValueRef(ctx.emit("adaptive_avgpool2d", [x], attrs, consts, node.name, str(node.target)))
 
@@ -228,9 +268,18 @@ def _emit_nearest(ctx: LowerContext, node: Node, x: str, call: Any) -> ValueRef:
 def lower_interpolate(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
     x = tensor_ref(args[0], node)
     if m.mode == "nearest":
-        return _emit_nearest(ctx, node, x, lambda t: F.interpolate(
-            t, size=m.size, scale_factor=m.scale_factor, mode="nearest",
-            recompute_scale_factor=m.recompute_scale_factor))
+        return _emit_nearest(
+            ctx,
+            node,
+            x,
+            lambda t: F.interpolate(
+                t,
+                size=m.size,
+                scale_factor=m.scale_factor,
+                mode="nearest",
+                recompute_scale_factor=m.recompute_scale_factor,
+            ),
+        )
     if m.mode != "bilinear":
         raise LoweringError(f"node '{node.name}': Interpolate mode '{m.mode}' has no integer kernel")
     h, w = (int(d) for d in ctx.values[x].shape[-2:])
@@ -304,8 +353,15 @@ def _to_out(ctx: LowerContext, node: Node, m: Any, x: Any, i: int) -> str:
 def _add(ctx: LowerContext, node: Node, m: Any, ins: list[str], s_y: float, extra: dict[str, Any]) -> ValueRef:
     dt = _out_dtype(m, node)
     p = numerics.add_params(m.per_tensor_input(0), s_y, float(m.scale.reshape(-1)[0]), m.march, dt)
-    attrs = {"swap": bool(p.swap), "add_shift": int(p.shift), "qscale": int(p.qscale), "multiplier": int(p.multiplier),
-             "shift": int(p.out_shift), "out_dtype": dt, **extra}
+    attrs = {
+        "swap": bool(p.swap),
+        "add_shift": int(p.shift),
+        "qscale": int(p.qscale),
+        "multiplier": int(p.multiplier),
+        "shift": int(p.out_shift),
+        "out_dtype": dt,
+        **extra,
+    }
     return ValueRef(ctx.emit("add", ins, attrs, {}, node.name, "add"))
 
 
@@ -330,11 +386,13 @@ def ff_add_scalar(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs
     return _add(ctx, node, m, [tensor_ref(b["x"], node)], s_c, {"y_code": code})
 
 
-def _product(ctx: LowerContext, node: Node, m: Any, ins: list[str], s_a: float, s_b: float, op: str,
-             extra: dict[str, Any]) -> ValueRef:
+def _product(
+    ctx: LowerContext, node: Node, m: Any, ins: list[str], s_a: float, s_b: float, op: str, extra: dict[str, Any]
+) -> ValueRef:
     if m.dtype is not None and _dt(m.dtype) == "qint32":
-        return ValueRef(ctx.emit(op, ins, {"out_dtype": "qint32", "multiplier": 1, "shift": 0, **extra}, {},
-                                 node.name, op))
+        return ValueRef(
+            ctx.emit(op, ins, {"out_dtype": "qint32", "multiplier": 1, "shift": 0, **extra}, {}, node.name, op)
+        )
     dt = _out_dtype(m, node)
     mult, sh = numerics.conv_requant_params(s_a, s_b, float(m.scale.reshape(-1)[0]), m.march, dt)
     attrs = {"out_dtype": dt, "multiplier": int(mult.reshape(-1)[0]), "shift": int(sh.reshape(-1)[0]), **extra}
@@ -416,8 +474,10 @@ def _prod(v: Any) -> int:
 def ff_exp(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
     x = tensor_ref(args[0] if args else kwargs["x"], node)
     if ctx.values[x].dtype != torch.int8:
-        raise LoweringError(f"node '{node.name}': exp of a non-qint8 tensor has no table (qint16 needs segmented "
-                            "tables, not implemented)")
+        raise LoweringError(
+            f"node '{node.name}': exp of a non-qint8 tensor has no table (qint16 needs segmented "
+            "tables, not implemented)"
+        )
     dt = _out_dtype(m, node)
     table = numerics.lut_int8(torch.exp, m.per_tensor_input(0), float(m.scale.reshape(-1)[0]), dt)
     c = ctx.const(f"{node.name}.table", table)
@@ -443,14 +503,48 @@ register_functional_rule("exp", ff_exp)
 # ----------------------------------------------------------------------------- functions and methods
 
 _SHAPE_FUNCTIONS: dict[Any, str] = {
-    operator.getitem: "getitem", torch.flatten: "flatten", torch.reshape: "reshape", torch.permute: "permute",
-    torch.transpose: "transpose", torch.squeeze: "squeeze", torch.unsqueeze: "unsqueeze", torch.split: "split",
-    torch.chunk: "chunk", torch.unbind: "unbind", torch.flip: "flip", torch.roll: "roll",
-    F.pixel_shuffle: "pixel_shuffle", F.pixel_unshuffle: "pixel_unshuffle", torch.tile: "tile",
+    operator.getitem: "getitem",
+    torch.flatten: "flatten",
+    torch.reshape: "reshape",
+    torch.permute: "permute",
+    torch.transpose: "transpose",
+    torch.squeeze: "squeeze",
+    torch.unsqueeze: "unsqueeze",
+    torch.split: "split",
+    torch.chunk: "chunk",
+    torch.unbind: "unbind",
+    torch.flip: "flip",
+    torch.roll: "roll",
+    F.pixel_shuffle: "pixel_shuffle",
+    F.pixel_unshuffle: "pixel_unshuffle",
+    torch.tile: "tile",
 }
-_SHAPE_METHODS = ("view", "reshape", "flatten", "permute", "transpose", "contiguous", "squeeze", "unsqueeze",
-                  "expand", "expand_as", "repeat", "split", "chunk", "unbind", "clone", "detach", "flip", "roll",
-                  "view_as", "reshape_as", "tile", "size", "dim", "numel")
+_SHAPE_METHODS = (
+    "view",
+    "reshape",
+    "flatten",
+    "permute",
+    "transpose",
+    "contiguous",
+    "squeeze",
+    "unsqueeze",
+    "expand",
+    "expand_as",
+    "repeat",
+    "split",
+    "chunk",
+    "unbind",
+    "clone",
+    "detach",
+    "flip",
+    "roll",
+    "view_as",
+    "reshape_as",
+    "tile",
+    "size",
+    "dim",
+    "numel",
+)
 _INT_ARITH = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.floordiv: "floordiv"}
 
 
@@ -464,8 +558,10 @@ def fn_shape(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs
 
 def fn_arith(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
     if any(_is_tensor(ctx, a) for a in args):
-        raise LoweringError(f"node '{node.name}': {target.__name__} on tensors has no integer form here; "
-                            "quantized arithmetic goes through FloatFunctional (prepare_qat_fx generates it)")
+        raise LoweringError(
+            f"node '{node.name}': {target.__name__} on tensors has no integer form here; "
+            "quantized arithmetic goes through FloatFunctional (prepare_qat_fx generates it)"
+        )
     return shape_call(ctx, node, _INT_ARITH[target], args)
 
 

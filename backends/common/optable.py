@@ -231,8 +231,18 @@ def torch_spelling(obj: Any) -> str:
 # ----------------------------------------------------------------------------- parsing
 
 _ENTRY_KEYS = {
-    "spelling", "section", "ir_op", "eager_replacement", "support", "refer", "refer_absent",
-    "input_dtypes", "output_dtypes", "constraints", "rules", "note",
+    "spelling",
+    "section",
+    "ir_op",
+    "eager_replacement",
+    "support",
+    "refer",
+    "refer_absent",
+    "input_dtypes",
+    "output_dtypes",
+    "constraints",
+    "rules",
+    "note",
 }
 _TOP_KEYS = {"march", "format", "sections", "notes", "general_rules", "operators"}
 
@@ -435,11 +445,19 @@ def _entry(ctx: _Ctx, d: Any, index: int, sections: set[str]) -> _Raw:
     if ir_op is not None and (not isinstance(ir_op, str) or not ir_op):
         raise ctx.fail("ir_op", f"expected an IR op name or null, got {ir_op!r}")
     entry = OpEntry(
-        spelling=spelling, section=section, row=index + 1, support=support, ir_op=ir_op,
+        spelling=spelling,
+        section=section,
+        row=index + 1,
+        support=support,
+        ir_op=ir_op,
         eager_replacement=tuple(eager),
         input_dtypes=_dtypes(ctx, d.get("input_dtypes"), "input_dtypes", same_ok=False),  # type: ignore[arg-type]
         output_dtypes=_dtypes(ctx, d.get("output_dtypes"), "output_dtypes", same_ok=True),
-        constraints=constraints, rules=rules, refer=refer, refer_absent=refer_absent, note=note,
+        constraints=constraints,
+        rules=rules,
+        refer=refer,
+        refer_absent=refer_absent,
+        note=note,
     )
     return _Raw(entry, ctx.row)
 
@@ -466,8 +484,13 @@ def _resolve(ctx: _Ctx, raws: Sequence[_Raw]) -> tuple[OpEntry, ...]:
             )
         t = target(nxt, (*chain, e.spelling))
         resolved = attrs.evolve(
-            e, support=t.support, input_dtypes=t.input_dtypes, output_dtypes=t.output_dtypes,
-            constraints=t.constraints, rules=t.rules + e.rules, refer_absent=t.refer_absent,
+            e,
+            support=t.support,
+            input_dtypes=t.input_dtypes,
+            output_dtypes=t.output_dtypes,
+            constraints=t.constraints,
+            rules=t.rules + e.rules,
+            refer_absent=t.refer_absent,
             inherited=len(t.rules),
         )
         done[e.spelling] = resolved
@@ -545,7 +568,7 @@ def rule_counts(table: OpTable) -> dict[str, int]:
     """Rules as written in the file (a "Refer to" row's inherited rules are not recounted)."""
     counts = {"checkable": 0, "advisory": 0}
     for e in table.entries:
-        for r in e.rules[e.inherited:]:
+        for r in e.rules[e.inherited :]:
             counts["advisory" if isinstance(r, Advisory) else "checkable"] += 1
     for r in table.general_rules:
         counts["advisory" if isinstance(r, Advisory) else "checkable"] += 1
@@ -614,7 +637,7 @@ def update_doc(path: str | Path) -> bool:
         i, j = text.find(begin), text.find(end)
         if i < 0 or j < i:
             raise ValueError(f"{p}: no generated block {name!r} (markers {begin} ... {end})")
-        text = text[:i] + generated_block(name, fn()) + text[j + len(end):]
+        text = text[:i] + generated_block(name, fn()) + text[j + len(end) :]
     if text != old:
         p.write_text(text, encoding="utf-8")
     return text != old

@@ -33,16 +33,44 @@ from backends.common.roofline import Roofline, estimate_seconds
 
 __all__ = ["ESTIMATE_NOTE", "LayerProfile", "ProgramProfile", "ValueInfo", "profile_program", "value_infos"]
 
-ESTIMATE_NOTE = ("ESTIMATE: times come from a roofline model at the march's peak rates (max of compute and DRAM "
-                 "time per layer), not from a measurement on the device")
+ESTIMATE_NOTE = (
+    "ESTIMATE: times come from a roofline model at the march's peak rates (max of compute and DRAM "
+    "time per layer), not from a measurement on the device"
+)
 
 #: Constant roles that are model parameters (the rest are requantization / CPU index tables).
 PARAM_ROLES = frozenset({"weight", "bias", "table"})
 #: shape_fn functions that only relabel a tensor's shape: no data moves.
-VIEW_FNS = frozenset({"flatten", "reshape", "view", "view_as", "reshape_as", "squeeze", "unsqueeze", "contiguous",
-                      "size", "dim", "numel", "detach", "clone", "add", "sub", "mul", "floordiv"})
-_DTYPE_NAMES = {torch.int8: "qint8", torch.int16: "qint16", torch.int32: "qint32", torch.float32: "float32",
-                torch.int64: "int64", torch.bool: "qbool", torch.uint8: "uint8"}
+VIEW_FNS = frozenset(
+    {
+        "flatten",
+        "reshape",
+        "view",
+        "view_as",
+        "reshape_as",
+        "squeeze",
+        "unsqueeze",
+        "contiguous",
+        "size",
+        "dim",
+        "numel",
+        "detach",
+        "clone",
+        "add",
+        "sub",
+        "mul",
+        "floordiv",
+    }
+)
+_DTYPE_NAMES = {
+    torch.int8: "qint8",
+    torch.int16: "qint16",
+    torch.int32: "qint32",
+    torch.float32: "float32",
+    torch.int64: "int64",
+    torch.bool: "qbool",
+    torch.uint8: "uint8",
+}
 
 
 @dataclass(frozen=True)
@@ -84,8 +112,9 @@ def value_infos(program: Program, inputs: Sequence[torch.Tensor]) -> dict[str, V
 def _info(t: Any) -> ValueInfo:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"program inputs must be tensors, got {type(t).__name__}")
-    return ValueInfo(tuple(int(d) for d in t.shape), _DTYPE_NAMES.get(t.dtype, str(t.dtype)),
-                     t.numel() * t.element_size())
+    return ValueInfo(
+        tuple(int(d) for d in t.shape), _DTYPE_NAMES.get(t.dtype, str(t.dtype)), t.numel() * t.element_size()
+    )
 
 
 @dataclass
@@ -150,14 +179,28 @@ class ProgramProfile:
     def to_json(self) -> dict[str, Any]:
         return {
             "note": ESTIMATE_NOTE,
-            "model": self.model, "march": self.roofline.march, "device": self.roofline.device, "opt": self.opt,
-            "input_source": self.input_source, "batch": self.batch,
-            "roofline": {"peak_int8_macs_per_s": self.roofline.peak_int8_macs_per_s,
-                         "dram_bytes_per_s": self.roofline.dram_bytes_per_s,
-                         "int16_mac_cost": self.roofline.int16_mac_cost, "sources": list(self.roofline.sources)},
-            "totals": {"macs": self.total_macs, "gops": self.gops, "param_bytes": self.param_bytes,
-                       "params_mb": self.param_bytes / 1e6, "bytes_moved": self.bytes_moved,
-                       "est_time_s": self.est_time_s, "est_fps": self.est_fps, "layers": len(self.layers)},
+            "model": self.model,
+            "march": self.roofline.march,
+            "device": self.roofline.device,
+            "opt": self.opt,
+            "input_source": self.input_source,
+            "batch": self.batch,
+            "roofline": {
+                "peak_int8_macs_per_s": self.roofline.peak_int8_macs_per_s,
+                "dram_bytes_per_s": self.roofline.dram_bytes_per_s,
+                "int16_mac_cost": self.roofline.int16_mac_cost,
+                "sources": list(self.roofline.sources),
+            },
+            "totals": {
+                "macs": self.total_macs,
+                "gops": self.gops,
+                "param_bytes": self.param_bytes,
+                "params_mb": self.param_bytes / 1e6,
+                "bytes_moved": self.bytes_moved,
+                "est_time_s": self.est_time_s,
+                "est_fps": self.est_fps,
+                "layers": len(self.layers),
+            },
             "layers": [{**asdict(la), "bytes_moved": la.bytes_moved} for la in self.layers],
         }
 
@@ -166,30 +209,64 @@ class ProgramProfile:
 
     def text(self, layer_details: bool = True) -> str:
         r = self.roofline
-        lines = [f"qir perf_model: {self.model} on {r.describe()}",
-                 f"  {ESTIMATE_NOTE}.",
-                 f"  opt={self.opt}  input_source={','.join(self.input_source)}  batch={self.batch}",
-                 "  roofline basis:"]
+        lines = [
+            f"qir perf_model: {self.model} on {r.describe()}",
+            f"  {ESTIMATE_NOTE}.",
+            f"  opt={self.opt}  input_source={','.join(self.input_source)}  batch={self.batch}",
+            "  roofline basis:",
+        ]
         lines += [f"    - {s}" for s in r.sources]
         if layer_details:
-            head = ["layer", "module", "kernels", "output", "dtype", "MACs", "in B", "out B", "param B",
-                    "est. us", "bound"]
-            rows = [[la.name, la.module, "+".join(la.kernels), "x".join(map(str, la.output_shape or [])) or "-",
-                     la.output_dtype, f"{la.macs:,}", f"{la.input_bytes:,}", f"{la.output_bytes:,}",
-                     f"{la.param_bytes:,}", f"{la.est_time_s * 1e6:.3f}", la.bound] for la in self.layers]
+            head = [
+                "layer",
+                "module",
+                "kernels",
+                "output",
+                "dtype",
+                "MACs",
+                "in B",
+                "out B",
+                "param B",
+                "est. us",
+                "bound",
+            ]
+            rows = [
+                [
+                    la.name,
+                    la.module,
+                    "+".join(la.kernels),
+                    "x".join(map(str, la.output_shape or [])) or "-",
+                    la.output_dtype,
+                    f"{la.macs:,}",
+                    f"{la.input_bytes:,}",
+                    f"{la.output_bytes:,}",
+                    f"{la.param_bytes:,}",
+                    f"{la.est_time_s * 1e6:.3f}",
+                    la.bound,
+                ]
+                for la in self.layers
+            ]
             widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
             lines.append("")
             lines.append("  layers (estimated times):")
             for row in [head, *rows]:
-                lines.append("  " + "  ".join(c.rjust(w) if i >= 5 and i < 10 else c.ljust(w)
-                                                for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
-        lines += ["", "  totals:",
-                  f"    layers          {len(self.layers)}",
-                  f"    MACs            {self.total_macs:,}  ({self.gops:.4f} GOPs, 2 ops per MAC)",
-                  f"    parameters      {self.param_bytes:,} B  ({self.param_bytes / 1e6:.4f} MB)",
-                  f"    bytes moved     {self.bytes_moved:,} B",
-                  f"    est. time       {self.est_time_s * 1e3:.4f} ms  (ESTIMATE)",
-                  f"    est. FPS        {self.est_fps:,.1f}  (ESTIMATE, batch {self.batch})"]
+                lines.append(
+                    "  "
+                    + "  ".join(
+                        c.rjust(w) if i >= 5 and i < 10 else c.ljust(w)
+                        for i, (c, w) in enumerate(zip(row, widths, strict=True))
+                    ).rstrip()
+                )
+        lines += [
+            "",
+            "  totals:",
+            f"    layers          {len(self.layers)}",
+            f"    MACs            {self.total_macs:,}  ({self.gops:.4f} GOPs, 2 ops per MAC)",
+            f"    parameters      {self.param_bytes:,} B  ({self.param_bytes / 1e6:.4f} MB)",
+            f"    bytes moved     {self.bytes_moved:,} B",
+            f"    est. time       {self.est_time_s * 1e3:.4f} ms  (ESTIMATE)",
+            f"    est. FPS        {self.est_fps:,.1f}  (ESTIMATE, batch {self.batch})",
+        ]
         return "\n".join(lines) + "\n"
 
     def __str__(self) -> str:
@@ -236,9 +313,16 @@ def _wide(inst: Instruction, infos: Mapping[str, ValueInfo], consts: Mapping[str
     return w is not None and consts[w].dtype == torch.int16
 
 
-def profile_program(program: Program, infos: Mapping[str, ValueInfo], roofline: Roofline, *, model: str = "",
-                    modules: Mapping[str, str] | None = None, input_source: Sequence[str] | None = None,
-                    opt: int = 2) -> ProgramProfile:
+def profile_program(
+    program: Program,
+    infos: Mapping[str, ValueInfo],
+    roofline: Roofline,
+    *,
+    model: str = "",
+    modules: Mapping[str, str] | None = None,
+    input_source: Sequence[str] | None = None,
+    opt: int = 2,
+) -> ProgramProfile:
     """Profile ``program`` (``infos`` from :func:`value_infos`). ``modules``: layer name -> module name.
 
     ``input_source`` per program input: ``ddr`` reads the float input from DRAM (4 bytes an
@@ -260,22 +344,31 @@ def profile_program(program: Program, infos: Mapping[str, ValueInfo], roofline: 
             readers.setdefault(v, set()).add(inst.source)
     outputs = set(_flat(program.outputs))
     batch = infos[program.inputs[0]].shape[0] if program.inputs and infos[program.inputs[0]].shape else 1
-    prof = ProgramProfile(model=model or str(program.meta.get("name", "")), roofline=roofline, batch=int(batch),
-                          opt=opt, input_source=sources)
+    prof = ProgramProfile(
+        model=model or str(program.meta.get("name", "")),
+        roofline=roofline,
+        batch=int(batch),
+        opt=opt,
+        input_source=sources,
+    )
     seen_params: set[str] = set()
     distinct = 0
     for src in order:
         insts = groups[src]
         produced = {o for i in insts for o in i.outputs}
         macs = sum(_macs(i, infos, consts) for i in insts)
-        weighted = sum(_macs(i, infos, consts) * (roofline.int16_mac_cost if _wide(i, infos, consts) else 1.0)
-                       for i in insts)
+        weighted = sum(
+            _macs(i, infos, consts) * (roofline.int16_mac_cost if _wide(i, infos, consts) else 1.0) for i in insts
+        )
         moving = [i for i in insts if not _moves_nothing(i)]
         in_vals = {v for i in moving for v in i.inputs if v not in produced and v in infos}
-        in_bytes = sum(infos[v].nbytes // 4 if v in pixel_inputs and infos[v].dtype == "float32" else infos[v].nbytes
-                       for v in in_vals)
-        out_vals = [o for i in moving for o in i.outputs
-                    if o in infos and (o in outputs or readers.get(o, set()) - {src})]
+        in_bytes = sum(
+            infos[v].nbytes // 4 if v in pixel_inputs and infos[v].dtype == "float32" else infos[v].nbytes
+            for v in in_vals
+        )
+        out_vals = [
+            o for i in moving for o in i.outputs if o in infos and (o in outputs or readers.get(o, set()) - {src})
+        ]
         out_bytes = sum(infos[o].nbytes for o in out_vals)
         params = {c for i in insts for role, c in i.consts.items() if role in PARAM_ROLES}
         p_bytes = sum(consts[c].numel() * consts[c].element_size() for c in params)
@@ -285,11 +378,22 @@ def profile_program(program: Program, infos: Mapping[str, ValueInfo], roofline: 
         last = insts[-1].outputs[0] if insts[-1].outputs else ""
         info = infos.get(last)
         t, bound = estimate_seconds(roofline, weighted, in_bytes + out_bytes + p_bytes)
-        prof.layers.append(LayerProfile(
-            name=src, module=(modules or {}).get(src, src), kernels=[i.op for i in insts], macs=macs,
-            weighted_macs=weighted, input_bytes=in_bytes, output_bytes=out_bytes, param_bytes=p_bytes,
-            output_shape=list(info.shape) if info else None, output_dtype=info.dtype if info else "-",
-            est_time_s=t, bound=bound))
+        prof.layers.append(
+            LayerProfile(
+                name=src,
+                module=(modules or {}).get(src, src),
+                kernels=[i.op for i in insts],
+                macs=macs,
+                weighted_macs=weighted,
+                input_bytes=in_bytes,
+                output_bytes=out_bytes,
+                param_bytes=p_bytes,
+                output_shape=list(info.shape) if info else None,
+                output_dtype=info.dtype if info else "-",
+                est_time_s=t,
+                bound=bound,
+            )
+        )
     prof.param_bytes = distinct
     return prof
 

@@ -23,8 +23,12 @@ __all__ = ["CONST_DTYPES", "Instruction", "Program", "ProgramError", "ValueRef"]
 
 #: dtype name in the artifact -> torch dtype of a constant array.
 CONST_DTYPES: dict[str, torch.dtype] = {
-    "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
-    "uint8": torch.uint8, "float32": torch.float32,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "float32": torch.float32,
 }
 
 
@@ -54,15 +58,26 @@ class Instruction:
     source: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "inputs": list(self.inputs), "outputs": list(self.outputs),
-                "attrs": _attrs_to_json(dict(self.attrs)), "consts": dict(self.consts), "source": self.source}
+        return {
+            "op": self.op,
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "attrs": _attrs_to_json(dict(self.attrs)),
+            "consts": dict(self.consts),
+            "source": self.source,
+        }
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> Instruction:
         try:
-            return Instruction(op=str(d["op"]), inputs=tuple(str(v) for v in d["inputs"]),
-                               outputs=tuple(str(v) for v in d["outputs"]), attrs=_attrs_from_json(d["attrs"]),
-                               consts={str(k): str(v) for k, v in d["consts"].items()}, source=str(d["source"]))
+            return Instruction(
+                op=str(d["op"]),
+                inputs=tuple(str(v) for v in d["inputs"]),
+                outputs=tuple(str(v) for v in d["outputs"]),
+                attrs=_attrs_from_json(d["attrs"]),
+                consts={str(k): str(v) for k, v in d["consts"].items()},
+                source=str(d["source"]),
+            )
         except (KeyError, TypeError, AttributeError) as e:
             raise ProgramError(f"malformed instruction {d!r:.200}: {e}") from None
 
@@ -139,12 +154,15 @@ class Program:
         for i, inst in enumerate(self.instructions):
             for v in (*inst.inputs, *refs_in(dict(inst.attrs))):
                 if v not in defined:
-                    raise ProgramError(f"instruction {i} ({inst.op}, from '{inst.source}') uses '{v}' before it is "
-                                       "defined")
+                    raise ProgramError(
+                        f"instruction {i} ({inst.op}, from '{inst.source}') uses '{v}' before it is defined"
+                    )
             for role, c in inst.consts.items():
                 if c not in self.constants:
-                    raise ProgramError(f"instruction {i} ({inst.op}, from '{inst.source}') names constant '{c}' "
-                                       f"({role}) that the program does not hold")
+                    raise ProgramError(
+                        f"instruction {i} ({inst.op}, from '{inst.source}') names constant '{c}' "
+                        f"({role}) that the program does not hold"
+                    )
             defined.update(inst.outputs)
         for v in refs_in(_outputs_as_refs(self.outputs)):
             if v not in defined:
@@ -152,16 +170,25 @@ class Program:
 
     def header(self) -> dict[str, Any]:
         """The JSON-plain part (everything but the constant arrays)."""
-        return {"march": self.march, "inputs": list(self.inputs), "outputs": _attrs_to_json(self.outputs),
-                "instructions": [i.to_json() for i in self.instructions], "meta": _attrs_to_json(self.meta)}
+        return {
+            "march": self.march,
+            "inputs": list(self.inputs),
+            "outputs": _attrs_to_json(self.outputs),
+            "instructions": [i.to_json() for i in self.instructions],
+            "meta": _attrs_to_json(self.meta),
+        }
 
     @staticmethod
     def from_header(h: Mapping[str, Any], constants: dict[str, torch.Tensor]) -> Program:
         try:
-            prog = Program(march=str(h["march"]), inputs=[str(v) for v in h["inputs"]],
-                           outputs=_attrs_from_json(h["outputs"]),
-                           instructions=[Instruction.from_json(d) for d in h["instructions"]],
-                           constants=constants, meta=_attrs_from_json(h.get("meta", {})))
+            prog = Program(
+                march=str(h["march"]),
+                inputs=[str(v) for v in h["inputs"]],
+                outputs=_attrs_from_json(h["outputs"]),
+                instructions=[Instruction.from_json(d) for d in h["instructions"]],
+                constants=constants,
+                meta=_attrs_from_json(h.get("meta", {})),
+            )
         except (KeyError, TypeError) as e:
             raise ProgramError(f"malformed program header: missing or wrong field {e}") from None
         prog.validate()

@@ -33,12 +33,16 @@ class Roofline:
     sources: tuple[str, ...]
 
     def describe(self) -> str:
-        return (f"{self.march} ({self.device}): peak {self.peak_int8_macs_per_s / 1e12:g} T int8 MAC/s, "
-                f"DRAM {self.dram_bytes_per_s / 1e9:g} GB/s")
+        return (
+            f"{self.march} ({self.device}): peak {self.peak_int8_macs_per_s / 1e12:g} T int8 MAC/s, "
+            f"DRAM {self.dram_bytes_per_s / 1e9:g} GB/s"
+        )
 
 
-_INT16_NOTE = ("int16 MAC = 4 int8 MAC slots: assumption (a 16x16-bit product built from four 8x8-bit partial "
-               "products); the vendor states no int16 rate")
+_INT16_NOTE = (
+    "int16 MAC = 4 int8 MAC slots: assumption (a 16x16-bit product built from four 8x8-bit partial "
+    "products); the vendor states no int16 rate"
+)
 
 ROOFLINES: dict[str, Roofline] = {
     "bernoulli2": Roofline(
@@ -81,8 +85,10 @@ def get_roofline(march: str) -> Roofline:
     try:
         return ROOFLINES[march]
     except KeyError:
-        raise ValueError(f"no roofline parameters for march {march!r} (known: {', '.join(sorted(ROOFLINES))}); "
-                         "add them with backends.common.roofline.register_roofline") from None
+        raise ValueError(
+            f"no roofline parameters for march {march!r} (known: {', '.join(sorted(ROOFLINES))}); "
+            "add them with backends.common.roofline.register_roofline"
+        ) from None
 
 
 def estimate_seconds(r: Roofline, weighted_macs: float, dram_bytes: float) -> tuple[float, str]:

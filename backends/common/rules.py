@@ -83,8 +83,9 @@ FIELDS: dict[str, FieldSpec] = {
         "float_seq", "Interpolate: output size / input size per spatial dim (whether size or scale_factor was given)."
     ),
     "mode": FieldSpec(
-        "str", "The op's `mode` argument: interpolate/grid_sample ('nearest', 'bilinear'…), pad ('constant', "
-        "'reflect', 'replicate', 'circular')."
+        "str",
+        "The op's `mode` argument: interpolate/grid_sample ('nearest', 'bilinear'…), pad ('constant', "
+        "'reflect', 'replicate', 'circular').",
     ),
     "padding_mode": FieldSpec("str", "`padding_mode` argument (grid_sample: 'zeros', 'border', 'reflection')."),
     "align_corners": FieldSpec("bool_or_none", "`align_corners` argument as given (None when not given)."),
@@ -494,4 +495,3 @@ def walk(rule: Rule) -> Sequence[Rule]:
     if isinstance(rule, Conditional):
         return [rule, *walk(rule.when), *walk(rule.require)]
     return [rule]
-

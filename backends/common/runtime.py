@@ -54,8 +54,11 @@ class CompiledModel:
     def input_scales(self) -> dict[str, float]:
         """Scale of each ``quantize`` instruction fed directly by a program input."""
         ins = set(self.program.inputs)
-        return {i.inputs[0]: float(i.attrs["scale"]) for i in self.program.instructions
-                if i.op == "quantize" and i.inputs and i.inputs[0] in ins}
+        return {
+            i.inputs[0]: float(i.attrs["scale"])
+            for i in self.program.instructions
+            if i.op == "quantize" and i.inputs and i.inputs[0] in ins
+        }
 
     def __call__(self, *inputs: Any) -> Any:
         names = self.program.inputs
@@ -76,8 +79,9 @@ class CompiledModel:
                     try:
                         outs = run(inst, [env[v] for v in inst.inputs], state)
                     except Exception as e:
-                        raise RuntimeError(f"compiled model{self._where()}: {inst.op} for '{inst.source}' failed: {e}"
-                                           ) from e
+                        raise RuntimeError(
+                            f"compiled model{self._where()}: {inst.op} for '{inst.source}' failed: {e}"
+                        ) from e
                     for name, val in zip(inst.outputs, outs, strict=True):
                         env[name] = val
                     for v in free:
@@ -91,8 +95,10 @@ class CompiledModel:
         return f" '{self.source}'" if self.source else ""
 
     def __repr__(self) -> str:
-        return (f"CompiledModel(march={self.march}, {len(self.program.instructions)} instructions, "
-                f"{len(self.program.constants)} constants{', from ' + self.source if self.source else ''})")
+        return (
+            f"CompiledModel(march={self.march}, {len(self.program.instructions)} instructions, "
+            f"{len(self.program.constants)} constants{', from ' + self.source if self.source else ''})"
+        )
 
 
 def _flat_outputs(o: Any) -> list[str]:

@@ -123,8 +123,9 @@ def _kernel_title(inst: Instruction) -> str:
         return str(a.get("fn"))
     if inst.op in ("conv2d", "conv_nd"):
         g = int(a.get("groups", 1) or 1)
-        return (f"{a.get('kind', inst.op)} {_dims(a.get('kernel_size', []))}/s{_same(a.get('stride'))}"
-                + (f" g{g}" if g > 1 else ""))
+        return f"{a.get('kind', inst.op)} {_dims(a.get('kernel_size', []))}/s{_same(a.get('stride'))}" + (
+            f" g{g}" if g > 1 else ""
+        )
     if inst.op in ("maxpool2d", "avgpool2d"):
         k = a.get("kernel_size")
         return f"{inst.op} {_dims(k) if isinstance(k, list) else f'{k}x{k}'}/s{_same(a.get('stride'))}"
@@ -148,10 +149,18 @@ def _parts(inst: Instruction) -> list[str]:
     return parts if len(parts) > 1 else []
 
 
-def program_picture(program: Program, infos: Mapping[str, ValueInfo], *, scales: Mapping[str, Scale],
-                    modules: Mapping[str, str], module_types: Mapping[str, str],
-                    violations: Mapping[str, Sequence[tuple[str, str]]], title: Sequence[str],
-                    notes: Mapping[str, str] | None = None, shape_ops: bool = False) -> GraphPicture:
+def program_picture(
+    program: Program,
+    infos: Mapping[str, ValueInfo],
+    *,
+    scales: Mapping[str, Scale],
+    modules: Mapping[str, str],
+    module_types: Mapping[str, str],
+    violations: Mapping[str, Sequence[tuple[str, str]]],
+    title: Sequence[str],
+    notes: Mapping[str, str] | None = None,
+    shape_ops: bool = False,
+) -> GraphPicture:
     """Boxes and edges of ``program``. ``scales``: value -> scale (absent: unknown);
     ``modules`` / ``module_types``: layer -> module name / class; ``violations``: layer -> (short rule,
     full text) of every rule it breaks; ``notes``: layer -> an extra tooltip line. ``shape_ops``:
@@ -167,10 +176,15 @@ def program_picture(program: Program, infos: Mapping[str, ValueInfo], *, scales:
         return format_value(infos.get(v), scales.get(v))
 
     for k, name in enumerate(program.inputs):
-        src = (program.meta.get("input_source") or [])
+        src = program.meta.get("input_source") or []
         how = f" ({src[k]})" if k < len(src) else ""
-        b = Box(f"in{k}", "input", title=f"input {name.split('_', 1)[-1]}{how}", label=label(name),
-                tooltip=f"program input {name}: {label(name)}")
+        b = Box(
+            f"in{k}",
+            "input",
+            title=f"input {name.split('_', 1)[-1]}{how}",
+            label=label(name),
+            tooltip=f"program input {name}: {label(name)}",
+        )
         boxes[b.id] = b
         producer[name] = b.id
     raw_edges: list[tuple[str, str, str]] = []
@@ -190,10 +204,17 @@ def program_picture(program: Program, infos: Mapping[str, ValueInfo], *, scales:
         tip.append(f"output: {label(out)}" if out else "no output")
         tip += [f"NOT LEGAL on {program.march}: {full}" for _, full in rules]
         parts = _parts(inst)
-        b = Box(f"k{k}", "kernel", title=_kernel_title(inst),
-                subtitle=mod + (f" ({cls})" if parts and cls else ""), tooltip="\n".join(tip), parts=parts,
-                illegal=[full for _, full in rules], short=f"not legal: {rules[0][0]}" if rules else "",
-                label=label(out) if out else "")
+        b = Box(
+            f"k{k}",
+            "kernel",
+            title=_kernel_title(inst),
+            subtitle=mod + (f" ({cls})" if parts and cls else ""),
+            tooltip="\n".join(tip),
+            parts=parts,
+            illegal=[full for _, full in rules],
+            short=f"not legal: {rules[0][0]}" if rules else "",
+            label=label(out) if out else "",
+        )
         boxes[b.id] = b
         for n, v in enumerate(dict.fromkeys(inst.inputs)):
             if v in producer:
@@ -216,8 +237,9 @@ def program_picture(program: Program, infos: Mapping[str, ValueInfo], *, scales:
 _SCALAR_FNS = frozenset({"size", "dim", "numel", "add", "sub", "mul", "floordiv"})
 
 
-def _shape_arithmetic(program: Program, infos: Mapping[str, ValueInfo],
-                      violations: Mapping[str, Sequence[tuple[str, str]]]) -> set[int]:
+def _shape_arithmetic(
+    program: Program, infos: Mapping[str, ValueInfo], violations: Mapping[str, Sequence[tuple[str, str]]]
+) -> set[int]:
     """Indices of instructions that only compute Python ints from shapes (a ``getitem`` of such a
     value included); their results feed reshapes, never tensors' data."""
     scalar: set[str] = set()
@@ -289,7 +311,7 @@ def _creation_key(i: str) -> tuple[int, int]:
     rank = {"in": 0, "k": 1, "out": 2, "d": 3}
     for p in ("out", "in", "k", "d"):
         if i.startswith(p):
-            return rank[p], int(i[len(p):])
+            return rank[p], int(i[len(p) :])
     return 4, 0
 
 
@@ -326,12 +348,14 @@ def _pack(pic: GraphPicture, ids: list[str], desired: list[float]) -> list[float
     return xs
 
 
-def _place_x(pic: GraphPicture, rows: list[list[str]], preds: Mapping[str, list[str]],
-             succs: Mapping[str, list[str]]) -> None:
+def _place_x(
+    pic: GraphPicture, rows: list[list[str]], preds: Mapping[str, list[str]], succs: Mapping[str, list[str]]
+) -> None:
     for ids in rows:
         xs = _pack(pic, ids, [0.0] * len(ids))
         for i, x in zip(ids, xs, strict=True):
             pic.boxes[i].x = x
+
     def align(r: int, nb: Mapping[str, list[str]]) -> None:
         ids = rows[r]
         desired = [sum(pic.boxes[n].x for n in nb[i]) / len(nb[i]) if nb[i] else pic.boxes[i].x for i in ids]
@@ -370,8 +394,10 @@ def _box_svg(b: Box) -> list[str]:
     stroke, sw = (RED, 3) if b.illegal else ("#345", 1.2)
     out = [f'<g class="{cls}" id={quoteattr(b.id)}>', f"<title>{escape(b.tooltip)}</title>"]
     dash = ' stroke-dasharray="5 3"' if b.parts else ""
-    out.append(f'<rect x="{x0:.1f}" y="{y0:.1f}" width="{b.w:.1f}" height="{b.h:.1f}" rx="5" fill="{fill}" '
-               f'stroke="{stroke}" stroke-width="{sw}"{dash}/>')
+    out.append(
+        f'<rect x="{x0:.1f}" y="{y0:.1f}" width="{b.w:.1f}" height="{b.h:.1f}" rx="5" fill="{fill}" '
+        f'stroke="{stroke}" stroke-width="{sw}"{dash}/>'
+    )
     y = y0 + PAD_Y + LINE_H - 3
     out.append(_text(b.x, y, b.title, "kernel-name", weight="bold"))
     if b.subtitle:
@@ -379,25 +405,32 @@ def _box_svg(b: Box) -> list[str]:
         out.append(_text(b.x, y, b.subtitle, "source"))
     if b.short:
         y += LINE_H
-        out.append(f'<text x="{b.x:.1f}" y="{y:.1f}" text-anchor="middle" class="rule" fill="{RED}">'
-                   f"{escape(b.short)}</text>")
+        out.append(
+            f'<text x="{b.x:.1f}" y="{y:.1f}" text-anchor="middle" class="rule" fill="{RED}">{escape(b.short)}</text>'
+        )
     if b.parts:
         py = y + PAD_Y + 4
         total = b._parts_w()
         px = b.x - total / 2
         for k, p in enumerate(b.parts):
             pw = len(p) * CHAR_W + 12
-            out.append(f'<g class="part"><rect x="{px:.1f}" y="{py:.1f}" width="{pw:.1f}" height="{PART_H}" rx="3" '
-                       f'fill="#ffffff" stroke="#567" stroke-width="1"/>')
+            out.append(
+                f'<g class="part"><rect x="{px:.1f}" y="{py:.1f}" width="{pw:.1f}" height="{PART_H}" rx="3" '
+                f'fill="#ffffff" stroke="#567" stroke-width="1"/>'
+            )
             out.append(_text(px + pw / 2, py + PART_H - 6, p) + "</g>")
             if k < len(b.parts) - 1:
                 ax = px + pw
-                out.append(f'<path d="M{ax + 2:.1f},{py + PART_H / 2:.1f} h10" stroke="#567" '
-                           'marker-end="url(#arrow)" fill="none"/>')
+                out.append(
+                    f'<path d="M{ax + 2:.1f},{py + PART_H / 2:.1f} h10" stroke="#567" '
+                    'marker-end="url(#arrow)" fill="none"/>'
+                )
             px += pw + 14
     if b.illegal:
-        out.append(f'<text x="{x0 + b.w - PAD_X:.1f}" y="{y0 + PAD_Y + LINE_H - 3:.1f}" text-anchor="end" '
-                   f'class="illegal-mark" font-weight="bold" fill="{RED}">!</text>')
+        out.append(
+            f'<text x="{x0 + b.w - PAD_X:.1f}" y="{y0 + PAD_Y + LINE_H - 3:.1f}" text-anchor="end" '
+            f'class="illegal-mark" font-weight="bold" fill="{RED}">!</text>'
+        )
     out.append("</g>")
     return out
 
@@ -431,20 +464,25 @@ def render_svg(pic: GraphPicture) -> str:
             port[k] = b.x - b.w / 2 + b.w * (n + 1) / (len(lst) + 1)
             if k in pic.part_of_edge:
                 port[k] = _part_centres(b)[pic.part_of_edge[k]]
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-           f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="DejaVu Sans Mono, Menlo, Consolas, monospace" '
-           f'font-size="{FONT}">',
-           f"<title>{escape(pic.title[0])}</title>",
-           '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
-           'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#456"/></marker></defs>',
-           f'<rect width="{width:.0f}" height="{height:.0f}" fill="#ffffff"/>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="DejaVu Sans Mono, Menlo, Consolas, monospace" '
+        f'font-size="{FONT}">',
+        f"<title>{escape(pic.title[0])}</title>",
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
+        'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#456"/></marker></defs>',
+        f'<rect width="{width:.0f}" height="{height:.0f}" fill="#ffffff"/>',
+    ]
     for k, line in enumerate(pic.title):
-        out.append(_text(MARGIN, MARGIN + LINE_H * (k + 0.7), line, "header", anchor="start",
-                         weight="bold" if k == 0 else ""))
+        out.append(
+            _text(MARGIN, MARGIN + LINE_H * (k + 0.7), line, "header", anchor="start", weight="bold" if k == 0 else "")
+        )
     out.append('<g class="edges" fill="none" stroke="#456" stroke-width="1.2">')
     for k, (chain, lab) in enumerate(pic.edges):
-        out.append(f'<g class="edge"><title>{escape(lab)}</title>'
-                   f'<path d="{_edge_path(pic, chain, port[k], row_bottom)}" marker-end="url(#arrow)"/></g>')
+        out.append(
+            f'<g class="edge"><title>{escape(lab)}</title>'
+            f'<path d="{_edge_path(pic, chain, port[k], row_bottom)}" marker-end="url(#arrow)"/></g>'
+        )
     out.append("</g>")
     out.append('<g class="nodes">')
     for ids in rows:

@@ -27,8 +27,10 @@ def _check(path: Path, arr: np.ndarray, shape: tuple[int, ...], which: str) -> n
         arr = arr[None]  # one sample
     if arr.ndim != len(shape) or tuple(arr.shape[1:]) != tuple(shape[1:]):
         want = "(N, " + ", ".join(str(d) for d in shape[1:]) + ")"
-        raise UserError(f"--calib-data '{path}'{which}: array of shape {tuple(arr.shape)} does not match "
-                        f"--input-shape {','.join(map(str, shape))}: expected {want}")
+        raise UserError(
+            f"--calib-data '{path}'{which}: array of shape {tuple(arr.shape)} does not match "
+            f"--input-shape {','.join(map(str, shape))}: expected {want}"
+        )
     if not np.issubdtype(arr.dtype, np.number):
         raise UserError(f"--calib-data '{path}'{which}: dtype {arr.dtype} is not numeric")
     return arr
@@ -44,24 +46,32 @@ def _load_arrays(path: Path, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
     else:
         arrays = [loaded[k] for k in loaded.files]
     if len(arrays) != len(shapes):
-        raise UserError(f"--calib-data '{path}' holds {len(arrays)} array(s) for a model with {len(shapes)} "
-                        "input(s): give one array per input (an .npz for several)")
-    return [_check(path, a, s, f" (array {i})" if len(arrays) > 1 else "")
-            for i, (a, s) in enumerate(zip(arrays, shapes, strict=True))]
+        raise UserError(
+            f"--calib-data '{path}' holds {len(arrays)} array(s) for a model with {len(shapes)} "
+            "input(s): give one array per input (an .npz for several)"
+        )
+    return [
+        _check(path, a, s, f" (array {i})" if len(arrays) > 1 else "")
+        for i, (a, s) in enumerate(zip(arrays, shapes, strict=True))
+    ]
 
 
 def _load_images(folder: Path, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
     if len(shapes) != 1 or len(shapes[0]) != 4 or shapes[0][1] not in (1, 3):
-        raise UserError(f"--calib-data folder '{folder}': images calibrate one input of shape N,1,H,W or N,3,H,W; "
-                        "for other models save the samples as .npy / .npz")
+        raise UserError(
+            f"--calib-data folder '{folder}': images calibrate one input of shape N,1,H,W or N,3,H,W; "
+            "for other models save the samples as .npy / .npz"
+        )
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise UserError(f"--calib-data folder '{folder}' has no image files ({', '.join(IMAGE_SUFFIXES)})")
     try:
         from PIL import Image
     except ImportError:
-        raise UserError(f"--calib-data folder '{folder}': reading images needs Pillow (pip install pillow), "
-                        "or save the samples as a .npy file") from None
+        raise UserError(
+            f"--calib-data folder '{folder}': reading images needs Pillow (pip install pillow), "
+            "or save the samples as a .npy file"
+        ) from None
     _, c, h, w = shapes[0]
     out = []
     for f in files:
@@ -87,8 +97,9 @@ def calibration_batches(path: str, shapes: list[tuple[int, ...]], steps: int) ->
     n = min(len(a) for a in arrays)
     bs = shapes[0][0]
     count = min(steps, math.ceil(n / bs))
-    return [[torch.from_numpy(np.ascontiguousarray(a[i * bs:(i + 1) * bs])).float() for a in arrays]
-            for i in range(count)]
+    return [
+        [torch.from_numpy(np.ascontiguousarray(a[i * bs : (i + 1) * bs])).float() for a in arrays] for i in range(count)
+    ]
 
 
 def random_batches(shapes: list[tuple[int, ...]], steps: int, seed: int = 0) -> list[list[torch.Tensor]]:

@@ -20,8 +20,13 @@ def register(sub: Any) -> None:
     p = sub.add_parser("compile", help="compile a model to an artifact file (exit 2 when illegal)")
     flow.add_model_args(p)
     p.add_argument("-o", "--output", metavar="FILE", help="artifact path (default ./<factory>.hbm)")
-    p.add_argument("--opt", type=int, choices=(0, 1, 2), default=2,
-                   help="2: time each exact kernel engine and keep the fastest (default); 0/1: march preference")
+    p.add_argument(
+        "--opt",
+        type=int,
+        choices=(0, 1, 2),
+        default=2,
+        help="2: time each exact kernel engine and keep the fastest (default); 0/1: march preference",
+    )
     p.add_argument("--input-source", choices=INPUT_SOURCES, default="ddr", help="recorded in the artifact")
     p.add_argument("--report", metavar="FILE", help="also write the legality report to FILE")
     p.set_defaults(run=run)
@@ -41,8 +46,16 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        compile_model(prep.model, prep.inputs, hbm=out, march=prep.march, opt=args.opt,
-                      input_source=args.input_source, check=False, name=prep.name)
+        compile_model(
+            prep.model,
+            prep.inputs,
+            hbm=out,
+            march=prep.march,
+            opt=args.opt,
+            input_source=args.input_source,
+            check=False,
+            name=prep.name,
+        )
     except CompileError as e:
         raise UserError(str(e)) from None
     except OSError as e:
@@ -60,8 +73,7 @@ def run(args: argparse.Namespace) -> int:
     for n in prep.notes:
         print(f"  note: {n}")
     print(f"  legality: PASSED ({report.checked} nodes checked, {len(report.advisories)} advisory note(s))")
-    print(f"  artifact: {out} ({out.stat().st_size / 1024:.1f} KiB, {len(compiled.program.instructions)} "
-          f"kernel calls)")
+    print(f"  artifact: {out} ({out.stat().st_size / 1024:.1f} KiB, {len(compiled.program.instructions)} kernel calls)")
     print(f"  artifact vs converted model on the example input: {'bit-exact' if same else 'DIFFERENT'}")
     print(seconds_table(prep.stages))
     return 0 if same else 3

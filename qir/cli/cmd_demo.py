@@ -28,8 +28,11 @@ def register(sub: Any) -> None:
     p.add_argument("--out", default="qir-demo", help="output folder (default ./qir-demo)")
     p.add_argument("--epochs", type=int, default=None, help="float training epochs (default 30; --fast: 2)")
     p.add_argument("--qat-epochs", type=int, default=None, help="QAT epochs (default 5; --fast: 1)")
-    p.add_argument("--fast", action="store_true",
-                   help="a quick check that the flow works: 2 float + 1 QAT epochs, compile at opt 0")
+    p.add_argument(
+        "--fast",
+        action="store_true",
+        help="a quick check that the flow works: 2 float + 1 QAT epochs, compile at opt 0",
+    )
     # One thread: the 8x8 layers are too small to split across threads; measured on 2 shared cores,
     # 2 threads made a training step 6x (load 4) to 100x (load 12) slower than 1.
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the layers are tiny)")
@@ -56,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    demo = Demo(march, out, args.seed, progress=False if args.no_progress else None,
-                opt=0 if args.fast else 2)
+    demo = Demo(march, out, args.seed, progress=False if args.no_progress else None, opt=0 if args.fast else 2)
     try:
         # the library's own printouts (check_model advice, perf_model) go to files, not the terminal
         with contextlib.redirect_stdout(io.StringIO()) as captured:

@@ -15,8 +15,12 @@ def register(sub: Any) -> None:
     flow.add_model_args(p)
     p.add_argument("--out", default=".", metavar="DIR", help="folder for perf.json and perf.txt (default .)")
     p.add_argument("--layer-details", action="store_true", help="one row per layer in the printout")
-    p.add_argument("--input-source", choices=("ddr", "pyramid", "resizer"), default="ddr",
-                   help="how the input arrives (changes the input traffic counted)")
+    p.add_argument(
+        "--input-source",
+        choices=("ddr", "pyramid", "resizer"),
+        default="ddr",
+        help="how the input arrives (changes the input traffic counted)",
+    )
     p.set_defaults(run=run)
 
 
@@ -25,8 +29,15 @@ def run(args: argparse.Namespace) -> int:
 
     prep = flow.prepare(args)
     try:
-        prof = perf_model(prep.model, prep.inputs, out_dir=args.out, march=prep.march, name=prep.name,
-                          layer_details=args.layer_details, input_source=args.input_source)
+        prof = perf_model(
+            prep.model,
+            prep.inputs,
+            out_dir=args.out,
+            march=prep.march,
+            name=prep.name,
+            layer_details=args.layer_details,
+            input_source=args.input_source,
+        )
     except CompileError as e:
         raise UserError(str(e)) from None
     except OSError as e:

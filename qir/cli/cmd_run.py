@@ -16,8 +16,13 @@ from qir.cli.errors import UserError
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run a compiled artifact on inputs from .npy / .npz files")
     p.add_argument("artifact", help="file written by qir compile / compile_model")
-    p.add_argument("--input", "-i", action="append", metavar="FILE",
-                   help=".npy per model input (repeat, in order), or one .npz holding them all")
+    p.add_argument(
+        "--input",
+        "-i",
+        action="append",
+        metavar="FILE",
+        help=".npy per model input (repeat, in order), or one .npz holding them all",
+    )
     p.add_argument("--output", "-o", metavar="FILE", help="save the outputs: .npy (one output) or .npz")
     p.add_argument("--threads", type=int, default=2, help="torch threads while running (default 2)")
     p.set_defaults(run=run)
@@ -47,8 +52,10 @@ def _flat(out: Any) -> list[torch.Tensor]:
 
 def _describe(i: int, t: torch.Tensor) -> list[str]:
     f = t.double()
-    lines = [f"  output {i}: shape {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}  "
-             f"min {f.min().item():.6g}  max {f.max().item():.6g}  mean {f.mean().item():.6g}"]
+    lines = [
+        f"  output {i}: shape {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}  "
+        f"min {f.min().item():.6g}  max {f.max().item():.6g}  mean {f.mean().item():.6g}"
+    ]
     if t.dim() == 2 and t.shape[1] > 1:  # scores per class: the argmax is what users look for
         lines.append(f"    argmax per row: {t.argmax(1)[:16].tolist()}{' ...' if t.shape[0] > 16 else ''}")
     head = t.flatten()[:8].tolist()
@@ -82,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"the artifact cannot run on input(s) of shape {shapes}: {str(e).splitlines()[0]}") from None
     secs = time.perf_counter() - t0
     outs = _flat(out)
-    print(f"qir run: {path} (march {compiled.march}, {len(compiled.program.instructions)} kernel calls), "
-          f"{secs * 1000:.1f} ms on {args.threads} thread(s)")
+    print(
+        f"qir run: {path} (march {compiled.march}, {len(compiled.program.instructions)} kernel calls), "
+        f"{secs * 1000:.1f} ms on {args.threads} thread(s)"
+    )
     for i, t in enumerate(outs):
         print("\n".join(_describe(i, t)))
     if args.output:

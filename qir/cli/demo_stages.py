@@ -36,8 +36,12 @@ class Demo:
 
         t0 = time.perf_counter()
         self.x_tr, self.y_tr, self.x_te, self.y_te = digits_split(seed=self.seed)
-        self._row("data", None, time.perf_counter() - t0,
-                  f"{len(self.y_tr)} train / {len(self.y_te)} test real 8x8 digits (fixed split)")
+        self._row(
+            "data",
+            None,
+            time.perf_counter() - t0,
+            f"{len(self.y_tr)} train / {len(self.y_te)} test real 8x8 digits (fixed split)",
+        )
         torch.manual_seed(self.seed)
         model = DeployableDigitsNet()
         self.float_stage(model, epochs)
@@ -60,8 +64,9 @@ class Demo:
         from qir.ir.printer import print_graph
 
         t0 = time.perf_counter()
-        train(model, self.x_tr, self.y_tr, epochs, lr=3e-3, seed=self.seed, desc="float training",
-              progress=self.progress)
+        train(
+            model, self.x_tr, self.y_tr, epochs, lr=3e-3, seed=self.seed, desc="float training", progress=self.progress
+        )
         acc = accuracy(self._eval(model, "float eval"), self.y_te)
         # The trained float model in the IR text form: something to try `qir opt -p absorb-bn,fuse` on.
         (self.out / "float.qir").write_text(print_graph(trace(model, (self.x_te[:1],))))
@@ -78,8 +83,12 @@ class Demo:
             outputs(calib, self.x_tr, "calibration", self.progress)
         set_fake_quantize(calib, "validation")  # evaluate with the calibrated scales, observers frozen
         acc = accuracy(self._eval(calib, "calibrated eval"), self.y_te)
-        self._row("calibrated", acc, time.perf_counter() - t0,
-                  f"calibration qconfig, {len(self.y_tr)} training images observed")
+        self._row(
+            "calibrated",
+            acc,
+            time.perf_counter() - t0,
+            f"calibration qconfig, {len(self.y_tr)} training images observed",
+        )
         set_fake_quantize(calib, "calibration")
         return calib
 
@@ -87,12 +96,17 @@ class Demo:
         from qir.quantization import get_default_qat_out_qconfig, get_default_qat_qconfig, prepare_qat_fx
 
         t0 = time.perf_counter()
-        qat = prepare_qat_fx(calib, {"": get_default_qat_qconfig(),
-                                     "module_name": {CLASSIFIER: get_default_qat_out_qconfig()}})
+        qat = prepare_qat_fx(
+            calib, {"": get_default_qat_qconfig(), "module_name": {CLASSIFIER: get_default_qat_out_qconfig()}}
+        )
         train(qat, self.x_tr, self.y_tr, epochs, lr=1e-4, seed=self.seed + 1000, desc="QAT", progress=self.progress)
         self.qat_logits = self._eval(qat, "QAT eval")
-        self._row("QAT", accuracy(self.qat_logits, self.y_te), time.perf_counter() - t0,
-                  f"{_n(epochs, 'epoch')} from the calibrated scales; {CLASSIFIER}: qint32 output")
+        self._row(
+            "QAT",
+            accuracy(self.qat_logits, self.y_te),
+            time.perf_counter() - t0,
+            f"{_n(epochs, 'epoch')} from the calibrated scales; {CLASSIFIER}: qint32 output",
+        )
         return qat
 
     def convert_stage(self, qat: nn.Module) -> nn.Module:
@@ -104,8 +118,12 @@ class Demo:
         agree = int((self.int_logits.argmax(1) == self.qat_logits.argmax(1)).sum())
         n = len(self.y_te)
         self.agreement = f"{100.0 * agree / n:.2f}% ({agree}/{n})"
-        self._row("integer (converted)", accuracy(self.int_logits, self.y_te), time.perf_counter() - t0,
-                  "convert_fx: integer kernels in torch")
+        self._row(
+            "integer (converted)",
+            accuracy(self.int_logits, self.y_te),
+            time.perf_counter() - t0,
+            "convert_fx: integer kernels in torch",
+        )
         self._row("QAT vs integer argmax", None, None, f"agree on {self.agreement}")
         return converted
 
@@ -116,8 +134,12 @@ class Demo:
         report = check_model(converted, self.x_te[:1], march=self.march, advice=1)
         (self.out / "legality.txt").write_text(str(report) + "\n")
         verdict = "PASSED" if report.ok else f"FAILED ({len(report.violations)} errors)"
-        self._row("legality", None, time.perf_counter() - t0,
-                  f"{verdict} on {self.march}, {report.checked} nodes -> legality.txt")
+        self._row(
+            "legality",
+            None,
+            time.perf_counter() - t0,
+            f"{verdict} on {self.march}, {report.checked} nodes -> legality.txt",
+        )
         return bool(report.ok)
 
     def compile_stage(self, converted: nn.Module) -> None:
@@ -125,26 +147,52 @@ class Demo:
 
         t0 = time.perf_counter()
         path = self.out / "digits.hbm"
-        compile_model(converted, [self.x_te[:1]], hbm=path, march=self.march, opt=self.opt, check=False,
-                      name="DeployableDigitsNet")
-        self._row("compile", None, time.perf_counter() - t0,
-                  f"compile_model opt {self.opt} -> digits.hbm ({path.stat().st_size / 1024:.1f} KiB)")
+        compile_model(
+            converted,
+            [self.x_te[:1]],
+            hbm=path,
+            march=self.march,
+            opt=self.opt,
+            check=False,
+            name="DeployableDigitsNet",
+        )
+        self._row(
+            "compile",
+            None,
+            time.perf_counter() - t0,
+            f"compile_model opt {self.opt} -> digits.hbm ({path.stat().st_size / 1024:.1f} KiB)",
+        )
         t0 = time.perf_counter()
         compiled = load_compiled(path)
         logits = outputs(compiled, self.x_te, "artifact eval", self.progress)
         self.bit_exact = logits.dtype == self.int_logits.dtype and torch.equal(logits, self.int_logits)
-        self._row("artifact (loaded)", accuracy(logits, self.y_te), time.perf_counter() - t0,
-                  f"qir.load_compiled('digits.hbm'), {len(compiled.program.instructions)} kernel calls")
+        self._row(
+            "artifact (loaded)",
+            accuracy(logits, self.y_te),
+            time.perf_counter() - t0,
+            f"qir.load_compiled('digits.hbm'), {len(compiled.program.instructions)} kernel calls",
+        )
         n = len(self.y_te)
-        self._row("artifact == integer", None, None,
-                  f"{'yes' if self.bit_exact else 'NO'}: torch.equal on all {n} test logits")
+        self._row(
+            "artifact == integer",
+            None,
+            None,
+            f"{'yes' if self.bit_exact else 'NO'}: torch.equal on all {n} test logits",
+        )
 
     def perf_stage(self, converted: nn.Module) -> None:
         from qir.quantization import perf_model
 
         t0 = time.perf_counter()
-        prof = perf_model(converted, [self.x_te[:1]], out_dir=self.out, march=self.march, layer_details=True,
-                          name="DeployableDigitsNet", opt=self.opt)
+        prof = perf_model(
+            converted,
+            [self.x_te[:1]],
+            out_dir=self.out,
+            march=self.march,
+            layer_details=True,
+            name="DeployableDigitsNet",
+            opt=self.opt,
+        )
         self._row("perf", None, time.perf_counter() - t0, f"{_perf_summary(prof)} -> perf.txt, perf.json")
 
     def show_stage(self, converted: nn.Module) -> None:
@@ -155,8 +203,10 @@ class Demo:
         self._row("visualize", None, time.perf_counter() - t0, f"-> {path.name}")
 
     def table(self, epochs: int, qat_epochs: int, total: float, threads: int) -> str:
-        head = (f"qir demo: DeployableDigitsNet on real 8x8 digits, march {self.march}, {threads} torch thread(s), "
-                f"output in {self.out}/")
+        head = (
+            f"qir demo: DeployableDigitsNet on real 8x8 digits, march {self.march}, {threads} torch thread(s), "
+            f"output in {self.out}/"
+        )
         rows = [["stage", "accuracy", "seconds", "result"], *self.rows, ["total", "", f"{total:.1f}", ""]]
         return head + "\n" + table(rows, right=(1, 2))
 

@@ -14,11 +14,20 @@ from qir.cli.progress import bar
 def batches(n: int, size: int, seed: int | None) -> list[torch.Tensor]:
     """Index batches over ``n`` samples: shuffled with ``seed``, in order when it is None."""
     order = torch.arange(n) if seed is None else torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return [order[i:i + size] for i in range(0, n, size)]
+    return [order[i : i + size] for i in range(0, n, size)]
 
 
-def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float, seed: int, desc: str,
-          progress: bool | None, batch_size: int = 32) -> None:
+def train(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    epochs: int,
+    lr: float,
+    seed: int,
+    desc: str,
+    progress: bool | None,
+    batch_size: int = 32,
+) -> None:
     """Adam with a cosine learning-rate decay to 0 over all steps."""
     steps = [b for e in range(epochs) for b in batches(len(y), batch_size, seed + e)]
     opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -34,8 +43,9 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: f
 
 
 @torch.no_grad()
-def outputs(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, desc: str, progress: bool | None,
-            batch_size: int = 128) -> torch.Tensor:
+def outputs(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, desc: str, progress: bool | None, batch_size: int = 128
+) -> torch.Tensor:
     """``fn`` over ``x`` in batches, outputs concatenated (the whole test set's logits)."""
     return torch.cat([fn(x[idx]) for idx in bar(batches(len(x), batch_size, None), desc, progress)])
 

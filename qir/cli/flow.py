@@ -30,12 +30,20 @@ QCONFIGS = ("calib", "qat", "qat16")
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="package.module:factory or path/to/file.py:factory (returns an nn.Module)")
-    p.add_argument("--input-shape", action="append", metavar="N,C,H,W",
-                   help="input shape, e.g. 1,3,224,224 (repeat for each input)")
+    p.add_argument(
+        "--input-shape",
+        action="append",
+        metavar="N,C,H,W",
+        help="input shape, e.g. 1,3,224,224 (repeat for each input)",
+    )
     add_march_arg(p)
-    p.add_argument("--qconfig", choices=QCONFIGS, default="calib",
-                   help="float models: calib (8-bit, percentile calibration; default), qat (8-bit moving-average "
-                        "min/max), qat16 (16-bit activations)")
+    p.add_argument(
+        "--qconfig",
+        choices=QCONFIGS,
+        default="calib",
+        help="float models: calib (8-bit, percentile calibration; default), qat (8-bit moving-average "
+        "min/max), qat16 (16-bit activations)",
+    )
     p.add_argument("--calib-data", metavar="PATH", help=".npy / .npz file or folder of images (default: random data)")
     p.add_argument("--calib-steps", type=int, default=8, metavar="N", help="calibration batches (default 8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random example / calibration data")
@@ -74,8 +82,9 @@ def _run(model: nn.Module, inputs: list[torch.Tensor], what: str) -> Any:
             return model(*inputs)
     except Exception as e:
         shapes = " ".join(",".join(map(str, x.shape)) for x in inputs)
-        raise UserError(f"{what} fails on --input-shape {shapes}: {type(e).__name__}: {str(e).splitlines()[0]}"
-                        ) from None
+        raise UserError(
+            f"{what} fails on --input-shape {shapes}: {type(e).__name__}: {str(e).splitlines()[0]}"
+        ) from None
 
 
 def _qconfig(name: str) -> Any:
@@ -84,8 +93,11 @@ def _qconfig(name: str) -> Any:
         get_default_qat_qconfig,
     )
 
-    return {"calib": get_default_calib_qconfig, "qat": get_default_qat_qconfig,
-            "qat16": lambda: get_default_qat_qconfig(dtype="qint16")}[name]()
+    return {
+        "calib": get_default_calib_qconfig,
+        "qat": get_default_qat_qconfig,
+        "qat16": lambda: get_default_qat_qconfig(dtype="qint16"),
+    }[name]()
 
 
 def _calibrate(args: argparse.Namespace, model: nn.Module, shapes: list[tuple[int, ...]], prep: Prepared) -> None:
@@ -98,8 +110,10 @@ def _calibrate(args: argparse.Namespace, model: nn.Module, shapes: list[tuple[in
         prep.notes.append(f"calibrated on {len(batches)} batch(es) from {args.calib_data}")
     else:
         batches = calibdata.random_batches(shapes, args.calib_steps, args.seed)
-        msg = (f"calibrated on {len(batches)} batch(es) of RANDOM normal data (no --calib-data): the scales fit "
-               "N(0, 1) inputs, not your data; accuracy numbers would be meaningless")
+        msg = (
+            f"calibrated on {len(batches)} batch(es) of RANDOM normal data (no --calib-data): the scales fit "
+            "N(0, 1) inputs, not your data; accuracy numbers would be meaningless"
+        )
         prep.notes.append(msg)
     set_fake_quantize(model, "calibration")
     model.eval()
@@ -136,8 +150,9 @@ def prepare(args: argparse.Namespace, precheck: bool = False) -> Prepared:
         if kind == FLOAT:
             model, added = add_stubs_if_missing(model, example_output, len(shapes))
             if added:
-                prep.notes.append("the model has no QuantStub: qir put QuantStub before each input and "
-                                  "DeQuantStub after each output")
+                prep.notes.append(
+                    "the model has no QuantStub: qir put QuantStub before each input and DeQuantStub after each output"
+                )
             t0 = time.perf_counter()
             try:
                 model = prepare_qat_fx(model, {"": _qconfig(args.qconfig)})
@@ -166,5 +181,8 @@ def _precheck(args: argparse.Namespace, model: nn.Module, prep: Prepared) -> Non
 
 
 def kind_note(kind: str) -> str:
-    return {FLOAT: "float model: calibrated and converted by qir", QAT: "QAT model: converted by qir",
-            CONVERTED: "converted model: used as it is"}[kind]
+    return {
+        FLOAT: "float model: calibrated and converted by qir",
+        QAT: "QAT model: converted by qir",
+        CONVERTED: "converted model: used as it is",
+    }[kind]

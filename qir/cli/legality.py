@@ -38,5 +38,6 @@ def gate(report: Any) -> None:
     """Print an illegal model's report and stop with exit code 2."""
     if not report.ok:
         print(report)
-        raise IllegalModel(f"the model is not legal on {report.march} "
-                           f"({len(report.violations)} error(s), listed above)")
+        raise IllegalModel(
+            f"the model is not legal on {report.march} ({len(report.violations)} error(s), listed above)"
+        )

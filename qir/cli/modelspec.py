@@ -78,8 +78,9 @@ def load_model(spec: str) -> nn.Module:
     if isinstance(obj, nn.Module):
         return obj
     if not callable(obj):
-        raise UserError(f"'{spec}' is a {type(obj).__name__}, not a factory: name a function or class that "
-                        "returns an nn.Module")
+        raise UserError(
+            f"'{spec}' is a {type(obj).__name__}, not a factory: name a function or class that returns an nn.Module"
+        )
     try:
         model = obj()
     except Exception as e:

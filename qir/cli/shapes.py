@@ -15,15 +15,19 @@ def parse_shape(text: str) -> tuple[int, ...]:
     except ValueError:
         dims = ()
     if not dims or any(d <= 0 for d in dims):
-        raise UserError(f"--input-shape {text!r} is not a shape: give positive integers separated by commas, "
-                        "e.g. --input-shape 1,3,224,224")
+        raise UserError(
+            f"--input-shape {text!r} is not a shape: give positive integers separated by commas, "
+            "e.g. --input-shape 1,3,224,224"
+        )
     return dims
 
 
 def shapes_from(args_shapes: list[str] | None, what: str) -> list[tuple[int, ...]]:
     if not args_shapes:
-        raise UserError(f"{what} needs the model's input shape: add --input-shape N,C,H,W "
-                        "(repeat it for each input of a model with several)")
+        raise UserError(
+            f"{what} needs the model's input shape: add --input-shape N,C,H,W "
+            "(repeat it for each input of a model with several)"
+        )
     return [parse_shape(s) for s in args_shapes]
 
 

@@ -38,8 +38,9 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     return d.images.astype(np.uint8), d.target.astype(np.int64)
 
 
-def digits_split(seed: int = 0, test_fraction: float = 0.25) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                        torch.Tensor]:
+def digits_split(
+    seed: int = 0, test_fraction: float = 0.25
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x_train, y_train, x_test, y_test)``: a fixed shuffled split, images (N, 1, 8, 8).
 
     Pixels p in 0..16 become p/16 - 0.5, in [-0.5, 0.5]: multiples of 1/32, so a

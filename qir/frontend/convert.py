@@ -33,9 +33,7 @@ from qir.utils.fx_helper import wrapped_original
 MODULE_ORDER_KEY = "qir.module_order"
 
 
-def trace(
-    module: nn.Module, example_inputs: Any = (), *, concrete_args: dict[str, Any] | None = None
-) -> Graph:
+def trace(module: nn.Module, example_inputs: Any = (), *, concrete_args: dict[str, Any] | None = None) -> Graph:
     """Trace ``module`` (or take an existing ``torch.fx.GraphModule``) into a typed IR graph.
 
     ``example_inputs`` (a tensor or a tuple) runs the traced graph once to give every
@@ -108,11 +106,13 @@ def propagate(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Sequenc
     required = [n for n in placeholders if not n.args]
     if len(example_inputs) < len(required):
         names = ", ".join(str(n.target) for n in required)
-        raise TraceError(f"trace needs example_inputs for the model inputs ({names}) to type the graph; "
-                         f"got {len(example_inputs)}")
+        raise TraceError(
+            f"trace needs example_inputs for the model inputs ({names}) to type the graph; got {len(example_inputs)}"
+        )
     gm = torch.fx.GraphModule(root, copy.deepcopy(fx_graph))
-    saved = [(m, name, t, t.detach().clone()) for m in root.modules() for name, t in m._buffers.items()
-             if t is not None]
+    saved = [
+        (m, name, t, t.detach().clone()) for m in root.modules() for name, t in m._buffers.items() if t is not None
+    ]
     rec = _Recorder(gm)
     try:
         with torch.no_grad():
@@ -210,16 +210,18 @@ class _Converter:
         self.env[n.name] = node
         return node
 
-    def opaque(self, n: torch.fx.Node, kind: str, target: str, args: Any, kwargs: Any, why: str = "",
-               scope: str | None = None) -> Node:
+    def opaque(
+        self, n: torch.fx.Node, kind: str, target: str, args: Any, kwargs: Any, why: str = "", scope: str | None = None
+    ) -> Node:
         operands, (targs, tkwargs) = split_operands((tuple(args), dict(kwargs)))
         node = self.add(n, Call(kind=kind, target=target, args=targs, kwargs=tkwargs), operands, scope)
         if why:
             node.meta["frontend_note"] = why
         return node
 
-    def try_bind(self, n: torch.fx.Node, cls: type[Op], fn: Any, args: Any, kwargs: Any, form: str,
-                 scope: str | None = None) -> Node | str:
+    def try_bind(
+        self, n: torch.fx.Node, cls: type[Op], fn: Any, args: Any, kwargs: Any, form: str, scope: str | None = None
+    ) -> Node | str:
         """The bound node, or the reason the op could not take the call."""
         try:
             op, operands = bind(cls, fn, args, kwargs, form)
@@ -268,8 +270,9 @@ class _Converter:
         self.g.objects[f"module:{path}"] = m
         self.opaque(n, "module", path, args, kwargs, why, scope=path)
 
-    def _module_op(self, n: torch.fx.Node, cls: type[ModuleOp], m: nn.Module, path: str,
-                   args: Any, kwargs: Any) -> None:
+    def _module_op(
+        self, n: torch.fx.Node, cls: type[ModuleOp], m: nn.Module, path: str, args: Any, kwargs: Any
+    ) -> None:
         op = cls.from_module(m)
         bind_call = getattr(op, "bind_call", None)
         if bind_call is not None:

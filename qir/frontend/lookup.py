@@ -132,12 +132,14 @@ def ff_op_class(method: str) -> type[Op] | None:
 
 #: Modules outside torch.nn whose forward fx cannot trace (Python loops over image lists,
 #: dict inputs); they stay whole as opaque module calls.
-OPAQUE_LEAF_CLASSES = frozenset({
-    "torchvision.ops.roi_align.RoIAlign",
-    "torchvision.ops.roi_pool.RoIPool",
-    "torchvision.ops.poolers.MultiScaleRoIAlign",
-    "torchvision.models.detection.anchor_utils.AnchorGenerator",
-})
+OPAQUE_LEAF_CLASSES = frozenset(
+    {
+        "torchvision.ops.roi_align.RoIAlign",
+        "torchvision.ops.roi_pool.RoIPool",
+        "torchvision.ops.poolers.MultiScaleRoIAlign",
+        "torchvision.models.detection.anchor_utils.AnchorGenerator",
+    }
+)
 
 
 def is_opaque_leaf(m: nn.Module) -> bool:

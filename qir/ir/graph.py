@@ -249,7 +249,11 @@ class Graph:
         return node
 
     def add_constant(
-        self, key: str, tensor: torch.Tensor, kind: str = "parameter", name: str | None = None,
+        self,
+        key: str,
+        tensor: torch.Tensor,
+        kind: str = "parameter",
+        name: str | None = None,
         scope: str | None = None,
     ) -> Node:
         """Register ``tensor`` under ``key`` and add a ``constant`` node for it at the top."""

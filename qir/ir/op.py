@@ -92,9 +92,7 @@ def resolve(value: Any, operands: Sequence[Any]) -> Any:
     if isinstance(value, dict):
         return {k: resolve(v, operands) for k, v in value.items()}
     if isinstance(value, slice):
-        return slice(
-            resolve(value.start, operands), resolve(value.stop, operands), resolve(value.step, operands)
-        )
+        return slice(resolve(value.start, operands), resolve(value.stop, operands), resolve(value.step, operands))
     return value
 
 
@@ -257,9 +255,7 @@ def register_op(cls: OpT) -> OpT:
     if not cls.name:
         raise ValueError(f"op class {cls.__qualname__} has no name")
     if cls.name in OP_REGISTRY and OP_REGISTRY[cls.name] is not cls:
-        raise ValueError(
-            f"op name {cls.name!r} is taken by {OP_REGISTRY[cls.name].__qualname__}"
-        )
+        raise ValueError(f"op name {cls.name!r} is taken by {OP_REGISTRY[cls.name].__qualname__}")
     OP_REGISTRY[cls.name] = cls
     return cls
 

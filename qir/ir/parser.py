@@ -250,8 +250,11 @@ class _Walker:
                 return math.inf
             if node.id == "nan":
                 return math.nan
-            raise self.error(node, f"unknown name {node.id!r}; expected a literal, %value, inf, nan, slice(...), "
-                                   "torch.<dtype> or a registered attribute class")
+            raise self.error(
+                node,
+                f"unknown name {node.id!r}; expected a literal, %value, inf, nan, slice(...), "
+                "torch.<dtype> or a registered attribute class",
+            )
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             inner = self.value(node.operand)
             if type(inner) not in (int, float) or self.is_ref(node.operand):
@@ -280,8 +283,11 @@ class _Walker:
             return self.attribute(node, node.value.id, node.attr)
         if isinstance(node, ast.Call):
             return self.call(node)
-        raise self.error(node, f"unsupported expression ({type(node).__name__}); expected a literal, tuple, list, "
-                               "dict, slice(...), %value, torch.<dtype> or a registered attribute class")
+        raise self.error(
+            node,
+            f"unsupported expression ({type(node).__name__}); expected a literal, tuple, list, "
+            "dict, slice(...), %value, torch.<dtype> or a registered attribute class",
+        )
 
     def attribute(self, node: ast.AST, owner: str, attr: str) -> Any:
         if owner == "torch":
@@ -299,11 +305,17 @@ class _Walker:
 
     def call(self, node: ast.Call) -> Any:
         f = node.func
-        fname = f"{f.value.id}.{f.attr}" if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else (
-            f.id if isinstance(f, ast.Name) else "")
+        fname = (
+            f"{f.value.id}.{f.attr}"
+            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+            else (f.id if isinstance(f, ast.Name) else "")
+        )
         if fname == "" or self.is_ref(f):
-            raise self.error(node, "only slice(...), torch.device(...), torch.Size(...), Type(...) and registered "
-                                   "attribute classes can be called")
+            raise self.error(
+                node,
+                "only slice(...), torch.device(...), torch.Size(...), Type(...) and registered "
+                "attribute classes can be called",
+            )
         args = [self.value(a) for a in node.args]
         kwargs = {}
         for kw in node.keywords:
@@ -324,8 +336,11 @@ class _Walker:
                 return cls(**kwargs)
         except Exception as e:  # constructors report bad arguments in many ways (torch: RuntimeError)
             raise self.error(node, f"bad {fname}(...): {type(e).__name__}: {e}") from None
-        raise self.error(node, f"cannot call {fname}(...) here; expected slice(a, b, c), torch.device(s), "
-                               "torch.Size([...]), Type(s) or a registered attribute class with keyword arguments")
+        raise self.error(
+            node,
+            f"cannot call {fname}(...) here; expected slice(a, b, c), torch.device(s), "
+            "torch.Size([...]), Type(s) or a registered attribute class with keyword arguments",
+        )
 
 
 def _close(word: str, choices: Any) -> str:
@@ -335,8 +350,12 @@ def _close(word: str, choices: Any) -> str:
 
 class _Parser:
     def __init__(
-        self, text: str, constants: Mapping[str, torch.Tensor] | None, objects: Mapping[str, Any] | None,
-        allow_unbound: bool, source: str,
+        self,
+        text: str,
+        constants: Mapping[str, torch.Tensor] | None,
+        objects: Mapping[str, Any] | None,
+        allow_unbound: bool,
+        source: str,
     ) -> None:
         self.source = source
         self.lines = [_Line(self, i + 1, raw) for i, raw in enumerate(text.splitlines())]
@@ -366,13 +385,23 @@ class _Parser:
             self.node(graph, ln)
         else:
             last = self.lines[-1] if self.lines else header
-            raise ParseError("expected 'return <outputs>' and '}' to close the graph", last.lineno,
-                             len(last.text) + 1, self.source, last.raw)
+            raise ParseError(
+                "expected 'return <outputs>' and '}' to close the graph",
+                last.lineno,
+                len(last.text) + 1,
+                self.source,
+                last.raw,
+            )
         closing = next(lines, None)
         if closing is None:
             last = self.lines[-1]
-            raise ParseError("expected '}' to close the graph, found end of text", last.lineno,
-                             len(last.text) + 1, self.source, last.raw)
+            raise ParseError(
+                "expected '}' to close the graph, found end of text",
+                last.lineno,
+                len(last.text) + 1,
+                self.source,
+                last.raw,
+            )
         if not closing.eat("}"):
             raise closing.error(f"expected '}}' after return, found {closing.found()}")
         if not closing.done():
@@ -473,23 +502,28 @@ class _Parser:
             try:
                 typ = op.infer_type([v.type for v in operands])
             except Exception as e:
-                raise ln.error(f"cannot infer the type of %{name} ({type(e).__name__}: {e}); "
-                               f"write it as %{name}: <type> = ...", name_col) from None
+                raise ln.error(
+                    f"cannot infer the type of %{name} ({type(e).__name__}: {e}); write it as %{name}: <type> = ...",
+                    name_col,
+                ) from None
         self.define(ln, name, name_col)
         self.values[name] = graph.add_node(op, operands, typ, name, scope, exact_name=True)
 
     def lookup(self, ln: _Line, name: str, col: int) -> Value:
         if name.isdigit():
-            raise ln.error(f"%{name}: operands are listed by name; %<index> only refers to an operand "
-                           "inside an attribute", col)
+            raise ln.error(
+                f"%{name}: operands are listed by name; %<index> only refers to an operand inside an attribute", col
+            )
         v = self.values.get(name)
         if v is None:
-            raise ln.error(f"use of undefined value %{name} (values must be defined before use)"
-                           f"{_close(name, self.values)}", col)
+            raise ln.error(
+                f"use of undefined value %{name} (values must be defined before use){_close(name, self.values)}", col
+            )
         return v
 
-    def make_op(self, ln: _Line, cls: type[Op], tree: ast.Call, walker: _Walker, operands: list[Value],
-                op_col: int) -> Op:
+    def make_op(
+        self, ln: _Line, cls: type[Op], tree: ast.Call, walker: _Walker, operands: list[Value], op_col: int
+    ) -> Op:
         names = [v.name for v in operands]
 
         def ref(name: str, col: int) -> Ref:
@@ -497,8 +531,11 @@ class _Parser:
                 return Ref(int(name))
             if name in names:
                 return Ref(names.index(name))
-            raise ln.error(f"%{name} is not an operand of this node; a value used in an attribute must also "
-                           "be listed as a positional operand", col)
+            raise ln.error(
+                f"%{name} is not an operand of this node; a value used in an attribute must also "
+                "be listed as a positional operand",
+                col,
+            )
 
         walker.on_ref = ref
         fields = {f.alias or f.name: f for f in attrs.fields(cls) if f.init}
@@ -508,8 +545,10 @@ class _Parser:
                 raise walker.error(kw.value, "'**' unpacking is not allowed")
             if kw.arg not in fields:
                 known = ", ".join(fields) or "none"
-                raise walker.error(kw.value, f"op {cls.name!r} has no attribute {kw.arg!r}"
-                                             f"{_close(kw.arg, fields)} (attributes: {known})")
+                raise walker.error(
+                    kw.value,
+                    f"op {cls.name!r} has no attribute {kw.arg!r}{_close(kw.arg, fields)} (attributes: {known})",
+                )
             if kw.arg in kwargs:
                 raise walker.error(kw.value, f"attribute {kw.arg!r} given twice")
             kwargs[kw.arg] = walker.value(kw.value)
@@ -542,8 +581,11 @@ class _Parser:
             if self.constants is not None and key in self.constants:
                 t = self.constants[key]
                 if isinstance(n.type, TensorType) and tuple(t.shape) != n.type.shape:
-                    raise ln.error(f"constant {key!r} (%{n.name}) is declared {n.type} but the tensor given "
-                                   f"has shape {tuple(t.shape)}", ln.text.find("%"))
+                    raise ln.error(
+                        f"constant {key!r} (%{n.name}) is declared {n.type} but the tensor given "
+                        f"has shape {tuple(t.shape)}",
+                        ln.text.find("%"),
+                    )
             elif self.allow_unbound and isinstance(n.type, TensorType):
                 try:
                     t = torch.zeros(n.type.shape, dtype=n.type.dtype.to_torch())
@@ -551,8 +593,10 @@ class _Parser:
                     raise ln.error(f"cannot bind zeros for constant {key!r}: {e}", ln.text.find("%")) from None
             else:
                 where = "pass it in constants=" if self.constants is not None else "pass constants={...}"
-                raise ln.error(f"constant {key!r} (%{n.name}) has no tensor; {where} or allow_unbound=True "
-                               "to bind zeros", ln.text.find("%"))
+                raise ln.error(
+                    f"constant {key!r} (%{n.name}) has no tensor; {where} or allow_unbound=True to bind zeros",
+                    ln.text.find("%"),
+                )
             graph.constants[key] = t
 
 

@@ -94,9 +94,7 @@ _TO_TORCH = {
     DType.qint32: torch.int32,
     DType.qbool: torch.bool,
 }
-_FROM_TORCH = {
-    t: d for d, t in _TO_TORCH.items() if not d.is_quantized
-}
+_FROM_TORCH = {t: d for d, t in _TO_TORCH.items() if not d.is_quantized}
 
 
 def _int_tuple(v: Iterable[int]) -> tuple[int, ...]:
@@ -158,8 +156,7 @@ class TensorType(Type):
     def __attrs_post_init__(self) -> None:
         if self.quant is not None and self.quant.dtype is not self.dtype:
             raise ValueError(
-                f"TensorType dtype {self.dtype.name} disagrees with its QuantSpec "
-                f"dtype {self.quant.dtype.name}"
+                f"TensorType dtype {self.dtype.name} disagrees with its QuantSpec dtype {self.quant.dtype.name}"
             )
         if self.quant is not None and self.quant.axis is not None:
             ax = self.quant.axis
@@ -167,8 +164,7 @@ class TensorType(Type):
                 raise ValueError(f"QuantSpec axis {ax} out of range for shape {self.shape}")
             if len(self.quant.scale) != self.shape[ax]:
                 raise ValueError(
-                    f"QuantSpec has {len(self.quant.scale)} scales but axis {ax} has "
-                    f"{self.shape[ax]} entries"
+                    f"QuantSpec has {len(self.quant.scale)} scales but axis {ax} has {self.shape[ax]} entries"
                 )
 
     @property

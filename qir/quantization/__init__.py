@@ -35,13 +35,33 @@ from qir.quantization.qconfig import (
 from qir.quantization.stubs import DeQuantStub, QuantStub
 
 __all__ = [
-    "CalibFakeQuantize", "DeQuantStub", "FakeQuantState", "FakeQuantize", "FixedScaleObserver", "MinMaxObserver",
-    "ModuleFactory", "MovingAveragePerChannelMinMaxObserver", "MovingAveragePerTensorMinMaxObserver",
-    "ObserverBase", "PercentileObserver", "QConfig", "QuantStub", "default_calib_16bit_fake_quant_qconfig",
-    "default_calib_8bit_fake_quant_qconfig", "default_qat_16bit_fake_quant_qconfig",
-    "default_qat_8bit_fake_quant_qconfig", "default_qat_8bit_weight_32bit_out_fake_quant_qconfig",
-    "disable_fake_quant", "disable_observer", "enable_fake_quant", "enable_observer", "fake_quantize",
-    "get_default_calib_qconfig", "get_default_qat_out_qconfig", "get_default_qat_qconfig", "qconfig_kind",
+    "CalibFakeQuantize",
+    "DeQuantStub",
+    "FakeQuantState",
+    "FakeQuantize",
+    "FixedScaleObserver",
+    "MinMaxObserver",
+    "ModuleFactory",
+    "MovingAveragePerChannelMinMaxObserver",
+    "MovingAveragePerTensorMinMaxObserver",
+    "ObserverBase",
+    "PercentileObserver",
+    "QConfig",
+    "QuantStub",
+    "default_calib_16bit_fake_quant_qconfig",
+    "default_calib_8bit_fake_quant_qconfig",
+    "default_qat_16bit_fake_quant_qconfig",
+    "default_qat_8bit_fake_quant_qconfig",
+    "default_qat_8bit_weight_32bit_out_fake_quant_qconfig",
+    "disable_fake_quant",
+    "disable_observer",
+    "enable_fake_quant",
+    "enable_observer",
+    "fake_quantize",
+    "get_default_calib_qconfig",
+    "get_default_qat_out_qconfig",
+    "get_default_qat_qconfig",
+    "qconfig_kind",
     "set_fake_quantize",
 ]
 from qir.quantization.check import LegalityReport, Violation, check_model  # noqa: F401  (re-exported)
@@ -53,8 +73,16 @@ from qir.quantization.fuse import fuse_fx
 from qir.quantization.hybrid import HybridPlan, hybrid_placement
 from qir.quantization.prepare import prepare_qat_fx
 
-__all__ += ["HybridPlan", "convert", "convert_fx", "fuse_fx", "fuse_known_modules", "hybrid_placement", "prepare_qat",
-            "prepare_qat_fx"]
+__all__ += [
+    "HybridPlan",
+    "convert",
+    "convert_fx",
+    "fuse_fx",
+    "fuse_known_modules",
+    "hybrid_placement",
+    "prepare_qat",
+    "prepare_qat_fx",
+]
 
 # -- compile / load: converted model -> Program -> artifact (backends.common) -------------------
 from qir.quantization.compile import CompileError, compile_model, load_compiled  # noqa: E402

@@ -47,8 +47,12 @@ __all__ = ["LegalityReport", "Violation", "check_model"]
 
 #: Facts that count channels: a bound on one of them is met by splitting the layer.
 _CHANNEL_FACTS = {
-    "out_channels": "output channels", "weight_n": "output channels", "out_features": "output features",
-    "in_channels": "input channels", "weight_c": "input channels", "in_features": "input features",
+    "out_channels": "output channels",
+    "weight_n": "output channels",
+    "out_features": "output features",
+    "in_channels": "input channels",
+    "weight_c": "input channels",
+    "in_features": "input features",
 }
 #: Wording of the tables' rules about precision lost in lookups and conversions (qint16 helps).
 _PRECISION_WORDS = ("precision risk", "accuracy risk", "accuracy issue", "precision loss", "lookup")
@@ -149,8 +153,10 @@ class LegalityReport:
     def __str__(self) -> str:
         errors, unknown, adv = self.violations, self.unknown, self.advisories
         verdict = "PASSED" if self.ok else "FAILED"
-        head = (f"qir check_model: march {self.march}: {verdict} - {len(errors)} error(s), {len(unknown)} unknown, "
-                f"{len(adv)} advisory note(s); {self.checked} node(s) checked")
+        head = (
+            f"qir check_model: march {self.march}: {verdict} - {len(errors)} error(s), {len(unknown)} unknown, "
+            f"{len(adv)} advisory note(s); {self.checked} node(s) checked"
+        )
         if self.cpu_nodes:
             head += f", {len(self.cpu_nodes)} outside the quantized region (CPU)"
         lines = [head]
@@ -173,8 +179,7 @@ class LegalityReport:
     def _rows(self, items: Sequence[Violation]) -> list[str]:
         header = ["kind", "node", "module", "operator", "rule", "actual", "bound"]
         rows = [header] + [
-            [f.kind, f"%{f.node}", f.module or "-", f.spelling, f.rule, _show(f.actual), _show(f.bound)]
-            for f in items
+            [f.kind, f"%{f.node}", f.module or "-", f.spelling, f.rule, _show(f.actual), _show(f.bound)] for f in items
         ]
         table = _table(rows, widths=[11, 28, 28, 36, 48, 16, 16])
         out = [table[0]]
@@ -209,10 +214,14 @@ class LegalityReport:
 
 def _hybrid(f: Finding) -> str:
     if f.scope:
-        return (f"run it on the CPU (hybrid: prepare_qat_fx(..., hybrid=True, "
-                f"hybrid_dict={{'module_name': ['{f.scope}']}}))")
-    return (f"run it on the CPU: put a DeQuantStub before and a QuantStub after %{f.node}, or wrap it in a module "
-            f"and name that module in prepare_qat_fx(..., hybrid=True, hybrid_dict={{'module_name': [...]}})")
+        return (
+            f"run it on the CPU (hybrid: prepare_qat_fx(..., hybrid=True, "
+            f"hybrid_dict={{'module_name': ['{f.scope}']}}))"
+        )
+    return (
+        f"run it on the CPU: put a DeQuantStub before and a QuantStub after %{f.node}, or wrap it in a module "
+        f"and name that module in prepare_qat_fx(..., hybrid=True, hybrid_dict={{'module_name': [...]}})"
+    )
 
 
 def _alt_check(table: Any, spelling: str, facts: dict[str, Any]) -> list[str] | None:
@@ -230,13 +239,27 @@ def _linear_as_conv(f: Finding, table: Any) -> str | None:
         return None
     keep = ("input_dtype", "output_dtype", "weight_dtype", "has_bias", "bias_dtype", "is_model_output")
     conv: dict[str, Any] = {k: facts[k] for k in keep if k in facts}
-    conv.update(in_channels=cin, out_channels=cout, weight_n=cout, weight_c=cin, weight_h=1, weight_w=1,
-                kernel=(1, 1), stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, sumin=False)
+    conv.update(
+        in_channels=cin,
+        out_channels=cout,
+        weight_n=cout,
+        weight_c=cin,
+        weight_h=1,
+        weight_w=1,
+        kernel=(1, 1),
+        stride=(1, 1),
+        padding=(0, 0),
+        dilation=(1, 1),
+        groups=1,
+        sumin=False,
+    )
     broken = _alt_check(table, "torch.nn.Conv2d", conv)
     if broken is None:
         return None
-    text = (f"use Conv2d 1x1 instead of Linear: nn.Conv2d({cin}, {cout}, kernel_size=1) on an (N, {cin}, 1, 1) "
-            f"input (drop the flatten before it; copy weight.view({cout}, {cin}, 1, 1))")
+    text = (
+        f"use Conv2d 1x1 instead of Linear: nn.Conv2d({cin}, {cout}, kernel_size=1) on an (N, {cin}, 1, 1) "
+        f"input (drop the flatten before it; copy weight.view({cout}, {cin}, 1, 1))"
+    )
     return text + (f" - but it breaks: {'; '.join(broken)}" if broken else "")
 
 
@@ -252,13 +275,16 @@ def _adaptive_as_avgpool(f: Finding, table: Any) -> str | None:
     if broken is None:
         return None
     k = tuple(kernel)
-    text = (f"AvgPool2d with kernel=H,W instead of AdaptiveAvgPool2d: nn.AvgPool2d(kernel_size={k}, stride={k}) "
-            f"gives the same result on this {h}x{w} input")
+    text = (
+        f"AvgPool2d with kernel=H,W instead of AdaptiveAvgPool2d: nn.AvgPool2d(kernel_size={k}, stride={k}) "
+        f"gives the same result on this {h}x{w} input"
+    )
     if not broken:
         return text
     entry = table.get("torch.nn.AvgPool2d")
-    steps = _pool_steps_advice(attrs.evolve(f, spelling=entry.spelling, fields=("kernel",), facts=pool,
-                                            bound=_kernel_range(entry)))
+    steps = _pool_steps_advice(
+        attrs.evolve(f, spelling=entry.spelling, fields=("kernel",), facts=pool, bound=_kernel_range(entry))
+    )
     return text + f" - but it breaks: {'; '.join(broken)}" + (f"; {steps}" if steps else "")
 
 
@@ -332,8 +358,10 @@ def _dtype_advice(f: Finding) -> str | None:
     allowed = ", ".join(str(b) for b in f.bound)
     who = f"'{f.scope}'" if f.scope else f"%{f.node}"
     if f.fields == ("output_dtype",) and f.actual == "qint32":
-        return (f"{f.spelling} cannot give a high-precision qint32 output on this march (it takes {allowed}): "
-                f"give {who} get_default_qat_qconfig() instead of get_default_qat_out_qconfig()")
+        return (
+            f"{f.spelling} cannot give a high-precision qint32 output on this march (it takes {allowed}): "
+            f"give {who} get_default_qat_qconfig() instead of get_default_qat_out_qconfig()"
+        )
     return f"{f.fields[0]} is {f.actual}; the march takes {allowed}: give {who} a qconfig that produces {f.bound[0]}"
 
 
@@ -344,8 +372,10 @@ def _int16_advice(f: Finding) -> str | None:
     ins = getattr(entry, "input_dtypes", None) or ()
     if precision and "qint16" in ins and f.facts.get("input_dtype") == "qint8":
         who = f"'{f.scope}'" if f.scope else f"%{f.node}"
-        return (f"use qint16 instead of qint8 for {who} (qconfig default_qat_16bit_fake_quant_qconfig): "
-                "the row takes qint16")
+        return (
+            f"use qint16 instead of qint8 for {who} (qconfig default_qat_16bit_fake_quant_qconfig): "
+            "the row takes qint16"
+        )
     return None
 
 
@@ -380,8 +410,10 @@ def advise(f: Finding, table: Any) -> tuple[str, ...]:
     elif f.kind == UNKNOWN and f.rule == AMBIGUOUS_RULE:
         out.append(f"call it the way the march supports: {f.message}")
     elif f.kind == UNKNOWN:
-        out.append(f"the {table.march} tables do not list {f.spelling}: confirm with the compiler; if it refuses, "
-                   + _hybrid(f))
+        out.append(
+            f"the {table.march} tables do not list {f.spelling}: confirm with the compiler; if it refuses, "
+            + _hybrid(f)
+        )
     elif f.kind == UNCHECKED:
         out.append(f"check '{f.rule}' by hand: {f.message}")
         text = _int16_advice(f)
@@ -464,8 +496,18 @@ register_module_view(qir_module_view)
 def _to_violation(f: Finding, table: Any, advice: int) -> Violation:
     shown = f.facts if not f.fields else {k: f.facts[k] for k in f.fields if k in f.facts}
     return Violation(
-        kind=f.kind, node=f.node, module=f.scope, op=f.op, spelling=f.spelling, rule=f.rule, check=f.check,
-        actual=f.actual, bound=f.bound, message=f.message, advice=advise(f, table) if advice else (), facts=shown,
+        kind=f.kind,
+        node=f.node,
+        module=f.scope,
+        op=f.op,
+        spelling=f.spelling,
+        rule=f.rule,
+        check=f.check,
+        actual=f.actual,
+        bound=f.bound,
+        message=f.message,
+        advice=advise(f, table) if advice else (),
+        facts=shown,
     )
 
 

@@ -45,8 +45,9 @@ def _inputs(example_inputs: Any) -> tuple[Any, ...]:
         return (example_inputs,)
     if isinstance(example_inputs, (list, tuple)):
         return tuple(example_inputs)
-    raise TypeError("example_inputs must be a tensor or a list / tuple of tensors, got "
-                    f"{type(example_inputs).__name__}")
+    raise TypeError(
+        f"example_inputs must be a tensor or a list / tuple of tensors, got {type(example_inputs).__name__}"
+    )
 
 
 def traced_original(sm: torch.jit.ScriptModule) -> nn.Module:
@@ -54,8 +55,10 @@ def traced_original(sm: torch.jit.ScriptModule) -> nn.Module:
     state: dict[str, torch.Tensor] = dict(sm.named_parameters())
     state.update(dict(sm.named_buffers()))
     if not state:
-        raise CompileError("cannot compile this TorchScript module: it has no parameters or buffers to identify the "
-                           "module it was traced from; pass the converted module itself")
+        raise CompileError(
+            "cannot compile this TorchScript module: it has no parameters or buffers to identify the "
+            "module it was traced from; pass the converted module itself"
+        )
     probe_name, probe = next(iter(state.items()))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # isinstance on arbitrary heap objects can trigger deprecation shims
@@ -97,8 +100,9 @@ def _resolve(module: nn.Module) -> tuple[nn.Module, torch.fx.Graph]:
     if isinstance(module, torch.fx.GraphModule):
         return module, module.graph
     if not isinstance(module, nn.Module):
-        raise TypeError("compile_model needs a converted nn.Module or its torch.jit.trace, got "
-                        f"{type(module).__name__}")
+        raise TypeError(
+            f"compile_model needs a converted nn.Module or its torch.jit.trace, got {type(module).__name__}"
+        )
     return module, trace_fx(module)
 
 
@@ -121,8 +125,10 @@ def _check(module: nn.Module, inputs: tuple[Any, ...], march: str) -> None:
     report = check_model(module, inputs[0] if len(inputs) == 1 else inputs, march=march)
     if not report.ok:
         lines = [f"  {v.node} ({v.module or '-'}: {v.spelling}): {v.message}" for v in report.violations]
-        raise CompileError(f"the model is not legal on {march} ({len(lines)} violation(s)); compile_model refuses "
-                           "it (check=False skips this check):\n" + "\n".join(lines))
+        raise CompileError(
+            f"the model is not legal on {march} ({len(lines)} violation(s)); compile_model refuses "
+            "it (check=False skips this check):\n" + "\n".join(lines)
+        )
 
 
 def _refuse_hybrid(root: nn.Module) -> None:
@@ -190,8 +196,13 @@ def compile_model(
         raise CompileError(f"lowering {type(root).__name__} for {march_name}: {e}") from e
     finally:
         torch.set_num_threads(prev)
-    program.meta.update({"name": name or type(root).__name__, "input_source": sources or ["ddr"] * len(inputs),
-                         "torch": torch.__version__})
+    program.meta.update(
+        {
+            "name": name or type(root).__name__,
+            "input_source": sources or ["ddr"] * len(inputs),
+            "torch": torch.__version__,
+        }
+    )
     if hbm is not None:
         write_program(program, hbm)
     return CompiledModel(program, num_threads=num_threads, source=str(hbm) if hbm is not None else "")

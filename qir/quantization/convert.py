@@ -45,8 +45,15 @@ from qir.quantization.scale_ops import (
 )
 from qir.quantization.stubs import DeQuantStub as FloatDeQuantStub
 
-__all__ = ["ConvertError", "ScalePlan", "convert_fx", "input_scales", "nearest_interpolate_codes",
-           "quantized_class_for", "relu6_codes"]
+__all__ = [
+    "ConvertError",
+    "ScalePlan",
+    "convert_fx",
+    "input_scales",
+    "nearest_interpolate_codes",
+    "quantized_class_for",
+    "relu6_codes",
+]
 
 
 class ConvertError(RuntimeError):
@@ -108,7 +115,8 @@ class ScalePlan:
         first = sites[0]
         for other in sites[1:]:
             same = len(other) == len(first) and all(
-                a.shape == b.shape and bool(torch.equal(a, b)) for a, b in zip(first, other, strict=True))
+                a.shape == b.shape and bool(torch.equal(a, b)) for a, b in zip(first, other, strict=True)
+            )
             if not same:
                 raise ConvertError(
                     f"module '{path}' is called at several places with different input scales "
@@ -146,8 +154,11 @@ def _out_dtype_of_qat(m: nn.Module, ins: Sequence[DType | None]) -> DType | None
     return DType.qint32  # a high-precision output
 
 
-def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, list[torch.Tensor]], Scale]
-                 | None = None, hybrid: bool = False) -> ScalePlan:
+def input_scales(
+    gm: torch.fx.GraphModule,
+    out_scale: Callable[[str, nn.Module, list[torch.Tensor]], Scale] | None = None,
+    hybrid: bool = False,
+) -> ScalePlan:
     """Walk ``gm``'s graph once: every QAT module call site's input scales.
 
     ``out_scale(path, module, ins)`` may supply the output scale of a module whose QAT
@@ -186,8 +197,11 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
             if _is_qat_module(m):
                 tensor_ins = [s for s in ins if s is not None]
                 # float_inputs: arguments that stay float (RoIAlign's boxes)
-                if len(tensor_ins) != len([a for a in in_nodes if a.op != "get_attr"]) \
-                        and not _is_quant_stub(m) and not getattr(m, "float_inputs", ()):
+                if (
+                    len(tensor_ins) != len([a for a in in_nodes if a.op != "get_attr"])
+                    and not _is_quant_stub(m)
+                    and not getattr(m, "float_inputs", ())
+                ):
                     raise ConvertError(
                         f"module '{path}' ({type(m).__name__}) receives a float tensor; quantized modules take "
                         "quantized inputs: put a QuantStub in front of it"
@@ -199,8 +213,11 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
                 if s is None and out_scale is not None and not _is_dequant_stub(m):
                     s = out_scale(path, m, tensor_ins)
                 env[n.name] = None if _is_dequant_stub(m) else s
-                dts[n.name] = None if _is_dequant_stub(m) else _out_dtype_of_qat(
-                    m, [dts.get(a.name) for a in in_nodes if env.get(a.name) is not None])
+                dts[n.name] = (
+                    None
+                    if _is_dequant_stub(m)
+                    else _out_dtype_of_qat(m, [dts.get(a.name) for a in in_nodes if env.get(a.name) is not None])
+                )
                 outs = multi_output_scales(m)
                 if outs is not None:  # r[i] of the result reads output i's scale
                     plan.multi_outputs[n.name] = outs
@@ -249,8 +266,9 @@ def input_scales(gm: torch.fx.GraphModule, out_scale: Callable[[str, nn.Module, 
             elif res.kind == EXACT:
                 plan.exact_values.add(n.name)
             continue
-        if (n.op == "call_function" and target in _PRESERVING_FUNCTIONS) or \
-                (n.op == "call_method" and target in _PRESERVING_METHODS):
+        if (n.op == "call_function" and target in _PRESERVING_FUNCTIONS) or (
+            n.op == "call_method" and target in _PRESERVING_METHODS
+        ):
             if target is F.interpolate and not is_nearest(n):
                 raise ConvertError(
                     f"F.interpolate at node '{n.name}' (mode={n.kwargs.get('mode')}) on a quantized tensor "
@@ -337,8 +355,9 @@ def _rewrite_functionals(gm: torch.fx.GraphModule, plan: ScalePlan, eager: bool 
     gm.recompile()
 
 
-def _convert_modules(root: nn.Module, gm: torch.fx.GraphModule, march: March,
-                     mapping: Mapping[type, type] | None, eager: bool = False) -> None:
+def _convert_modules(
+    root: nn.Module, gm: torch.fx.GraphModule, march: March, mapping: Mapping[type, type] | None, eager: bool = False
+) -> None:
     """Swap every called QAT module of ``gm`` (submodules shared with ``root``) in ``root``."""
     built: dict[str, nn.Module] = {}
 

@@ -64,8 +64,15 @@ def _make_positional() -> None:
     for cls in FUSED_CLASSES.values():
         name = cls.__name__
         # same class name (the printout says ConvReLU2d); importable here under it for pickling
-        pos: type = type(name, (_Positional, cls), {"__module__": __name__, "__qualname__": f"_eager.{name}",
-                                              "__doc__": f"{cls.__doc__} Eager layout: children '0', '1'."})
+        pos: type = type(
+            name,
+            (_Positional, cls),
+            {
+                "__module__": __name__,
+                "__qualname__": f"_eager.{name}",
+                "__doc__": f"{cls.__doc__} Eager layout: children '0', '1'.",
+            },
+        )
         _POSITIONAL[cls] = pos
         _EAGER_NS[name] = pos
 
@@ -100,8 +107,16 @@ def _fold(conv: nn.Module, bn: nn.Module) -> nn.Module:
     op: Any = op_cls.from_module(conv)
     c: Any = conv
     b: Any = bn
-    w, bias = fold_batch_norm(op, c.weight, c.bias, b.running_mean, b.running_var,
-                              b.weight if b.affine else None, b.bias if b.affine else None, float(b.eps))
+    w, bias = fold_batch_norm(
+        op,
+        c.weight,
+        c.bias,
+        b.running_mean,
+        b.running_var,
+        b.weight if b.affine else None,
+        b.bias if b.affine else None,
+        float(b.eps),
+    )
     new: Any = copy.deepcopy(conv)
     new.weight = nn.Parameter(w.to(c.weight.dtype), requires_grad=bool(c.weight.requires_grad))
     new.bias = nn.Parameter(bias.to(c.weight.dtype), requires_grad=True)
@@ -207,8 +222,11 @@ def convert(model: nn.Module, mapping: Mapping[type, type] | None = None, inplac
     try:
         fx_graph = trace_fx(model)
     except Exception as e:
-        hint = "" if "fx_helper.wrap" in str(e) else (
-            "\nDecorate the untraceable code with qir.utils.fx_helper.wrap so it stays one opaque call")
+        hint = (
+            ""
+            if "fx_helper.wrap" in str(e)
+            else ("\nDecorate the untraceable code with qir.utils.fx_helper.wrap so it stays one opaque call")
+        )
         raise ConvertError(
             f"convert traces {type(model).__name__} once to learn each module's input scales: {e}{hint}"
         ) from e

@@ -84,8 +84,13 @@ def _interpolate(op: Op) -> nn.Module | None:
     a: Any = op
     if a.mode != "bilinear" or a.antialias:
         return None
-    return Interpolate(size=a.size, scale_factor=a.scale_factor, mode=a.mode, align_corners=a.align_corners,
-                       recompute_scale_factor=a.recompute_scale_factor)
+    return Interpolate(
+        size=a.size,
+        scale_factor=a.scale_factor,
+        mode=a.mode,
+        align_corners=a.align_corners,
+        recompute_scale_factor=a.recompute_scale_factor,
+    )
 
 
 def _grid_sample(op: Op) -> nn.Module | None:
@@ -108,12 +113,29 @@ _TENSOR_OPERANDS: dict[str, int] = {"grid_sample": 2}
 FUNCTIONAL_MODULES: dict[str, ModuleFactory] = {
     "interpolate": _interpolate,  # also F.upsample, F.upsample_bilinear (traced into interpolate)
     # qir.nn's unary LUT modules; domain-restricted ones clamp into the domain (docs/modules.md)
-    **{op: _qir_unary(cls) for op, cls in {
-        "exp": "Exp", "log": "HardLog", "sqrt": "Sqrt", "reciprocal": "Reciprocal", "erf": "Erf",
-        "sin": "Sin", "cos": "Cos", "tan": "Tan", "asin": "Asin", "acos": "Acos", "atan": "Atan",
-        "sinh": "Sinh", "cosh": "Cosh", "asinh": "Asinh", "acosh": "Acosh", "atanh": "Atanh",
-        "ceil": "Ceil", "floor": "Floor",
-    }.items()},
+    **{
+        op: _qir_unary(cls)
+        for op, cls in {
+            "exp": "Exp",
+            "log": "HardLog",
+            "sqrt": "Sqrt",
+            "reciprocal": "Reciprocal",
+            "erf": "Erf",
+            "sin": "Sin",
+            "cos": "Cos",
+            "tan": "Tan",
+            "asin": "Asin",
+            "acos": "Acos",
+            "atan": "Atan",
+            "sinh": "Sinh",
+            "cosh": "Cosh",
+            "asinh": "Asinh",
+            "acosh": "Acosh",
+            "atanh": "Atanh",
+            "ceil": "Ceil",
+            "floor": "Floor",
+        }.items()
+    },
     "pow": _pow,
     "square": _square,
     "grid_sample": _grid_sample,  # two tensor operands: input and grid (see _TENSOR_OPERANDS)
@@ -121,15 +143,28 @@ FUNCTIONAL_MODULES: dict[str, ModuleFactory] = {
     "softmax": _torch_module,
     "glu": _torch_module,
     # torch activations that are LUT ops in qir.nn.qat (LUT_FLOAT_CLASSES): their own nn module
-    **dict.fromkeys((
-        "sigmoid", "tanh", "gelu", "silu", "hardsigmoid", "hardswish", "elu", "leaky_relu", "softplus", "mish",
-        "selu", "celu",
-    ), _torch_module),
+    **dict.fromkeys(
+        (
+            "sigmoid",
+            "tanh",
+            "gelu",
+            "silu",
+            "hardsigmoid",
+            "hardswish",
+            "elu",
+            "leaky_relu",
+            "softplus",
+            "mish",
+            "selu",
+            "celu",
+        ),
+        _torch_module,
+    ),
 }
 
 
 def _stub_kind(obj: Any) -> str | None:
-    """"quant" / "dequant" for a QuantStub / DeQuantStub object (qir's, torch's, QAT), else None."""
+    """ "quant" / "dequant" for a QuantStub / DeQuantStub object (qir's, torch's, QAT), else None."""
     if not isinstance(obj, nn.Module):
         return None
     from qir.nn import qat

@@ -76,8 +76,15 @@ class FuseRecord:
 # ---------------------------------------------------------------------------------------------
 # functionals -> generated FloatFunctional modules
 
-_TWO_TENSOR = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum",
-               "minimum": "minimum", "matmul": "matmul"}
+_TWO_TENSOR = {
+    "add": "add",
+    "sub": "sub",
+    "mul": "mul",
+    "div": "div",
+    "maximum": "maximum",
+    "minimum": "minimum",
+    "matmul": "matmul",
+}
 _SCALAR = {"add": "add_scalar", "mul": "mul_scalar"}
 _SEQUENCE = {"cat": "cat", "stack": "stack"}
 _UNARY = {"mean": "mean", "sum": "sum"}
@@ -130,14 +137,19 @@ def _torch_target(n: Node) -> Any:
 MODULE_FUNCTIONALS = frozenset({"avg_pool2d", "adaptive_avg_pool2d"})
 
 
-def _replace_functionals(g: Graph, owners: Mapping[str, str], methods: frozenset[str], alloc: NameAllocator,
-                         record: FuseRecord) -> None:
+def _replace_functionals(
+    g: Graph, owners: Mapping[str, str], methods: frozenset[str], alloc: NameAllocator, record: FuseRecord
+) -> None:
     ff_cls = float_functional_class()
     for n in g.nodes:
         if n.scope is not None or isinstance(n.op, (Call, Constant)):
             continue
-        if methods is ALL_FUNCTIONALS and n.op.name in MODULE_FUNCTIONALS and isinstance(n.op, ModuleOp) \
-                and not n.op.param_roles():
+        if (
+            methods is ALL_FUNCTIONALS
+            and n.op.name in MODULE_FUNCTIONALS
+            and isinstance(n.op, ModuleOp)
+            and not n.op.param_roles()
+        ):
             path = alloc.new(owners.get(n.name, ""), n.op.name)
             n.scope = path  # emit builds op.to_module() there
             record.generated[path] = _torch_target(n)
@@ -180,8 +192,14 @@ def _apply_renames(g: Graph, renames: Mapping[str, str]) -> None:
     g.constants = {renames.get(k, k): t for k, t in g.constants.items()}
 
 
-def _place_fused(g: Graph, owners: Mapping[str, str], alloc: NameAllocator, record: FuseRecord,
-                 module_types: Mapping[str, type], ff_users: Mapping[str, int]) -> set[str]:
+def _place_fused(
+    g: Graph,
+    owners: Mapping[str, str],
+    alloc: NameAllocator,
+    record: FuseRecord,
+    module_types: Mapping[str, type],
+    ff_users: Mapping[str, int],
+) -> set[str]:
     """Name each fused conv's module, re-key its tensors under it, record remaps.
 
     Returns the original module paths the fusion consumed (they become Identity)."""
@@ -210,11 +228,15 @@ def _place_fused(g: Graph, owners: Mapping[str, str], alloc: NameAllocator, reco
             if isinstance(c, Node) and isinstance(c.op, Constant):
                 _rekey(c, new_prefix + role, renames)
         n.scope = path
-        record.remap.remaps.append(KeyRemap(
-            conv_prefix=f"{conv_path}.", new_prefix=new_prefix, conv_op=n.op,
-            bn_prefix=f"{bn.scope}." if bn is not None and bn.scope else None,
-            bn_eps=_bn_eps(n, bn),
-        ))
+        record.remap.remaps.append(
+            KeyRemap(
+                conv_prefix=f"{conv_path}.",
+                new_prefix=new_prefix,
+                conv_op=n.op,
+                bn_prefix=f"{bn.scope}." if bn is not None and bn.scope else None,
+                bn_eps=_bn_eps(n, bn),
+            )
+        )
         sources = [conv_path] + [f.scope for f in fused if f.scope and f.scope != path]
         record.sources[path] = list(dict.fromkeys(sources))
         if conv_path in module_types:

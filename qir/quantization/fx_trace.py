@@ -111,11 +111,17 @@ def _weighted_rank(m: nn.Module) -> int | None:
 def _add_operands(n: torch.fx.Node) -> list[torch.fx.Node]:
     """The two tensor operands of an add node (``+``, torch.add, Tensor.add, ff.add), else []."""
     args = list(n.args)
-    if n.op == "call_method" and n.target == "add" and args and isinstance(args[0], torch.fx.Node) \
-            and args[0].op == "get_attr":
+    if (
+        n.op == "call_method"
+        and n.target == "add"
+        and args
+        and isinstance(args[0], torch.fx.Node)
+        and args[0].op == "get_attr"
+    ):
         args = args[1:]
-    is_add = (n.op == "call_function" and n.target in (operator.add, torch.add)) or \
-        (n.op == "call_method" and n.target == "add")
+    is_add = (n.op == "call_function" and n.target in (operator.add, torch.add)) or (
+        n.op == "call_method" and n.target == "add"
+    )
     ops = [a for a in args[:2] if isinstance(a, torch.fx.Node)]
     return ops if is_add and len(ops) == 2 else []
 
@@ -168,18 +174,19 @@ def _values(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Any) -> d
     return propagate(root, fx_graph, tuple(example_inputs))
 
 
-def build_ir(root: nn.Module, example_inputs: Any = None,
-             keep_whole: frozenset[str] = frozenset()) -> tuple[Graph, dict[str, str]]:
+def build_ir(
+    root: nn.Module, example_inputs: Any = None, keep_whole: frozenset[str] = frozenset()
+) -> tuple[Graph, dict[str, str]]:
     """IR of ``root`` plus, per node name, the qualified name of the module owning it.
 
     Modules at the paths in ``keep_whole`` are traced as one opaque call each (hybrid CPU modules)."""
     fx_graph = trace_fx(root, keep_whole)
-    owners = {n.name: owner_of_stack(n.meta.get("nn_module_stack"), is_module_call=n.op == "call_module")
-              for n in fx_graph.nodes}
+    owners = {
+        n.name: owner_of_stack(n.meta.get("nn_module_stack"), is_module_call=n.op == "call_module")
+        for n in fx_graph.nodes
+    }
     values = _values(root, fx_graph, example_inputs)
     g = _Converter(root, values, keep_whole).run(fx_graph)
     for n in g.nodes:
         n.meta[OWNER_KEY] = owners.get(n.name, "")
     return g, owners
-
-

@@ -50,8 +50,9 @@ class Lowered:
                 out[name] = name
             elif n.op == "call_module":
                 out[name] = str(n.target)
-            elif n.op == "call_method" and n.args and isinstance(n.args[0], torch.fx.Node) \
-                    and n.args[0].op == "get_attr":
+            elif (
+                n.op == "call_method" and n.args and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "get_attr"
+            ):
                 out[name] = f"{n.args[0].target}.{n.target}"
             else:
                 out[name] = name
@@ -64,8 +65,9 @@ class Lowered:
             obj: Any = None
             if n.op == "call_module":
                 obj = self.root.get_submodule(str(n.target))
-            elif n.op == "call_method" and n.args and isinstance(n.args[0], torch.fx.Node) \
-                    and n.args[0].op == "get_attr":
+            elif (
+                n.op == "call_method" and n.args and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "get_attr"
+            ):
                 obj = self.root
                 for part in str(n.args[0].target).split("."):
                     obj = getattr(obj, part, None)
@@ -74,8 +76,14 @@ class Lowered:
         return out
 
 
-def lower_for_analysis(module: nn.Module, example_inputs: Any, *, march: Any = None, opt: int | str = 2,
-                       input_source: str | Sequence[str] | None = None) -> Lowered:
+def lower_for_analysis(
+    module: nn.Module,
+    example_inputs: Any,
+    *,
+    march: Any = None,
+    opt: int | str = 2,
+    input_source: str | Sequence[str] | None = None,
+) -> Lowered:
     """Lower ``module`` (converted model or its ``torch.jit.trace``) with ``compile_model``'s lowering.
 
     Legality is not enforced here (``check=False``): the profile and the picture are most
@@ -114,8 +122,15 @@ def perf_model(
     """
     low = lower_for_analysis(module, example_inputs, march=march, opt=opt, input_source=input_source)
     level = int(str(opt).lstrip("Oo")) if isinstance(opt, str) else int(opt)
-    prof = profile_program(low.program, low.infos, get_roofline(low.march), model=name or type(low.root).__name__,
-                           modules=low.node_modules(), input_source=low.program.meta.get("input_source"), opt=level)
+    prof = profile_program(
+        low.program,
+        low.infos,
+        get_roofline(low.march),
+        model=name or type(low.root).__name__,
+        modules=low.node_modules(),
+        input_source=low.program.meta.get("input_source"),
+        opt=level,
+    )
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -65,8 +65,7 @@ def require_march(what: str) -> March:
     march = get_march(None)
     if march is None:
         raise RuntimeError(
-            f"{what} needs a target march: call qir.march.set_march(qir.march.March.BAYES) "
-            "(or 'bernoulli2') first"
+            f"{what} needs a target march: call qir.march.set_march(qir.march.March.BAYES) (or 'bernoulli2') first"
         )
     return march
 
@@ -172,8 +171,9 @@ def check_kinds(chosen: Mapping[str, QConfig]) -> str:
     return next(iter(by_kind), "qat")
 
 
-def _swap(gm: torch.fx.GraphModule, record: FuseRecord, spec: QConfigSpec,
-          keep_float: Collection[str] = ()) -> tuple[str, dict[str, QConfig]]:
+def _swap(
+    gm: torch.fx.GraphModule, record: FuseRecord, spec: QConfigSpec, keep_float: Collection[str] = ()
+) -> tuple[str, dict[str, QConfig]]:
     """Replace every quantizable called module (outside ``keep_float``) by its QAT class.
 
     Returns the qconfig kind and the qconfig of every swapped module."""
@@ -208,8 +208,9 @@ def _carry_scales(src: nn.Module, dst: nn.Module) -> None:
     src_fq = {n: m for n, m in src.named_modules() if isinstance(m, FakeQuantize)}
     fq_prefixes = tuple(f"{n}." for n, m in dst.named_modules() if isinstance(m, FakeQuantize))
     src_sd, dst_sd = src.state_dict(), dst.state_dict()
-    plain = {k: v for k, v in src_sd.items()
-             if k in dst_sd and not k.startswith(fq_prefixes) and dst_sd[k].shape == v.shape}
+    plain = {
+        k: v for k, v in src_sd.items() if k in dst_sd and not k.startswith(fq_prefixes) and dst_sd[k].shape == v.shape
+    }
     with torch.no_grad():
         for k, v in plain.items():
             dst_sd[k].copy_(v)
@@ -237,14 +238,22 @@ def _stub_qconfig(spec: QConfigSpec, kind: str) -> QConfig:
     return get_default_calib_qconfig() if kind == "calibration" else get_default_qat_qconfig()
 
 
-def _prepare_float(model: nn.Module, qconfig_dict: Mapping[str, Any] | None, example_inputs: Any,
-                   march: March, hybrid: HybridSpec | None = None,
-                   cpu: Mapping[str, str] | None = None) -> torch.fx.GraphModule:
+def _prepare_float(
+    model: nn.Module,
+    qconfig_dict: Mapping[str, Any] | None,
+    example_inputs: Any,
+    march: March,
+    hybrid: HybridSpec | None = None,
+    cpu: Mapping[str, str] | None = None,
+) -> torch.fx.GraphModule:
     if cpu is None:
         cpu = cpu_modules(model, hybrid) if hybrid is not None else {}
     swapped: dict[str, Any] = {}
     gm, record = build_fused(
-        model, example_inputs, functionals=ALL_FUNCTIONALS, keep_whole=frozenset(cpu),
+        model,
+        example_inputs,
+        functionals=ALL_FUNCTIONALS,
+        keep_whole=frozenset(cpu),
         prepare_objects=lambda g: swapped.update(swap_functionals(g, inputs_quantized=hybrid is not None)),
     )
     check_cpu_calls(gm, cpu)
@@ -256,8 +265,9 @@ def _prepare_float(model: nn.Module, qconfig_dict: Mapping[str, Any] | None, exa
     kind, chosen = _swap(gm, record, spec, keep_float=cpu)
     if hybrid is not None:
         gm.meta[HYBRID_KEY] = place_boundaries(gm, cpu, chosen, _stub_qconfig(spec, kind))
-    gm.meta[PREPARE_RECORD_KEY] = PrepareRecord(float_model=float_copy, march=march, kind=kind, hybrid=hybrid,
-                                                cpu=dict(cpu))
+    gm.meta[PREPARE_RECORD_KEY] = PrepareRecord(
+        float_model=float_copy, march=march, kind=kind, hybrid=hybrid, cpu=dict(cpu)
+    )
     gm.train(model.training)
     return gm
 
@@ -265,8 +275,10 @@ def _prepare_float(model: nn.Module, qconfig_dict: Mapping[str, Any] | None, exa
 def _hybrid_spec(hybrid: bool, hybrid_dict: Mapping[str, Any] | None) -> HybridSpec | None:
     spec = HybridSpec.parse(hybrid_dict)  # validates even when unused
     if hybrid_dict is not None and not hybrid:
-        raise ValueError("hybrid_dict is read only by hybrid preparation: pass prepare_qat_fx(..., hybrid=True, "
-                         "hybrid_dict=...) to run those modules on the CPU, or drop hybrid_dict")
+        raise ValueError(
+            "hybrid_dict is read only by hybrid preparation: pass prepare_qat_fx(..., hybrid=True, "
+            "hybrid_dict=...) to run those modules on the CPU, or drop hybrid_dict"
+        )
     return spec if hybrid else None
 
 
@@ -323,4 +335,3 @@ def prepare_qat_fx(
         new.train(model.training)
         return new
     return _prepare_float(model, qconfig_dict, example_inputs, march, spec)
-

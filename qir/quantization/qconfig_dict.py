@@ -91,8 +91,9 @@ class QConfigSpec:
 
 def parse_qconfig_dict(qconfig_dict: Mapping[str, Any] | None, attrs: Mapping[str, Any] | None = None) -> QConfigSpec:
     """Validate ``qconfig_dict`` (None allowed) and merge in the ``.qconfig`` attributes."""
-    spec = QConfigSpec(attrs={k: _check_qconfig(v, f" attribute {k or '<root>'}.qconfig") for k, v in
-                              (attrs or {}).items()})
+    spec = QConfigSpec(
+        attrs={k: _check_qconfig(v, f" attribute {k or '<root>'}.qconfig") for k, v in (attrs or {}).items()}
+    )
     if qconfig_dict is None:
         return spec
     if not isinstance(qconfig_dict, Mapping):

@@ -50,12 +50,22 @@ class StateDictRemap:
             weight = state_dict.pop(w_key)
             bias = state_dict.pop(prefix + r.conv_prefix + "bias", None)
             if r.bn_prefix is not None:
-                bn = {k: state_dict.pop(prefix + r.bn_prefix + k) for k in
-                      ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
-                      if prefix + r.bn_prefix + k in state_dict}
+                bn = {
+                    k: state_dict.pop(prefix + r.bn_prefix + k)
+                    for k in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+                    if prefix + r.bn_prefix + k in state_dict
+                }
                 if "running_mean" in bn and "running_var" in bn:
-                    w64, b64 = fold_batch_norm(r.conv_op, weight, bias, bn["running_mean"], bn["running_var"],
-                                               bn.get("weight"), bn.get("bias"), r.bn_eps)
+                    w64, b64 = fold_batch_norm(
+                        r.conv_op,
+                        weight,
+                        bias,
+                        bn["running_mean"],
+                        bn["running_var"],
+                        bn.get("weight"),
+                        bn.get("bias"),
+                        r.bn_eps,
+                    )
                     weight, bias = w64.to(weight.dtype), b64.to(weight.dtype)
             state_dict[prefix + r.new_prefix + "weight"] = weight
             if bias is not None:
@@ -63,5 +73,3 @@ class StateDictRemap:
         for old, new in self.key_map.items():
             if prefix + old in state_dict and old != new:
                 state_dict[prefix + new] = state_dict.pop(prefix + old)
-
-

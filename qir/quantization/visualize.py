@@ -25,8 +25,9 @@ __all__ = ["program_scales", "visualize_model"]
 
 #: Kernels whose output codes carry their input's scale (shape moves, clamps, max, nearest resize,
 #: the ops on codes).
-_SCALE_PRESERVING = frozenset({"shape_fn", "clamp", "maxpool2d", "resize_nearest", "abs", "pad", "gather",
-                               "reduce_max", "topk"})
+_SCALE_PRESERVING = frozenset(
+    {"shape_fn", "clamp", "maxpool2d", "resize_nearest", "abs", "pad", "gather", "reduce_max", "topk"}
+)
 #: Kernels that may return a tuple whose tensors keep their input's scale (indices are int64: no scale).
 _TUPLES = frozenset({"shape_fn", "reduce_max", "topk"})
 
@@ -80,8 +81,11 @@ def _violations(low: Lowered) -> tuple[dict[str, list[tuple[str, str]]], list[st
     unplaced: list[str] = []
     for v in report.violations:
         short = v.rule if v.kind == "violation" else "unsupported"
-        text = (f"{v.spelling} breaks '{v.rule}' (actual {v.actual}, bound {v.bound})" if v.kind == "violation"
-                else f"{v.spelling}: {v.message}")
+        text = (
+            f"{v.spelling} breaks '{v.rule}' (actual {v.actual}, bound {v.bound})"
+            if v.kind == "violation"
+            else f"{v.spelling}: {v.message}"
+        )
         node = v.node.lstrip("%")
         targets = by_module.get(v.module or "", []) or ([node] if node in layers else [])
         for t in targets:
@@ -127,14 +131,29 @@ def visualize_model(
     rules, unplaced = _violations(low) if check else ({}, [])
     objs = low.node_module_objects()
     n_illegal = len(rules) + len(unplaced)
-    title = [f"{type(low.root).__name__}: lowered for {low.march}, {len(low.program.instructions)} kernel calls",
-             "box: kernel / source module; dashed box: fused layer and its parts; edge label: dtype shape scale",
-             (f"red border (!): not legal on {low.march}, {n_illegal} layer(s); the box tooltip states the rule"
-              if n_illegal else f"every layer passes check_model on {low.march}" if check else "legality not checked")]
+    title = [
+        f"{type(low.root).__name__}: lowered for {low.march}, {len(low.program.instructions)} kernel calls",
+        "box: kernel / source module; dashed box: fused layer and its parts; edge label: dtype shape scale",
+        (
+            f"red border (!): not legal on {low.march}, {n_illegal} layer(s); the box tooltip states the rule"
+            if n_illegal
+            else f"every layer passes check_model on {low.march}"
+            if check
+            else "legality not checked"
+        ),
+    ]
     title += [f"not legal, no kernel call of its own: {u}" for u in unplaced]
-    pic = program_picture(low.program, low.infos, scales=program_scales(low), modules=low.node_modules(),
-                          module_types={k: type(m).__name__ for k, m in objs.items()}, violations=rules, title=title,
-                          notes=_fused_from(low), shape_ops=shape_ops)
+    pic = program_picture(
+        low.program,
+        low.infos,
+        scales=program_scales(low),
+        modules=low.node_modules(),
+        module_types={k: type(m).__name__ for k, m in objs.items()},
+        violations=rules,
+        title=title,
+        notes=_fused_from(low),
+        shape_ops=shape_ops,
+    )
     path = Path(save_path)
     try:
         if path.parent != Path(""):

@@ -137,9 +137,7 @@ def brute_force_matches(pattern: Any, graph: Graph) -> list[Binding]:
     return out
 
 
-def assert_pattern_maximal(
-    pattern: Any, graph: Graph, *, describe: Callable[[Graph], str] | None = None
-) -> None:
+def assert_pattern_maximal(pattern: Any, graph: Graph, *, describe: Callable[[Graph], str] | None = None) -> None:
     """Assert the engine matches exactly where the brute-force matcher does.
 
     Checks that :func:`passes.patterns.find_all` reports every root that has a binding

@@ -112,8 +112,11 @@ def assert_roundtrip(graph: Graph) -> Graph:
     again = print_graph(parsed)
     if again != text:
         diff = next(
-            (f"line {i + 1}:\n  {p}\n  {q}" for i, (p, q) in enumerate(zip(text.splitlines(), again.splitlines(),
-                                                                          strict=False)) if p != q),
+            (
+                f"line {i + 1}:\n  {p}\n  {q}"
+                for i, (p, q) in enumerate(zip(text.splitlines(), again.splitlines(), strict=False))
+                if p != q
+            ),
             "line counts differ",
         )
         raise AssertionError(f"print(parse(print(g))) != print(g) at {diff}")
@@ -238,8 +241,9 @@ def assert_preserves_semantics(
     try:
         assert_outputs_close(actual, expected, atol, rtol)
     except AssertionError as e:
-        raise AssertionError(f"{pass_or_pipeline!r} changed the result: {e}\nbefore:\n{before_text}\n"
-                             f"after:\n{print_graph(out)}") from None
+        raise AssertionError(
+            f"{pass_or_pipeline!r} changed the result: {e}\nbefore:\n{before_text}\nafter:\n{print_graph(out)}"
+        ) from None
     if print_graph(graph) != before_text:
         raise AssertionError(f"{pass_or_pipeline!r} modified the original graph instead of its copy")
     return out

@@ -207,8 +207,12 @@ def graphs(
     if not 1 <= min_nodes <= max_nodes:
         raise ValueError(f"graphs(): need 1 <= min_nodes <= max_nodes, got {min_nodes}, {max_nodes}")
     b = _Builder(draw, channels, draw(st.integers(0, 2**31 - 1)))
-    shape = (draw(st.integers(*batch)), draw(st.integers(*channels)), draw(st.integers(*size)),
-             draw(st.integers(*size)))
+    shape = (
+        draw(st.integers(*batch)),
+        draw(st.integers(*channels)),
+        draw(st.integers(*size)),
+        draw(st.integers(*size)),
+    )
     b.pool.append(b.graph.add_input("x", TensorType(shape)))
     for _ in range(draw(st.integers(min_nodes, max_nodes))):
         build = builders[draw(st.integers(0, len(builders) - 1))]

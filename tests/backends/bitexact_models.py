@@ -75,8 +75,14 @@ def randomize_bn(model: nn.Module, seed: int = 0) -> nn.Module:
     return model
 
 
-def fx_converted(model: nn.Module, shape: tuple[int, ...], march: str, batches: int = 3,
-                 qconfig_dict: dict | None = None, seed: int = 0) -> nn.Module:
+def fx_converted(
+    model: nn.Module,
+    shape: tuple[int, ...],
+    march: str,
+    batches: int = 3,
+    qconfig_dict: dict | None = None,
+    seed: int = 0,
+) -> nn.Module:
     """prepare_qat_fx -> a few calibration batches -> convert_fx, under ``march``."""
     with march_scope(march):
         prepared = prepare_qat_fx(model, qconfig_dict or {"": get_default_qat_qconfig()})

@@ -28,8 +28,13 @@ class Stubbed(nn.Module):
         return self.dequant(self.body(self.quant(x)))
 
 
-def eager_converted(model: nn.Module, shape: tuple[int, ...], march: str, fuse: list[list[str]] | None = None,
-                    out_qconfig: str | None = None) -> nn.Module:
+def eager_converted(
+    model: nn.Module,
+    shape: tuple[int, ...],
+    march: str,
+    fuse: list[list[str]] | None = None,
+    out_qconfig: str | None = None,
+) -> nn.Module:
     """fuse (optional) -> prepare_qat -> 2 calibration batches -> convert, under ``march``."""
     with march_scope(march):
         if fuse:

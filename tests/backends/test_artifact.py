@@ -47,7 +47,7 @@ def test_layout_is_aligned_and_checksummed(artifact: tuple[Path, torch.nn.Module
     magic, version, hlen = struct.unpack_from("<8sIQ", data, 0)
     assert (magic, version) == (MAGIC, FORMAT_VERSION)
     assert hashlib.sha256(data[:-32]).digest() == data[-32:]
-    assert b"pickle" not in data[:20 + hlen] and data[20:21] == b"{"
+    assert b"pickle" not in data[: 20 + hlen] and data[20:21] == b"{"
 
 
 @pytest.mark.parametrize("cut", [0, 10, 40, -33, -1])
@@ -94,7 +94,7 @@ def _with_header(data: bytes, header: bytes) -> bytes:
 def test_bad_header_and_tensor_table(artifact: tuple[Path, torch.nn.Module], tmp_path: Path) -> None:
     data = artifact[0].read_bytes()
     _, _, hlen = struct.unpack_from("<8sIQ", data, 0)
-    header = json.loads(data[20:20 + hlen])
+    header = json.loads(data[20 : 20 + hlen])
     header["tensors"][0]["offset"] = 10**9  # a byte range outside the data section
     forged = _with_header(data, json.dumps(header).encode())
     bad = _rewrite(artifact[0], tmp_path / "h.hbm", forged, fix_digest=True)
@@ -112,7 +112,7 @@ def test_bad_header_and_tensor_table(artifact: tuple[Path, torch.nn.Module], tmp
 def test_unknown_kernel_in_file_is_refused(artifact: tuple[Path, torch.nn.Module], tmp_path: Path) -> None:
     data = artifact[0].read_bytes()
     _, _, hlen = struct.unpack_from("<8sIQ", data, 0)
-    header = data[20:20 + hlen].replace(b'"op":"quantize"', b'"op":"os_system"', 1)
+    header = data[20 : 20 + hlen].replace(b'"op":"quantize"', b'"op":"os_system"', 1)
     bad = _rewrite(artifact[0], tmp_path / "k.hbm", _with_header(data, header), fix_digest=True)
     with pytest.raises(ArtifactError, match=r"k\.hbm: .*unknown kernel 'os_system'"):
         qir.load_compiled(bad)

@@ -29,8 +29,9 @@ from qir.quantization import (
 N_INPUTS = 100
 
 
-def _assert_bitexact(converted: nn.Module, path: Path, shape: tuple[int, ...], seed: int = 1,
-                     scale: float = 1.5) -> int:
+def _assert_bitexact(
+    converted: nn.Module, path: Path, shape: tuple[int, ...], seed: int = 1, scale: float = 1.5
+) -> int:
     run = qir.load_compiled(path)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(N_INPUTS, *shape[1:], generator=g) * scale
@@ -42,15 +43,24 @@ def _assert_bitexact(converted: nn.Module, path: Path, shape: tuple[int, ...], s
     return N_INPUTS
 
 
-_LAYER = st.tuples(st.sampled_from(["conv", "convbn", "convbnrelu", "convrelu", "residual", "maxpool", "avgpool"]),
-                   st.integers(2, 12), st.sampled_from([1, 3]), st.sampled_from([1, 2]))
+_LAYER = st.tuples(
+    st.sampled_from(["conv", "convbn", "convbnrelu", "convrelu", "residual", "maxpool", "avgpool"]),
+    st.integers(2, 12),
+    st.sampled_from([1, 3]),
+    st.sampled_from([1, 2]),
+)
 
 
 @settings(max_examples=5, deadline=None)
-@given(spec=st.lists(_LAYER, min_size=1, max_size=5), head=st.sampled_from(["linear", "conv"]),
-       cin=st.integers(1, 4), seed=st.integers(0, 1000))
-def test_random_chains_bitexact(tmp_path_factory: pytest.TempPathFactory, spec: list, head: str, cin: int,
-                                seed: int) -> None:
+@given(
+    spec=st.lists(_LAYER, min_size=1, max_size=5),
+    head=st.sampled_from(["linear", "conv"]),
+    cin=st.integers(1, 4),
+    seed=st.integers(0, 1000),
+)
+def test_random_chains_bitexact(
+    tmp_path_factory: pytest.TempPathFactory, spec: list, head: str, cin: int, seed: int
+) -> None:
     torch.manual_seed(seed)
     shape = (4, cin, 12, 12)
     converted = fx_converted(randomize_bn(chain(spec, cin, head), seed), shape, "bayes", seed=seed)

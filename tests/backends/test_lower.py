@@ -42,9 +42,13 @@ def test_chunked_float32_engine_matches_float64() -> None:
     # 512 input channels of +-127 weights: sums reach 75e6 > 2**24, so float32 needs chunks
     g = torch.Generator().manual_seed(0)
     w = torch.where(torch.rand(8, 512, 3, 3, generator=g) > 0.5, 127, -127).to(torch.int8)
-    consts = {"w": w, "b": torch.randint(-1000, 1000, (8,), dtype=torch.int32, generator=g),
-              "m": torch.full((8,), 1234, dtype=torch.int64), "s": torch.full((8,), 24, dtype=torch.int64),
-              "r6": torch.full((8,), 100, dtype=torch.int64)}
+    consts = {
+        "w": w,
+        "b": torch.randint(-1000, 1000, (8,), dtype=torch.int32, generator=g),
+        "m": torch.full((8,), 1234, dtype=torch.int64),
+        "s": torch.full((8,), 24, dtype=torch.int64),
+        "r6": torch.full((8,), 100, dtype=torch.int64),
+    }
     from backends.common.lower_rules import _chunks
 
     chunks = _chunks(w, 128)
@@ -52,11 +56,29 @@ def test_chunked_float32_engine_matches_float64() -> None:
     x = torch.randint(-128, 128, (2, 512, 9, 9), dtype=torch.int8, generator=g)
     outs = []
     for engine in ("f32_chunked", "f64", "int_mm"):
-        inst = Instruction("conv2d", ("x",), ("y",), {
-            "kind": "conv2d", "out_dtype": "qint8", "act": "relu", "has_add": False, "requant": "f64",
-            "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1, "padding_mode": "zeros",
-            "reversed_padding": [1, 1, 1, 1], "kernel_size": [3, 3], "engine": engine, "chunks": chunks},
-            {"weight": "w", "bias": "b", "multiplier": "m", "shift": "s", "relu6_bound": "r6"}, "probe")
+        inst = Instruction(
+            "conv2d",
+            ("x",),
+            ("y",),
+            {
+                "kind": "conv2d",
+                "out_dtype": "qint8",
+                "act": "relu",
+                "has_add": False,
+                "requant": "f64",
+                "stride": [1, 1],
+                "padding": [1, 1],
+                "dilation": [1, 1],
+                "groups": 1,
+                "padding_mode": "zeros",
+                "reversed_padding": [1, 1, 1, 1],
+                "kernel_size": [3, 3],
+                "engine": engine,
+                "chunks": chunks,
+            },
+            {"weight": "w", "bias": "b", "multiplier": "m", "shift": "s", "relu6_bound": "r6"},
+            "probe",
+        )
         k = get_kernel("conv2d")
         outs.append(k.run(inst, [x], k.prepare(inst, consts))[0])
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])

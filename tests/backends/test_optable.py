@@ -58,8 +58,12 @@ def test_seed_row_list_is_complete() -> None:
     for section, *_ in rows:
         per_section[section] = per_section.get(section, 0) + 1
     assert per_section == {
-        "torch_function": 49, "torch_nn_functional": 5, "torch_nn_module": 33,
-        "quant_stub": 2, "tensor_method": 21, "torchvision": 3,
+        "torch_function": 49,
+        "torch_nn_functional": 5,
+        "torch_nn_module": 33,
+        "quant_stub": 2,
+        "tensor_method": 21,
+        "torchvision": 3,
     }
 
 
@@ -91,7 +95,10 @@ def test_march_independent_columns_agree() -> None:
     b2, bayes = load_table("bernoulli2"), load_table("bayes")
     for x, y in zip(b2, bayes, strict=True):
         assert (x.spelling, x.section, x.ir_op, x.eager_replacement) == (
-            y.spelling, y.section, y.ir_op, y.eager_replacement
+            y.spelling,
+            y.section,
+            y.ir_op,
+            y.eager_replacement,
         )
 
 
@@ -143,14 +150,30 @@ def test_bernoulli2_add() -> None:
 def test_bayes_conv2d() -> None:
     e = load_table("bayes").lookup("torch.nn.Conv2d")
     good = {
-        "input_dtype": "qint8", "output_dtype": "qint8", "weight_dtype": "qint8", "has_bias": True,
-        "bias_dtype": "qint32", "is_model_output": False, "out_channels": 8192, "in_channels": 8192, "kernel": (31, 31),
-        "dilation": (16, 16), "stride": (1, 1), "sumin": False, "weight_n": 8192, "weight_c": 8192,
-        "weight_h": 31, "weight_w": 31, "padding": (256, 256),
+        "input_dtype": "qint8",
+        "output_dtype": "qint8",
+        "weight_dtype": "qint8",
+        "has_bias": True,
+        "bias_dtype": "qint32",
+        "is_model_output": False,
+        "out_channels": 8192,
+        "in_channels": 8192,
+        "kernel": (31, 31),
+        "dilation": (16, 16),
+        "stride": (1, 1),
+        "sumin": False,
+        "weight_n": 8192,
+        "weight_c": 8192,
+        "weight_h": 31,
+        "weight_w": 31,
+        "padding": (256, 256),
     }
     assert e.violations(good) == []
     bad: dict[str, Any] = {
-        "out_channels": 8193, "in_channels": 8193, "kernel": (3, 32), "dilation": (17, 1),
+        "out_channels": 8193,
+        "in_channels": 8193,
+        "kernel": (3, 32),
+        "dilation": (17, 1),
         "padding": (0, 257),
     }
     for k, v in bad.items():
@@ -189,8 +212,15 @@ def test_bernoulli2_not_supported_rows() -> None:
 
 def test_bayes_linear() -> None:
     e = load_table("bayes").lookup("torch.nn.Linear")
-    good = {"input_dtype": "qint8", "output_dtype": "qint8", "weight_dtype": "qint8", "has_bias": True,
-            "bias_dtype": "qint32", "in_features": 8192, "out_features": 8192}
+    good = {
+        "input_dtype": "qint8",
+        "output_dtype": "qint8",
+        "weight_dtype": "qint8",
+        "has_bias": True,
+        "bias_dtype": "qint32",
+        "in_features": 8192,
+        "out_features": 8192,
+    }
     assert e.supported and e.violations(good) == []
     assert len(e.violations({**good, "in_features": 8193, "out_features": 8193})) == 2
 
@@ -229,8 +259,15 @@ def test_rows_referring_to_absent_rows_are_unknown() -> None:
 def test_bayes_cat_and_interpolate() -> None:
     t = load_table("bayes")
     cat = t.lookup("torch.cat")
-    good = {"input_dtype": "qint8", "output_dtype": "qint8", "input_n": 4096, "input_h": 16, "input_w": 16,
-            "input_c": 256, "input_count": 2}
+    good = {
+        "input_dtype": "qint8",
+        "output_dtype": "qint8",
+        "input_n": 4096,
+        "input_h": 16,
+        "input_w": 16,
+        "input_c": 256,
+        "input_count": 2,
+    }
     assert cat.violations(good) == []
     assert cat.violations({**good, "input_c": 257})  # H*W*C = 65792
     assert cat.violations({**good, "input_count": 1}) and cat.violations({**good, "input_count": 1025})
@@ -259,7 +296,9 @@ def test_rule_counts() -> None:
 def test_lookup_by_ir_op(table: OpTable) -> None:
     assert [e.spelling for e in table.by_ir_op("conv2d")] == ["torch.nn.Conv2d"]
     assert {e.spelling for e in table.by_ir_op("batch_norm")} == {
-        "torch.nn.BatchNorm2d", "torch.nn.BatchNorm3d", "torch.nn.SyncBatchNorm"
+        "torch.nn.BatchNorm2d",
+        "torch.nn.BatchNorm3d",
+        "torch.nn.SyncBatchNorm",
     }
     assert {e.spelling for e in table.by_ir_op("relu")} == {"torch.nn.functional.relu", "torch.nn.ReLU"}
     for name in ("linear", "add", "avg_pool2d", "adaptive_avg_pool2d", "max_pool2d", "cat", "interpolate"):
@@ -303,12 +342,23 @@ def test_torch_spelling() -> None:
 
 def _minimal(**entry: Any) -> dict[str, Any]:
     return {
-        "march": "test", "format": 1, "sections": [{"id": "s", "title": "S"}], "notes": [],
+        "march": "test",
+        "format": 1,
+        "sections": [{"id": "s", "title": "S"}],
+        "notes": [],
         "general_rules": [],
         "operators": [
-            {"spelling": "torch.a", "section": "s", "ir_op": "a", "eager_replacement": [], "support": "supported",
-             "input_dtypes": ["qint8"], "output_dtypes": "same_as_input", "constraints": "x<=1",
-             "rules": [{"field": "input_c", "op": "<=", "value": 1, "text": "x<=1"}]},
+            {
+                "spelling": "torch.a",
+                "section": "s",
+                "ir_op": "a",
+                "eager_replacement": [],
+                "support": "supported",
+                "input_dtypes": ["qint8"],
+                "output_dtypes": "same_as_input",
+                "constraints": "x<=1",
+                "rules": [{"field": "input_c", "op": "<=", "value": 1, "text": "x<=1"}],
+            },
             {"spelling": "torch.b", "section": "s", "ir_op": None, "eager_replacement": [], **entry},
         ],
     }
@@ -320,18 +370,30 @@ def _minimal(**entry: Any) -> dict[str, Any]:
         ({"support": "maybe"}, r"operators\[1\] \(torch.b\) field 'support': expected one of"),
         ({"support": "supported", "refer": "torch.a"}, r"field 'support': give exactly one"),
         ({"support": "supported", "input_dtypes": ["int9"]}, r"field 'input_dtypes'"),
-        ({"support": "supported", "rules": [{"field": "bogus", "op": "<", "value": 1, "text": "t"}]},
-         r"field 'rules\[0\].field': unknown fact 'bogus'"),
-        ({"support": "supported", "rules": [{"field": "groups", "op": "<<", "value": 1, "text": "t"}]},
-         r"field 'rules\[0\].op': unknown operator '<<'"),
-        ({"support": "supported", "rules": [{"field": "groups", "op": "<", "value": 1}]},
-         r"field 'rules\[0\].text': a checkable rule needs"),
-        ({"support": "supported", "rules": [{"field": "groups", "op": "<", "value": "x", "text": "t"}]},
-         r"field 'rules\[0\].value': expected a number"),
-        ({"support": "supported", "rules": [{"when": {"field": "sumin", "op": "==", "value": True}, "text": "t"}]},
-         r"field 'rules\[0\]': a conditional needs both"),
-        ({"support": "supported", "rules": [{"field": "kernel", "low": 1, "text": "t"}]},
-         r"a range needs both 'low' and 'high'"),
+        (
+            {"support": "supported", "rules": [{"field": "bogus", "op": "<", "value": 1, "text": "t"}]},
+            r"field 'rules\[0\].field': unknown fact 'bogus'",
+        ),
+        (
+            {"support": "supported", "rules": [{"field": "groups", "op": "<<", "value": 1, "text": "t"}]},
+            r"field 'rules\[0\].op': unknown operator '<<'",
+        ),
+        (
+            {"support": "supported", "rules": [{"field": "groups", "op": "<", "value": 1}]},
+            r"field 'rules\[0\].text': a checkable rule needs",
+        ),
+        (
+            {"support": "supported", "rules": [{"field": "groups", "op": "<", "value": "x", "text": "t"}]},
+            r"field 'rules\[0\].value': expected a number",
+        ),
+        (
+            {"support": "supported", "rules": [{"when": {"field": "sumin", "op": "==", "value": True}, "text": "t"}]},
+            r"field 'rules\[0\]': a conditional needs both",
+        ),
+        (
+            {"support": "supported", "rules": [{"field": "kernel", "low": 1, "text": "t"}]},
+            r"a range needs both 'low' and 'high'",
+        ),
         ({"support": "not_supported", "rules": [{"advisory": "x"}]}, r"a not-supported row has no constraints"),
         ({"support": "supported", "colour": "red"}, r"unknown key\(s\) \['colour'\]"),
         ({"support": "supported", "section": "nope"}, r"field 'section'"),

@@ -29,7 +29,12 @@ from backends.common.rules import (
 )
 
 PY: dict[str, Callable[[Any, Any], bool]] = {
-    "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">=": operator.ge, ">": operator.gt,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">=": operator.ge,
+    ">": operator.gt,
 }
 
 # ----------------------------------------------------------------------------- variants
@@ -101,7 +106,8 @@ def test_bool_is_not_int() -> None:
 
 def test_conditional() -> None:
     r = Conditional(
-        Compare(Field("dilation"), "!=", Const(1), "any"), Compare(Field("stride"), "==", Const(1)),
+        Compare(Field("dilation"), "!=", Const(1), "any"),
+        Compare(Field("stride"), "==", Const(1)),
         text="stride=1 when dilation!=1",
     )
     assert r.check({"dilation": (1, 1), "stride": (2, 2)}).ok is True
@@ -267,8 +273,9 @@ def _flip_checks(r: Compare | Range, refs: tuple[int, int], delta: int, slot: in
     delta=st.integers(1, 10**6),
     slot=st.integers(0, 2),
 )
-def test_numeric_bound_flips_exactly(march: str, entry: OpEntry, rule: Compare | Range,
-                                     refs: tuple[int, int], delta: int, slot: int) -> None:
+def test_numeric_bound_flips_exactly(
+    march: str, entry: OpEntry, rule: Compare | Range, refs: tuple[int, int], delta: int, slot: int
+) -> None:
     _flip_checks(rule, refs, delta, slot, {})
 
 
@@ -289,8 +296,9 @@ def _when_cases(when: Rule) -> tuple[dict[str, Any], dict[str, Any]]:
     delta=st.integers(1, 10**6),
     slot=st.integers(0, 2),
 )
-def test_conditional_bound_flips_only_when_it_applies(march: str, entry: OpEntry, rule: Conditional,
-                                                      refs: tuple[int, int], delta: int, slot: int) -> None:
+def test_conditional_bound_flips_only_when_it_applies(
+    march: str, entry: OpEntry, rule: Conditional, refs: tuple[int, int], delta: int, slot: int
+) -> None:
     yes, no = _when_cases(rule.when)
     req = rule.require
     assert isinstance(req, (Compare, Range))

@@ -17,19 +17,26 @@ from backends.common.roofline import ROOFLINES, get_roofline
 from qir.march import march_scope
 from qir.quantization import perf_model
 
-pytestmark = [pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
-              pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
+    pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning"),
+]
 
 
-@pytest.mark.parametrize(("cin", "cout", "k", "stride", "pad", "groups", "march"), [
-    (3, 8, 3, 2, 1, 1, "bayes"),
-    (4, 8, 3, 1, 0, 2, "bernoulli2"),
-])
-def test_single_conv_by_hand(tmp_path: Path, cin: int, cout: int, k: int, stride: int, pad: int, groups: int,
-                             march: str) -> None:
+@pytest.mark.parametrize(
+    ("cin", "cout", "k", "stride", "pad", "groups", "march"),
+    [
+        (3, 8, 3, 2, 1, 1, "bayes"),
+        (4, 8, 3, 1, 0, 2, "bernoulli2"),
+    ],
+)
+def test_single_conv_by_hand(
+    tmp_path: Path, cin: int, cout: int, k: int, stride: int, pad: int, groups: int, march: str
+) -> None:
     n, h, w = 2, 12, 10
-    q = eager_converted(Stubbed(nn.Conv2d(cin, cout, k, stride=stride, padding=pad, groups=groups)),
-                        (n, cin, h, w), march)
+    q = eager_converted(
+        Stubbed(nn.Conv2d(cin, cout, k, stride=stride, padding=pad, groups=groups)), (n, cin, h, w), march
+    )
     prof = perf_model(q, [torch.randn(n, cin, h, w)], out_dir=tmp_path, march=march)
     ho, wo = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
     assert [la.kernels for la in prof.layers] == [["quantize"], ["conv2d"], ["dequantize"]]
@@ -48,8 +55,12 @@ def test_single_conv_by_hand(tmp_path: Path, cin: int, cout: int, k: int, stride
 
 
 def test_totals_add_up_and_files(tmp_path: Path) -> None:
-    q = eager_converted(Stubbed(ConvBNReLU(3, 8, 3), nn.MaxPool2d(2), nn.Conv2d(8, 4, 1)), (1, 3, 16, 16), "bayes",
-                        fuse=[["body.0.0", "body.0.1", "body.0.2"]])
+    q = eager_converted(
+        Stubbed(ConvBNReLU(3, 8, 3), nn.MaxPool2d(2), nn.Conv2d(8, 4, 1)),
+        (1, 3, 16, 16),
+        "bayes",
+        fuse=[["body.0.0", "body.0.1", "body.0.2"]],
+    )
     out = tmp_path / "perf"
     prof = perf_model(q, [torch.randn(1, 3, 16, 16)], out_dir=out, opt=1, layer_details=True)
     assert prof.total_macs == sum(la.macs for la in prof.layers) > 0
@@ -70,8 +81,9 @@ def test_totals_add_up_and_files(tmp_path: Path) -> None:
 
 
 def test_fused_layers_counted_once(tmp_path: Path) -> None:
-    q = eager_converted(Stubbed(ConvBNReLU(3, 8, 3)), (1, 3, 10, 10), "bayes", fuse=[["body.0.0", "body.0.1",
-                                                                                       "body.0.2"]])
+    q = eager_converted(
+        Stubbed(ConvBNReLU(3, 8, 3)), (1, 3, 10, 10), "bayes", fuse=[["body.0.0", "body.0.1", "body.0.2"]]
+    )
     prof = perf_model(q, [torch.randn(1, 3, 10, 10)], out_dir=tmp_path)
     convs = [la for la in prof.layers if "conv2d" in la.kernels]
     assert len(convs) == 1 and convs[0].kernels == ["conv2d"]
@@ -129,15 +141,24 @@ def test_seed_002_final_calls(tmp_path: Path) -> None:
         if not os.path.exists(hbdk_dir):
             os.mkdir(hbdk_dir)
         horizon.quantization.compile_model(traced_model, [example_input], opt=2, hbm=hbdk_dir + "/model.hbm")
-        horizon.quantization.perf_model(traced_model, [example_input], opt=2, input_source=["pyramid"],
-                                        layer_details=True, out_dir=hbdk_dir)
-        horizon.quantization.visualize_model(traced_model, [example_input], save_path=hbdk_dir + "/model.svg",
-                                             show=False)
+        horizon.quantization.perf_model(
+            traced_model, [example_input], opt=2, input_source=["pyramid"], layer_details=True, out_dir=hbdk_dir
+        )
+        horizon.quantization.visualize_model(
+            traced_model, [example_input], save_path=hbdk_dir + "/model.svg", show=False
+        )
     files = {p.name for p in Path(hbdk_dir).iterdir()}
     assert {"model.hbm", "perf.json", "perf.txt", "model.svg"} <= files
     data = json.loads((Path(hbdk_dir) / "perf.json").read_text())
-    assert [la["module"] for la in data["layers"]] == ["quant", "conv0.0", "max_pool", "conv1.0", "avg_pool",
-                                                         "classifier", "dequant"]
+    assert [la["module"] for la in data["layers"]] == [
+        "quant",
+        "conv0.0",
+        "max_pool",
+        "conv1.0",
+        "avg_pool",
+        "classifier",
+        "dequant",
+    ]
     # conv0 24x24x10 outputs of 25 MACs, conv1 8x8x20 of 250, classifier 10 of 20
     assert data["totals"]["macs"] == 24 * 24 * 10 * 25 + 8 * 8 * 20 * 250 + 10 * 20
     assert data["input_source"] == ["pyramid"] and data["layers"][0]["input_bytes"] == 28 * 28
@@ -145,7 +166,6 @@ def test_seed_002_final_calls(tmp_path: Path) -> None:
     assert {la["bound"] for la in data["layers"]} == {"memory"}
     svg = (Path(hbdk_dir) / "model.svg").read_text()
     assert svg.count('class="fused') == 2
-
 
 
 def test_docs_state_the_roofline_numbers() -> None:

@@ -16,8 +16,10 @@ from backends.common.perf import ValueInfo
 from backends.common.visualize import RED, format_value
 from qir.quantization import QuantStub, visualize_model
 
-pytestmark = [pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
-              pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
+    pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning"),
+]
 SVG = "{http://www.w3.org/2000/svg}"
 
 
@@ -37,7 +39,7 @@ def _boxes_overlap(root: ET.Element) -> bool:
             assert r is not None
             rects.append(tuple(float(r.get(k, "0")) for k in ("x", "y", "width", "height")))
     for i, (x, y, w, h) in enumerate(rects):
-        for x2, y2, w2, h2 in rects[i + 1:]:
+        for x2, y2, w2, h2 in rects[i + 1 :]:
             if x < x2 + w2 and x2 < x + w and y < y2 + h2 and y2 < y + h:
                 return True
     return False
@@ -70,8 +72,7 @@ def test_seed_model_svg(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_illegal_layer_marked(tmp_path: Path) -> None:
-    q = eager_converted(Stubbed(nn.Conv2d(3, 4, 3), nn.Flatten(1), nn.Linear(4 * 6 * 6, 5)), (2, 3, 8, 8),
-                        "bernoulli2")
+    q = eager_converted(Stubbed(nn.Conv2d(3, 4, 3), nn.Flatten(1), nn.Linear(4 * 6 * 6, 5)), (2, 3, 8, 8), "bernoulli2")
     path = visualize_model(q, [torch.randn(1, 3, 8, 8)], save_path=tmp_path / "m.svg", march="bernoulli2")
     root = ET.parse(path).getroot()
     bad = _groups(root, "illegal")
@@ -85,8 +86,12 @@ def test_illegal_layer_marked(tmp_path: Path) -> None:
 
 
 def test_legal_on_bayes_and_module_untouched(tmp_path: Path) -> None:
-    q = eager_converted(Stubbed(ConvBNReLU(3, 4, 3), nn.MaxPool2d(2)), (1, 3, 10, 10), "bayes",
-                        fuse=[["body.0.0", "body.0.1", "body.0.2"]])
+    q = eager_converted(
+        Stubbed(ConvBNReLU(3, 4, 3), nn.MaxPool2d(2)),
+        (1, 3, 10, 10),
+        "bayes",
+        fuse=[["body.0.0", "body.0.1", "body.0.2"]],
+    )
     before = {k: v.clone() for k, v in q.state_dict().items()}
     path = visualize_model(q, [torch.randn(1, 3, 10, 10)], save_path=tmp_path / "m.svg", march="bayes")
     text = path.read_text()
@@ -109,8 +114,9 @@ def test_fx_residual_group(tmp_path: Path) -> None:
     q = fx_converted(chain([("convbnrelu", 4, 3, 1), ("residual", 4, 3, 1)], 3, "conv"), (2, 3, 8, 8), "bayes")
     path = visualize_model(q, [torch.randn(1, 3, 8, 8)], save_path=tmp_path / "r.svg")
     root = ET.parse(path).getroot()
-    groups = {tuple(t.text for p in _groups(g, "part") for t in p.iter(f"{SVG}text")): g
-              for g in _groups(root, "fused")}
+    groups = {
+        tuple(t.text for p in _groups(g, "part") for t in p.iter(f"{SVG}text")): g for g in _groups(root, "fused")
+    }
     assert ("conv2d", "add", "relu") in groups
     title = groups[("conv2d", "add", "relu")].find(f"{SVG}title")
     assert title is not None and "fused from" in (title.text or "") and "bn" in (title.text or "")

@@ -16,8 +16,20 @@ def test_demo_fast(qir: Qir, tmp_path: Path, march: str) -> None:
     out = tmp_path / "demo"
     r = qir("demo", "--fast", "--threads", "1", "--no-progress", "--march", march, "--out", str(out))
     assert r.code == 0, r.err
-    for stage in ("float", "calibrated", "QAT", "integer (converted)", "QAT vs integer argmax", "legality",
-                  "compile", "artifact (loaded)", "artifact == integer", "perf", "visualize", "total"):
+    for stage in (
+        "float",
+        "calibrated",
+        "QAT",
+        "integer (converted)",
+        "QAT vs integer argmax",
+        "legality",
+        "compile",
+        "artifact (loaded)",
+        "artifact == integer",
+        "perf",
+        "visualize",
+        "total",
+    ):
         assert f"\n  {stage} " in r.out, stage
     assert "yes: torch.equal on all 449 test logits" in r.out
     assert f"PASSED on {march}" in r.out

@@ -24,8 +24,9 @@ def test_missing_model_file(qir: Qir, cmd: str, tmp_path: Path) -> None:
 def test_bad_factory_paths(qir: Qir, model: Model) -> None:
     qir("check", model("no_such_factory"), *SHAPE).assert_user_error("no attribute 'no_such_factory'", "did you mean")
     qir("check", str(HERE / "models.py"), *SHAPE).assert_user_error("names no factory", "package.module:factory")
-    qir("check", "no_such_package.models:net", *SHAPE).assert_user_error("cannot import model module",
-                                                                         "no_such_package")
+    qir("check", "no_such_package.models:net", *SHAPE).assert_user_error(
+        "cannot import model module", "no_such_package"
+    )
 
 
 def test_factory_that_raises_or_returns_junk(qir: Qir, model: Model) -> None:
@@ -86,7 +87,12 @@ def test_calib_data_errors(qir: Qir, model: Model, tmp_path: Path) -> None:
 
 def test_console_entry_point_exit_code() -> None:
     """``python -m qir`` returns the code as the process status, with no traceback."""
-    p = subprocess.run([sys.executable, "-m", "qir", "check", "missing.py:f", "--input-shape", "1,3,8,8"],
-                       capture_output=True, text=True, timeout=300, cwd=HERE)
+    p = subprocess.run(
+        [sys.executable, "-m", "qir", "check", "missing.py:f", "--input-shape", "1,3,8,8"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=HERE,
+    )
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert "missing.py" in p.stderr

@@ -75,7 +75,8 @@ def test_run_input_errors(qir: Qir, model: Model, tmp_path: Path) -> None:
     qir("run", str(art), "--input", str(tmp_path / "bad.npy")).assert_user_error("(1, 5, 16, 16)")
     qir("run", str(art)).assert_user_error("--input")
     qir("run", str(art), "-i", str(tmp_path / "bad.npy"), "-i", str(tmp_path / "bad.npy")).assert_user_error(
-        "takes 1 input(s)")
+        "takes 1 input(s)"
+    )
     truncated = tmp_path / "cut.hbm"
     truncated.write_bytes(art.read_bytes()[:200])
     qir("run", str(truncated), "-i", str(tmp_path / "bad.npy")).assert_user_error("cut.hbm")

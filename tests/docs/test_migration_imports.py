@@ -43,8 +43,18 @@ def test_every_seed_import_has_a_qir_path() -> None:
     rows = _table_rows()
     assert len(rows) >= 15
     plugin_side = " ".join(r[0] for r in rows)
-    for module in (".quantization", ".march", ".nn", ".nn.qat", ".nn.quantized", ".functional", ".qconfig",
-                   ".utils.fx_helper", ".utils.onnx_helper", "set_march"):
+    for module in (
+        ".quantization",
+        ".march",
+        ".nn",
+        ".nn.qat",
+        ".nn.quantized",
+        ".functional",
+        ".qconfig",
+        ".utils.fx_helper",
+        ".utils.onnx_helper",
+        "set_march",
+    ):
         assert module in plugin_side, module
     for plugin, qir in rows:
         if qir.startswith("not provided"):

@@ -101,8 +101,13 @@ def test_calibrate_qat_convert() -> None:
     assert (up.scale_factor, up.mode, up.align_corners) == (2, "bilinear", False)
     assert "interpolate" in qat_model.code and "nearest" in qat_model.code  # nearest stays functional
     # each output's scale: the generated module's fake quant; the nearest output keeps the conv's
-    outputs = ["head._generated_sigmoid_0", "head._generated_exp_0", "head._generated_tanh_0",
-               "head._generated_interpolate_0", "conv"]
+    outputs = [
+        "head._generated_sigmoid_0",
+        "head._generated_exp_0",
+        "head._generated_tanh_0",
+        "head._generated_interpolate_0",
+        "conv",
+    ]
     x = torch.randn(*SHAPE, generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         q_outs, f_outs = converted(x), qat_model(x)
@@ -146,7 +151,7 @@ class Spellings(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.quant(x)
         y = x.sigmoid() + F.sigmoid(x) + x.tanh() + F.gelu(x, approximate="tanh") + F.silu(x) + F.hardswish(x)
-        y = y + F.leaky_relu(x, 0.2) + torch.log(x) + x ** 0.5 + torch.special.erf(x)
+        y = y + F.leaky_relu(x, 0.2) + torch.log(x) + x**0.5 + torch.special.erf(x)
         y = y + F.upsample_bilinear(x, scale_factor=2)[..., ::2, ::2]
         return torch.sigmoid(self.dequant(y))  # on a float tensor: stays a float op
 
@@ -157,10 +162,16 @@ def test_spellings() -> None:
     fm = gm.meta["qir.prepare_record"].float_model
     kinds = {n: type(m) for n, m in fm.named_modules() if n.startswith("_generated_") and "add" not in n}
     assert kinds == {
-        "_generated_sigmoid_0": nn.Sigmoid, "_generated_sigmoid_1": nn.Sigmoid, "_generated_tanh_0": nn.Tanh,
-        "_generated_gelu_0": nn.GELU, "_generated_silu_0": nn.SiLU, "_generated_hardswish_0": nn.Hardswish,
-        "_generated_leaky_relu_0": nn.LeakyReLU, "_generated_log_0": qir.nn.HardLog,
-        "_generated_pow_0": qir.nn.Pow, "_generated_erf_0": qir.nn.Erf,
+        "_generated_sigmoid_0": nn.Sigmoid,
+        "_generated_sigmoid_1": nn.Sigmoid,
+        "_generated_tanh_0": nn.Tanh,
+        "_generated_gelu_0": nn.GELU,
+        "_generated_silu_0": nn.SiLU,
+        "_generated_hardswish_0": nn.Hardswish,
+        "_generated_leaky_relu_0": nn.LeakyReLU,
+        "_generated_log_0": qir.nn.HardLog,
+        "_generated_pow_0": qir.nn.Pow,
+        "_generated_erf_0": qir.nn.Erf,
         "_generated_interpolate_0": qir.nn.Interpolate,
     }
     assert fm.get_submodule("_generated_gelu_0").approximate == "tanh"
@@ -212,8 +223,13 @@ def test_table_matches_the_library() -> None:
     built: set[type] = set()
     for name, factory in FUNCTIONAL_MODULES.items():
         op_cls = OP_REGISTRY[name]
-        op = op_cls(other=2.0) if name == "pow" else op_cls(scale_factor=2, mode="bilinear") \
-            if name == "interpolate" else op_cls()
+        op = (
+            op_cls(other=2.0)
+            if name == "pow"
+            else op_cls(scale_factor=2, mode="bilinear")
+            if name == "interpolate"
+            else op_cls()
+        )
         m = factory(op)
         assert m is not None and type(m) in qir.nn.QAT_MODULE_MAP, name
         built.add(type(m))

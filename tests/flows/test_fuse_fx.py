@@ -105,8 +105,12 @@ class _Combo(nn.Module):
 
 _CONVS: dict[str, tuple[Callable[[], nn.Module], Callable[[], nn.Module], tuple[int, ...], str]] = {
     "Conv2d": (lambda: nn.Conv2d(3, 4, 3, padding=1), lambda: nn.BatchNorm2d(4), (2, 3, 5, 5), "ConvAddReLU"),
-    "ConvTranspose2d": (lambda: nn.ConvTranspose2d(3, 4, 3, padding=1), lambda: nn.BatchNorm2d(4), (2, 3, 5, 5),
-                        "ConvTransposeAddReLU"),
+    "ConvTranspose2d": (
+        lambda: nn.ConvTranspose2d(3, 4, 3, padding=1),
+        lambda: nn.BatchNorm2d(4),
+        (2, 3, 5, 5),
+        "ConvTransposeAddReLU",
+    ),
     "Conv3d": (lambda: nn.Conv3d(3, 4, 3, padding=1), lambda: nn.BatchNorm3d(4), (2, 3, 4, 4, 4), "ConvAddReLU"),
     "Linear": (lambda: nn.Linear(3, 4), lambda: nn.BatchNorm1d(4), (2, 3), "LinearAddReLU"),
 }
@@ -128,8 +132,11 @@ def _combo_cases() -> list[Any]:
                     bn = "bn"  # SyncBatchNorm wants (N, C, *spatial) input
                 conv_first = (i // 3) % 2 == 0
                 i += 1
-                cases.append(pytest.param(conv, bn, add, relu, conv_first,
-                                          id=f"{conv}-{bn}-{add}-{relu}-{'L' if conv_first else 'R'}"))
+                cases.append(
+                    pytest.param(
+                        conv, bn, add, relu, conv_first, id=f"{conv}-{bn}-{add}-{relu}-{'L' if conv_first else 'R'}"
+                    )
+                )
     return cases
 
 

@@ -179,6 +179,7 @@ def test_prepare_an_already_fused_model() -> None:
     model.fc.qconfig = get_default_qat_out_qconfig()  # type: ignore[assignment]
     direct = prepare_qat_fx(model, {"": QAT})
     via_fused = prepare_qat_fx(fuse_fx(model), {"": QAT})
+
     def tree(m: nn.Module) -> list[tuple[str, type]]:
         return [(n, type(x)) for n, x in m.named_modules()][1:]  # the roots are distinct GraphModule classes
 

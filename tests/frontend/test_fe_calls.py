@@ -38,8 +38,13 @@ def test_float_functional_calls_are_single_nodes() -> None:
     g = roundtrip(m, torch.randn(1, 2, 3, 3))
     ff = [n for n in g.nodes if n.scope in ("add", "cat", "ops")]
     assert [(n.op.name, n.scope, n.meta["float_functional"]) for n in ff] == [
-        ("add", "add", "add"), ("add", "ops", "add_scalar"), ("mul", "ops", "mul_scalar"), ("mul", "ops", "mul"),
-        ("call", "ops", "add_relu"), ("matmul", "ops", "matmul"), ("cat", "cat", "cat"),
+        ("add", "add", "add"),
+        ("add", "ops", "add_scalar"),
+        ("mul", "ops", "mul_scalar"),
+        ("mul", "ops", "mul"),
+        ("call", "ops", "add_relu"),
+        ("matmul", "ops", "matmul"),
+        ("cat", "cat", "cat"),
     ]
     stubs = [n for n in g.nodes if n.op.name == "call" and n.op.kind == "module"]  # type: ignore[attr-defined]
     assert [n.op.target for n in stubs] == ["quant", "dequant"]  # type: ignore[attr-defined]
@@ -112,8 +117,11 @@ def test_wrap_functions_and_methods_stay_one_node() -> None:
     g = roundtrip(m, torch.randn(2, 3))
     calls = [n.op.target for n in g.nodes if n.op.name == "call"]  # type: ignore[attr-defined]
     assert calls == [
-        f"{__name__}.plain_helper", f"{__name__}.called_helper", f"{__name__}.late_helper",
-        "self.child.forward_part", "self._post",
+        f"{__name__}.plain_helper",
+        f"{__name__}.called_helper",
+        f"{__name__}.late_helper",
+        "self.child.forward_part",
+        "self._post",
     ]
     assert "linear" not in op_names(g)  # the method body was not traced
     assert plain_helper(torch.ones(1), 3).item() == 3.0  # wrapped functions still run eagerly
@@ -136,8 +144,13 @@ def test_unknown_function_method_and_module_become_opaque_calls() -> None:
     m = M().eval()
     g = roundtrip(m, torch.randn(2, 3))
     calls = [(n.op.kind, n.op.target) for n in g.nodes if n.op.name == "call"]  # type: ignore[attr-defined]
-    assert calls == [("function", "torch.cumsum"), ("method", "new_ones"), ("function", "torch.cumsum"),
-                     ("method", "masked_fill"), ("module", "odd")]
+    assert calls == [
+        ("function", "torch.cumsum"),
+        ("method", "new_ones"),
+        ("function", "torch.cumsum"),
+        ("method", "masked_fill"),
+        ("module", "odd"),
+    ]
     assert "odd.weight" in emit(g).state_dict()
     torch.testing.assert_close(run_graph(g, torch.ones(2, 3)), m(torch.ones(2, 3)))
 

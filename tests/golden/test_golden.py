@@ -123,8 +123,9 @@ def test_golden(path: Path) -> None:
     if os.environ.get("QIR_UPDATE_GOLDEN") and case.expected is not None:
         update(case, actual)
         pytest.skip(f"updated {path.name}")
-    diff = "\n".join(difflib.unified_diff(expected.splitlines(), actual.splitlines(), "expected", "actual",
-                                          lineterm=""))
+    diff = "\n".join(
+        difflib.unified_diff(expected.splitlines(), actual.splitlines(), "expected", "actual", lineterm="")
+    )
     pytest.fail(f"{path.name} (pipeline {case.pipeline!r}) output differs:\n{diff}", pytrace=False)
 
 

@@ -34,7 +34,12 @@ from qir.testing import (
 # ----------------------------------------------------------------------------- round trip
 
 _leaves = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8), st.just(...),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.just(...),
     st.sampled_from([torch.float32, torch.int8, torch.bool, DType.qint8, math.inf]),
     st.builds(slice, st.none() | st.integers(-3, 3), st.none() | st.integers(-3, 3), st.none() | st.integers(1, 3)),
     st.builds(lambda s: QuantSpec(s, DType.qint8), st.floats(1e-6, 10.0)),
@@ -75,8 +80,9 @@ def test_refs_in_opaque_calls_round_trip(g: Graph, picks: list[int], extra: Any)
     values: list[Value] = [*g.inputs, *g.nodes]
     operands = [values[i % len(values)] for i in picks]  # repeats give %<index> refs
     args = (*[Ref(i) for i in range(len(operands))], extra)
-    call = g.add_node(Call(kind="function", target="f", args=args, kwargs={"k": [Ref(0)]}), operands,
-                      type=TensorType((1,)))
+    call = g.add_node(
+        Call(kind="function", target="f", args=args, kwargs={"k": [Ref(0)]}), operands, type=TensorType((1,))
+    )
     g.set_output((g.output, call))
     parsed = assert_roundtrip(g)
     assert list(parsed.nodes)[-1].op == call.op
@@ -84,8 +90,15 @@ def test_refs_in_opaque_calls_round_trip(g: Graph, picks: list[int], extra: Any)
 
 # ----------------------------------------------------------------------------- verifier
 
-CORRUPTIONS = ("use_before_def", "foreign_operand", "arity", "bad_shape", "duplicate_name", "missing_constant",
-               "broken_links")
+CORRUPTIONS = (
+    "use_before_def",
+    "foreign_operand",
+    "arity",
+    "bad_shape",
+    "duplicate_name",
+    "missing_constant",
+    "broken_links",
+)
 
 
 def corrupt(g: Graph, kind: str, data: st.DataObject) -> str:
@@ -159,14 +172,21 @@ def run_with_modules(g: Graph, x: torch.Tensor) -> Any:
             out = g.constants[op.key]
         elif op.name == "conv2d":
             w = a[1]
-            m: nn.Module = nn.Conv2d(w.shape[1] * op.groups, w.shape[0], tuple(w.shape[2:]), padding=op.padding,
-                                     groups=op.groups, bias=op.bias)
+            m: nn.Module = nn.Conv2d(
+                w.shape[1] * op.groups,
+                w.shape[0],
+                tuple(w.shape[2:]),
+                padding=op.padding,
+                groups=op.groups,
+                bias=op.bias,
+            )
             m.load_state_dict({"weight": w, **({"bias": a[2]} if op.bias else {})})
             out = m(a[0])
         elif op.name == "batch_norm":
             m = nn.BatchNorm2d(a[1].shape[0], eps=op.eps).eval()
-            m.load_state_dict(dict(zip(("weight", "bias", "running_mean", "running_var", "num_batches_tracked"),
-                                       a[1:], strict=True)))
+            m.load_state_dict(
+                dict(zip(("weight", "bias", "running_mean", "running_var", "num_batches_tracked"), a[1:], strict=True))
+            )
             out = m(a[0])
         elif op.name in ("relu", "relu6"):
             out = (nn.ReLU() if op.name == "relu" else nn.ReLU6())(a[0])

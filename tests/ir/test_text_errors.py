@@ -40,7 +40,7 @@ HEAD = "graph @m(%x: tensor<2xf32>) {\n"
         ("  %y = getitem(%x, index=[*%x])\n  return %y\n}", 2, 27, "'*' unpacking"),
         ("  %y = getitem(%x, index=b'x')\n  return %y\n}", 2, 26, "unsupported literal b'x'"),
         ("  %y = getitem(%x, index={[1]: 2})\n  return %y\n}", 2, 27, "dict key [1] is not hashable"),
-        ("  %y = getitem(%x, index=\"abc)\n  return %y\n}", 2, 26, "unterminated string"),
+        ('  %y = getitem(%x, index="abc)\n  return %y\n}', 2, 26, "unterminated string"),
         ("  %y = getitem(%x, index=(1, 2)\n  return %y\n}", 2, 15, "unclosed bracket"),
         ("  %y = relu(%x)\n}", 3, 1, "expected 'return <outputs>' before '}'"),
         ("  %y = relu(%x)\n  return %y\n", 3, 12, "expected '}' to close the graph"),

@@ -74,10 +74,37 @@ def test_default_omission_loses_nothing(op: object, shown: str) -> None:
 @pytest.mark.parametrize(
     "value",
     [
-        0, -7, 10**30, 1.5, -0.0, 1e-300, math.inf, -math.inf, 0.1 + 0.2, "", "a\"b'c\\d\n\t\x00é", True, False, None,
-        ..., (), (1,), (1, (2, [3, {}])), [], {"k": 1, 2: "v", None: (1,)}, slice(None, -1, 2), slice(3, None, None),
-        torch.float32, torch.qint8, torch.int64, torch.channels_last, torch.strided, torch.device("cpu"),
-        torch.Size([2, 3]), DType.qint16, QuantSpec([0.5, 0.25], DType.qint8, axis=1),
+        0,
+        -7,
+        10**30,
+        1.5,
+        -0.0,
+        1e-300,
+        math.inf,
+        -math.inf,
+        0.1 + 0.2,
+        "",
+        "a\"b'c\\d\n\t\x00é",
+        True,
+        False,
+        None,
+        ...,
+        (),
+        (1,),
+        (1, (2, [3, {}])),
+        [],
+        {"k": 1, 2: "v", None: (1,)},
+        slice(None, -1, 2),
+        slice(3, None, None),
+        torch.float32,
+        torch.qint8,
+        torch.int64,
+        torch.channels_last,
+        torch.strided,
+        torch.device("cpu"),
+        torch.Size([2, 3]),
+        DType.qint16,
+        QuantSpec([0.5, 0.25], DType.qint8, axis=1),
         TensorType((2, 2), DType.qint8, QuantSpec([1.0, 2.0], DType.qint8, 0)),
     ],
 )
@@ -172,7 +199,7 @@ def test_unbound_quantized_constant_gets_storage_dtype() -> None:
 
 def test_objects_are_attached() -> None:
     src = (
-        'graph @m(%x: tensor<2xf32>) {\n'
+        "graph @m(%x: tensor<2xf32>) {\n"
         '  %y: tensor<2xf32> = call(%x, kind="function", target="f", args=(%x,))\n'
         "  return %y\n}"
     )

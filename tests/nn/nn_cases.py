@@ -64,9 +64,7 @@ OTHER_CASES = [
     Case("Interpolate-nearest", lambda: qnn.Interpolate(scale_factor=2), IMG, (0.02,), exact=True),
     Case("Interpolate-bilinear", lambda: qnn.Interpolate(scale_factor=2, mode="bilinear"), IMG, (0.02,)),
     Case("Interpolate-bilinear-size", lambda: qnn.Interpolate(size=(5, 11), mode="bilinear"), IMG, (0.02,)),
-    Case(
-        "Interpolate-align", lambda: qnn.Interpolate(size=(13, 6), mode="bilinear", align_corners=True), IMG, (0.02,)
-    ),
+    Case("Interpolate-align", lambda: qnn.Interpolate(size=(13, 6), mode="bilinear", align_corners=True), IMG, (0.02,)),
     Case("Upsample-nearest", lambda: nn.Upsample(scale_factor=2), IMG, (0.02,), exact=True),
     Case("Identity", nn.Identity, IMG, (0.02,), exact=True),
     Case("Dropout", lambda: nn.Dropout(0.3), IMG, (0.02,), exact=True),

@@ -35,8 +35,10 @@ def _float_layers() -> list[nn.Module]:
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
 def test_seed_eager_net_end_to_end(march: str) -> None:
     layers = _float_layers()
-    qat_layers = [QAT_MODULE_MAP[type(m)].from_float(m, getattr(m, "qconfig", None) or QC8)  # type: ignore[attr-defined]
-                  for m in layers]
+    qat_layers = [
+        QAT_MODULE_MAP[type(m)].from_float(m, getattr(m, "qconfig", None) or QC8)  # type: ignore[attr-defined]
+        for m in layers
+    ]
     qat_model = nn.Sequential(*qat_layers).eval()
     x = torch.rand(2, 1, 14, 14) * 2 - 1
     qat_model(x)

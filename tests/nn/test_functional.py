@@ -37,8 +37,9 @@ CALLS: list[tuple[str, Callable[..., T], list[tuple[int, ...]], list[float]]] = 
 ]
 
 
-def _trio(call: Callable[..., T], shapes: list[tuple[int, ...]], scales: list[float], qconfig: Any = QC8,
-          ff: Any = None) -> tuple[T, T, Any, list[T]]:
+def _trio(
+    call: Callable[..., T], shapes: list[tuple[int, ...]], scales: list[float], qconfig: Any = QC8, ff: Any = None
+) -> tuple[T, T, Any, list[T]]:
     gen = torch.Generator().manual_seed(0)
     pairs = [codes(s, sc, gen) for s, sc in zip(shapes, scales, strict=True)]
     fl = ff if ff is not None else quantized.FloatFunctional()
@@ -48,15 +49,20 @@ def _trio(call: Callable[..., T], shapes: list[tuple[int, ...]], scales: list[fl
     disable_observer(m)
     qat_out = call(m, *[p[1] for p in pairs])
     if m.activation_post_process is not None:
-        assert torch.equal(numerics.dequantize(numerics.quantize(float_out, m.activation_post_process.scale,
-                                                                 "qint8"), m.activation_post_process.scale), qat_out)
+        assert torch.equal(
+            numerics.dequantize(
+                numerics.quantize(float_out, m.activation_post_process.scale, "qint8"), m.activation_post_process.scale
+            ),
+            qat_out,
+        )
     q = quantized.QFunctional.from_qat(m, [torch.tensor([s]) for s in scales], "bayes")
     return qat_out, call(q, *[p[0] for p in pairs]), m, [p[0] for p in pairs]
 
 
 @pytest.mark.parametrize(("name", "call", "shapes", "scales"), CALLS, ids=[c[0] for c in CALLS])
-def test_trio_within_one_lsb(name: str, call: Callable[..., T], shapes: list[tuple[int, ...]],
-                             scales: list[float]) -> None:
+def test_trio_within_one_lsb(
+    name: str, call: Callable[..., T], shapes: list[tuple[int, ...]], scales: list[float]
+) -> None:
     qat_out, q_out, m, _ = _trio(call, shapes, scales)
     want = numerics.quantize(qat_out, m.activation_post_process.scale, "qint8")
     assert q_out.dtype == torch.int8

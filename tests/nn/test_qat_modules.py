@@ -103,9 +103,25 @@ def test_map_covers_every_fused_class_and_unary_module() -> None:
         assert fused in QAT_MODULE_MAP
     for cls in qnn.UNARY_MODULES.values():
         assert QAT_MODULE_MAP[cls] is qat.UnaryLUT
-    for cls in (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d, nn.Linear, nn.ReLU, nn.ReLU6, nn.MaxPool2d,
-                nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Identity, nn.Dropout, qnn.Interpolate, qnn.Div,
-                qnn.quantized.FloatFunctional, QuantStub, DeQuantStub):
+    for cls in (
+        nn.Conv1d,
+        nn.Conv2d,
+        nn.Conv3d,
+        nn.ConvTranspose2d,
+        nn.Linear,
+        nn.ReLU,
+        nn.ReLU6,
+        nn.MaxPool2d,
+        nn.AvgPool2d,
+        nn.AdaptiveAvgPool2d,
+        nn.Identity,
+        nn.Dropout,
+        qnn.Interpolate,
+        qnn.Div,
+        qnn.quantized.FloatFunctional,
+        QuantStub,
+        DeQuantStub,
+    ):
         assert cls in QAT_MODULE_MAP
 
 

@@ -52,8 +52,18 @@ def test_trace_and_buffers(case: Case) -> None:
         assert rt.q_out.dtype == rt.q_in[0].dtype
 
 
-_INT16_CASES = ["ReLU", "MaxPool2d", "Interpolate-nearest", "AvgPool2d", "AdaptiveAvgPool2d", "Conv2d", "ConvAddReLU2d",
-                 "Linear", "Interpolate-bilinear", "Interpolate-align"]
+_INT16_CASES = [
+    "ReLU",
+    "MaxPool2d",
+    "Interpolate-nearest",
+    "AvgPool2d",
+    "AdaptiveAvgPool2d",
+    "Conv2d",
+    "ConvAddReLU2d",
+    "Linear",
+    "Interpolate-bilinear",
+    "Interpolate-align",
+]
 
 
 @pytest.mark.parametrize("name", _INT16_CASES)
@@ -196,11 +206,17 @@ def test_accumulator_is_exact_in_either_float_width(in_dtype: str, groups: int) 
     cols = torch.nn.functional.unfold(x.to(torch.float64), 3, padding=1).to(torch.int64)  # (N, C*9, L)
     w = q.weight.to(torch.int64)
     cpg = 64 // groups
-    ref = torch.cat([
-        torch.einsum("ok,nkl->nol", w[g * (32 // groups):(g + 1) * (32 // groups)].reshape(32 // groups, -1),
-                     cols[:, g * cpg * 9:(g + 1) * cpg * 9])
-        for g in range(groups)
-    ], dim=1).reshape(2, 32, 9, 9) + q.bias.to(torch.int64).reshape(1, -1, 1, 1)
+    ref = torch.cat(
+        [
+            torch.einsum(
+                "ok,nkl->nol",
+                w[g * (32 // groups) : (g + 1) * (32 // groups)].reshape(32 // groups, -1),
+                cols[:, g * cpg * 9 : (g + 1) * cpg * 9],
+            )
+            for g in range(groups)
+        ],
+        dim=1,
+    ).reshape(2, 32, 9, 9) + q.bias.to(torch.int64).reshape(1, -1, 1, 1)
     assert torch.equal(q._accumulate(x), ref)
     if in_dtype == "qint8":
         assert q.weight_l1_max * 128 < 2**24  # this case runs the float32 kernel

@@ -61,8 +61,9 @@ def test_fused_add_error_bound(
     acc_st = [st.one_of(st.integers(-near[i], near[i]), st.integers(-(2**31), 2**31 - 1)) for i in range(c)]
     acc = torch.tensor([[data.draw(acc_st[i]) for i in range(c)] for _ in range(8)])
     add = torch.tensor([[data.draw(st.integers(lo, hi)) for _ in range(c)] for _ in range(8)])
-    out = fused_add_int(acc, add, p.acc_multiplier, p.acc_shift, p.add_multiplier, p.add_shift, p.extra_bits,
-                        dtype, axis=1)
+    out = fused_add_int(
+        acc, add, p.acc_multiplier, p.acc_shift, p.add_multiplier, p.add_shift, p.extra_bits, dtype, axis=1
+    )
     so = Fraction(f32(s_out))
     sa = Fraction(f32(s_add))
     bound = 1
@@ -78,9 +79,13 @@ def test_avg_pool_divisors_match_torch() -> None:
     from qir.nn.quantized.pool import AvgPool2d
 
     x = torch.randint(-128, 128, (1, 2, 7, 6), dtype=torch.int64).to(torch.float64)
-    for k, s, p, ceil, cip, div in [(3, 2, 1, False, True, None), (3, 2, 1, True, True, None),
-                                    (3, 2, 1, True, False, None), (2, 3, 1, True, False, None),
-                                    (3, 1, 1, False, True, 4)]:
+    for k, s, p, ceil, cip, div in [
+        (3, 2, 1, False, True, None),
+        (3, 2, 1, True, True, None),
+        (3, 2, 1, True, False, None),
+        (2, 3, 1, True, False, None),
+        (3, 1, 1, False, True, 4),
+    ]:
         m = AvgPool2d()
         m.kernel_size, m.stride, m.padding = (k, k), (s, s), (p, p)
         m.ceil_mode, m.count_include_pad, m.divisor_override = ceil, cip, div

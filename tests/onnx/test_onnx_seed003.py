@@ -192,7 +192,11 @@ def test_seed003_hybrid_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     producer = {o: n.op_type for n in graph.node for o in n.output}
     convs = [n for n in graph.node if n.op_type == "Conv"]
     assert [producer.get(n.input[1], "float") for n in convs] == [
-        "DequantizeLinear", "float", "DequantizeLinear", "float", "DequantizeLinear"
+        "DequantizeLinear",
+        "float",
+        "DequantizeLinear",
+        "float",
+        "DequantizeLinear",
     ]
     selus = [n for n in graph.node if n.op_type == "Selu"]
     assert [producer.get(n.input[0], "input") for n in selus] == ["input", "DequantizeLinear", "Conv"]

@@ -33,16 +33,29 @@ from qir.testing.patterns import assert_pattern_maximal
 def _bn_params(g: Graph, c: int, affine: bool, gen: torch.Generator) -> list[Value]:
     out: list[Value] = []
     if affine:
-        out += [g.add_constant("bn.weight", torch.rand(c, generator=gen) + 0.5, scope="bn"),
-                g.add_constant("bn.bias", torch.randn(c, generator=gen), scope="bn")]
-    out += [g.add_constant("bn.running_mean", torch.randn(c, generator=gen), "buffer", scope="bn"),
-            g.add_constant("bn.running_var", torch.rand(c, generator=gen) + 0.1, "buffer", scope="bn"),
-            g.add_constant("bn.num_batches_tracked", torch.tensor(5), "buffer", scope="bn")]
+        out += [
+            g.add_constant("bn.weight", torch.rand(c, generator=gen) + 0.5, scope="bn"),
+            g.add_constant("bn.bias", torch.randn(c, generator=gen), scope="bn"),
+        ]
+    out += [
+        g.add_constant("bn.running_mean", torch.randn(c, generator=gen), "buffer", scope="bn"),
+        g.add_constant("bn.running_var", torch.rand(c, generator=gen) + 0.1, "buffer", scope="bn"),
+        g.add_constant("bn.num_batches_tracked", torch.tensor(5), "buffer", scope="bn"),
+    ]
     return out
 
 
-def conv_bn(op: Any, x_shape: tuple[int, ...], w_shape: tuple[int, ...], c_out: int, *, bias: bool = True,
-            affine: bool = True, eps: float = 1e-5, seed: int = 0) -> Graph:
+def conv_bn(
+    op: Any,
+    x_shape: tuple[int, ...],
+    w_shape: tuple[int, ...],
+    c_out: int,
+    *,
+    bias: bool = True,
+    affine: bool = True,
+    eps: float = 1e-5,
+    seed: int = 0,
+) -> Graph:
     gen = torch.Generator().manual_seed(seed)
     g = Graph("m")
     x = g.add_input("x", TensorType(x_shape))
@@ -67,8 +80,12 @@ CASES = {
     "conv2d-depthwise": lambda bias: (Conv2d(bias=bias, groups=4), (1, 4, 5, 5), (4, 1, 3, 3), 4),
     "conv3d": lambda bias: (Conv3d(bias=bias), (1, 2, 4, 4, 4), (3, 2, 2, 2, 2), 3),
     "conv_transpose1d": lambda bias: (ConvTranspose1d(**_tr(1, bias=bias)), (2, 4, 5), (4, 3, 3), 3),
-    "conv_transpose2d-groups": lambda bias: (ConvTranspose2d(**_tr(2, bias=bias, groups=2)), (1, 4, 4, 4),
-                                             (4, 3, 3, 3), 6),
+    "conv_transpose2d-groups": lambda bias: (
+        ConvTranspose2d(**_tr(2, bias=bias, groups=2)),
+        (1, 4, 4, 4),
+        (4, 3, 3, 3),
+        6,
+    ),
     "conv_transpose3d": lambda bias: (ConvTranspose3d(**_tr(3, bias=bias)), (1, 2, 3, 3, 3), (2, 3, 2, 2, 2), 3),
     "linear": lambda bias: (Linear(bias=bias), (4, 7), (5, 7), 5),
 }
@@ -107,8 +124,7 @@ def test_fold_math_matches_torch_fusion_utility() -> None:
     bn.eval()
     conv.eval()
     ref = torch.nn.utils.fusion.fuse_conv_bn_eval(conv, bn)
-    w, b = fold_batch_norm(Conv2d(), conv.weight, conv.bias, mean, var, bn.weight,
-                           bn.bias, bn.eps)
+    w, b = fold_batch_norm(Conv2d(), conv.weight, conv.bias, mean, var, bn.weight, bn.bias, bn.eps)
     torch.testing.assert_close(w.float(), ref.weight.detach())
     assert ref.bias is not None
     torch.testing.assert_close(b.float(), ref.bias.detach())

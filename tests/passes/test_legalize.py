@@ -181,8 +181,12 @@ def test_mode_dependent_transparent_ops_follow_the_graph_mode() -> None:
     from qir.ir import TensorType
     from qir.ir.ops.vision import StochasticDepth
 
-    for training, graph_training, skipped in [(False, True, True), (None, False, True), (None, True, False),
-                                               (True, False, False)]:
+    for training, graph_training, skipped in [
+        (False, True, True),
+        (None, False, True),
+        (None, True, False),
+        (True, False, False),
+    ]:
         g = Graph()
         g.training = graph_training
         x = g.add_input("x", TensorType((1, 2, 3, 3)))

@@ -106,11 +106,15 @@ def _bn(draw: Any, b: _Builder, x: Value) -> Node:
     eps = draw(st.sampled_from((1e-5, 1e-3, 0.1)))
     params: list[Value] = []
     if affine:
-        params += [b.const(f"{s}.weight", torch.rand(c, generator=b.gen) + 0.5),
-                   b.const(f"{s}.bias", torch.randn(c, generator=b.gen) * 0.2)]
-    params += [b.const(f"{s}.running_mean", torch.randn(c, generator=b.gen) * 0.2, "buffer"),
-               b.const(f"{s}.running_var", torch.rand(c, generator=b.gen) + 0.5, "buffer"),
-               b.const(f"{s}.num_batches_tracked", torch.tensor(7), "buffer")]
+        params += [
+            b.const(f"{s}.weight", torch.rand(c, generator=b.gen) + 0.5),
+            b.const(f"{s}.bias", torch.randn(c, generator=b.gen) * 0.2),
+        ]
+    params += [
+        b.const(f"{s}.running_mean", torch.randn(c, generator=b.gen) * 0.2, "buffer"),
+        b.const(f"{s}.running_var", torch.rand(c, generator=b.gen) + 0.5, "buffer"),
+        b.const(f"{s}.num_batches_tracked", torch.tensor(7), "buffer"),
+    ]
     op = BatchNorm(eps=eps, affine=affine, dims=1 if b.linear else 2)
     return b.graph.add_node(op, [x, *params], x.type, scope=s, name=s)
 
@@ -175,9 +179,16 @@ def conv_bn_add_relu(add_first: bool = True) -> Graph:
     w = g.add_constant("conv.weight", torch.randn(3, 3, 3, 3), scope="conv")
     bias = g.add_constant("conv.bias", torch.randn(3), scope="conv")
     c = g.add_node(Conv2d(), [x, w, bias], scope="conv", name="conv")
-    stats = [g.add_constant(f"bn.{k}", t, scope="bn") for k, t in (
-        ("weight", torch.rand(3) + 0.5), ("bias", torch.randn(3)), ("running_mean", torch.randn(3)),
-        ("running_var", torch.rand(3) + 0.5), ("num_batches_tracked", torch.tensor(1)))]
+    stats = [
+        g.add_constant(f"bn.{k}", t, scope="bn")
+        for k, t in (
+            ("weight", torch.rand(3) + 0.5),
+            ("bias", torch.randn(3)),
+            ("running_mean", torch.randn(3)),
+            ("running_var", torch.rand(3) + 0.5),
+            ("num_batches_tracked", torch.tensor(1)),
+        )
+    ]
     bn = g.add_node(BatchNorm(), [c, *stats], scope="bn", name="bn")
     a = g.add_node(Add(), [bn, y] if add_first else [y, bn], name="add")
     r = g.add_node(Relu(), [a], scope="relu", name="relu")
@@ -328,6 +339,7 @@ def test_tuple_form_unresolvable_entry_is_named() -> None:
 
     with pytest.raises(PatternError, match="my_op"):
         as_pattern((F.relu, (my_op, MatchAllNode)))
+
     class Mystery(nn.Module):
         pass
 
@@ -370,10 +382,17 @@ def seed_fusion_patterns() -> list[tuple[Any, ...]]:
             for add in adds:
                 for relu in relus:
                     out += [
-                        (bn, conv), (relu, conv), (add, conv, MatchAllNode), (add, MatchAllNode, conv),
-                        (relu, (bn, conv)), (add, (bn, conv), MatchAllNode), (add, MatchAllNode, (bn, conv)),
-                        (relu, (add, conv, MatchAllNode)), (relu, (add, MatchAllNode, conv)),
-                        (relu, (add, (bn, conv), MatchAllNode)), (relu, (add, MatchAllNode, (bn, conv))),
+                        (bn, conv),
+                        (relu, conv),
+                        (add, conv, MatchAllNode),
+                        (add, MatchAllNode, conv),
+                        (relu, (bn, conv)),
+                        (add, (bn, conv), MatchAllNode),
+                        (add, MatchAllNode, (bn, conv)),
+                        (relu, (add, conv, MatchAllNode)),
+                        (relu, (add, MatchAllNode, conv)),
+                        (relu, (add, (bn, conv), MatchAllNode)),
+                        (relu, (add, MatchAllNode, (bn, conv))),
                     ]
     return out
 
@@ -535,9 +554,16 @@ def _conv_bn_relu_chain(blocks: int) -> Graph:
     for i in range(blocks):
         w = const(f"b{i}.conv.weight", torch.randn(2, 2, 1, 1))
         v = g.add_node(Conv2d(bias=False), [v, w], ty, scope=f"b{i}.conv", name="conv")
-        bn = [const(f"b{i}.bn.{k}", t) for k, t in (
-            ("weight", torch.ones(2)), ("bias", torch.zeros(2)), ("running_mean", torch.zeros(2)),
-            ("running_var", torch.ones(2)), ("num_batches_tracked", torch.tensor(0)))]
+        bn = [
+            const(f"b{i}.bn.{k}", t)
+            for k, t in (
+                ("weight", torch.ones(2)),
+                ("bias", torch.zeros(2)),
+                ("running_mean", torch.zeros(2)),
+                ("running_var", torch.ones(2)),
+                ("num_batches_tracked", torch.tensor(0)),
+            )
+        ]
         v = g.add_node(BatchNorm(), [v, *bn], ty, scope=f"b{i}.bn", name="bn")
         v = g.add_node(Relu(), [v], ty, scope=f"b{i}.relu", name="relu")
     g.set_output(v)

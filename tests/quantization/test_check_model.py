@@ -27,7 +27,8 @@ class Block(nn.Module):
         self.bn2 = nn.BatchNorm2d(cout)
         self.downsample = (
             nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-            if stride != 1 or cin != cout else None
+            if stride != 1 or cin != cout
+            else None
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -308,22 +309,42 @@ BOUNDS: dict[str, tuple[str, str, Build, int]] = {
     "bayes conv kernel": ("bayes", "kernel<32", lambda v: _conv(1, 1, v, v), 31),
     "bayes conv dilation": ("bayes", "dilation<=16", lambda v: _conv(1, 1, 2, v + 1, dilation=v), 16),
     "bayes conv stride with dilation": (
-        "bayes", "stride=1 when dilation!=1", lambda v: _conv(1, 1, 2, 8, dilation=2, stride=v), 1),
+        "bayes",
+        "stride=1 when dilation!=1",
+        lambda v: _conv(1, 1, 2, 8, dilation=2, stride=v),
+        1,
+    ),
     "bayes linear in_features": (
-        "bayes", "in_features <= 8192", lambda v: (nn.Sequential(nn.Linear(v, 1)), torch.randn(1, v)), 8192),
+        "bayes",
+        "in_features <= 8192",
+        lambda v: (nn.Sequential(nn.Linear(v, 1)), torch.randn(1, v)),
+        8192,
+    ),
     "bayes linear out_features": (
-        "bayes", "out_features <= 8192.", lambda v: (nn.Sequential(nn.Linear(1, v), nn.ReLU()), torch.randn(1, 1)),
-        8192),
+        "bayes",
+        "out_features <= 8192.",
+        lambda v: (nn.Sequential(nn.Linear(1, v), nn.ReLU()), torch.randn(1, 1)),
+        8192,
+    ),
     "bayes maxpool kernel": (
-        "bayes", "1<=kernel, stride<=256", lambda v: (nn.Sequential(nn.MaxPool2d(v, stride=1)),
-                                                      torch.randn(1, 1, v, v)), 256),
+        "bayes",
+        "1<=kernel, stride<=256",
+        lambda v: (nn.Sequential(nn.MaxPool2d(v, stride=1)), torch.randn(1, 1, v, v)),
+        256,
+    ),
     "bernoulli2 avgpool kernel": (
-        "bernoulli2", "1<=kernel<=7", lambda v: (nn.Sequential(nn.AvgPool2d(v)), torch.randn(1, 1, v, v)), 7),
+        "bernoulli2",
+        "1<=kernel<=7",
+        lambda v: (nn.Sequential(nn.AvgPool2d(v)), torch.randn(1, 1, v, v)),
+        7,
+    ),
     "bernoulli2 avgpool stride": (
-        "bernoulli2", "1<=stride<=185", lambda v: (nn.Sequential(nn.AvgPool2d(1, stride=v)), torch.randn(1, 1, 1, 1)),
-        185),
-    "bernoulli2 add in_channels": (
-        "bernoulli2", "in_channel<=2048", lambda v: (Add(), torch.randn(1, v, 1, 1)), 2048),
+        "bernoulli2",
+        "1<=stride<=185",
+        lambda v: (nn.Sequential(nn.AvgPool2d(1, stride=v)), torch.randn(1, 1, 1, 1)),
+        185,
+    ),
+    "bernoulli2 add in_channels": ("bernoulli2", "in_channel<=2048", lambda v: (Add(), torch.randn(1, v, 1, 1)), 2048),
 }
 
 

@@ -25,8 +25,19 @@ from qir.ir import verify
 pytestmark = pytest.mark.torchvision
 
 REQUIRED = [
-    "resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0",
-    "regnet_y_400mf", "shufflenet_v2_x1_0", "squeezenet1_0", "vgg11", "densenet121", "vit_b_16", "swin_t",
+    "resnet18",
+    "resnet50",
+    "mobilenet_v2",
+    "mobilenet_v3_small",
+    "mobilenet_v3_large",
+    "efficientnet_b0",
+    "regnet_y_400mf",
+    "shufflenet_v2_x1_0",
+    "squeezenet1_0",
+    "vgg11",
+    "densenet121",
+    "vit_b_16",
+    "swin_t",
 ]
 
 
@@ -53,12 +64,16 @@ def _report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     yield
     if not ROWS:
         return
-    lines = ["| model | nodes | opaque | opaque targets | max abs diff | keys equal | text | seconds |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | nodes | opaque | opaque targets | max abs diff | keys equal | text | seconds |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in ROWS:
         targets = ", ".join(f"{t} x{c}" for t, c in r["opaque"].items()) or "-"
-        lines.append(f"| {r['model']} | {r['nodes']} | {sum(r['opaque'].values())} | {targets} | "
-                     f"{r['diff']:.2e} | {r['keys']} | {r['text']} | {r['seconds']:.1f} |")
+        lines.append(
+            f"| {r['model']} | {r['nodes']} | {sum(r['opaque'].values())} | {targets} | "
+            f"{r['diff']:.2e} | {r['keys']} | {r['text']} | {r['seconds']:.1f} |"
+        )
     table = "\n".join(lines) + "\n"
     path = Path(os.environ.get("QIR_TV_REPORT") or tmp_path_factory.getbasetemp() / "torchvision_roundtrip.md")
     path.write_text(table)
@@ -95,7 +110,16 @@ def test_torchvision_roundtrip(name: str) -> None:
         if n.op.name == "call":
             target = n.op.target  # type: ignore[attr-defined]
             opaque[target] = opaque.get(target, 0) + 1
-    ROWS.append({"model": name, "nodes": len(graph), "opaque": opaque, "diff": diff, "keys": keys_equal,
-                 "text": text, "seconds": time.perf_counter() - start})
+    ROWS.append(
+        {
+            "model": name,
+            "nodes": len(graph),
+            "opaque": opaque,
+            "diff": diff,
+            "keys": keys_equal,
+            "text": text,
+            "seconds": time.perf_counter() - start,
+        }
+    )
     assert keys_equal
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)

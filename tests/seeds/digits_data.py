@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 
 
-def digits_tensors(seed: int = 0, test_fraction: float = 0.25) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                        torch.Tensor]:
+def digits_tensors(
+    seed: int = 0, test_fraction: float = 0.25
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x_train, y_train, x_test, y_test)`` with a fixed shuffled split."""
     from sklearn.datasets import load_digits
 

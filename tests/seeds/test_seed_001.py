@@ -65,20 +65,18 @@ def test_custom_qconfig() -> None:
     )
 
     activation_8bit_fake_quant = FakeQuantize.with_args(
-                             observer=MovingAveragePerTensorMinMaxObserver,
-                             dtype="qint8",
-                             ch_axis=0,
-                             averaging_constant=0 # Custom parameter for observer
+        observer=MovingAveragePerTensorMinMaxObserver,
+        dtype="qint8",
+        ch_axis=0,
+        averaging_constant=0,  # Custom parameter for observer
     )
     weight_8bit_fake_quant = FakeQuantize.with_args(
-                             observer=MovingAveragePerChannelMinMaxObserver,
-                             dtype="qint8",
-                             ch_axis=0,
-                             averaging_constant=1 # Custom parameter for observer
+        observer=MovingAveragePerChannelMinMaxObserver,
+        dtype="qint8",
+        ch_axis=0,
+        averaging_constant=1,  # Custom parameter for observer
     )
-    qat_8bit_qconfig = QConfig(
-        activation=activation_8bit_fake_quant, weight=weight_8bit_fake_quant
-    )
+    qat_8bit_qconfig = QConfig(activation=activation_8bit_fake_quant, weight=weight_8bit_fake_quant)
     custom_qconfig = qat_8bit_qconfig
 
     from tests_seed_models import FuseNet
@@ -94,7 +92,8 @@ def test_custom_qconfig() -> None:
                 "module_name": {
                     "conv": custom_qconfig,
                 },
-            },)
+            },
+        )
     # the same call with one kind works: QAT global + the custom QAT qconfig
     qat_model = horizon.quantization.prepare_qat_fx(
         model,
@@ -103,7 +102,8 @@ def test_custom_qconfig() -> None:
             "module_name": {
                 "conv": custom_qconfig,
             },
-        },)
+        },
+    )
     fused_conv = qat_model.get_submodule("_generated_add_0")
     assert fused_conv.activation_post_process.observer.averaging_constant == 0
     calib_model = horizon.quantization.prepare_qat_fx(model, {"": _calib()})

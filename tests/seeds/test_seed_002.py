@@ -34,20 +34,16 @@ def _seed_002(tmp_path: Path) -> dict[str, Any]:
     class ConvBNReLU(nn.Sequential):
         def __init__(self, in_channels, out_channels, kernel_size):
             super(ConvBNReLU, self).__init__(
-                nn.Conv2d(
-                    in_channels=in_channels,
-                    out_channels=out_channels,
-                    kernel_size=kernel_size
-                ),
+                nn.Conv2d(in_channels=in_channels, out_channels=out_channels, kernel_size=kernel_size),
                 nn.BatchNorm2d(num_features=out_channels),
-                nn.ReLU()
+                nn.ReLU(),
             )
 
         # Specify the floating point operators that can be fused
         def fuse_model(self):
             torch.quantization.fuse_modules(
                 self,
-                ['0', '1', '2'],
+                ["0", "1", "2"],
                 inplace=True,
                 fuser_func=horizon.quantization.fuse_known_modules,
             )
@@ -70,7 +66,7 @@ def _seed_002(tmp_path: Path) -> dict[str, Any]:
             self.avg_pool = nn.AvgPool2d(kernel_size=8)
             self.classifier = ClassiFier(20, 10)
             # To adapt to the BPU, when getting input from the camera, the scale of the QuantStub must be set to 1/128 explicitly.
-            self.quant = QuantStub(scale=1/128)
+            self.quant = QuantStub(scale=1 / 128)
             self.dequant = DeQuantStub()
 
         def forward(self, x):
@@ -97,7 +93,7 @@ def _seed_002(tmp_path: Path) -> dict[str, Any]:
     test_batch_size = 16
     epoch_num = 1
     neval_batches = 1
-    model_file = str(tmp_path / 'model.pt')
+    model_file = str(tmp_path / "model.pt")
 
     class AverageMeter(object):
         """Computes and stores the average and current value"""
@@ -167,8 +163,7 @@ def _seed_002(tmp_path: Path) -> dict[str, Any]:
             loss.backward()
             optimizer.step()
             if batch_idx % 100 == 0:
-                print ('Train Epoch: {} batch {} \t Loss: {:.6f}'.
-                       format(epoch, batch_idx, loss.item()))
+                print("Train Epoch: {} batch {} \t Loss: {:.6f}".format(epoch, batch_idx, loss.item()))
 
     def evaluate(model, device, neval_batches):
         model.eval()
@@ -199,17 +194,18 @@ def _seed_002(tmp_path: Path) -> dict[str, Any]:
             top1, top5 = evaluate(model, device, neval_batches)
             print(
                 "float training Epoch %d :float evaluation accuracy on %d images, \
-                %2.2f" % (nepoch, neval_batches * test_batch_size, top1.avg)
+                %2.2f"
+                % (nepoch, neval_batches * test_batch_size, top1.avg)
             )
         torch.save(model.state_dict(), model_file)
 
-    train_float_model(torch.device('cpu'))
+    train_float_model(torch.device("cpu"))
 
     def load_model():
         model = Net()
         state_dict = torch.load(model_file)
         model.load_state_dict(state_dict)
-        model.to('cpu')
+        model.to("cpu")
         return model
 
     # Load the float model for quantization-aware training
@@ -228,13 +224,13 @@ def _seed_002(tmp_path: Path) -> dict[str, Any]:
         top1, top5 = evaluate(qat_model, device, neval_batches)
         print(
             "float evaluation accuracy on %d images, \
-            %2.2f" % (neval_batches * test_batch_size, top1.avg)
+            %2.2f"
+            % (neval_batches * test_batch_size, top1.avg)
         )
         # Set the quantization parameters for quantizing the weights and outputs of operators
         qat_model.qconfig = horizon.quantization.get_default_qat_qconfig()
         # Turn off quantization for the output layer to improve accuracy
-        qat_model.classifier.qconfig = \
-            horizon.quantization.get_default_qat_out_qconfig()
+        qat_model.classifier.qconfig = horizon.quantization.get_default_qat_out_qconfig()
         # Convert the floating-point model to quantized model
         horizon.quantization.prepare_qat(qat_model, inplace=True)
         print(
@@ -242,7 +238,8 @@ def _seed_002(tmp_path: Path) -> dict[str, Any]:
             qat_model.conv0,
         )
         qat_model = qat_model.to(device)
-    load_and_prepare_qat_model(torch.device('cpu'))
+
+    load_and_prepare_qat_model(torch.device("cpu"))
 
     def quantization_training(device):
         # Quantization training for the quantized model
@@ -256,21 +253,22 @@ def _seed_002(tmp_path: Path) -> dict[str, Any]:
                 % (nepoch, neval_batches * test_batch_size, top1.avg)
             )
 
-    quantization_training(torch.device('cpu'))
+    quantization_training(torch.device("cpu"))
 
-    quantized_model = horizon.quantization.convert(
-        qat_model.eval(), inplace=False
-    )
+    quantized_model = horizon.quantization.convert(qat_model.eval(), inplace=False)
 
-    example_input = torch.ones(size=(neval_batches, 1, 28, 28), device='cpu')
+    example_input = torch.ones(size=(neval_batches, 1, 28, 28), device="cpu")
     traced_model = torch.jit.trace(quantized_model, example_input)
-    top1, top5 = evaluate(traced_model, torch.device('cpu'), neval_batches)
-    print(
-        "Traced : int evaluation accuracy on %d images, %2.2f"
-        % (neval_batches * test_batch_size, top1.avg)
-    )
-    return {"qat_model": qat_model, "quantized_model": quantized_model, "traced": traced_model,
-            "example_input": example_input, "fused_printout": fused_printout, "x_test": x_test}
+    top1, top5 = evaluate(traced_model, torch.device("cpu"), neval_batches)
+    print("Traced : int evaluation accuracy on %d images, %2.2f" % (neval_batches * test_batch_size, top1.avg))
+    return {
+        "qat_model": qat_model,
+        "quantized_model": quantized_model,
+        "traced": traced_model,
+        "example_input": example_input,
+        "fused_printout": fused_printout,
+        "x_test": x_test,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -310,8 +308,9 @@ def test_seed_002_eager_flow(seed002: dict[str, Any]) -> None:
 def test_seed_002_compile_tools(seed002: dict[str, Any], tmp_path: Path) -> None:
     import qir as horizon
 
-    tools = [n for n in ("check_model", "compile_model", "perf_model", "visualize_model")
-             if hasattr(horizon.quantization, n)]
+    tools = [
+        n for n in ("check_model", "compile_model", "perf_model", "visualize_model") if hasattr(horizon.quantization, n)
+    ]
     if not tools:
         pytest.skip("check_model / compile_model / perf_model / visualize_model are not in qir yet")
     out = seed002
@@ -323,8 +322,10 @@ def test_seed_002_compile_tools(seed002: dict[str, Any], tmp_path: Path) -> None
     if "compile_model" in tools:
         horizon.quantization.compile_model(traced_model, [example_input], opt=2, hbm=hbdk_dir + "/model.hbm")
     if "perf_model" in tools:
-        horizon.quantization.perf_model(traced_model, [example_input], opt=2, input_source=["pyramid"],
-                                        layer_details=True, out_dir=hbdk_dir)
+        horizon.quantization.perf_model(
+            traced_model, [example_input], opt=2, input_source=["pyramid"], layer_details=True, out_dir=hbdk_dir
+        )
     if "visualize_model" in tools:
-        horizon.quantization.visualize_model(traced_model, [example_input], save_path=hbdk_dir + "/model.svg",
-                                             show=False)
+        horizon.quantization.visualize_model(
+            traced_model, [example_input], save_path=hbdk_dir + "/model.svg", show=False
+        )

@@ -54,7 +54,7 @@ def test_seed_003_non_hybrid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         def forward(self, x):
             out = self.conv(x)
             out = self.bn(out)
-            return self.relu(self.add.add(x,out))
+            return self.relu(self.add.add(x, out))
 
     class ConvAddReLU(nn.Sequential):
         def __init__(self, channels=3):
@@ -65,7 +65,7 @@ def test_seed_003_non_hybrid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
         def forward(self, x):
             out = self.conv(x)
-            return self.relu(self.add.add(x,out))
+            return self.relu(self.add.add(x, out))
 
     class NonHybridModel(nn.Module):
         def __init__(self, channels=3):
@@ -110,7 +110,7 @@ def test_seed_003_non_hybrid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         {
             "": get_default_qat_qconfig(),
             # 设置最后一个conv高精度输出
-            "module_name": [("conv1", get_default_qat_out_qconfig())]
+            "module_name": [("conv1", get_default_qat_out_qconfig())],
         },
     )
     qat_res = qat_model(data)
@@ -128,8 +128,9 @@ def test_seed_003_non_hybrid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     qat_eval = qat_model(data)
     assert (quantize_res - qat_eval).abs().max() <= 0.02 * qat_eval.abs().max()
     # the input model was not touched by either prepare
-    assert isinstance(model.layer0[1], nn.BatchNorm2d) and isinstance(model.layer2.add,
-                                                                      torch.nn.quantized.FloatFunctional)
+    assert isinstance(model.layer0[1], nn.BatchNorm2d) and isinstance(
+        model.layer2.add, torch.nn.quantized.FloatFunctional
+    )
 
     # 7.模型编译
     if importlib.util.find_spec("qir.utils.onnx_helper") is not None:
@@ -195,7 +196,7 @@ def test_seed_003_hybrid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         def __init__(self, channels=3, layer1=ConvReLU):
             super().__init__()
             # 第一层为cpu节点
-            #self.quant = QuantStub()
+            # self.quant = QuantStub()
             self.layer0 = ConvBNReLU()
             self.layer1 = layer1()  # the seed writes ConvBNReLU() (see test_seed_003_hybrid_literal_layer1)
             self.layer2 = ConvBNReLU()
@@ -245,7 +246,7 @@ def test_seed_003_hybrid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         {
             "": get_default_qat_qconfig(),
             # 设置最后一个conv高精度输出
-            "module_name": [("conv1", get_default_qat_out_qconfig())]
+            "module_name": [("conv1", get_default_qat_out_qconfig())],
         },
         hybrid=True,
         hybrid_dict={
@@ -259,7 +260,7 @@ def test_seed_003_hybrid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     # 6.导出onnx
     if importlib.util.find_spec("qir.utils.onnx_helper") is not None:
         export_to_onnx = importlib.import_module("qir.utils.onnx_helper").export_to_onnx
-        export_to_onnx(qat_model,data,"qat.onnx",enable_onnx_checker=True, operator_export_type=None)
+        export_to_onnx(qat_model, data, "qat.onnx", enable_onnx_checker=True, operator_export_type=None)
         assert (tmp_path / "qat.onnx").exists()
     # 7.评测定点精度
     # 异构方案的quantize_model仅可用于评测精度,无法用于模型编译
@@ -285,5 +286,9 @@ def test_seed_003_hybrid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
     # the seed's literal layer1 = ConvBNReLU() has children 0 / 1 / 2, not conv: a clear error
     with pytest.raises(ValueError, match=r"'layer1\.conv' names no module; modules under 'layer1': layer1\.0 "):
-        prepare_qat_fx(HybridModel(layer1=ConvBNReLU), {"": get_default_calib_qconfig()}, hybrid=True,
-                       hybrid_dict={"module_name": ["layer1.conv", "conv0"], "module_type": [_SeluModule]})
+        prepare_qat_fx(
+            HybridModel(layer1=ConvBNReLU),
+            {"": get_default_calib_qconfig()},
+            hybrid=True,
+            hybrid_dict={"module_name": ["layer1.conv", "conv0"], "module_type": [_SeluModule]},
+        )

@@ -21,8 +21,17 @@ import torch
 
 from backends.common.program import Instruction
 
-__all__ = ["F64_EXACT_ACC", "Kernel", "RequantF64", "get_kernel", "kernel_names", "qbounds", "register_kernel",
-           "requant_i64", "sat_to"]
+__all__ = [
+    "F64_EXACT_ACC",
+    "Kernel",
+    "RequantF64",
+    "get_kernel",
+    "kernel_names",
+    "qbounds",
+    "register_kernel",
+    "requant_i64",
+    "sat_to",
+]
 
 #: |accumulator| below this keeps the float64 requantization exact (|acc| * 32767 < 2**52).
 F64_EXACT_ACC = 2**37

@@ -82,7 +82,7 @@ def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> ConvState
         weight = w.to(torch.float32)
     elif engine == "f32_chunked":
         weight = w.to(torch.float32)
-        chunks = [(int(c0), int(c1), weight[:, int(c0):int(c1)].contiguous()) for c0, c1 in a["chunks"]]
+        chunks = [(int(c0), int(c1), weight[:, int(c0) : int(c1)].contiguous()) for c0, c1 in a["chunks"]]
     elif engine == "f64":
         weight = w.to(torch.float64)
     else:
@@ -93,17 +93,25 @@ def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> ConvState
         add_rq = RequantF64(torch.tensor(int(a["add_multiplier"])), torch.tensor(int(a["add_shift"])))
     rq = RequantF64(consts[inst.consts["multiplier"]], consts[inst.consts["shift"]])
     scale, half = (rq.scale, rq.half) if rq.scale.numel() == c_out else (rq.scale.expand(c_out), rq.half.expand(c_out))
-    return ConvState(weight=weight, bias=bias.to(torch.float64) if a.get("requant", "f64") == "f64" else bias,
-                     rq=rq, bias_half=torch.addcmul(half, bias.to(torch.float64), scale),
-                     relu6_bound=consts[inst.consts["relu6_bound"]].to(torch.int64).reshape(-1),
-                     add_rq=add_rq, chunks=chunks, k=k, n=c_out)
+    return ConvState(
+        weight=weight,
+        bias=bias.to(torch.float64) if a.get("requant", "f64") == "f64" else bias,
+        rq=rq,
+        bias_half=torch.addcmul(half, bias.to(torch.float64), scale),
+        relu6_bound=consts[inst.consts["relu6_bound"]].to(torch.int64).reshape(-1),
+        add_rq=add_rq,
+        chunks=chunks,
+        k=k,
+        n=c_out,
+    )
 
 
 # ----------------------------------------------------------------------------- accumulators
 
 
-def _im2col(x: torch.Tensor, kh: int, kw: int, stride: list[int], padding: list[int], dilation: list[int],
-            kp: int) -> tuple[torch.Tensor, int, int]:
+def _im2col(
+    x: torch.Tensor, kh: int, kw: int, stride: list[int], padding: list[int], dilation: list[int], kp: int
+) -> tuple[torch.Tensor, int, int]:
     """int8 (N*OH*OW, kp) columns in (kh, kw, C) order from NCHW ``x`` (any memory format)."""
     n, c, h, w = x.shape
     ph, pw = padding
@@ -114,7 +122,7 @@ def _im2col(x: torch.Tensor, kh: int, kw: int, stride: list[int], padding: list[
     xh = x.permute(0, 2, 3, 1)
     if ph or pw:
         xp = x.new_zeros((n, h + 2 * ph, w + 2 * pw, c))
-        xp[:, ph:ph + h, pw:pw + w] = xh
+        xp[:, ph : ph + h, pw : pw + w] = xh
     else:
         xp = xh.contiguous()
     s0, s1, s2, s3 = xp.stride()
@@ -158,8 +166,9 @@ def _acc_conv2d(x: torch.Tensor, st: ConvState, a: Mapping[str, Any]) -> torch.T
     return y.permute(0, 2, 3, 1)
 
 
-def _finish(acc: torch.Tensor, addend: torch.Tensor | None, st: ConvState, a: Mapping[str, Any],
-            axis: int) -> torch.Tensor:
+def _finish(
+    acc: torch.Tensor, addend: torch.Tensor | None, st: ConvState, a: Mapping[str, Any], axis: int
+) -> torch.Tensor:
     """Bias, requantization (or the fused add), activation clamp, saturation; ``axis``: channels."""
     out_dtype = str(a["out_dtype"])
     lo, hi = qbounds(out_dtype)
@@ -193,8 +202,9 @@ def _finish(acc: torch.Tensor, addend: torch.Tensor | None, st: ConvState, a: Ma
     return out.to(_CODE_DTYPES[out_dtype])  # already within the dtype's range
 
 
-def _finish_i64(acc: torch.Tensor, addend: torch.Tensor | None, st: ConvState, a: Mapping[str, Any],
-                axis: int) -> torch.Tensor:
+def _finish_i64(
+    acc: torch.Tensor, addend: torch.Tensor | None, st: ConvState, a: Mapping[str, Any], axis: int
+) -> torch.Tensor:
     out_dtype = str(a["out_dtype"])
     lo, hi = qbounds(out_dtype)
     shape = [1] * acc.dim()
@@ -237,8 +247,9 @@ def conv_nd(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
     w = st.weight.to(ct)
     kind = a["kind"]
     if kind == "conv_transpose2d":
-        y = F.conv_transpose2d(xf, w, None, a["stride"], a["padding"], a["output_padding"], int(a["groups"]),
-                               a["dilation"])
+        y = F.conv_transpose2d(
+            xf, w, None, a["stride"], a["padding"], a["output_padding"], int(a["groups"]), a["dilation"]
+        )
     else:
         padding = a["padding"]
         if a.get("padding_mode", "zeros") != "zeros":

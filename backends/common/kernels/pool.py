@@ -27,8 +27,9 @@ def maxpool2d(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     refuses inputs whose depth * height * width exceeds the code dtype's maximum)."""
     a = inst.attrs
     x = args[0]
-    y = F.max_pool2d(x.to(torch.float32), a["kernel_size"], a["stride"], a["padding"], a["dilation"],
-                     bool(a["ceil_mode"]))
+    y = F.max_pool2d(
+        x.to(torch.float32), a["kernel_size"], a["stride"], a["padding"], a["dilation"], bool(a["ceil_mode"])
+    )
     return [y.to(x.dtype)]
 
 
@@ -62,11 +63,14 @@ def avgpool_divisors(h: int, w: int, a: Mapping[str, Any]) -> torch.Tensor:
     return rh[:, None] * rw[None, :]
 
 
-def _window_requant(sums: torch.Tensor, divisor: torch.Tensor, mult: torch.Tensor, shift: torch.Tensor,
-                    out_dtype: str, where: str) -> torch.Tensor:
+def _window_requant(
+    sums: torch.Tensor, divisor: torch.Tensor, mult: torch.Tensor, shift: torch.Tensor, out_dtype: str, where: str
+) -> torch.Tensor:
     if int(divisor.max()) > mult.numel() or int(divisor.min()) < 1:
-        raise ValueError(f"{where}: a window divisor {int(divisor.max())} is outside the program's table "
-                         f"(1..{mult.numel()}); the input shape differs from the compiled one")
+        raise ValueError(
+            f"{where}: a window divisor {int(divisor.max())} is outside the program's table "
+            f"(1..{mult.numel()}); the input shape differs from the compiled one"
+        )
     idx = divisor - 1
     rq = RequantF64(mult[idx].reshape(-1), shift[idx].reshape(-1))
     sc, hf = rq.scale.reshape(divisor.shape), rq.half.reshape(divisor.shape)
@@ -105,8 +109,12 @@ def adaptive_avgpool2d(inst: Instruction, args: list[Any], state: Mapping[str, t
     else:
         # integral image: every window sum from four corner reads (exact in float64)
         cs = F.pad(x.to(torch.float64).cumsum(-2).cumsum(-1), (1, 0, 1, 0))
-        sums = (cs[..., he[:, None], we[None, :]] - cs[..., hs[:, None], we[None, :]]
-                - cs[..., he[:, None], ws[None, :]] + cs[..., hs[:, None], ws[None, :]])
+        sums = (
+            cs[..., he[:, None], we[None, :]]
+            - cs[..., hs[:, None], we[None, :]]
+            - cs[..., he[:, None], ws[None, :]]
+            + cs[..., hs[:, None], ws[None, :]]
+        )
     return [_window_requant(sums, count, state["multipliers"], state["shifts"], str(a["out_dtype"]), inst.source)]
 
 
@@ -118,8 +126,10 @@ def reduce_sum(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     dims = a.get("dims")
     acc = x.to(torch.int64).sum() if dims is None else x.to(torch.int64).sum(dim=list(dims), keepdim=bool(a["keepdim"]))
     if a.get("n") is not None and x.numel() // max(acc.numel(), 1) != int(a["n"]):
-        raise ValueError(f"reduce_sum ({inst.source}): the program averages over {a['n']} elements, the input has "
-                         f"{x.numel() // max(acc.numel(), 1)}; the input shape differs from the compiled one")
+        raise ValueError(
+            f"reduce_sum ({inst.source}): the program averages over {a['n']} elements, the input has "
+            f"{x.numel() // max(acc.numel(), 1)}; the input shape differs from the compiled one"
+        )
     rq = RequantF64(torch.tensor(int(a["multiplier"])), torch.tensor(int(a["shift"])))
     lo, hi = qbounds(str(a["out_dtype"]))
     return [sat_to(rq.apply(acc.to(torch.float64)).clamp_(lo, hi), str(a["out_dtype"]))]

@@ -23,8 +23,9 @@ def quantize(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     the half-up tie decided on the exact fraction ``v - floor(v)``."""
     x = args[0]
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"quantize ({inst.source}): expected a float tensor input, got "
-                        f"{getattr(x, 'dtype', type(x).__name__)}")
+        raise TypeError(
+            f"quantize ({inst.source}): expected a float tensor input, got {getattr(x, 'dtype', type(x).__name__)}"
+        )
     dtype = str(inst.attrs["dtype"])
     ct = torch.float64 if dtype == "qint32" or x.dtype == torch.float64 else torch.float32
     v = x.to(ct) / torch.tensor(float(inst.attrs["scale"]), dtype=torch.float32).to(ct)

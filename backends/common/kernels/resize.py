@@ -15,8 +15,7 @@ from backends.common.program import Instruction
 def _check_size(inst: Instruction, x: torch.Tensor) -> None:
     h, w = inst.attrs["in_size"]
     if (int(x.shape[-2]), int(x.shape[-1])) != (int(h), int(w)):
-        raise ValueError(f"{inst.op} ({inst.source}): compiled for input size {h}x{w}, got "
-                         f"{x.shape[-2]}x{x.shape[-1]}")
+        raise ValueError(f"{inst.op} ({inst.source}): compiled for input size {h}x{w}, got {x.shape[-2]}x{x.shape[-1]}")
 
 
 @register_kernel("resize_nearest")

@@ -60,8 +60,13 @@ Tanhshrink = unary_op(__name__, "Tanhshrink", "tanhshrink", (F.tanhshrink,), (),
 
 # ----------------------------------------------------------------------------- activations
 def _act(
-    cls_name: str, op_name: str, module: type, functions: tuple[Callable[..., Any], ...],
-    fields: dict[str, Any], methods: tuple[str, ...] = (), traits: frozenset[type[Trait]] = _ACT,
+    cls_name: str,
+    op_name: str,
+    module: type,
+    functions: tuple[Callable[..., Any], ...],
+    fields: dict[str, Any],
+    methods: tuple[str, ...] = (),
+    traits: frozenset[type[Trait]] = _ACT,
 ) -> type:
     """One activation class whose fields are ``fields`` (name -> default), in signature order."""
     ns: dict[str, Any] = {
@@ -93,9 +98,7 @@ Elu = _act("Elu", "elu", nn.ELU, (F.elu,), {"alpha": 1.0, "inplace": False})
 Celu = _act("Celu", "celu", nn.CELU, (F.celu, torch.celu), {"alpha": 1.0, "inplace": False})
 LeakyRelu = _act("LeakyRelu", "leaky_relu", nn.LeakyReLU, (F.leaky_relu,), {"negative_slope": 0.01, "inplace": False})
 Softplus = _act("Softplus", "softplus", nn.Softplus, (F.softplus,), {"beta": 1.0, "threshold": 20.0})
-Hardtanh = _act(
-    "Hardtanh", "hardtanh", nn.Hardtanh, (F.hardtanh,), {"min_val": -1.0, "max_val": 1.0, "inplace": False}
-)
+Hardtanh = _act("Hardtanh", "hardtanh", nn.Hardtanh, (F.hardtanh,), {"min_val": -1.0, "max_val": 1.0, "inplace": False})
 Hardshrink = _act("Hardshrink", "hardshrink", nn.Hardshrink, (F.hardshrink,), {"lambd": 0.5})
 
 

@@ -72,13 +72,26 @@ class MultiheadAttention(ModuleOp):
             raise NotImplementedError(
                 "nn.MultiheadAttention with separate kdim/vdim, add_bias_kv or add_zero_attn is kept as an opaque call"
             )
-        return cls(embed_dim=m.embed_dim, num_heads=m.num_heads, dropout=m.dropout, bias=m.in_proj_bias is not None,
-                   batch_first=m.batch_first)
+        return cls(
+            embed_dim=m.embed_dim,
+            num_heads=m.num_heads,
+            dropout=m.dropout,
+            bias=m.in_proj_bias is not None,
+            batch_first=m.batch_first,
+        )
 
     def bind_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[MultiheadAttention, list[Value]]:
         """Bind ``forward(query, key, value, key_padding_mask, need_weights, attn_mask, ...)``."""
-        names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
-                 "average_attn_weights", "is_causal")
+        names = (
+            "query",
+            "key",
+            "value",
+            "key_padding_mask",
+            "need_weights",
+            "attn_mask",
+            "average_attn_weights",
+            "is_causal",
+        )
         if len(args) > len(names) or set(kwargs) - set(names):
             raise IRError(f"op {self.name!r}: unexpected arguments {sorted(set(kwargs) - set(names))}")
         bound = dict(zip(names, args, strict=False)) | kwargs
@@ -88,10 +101,14 @@ class MultiheadAttention(ModuleOp):
             if v is not None and not isinstance(v, Value):
                 raise IRError(f"op {self.name!r}: masks must be graph values, got {type(v).__name__}")
         inputs += [v for v in (kpm, mask) if v is not None]
-        op = attrs.evolve(self, need_weights=bool(bound.get("need_weights", True)),
-                          average_attn_weights=bool(bound.get("average_attn_weights", True)),
-                          is_causal=bool(bound.get("is_causal", False)),
-                          key_padding_mask=kpm is not None, attn_mask=mask is not None)
+        op = attrs.evolve(
+            self,
+            need_weights=bool(bound.get("need_weights", True)),
+            average_attn_weights=bool(bound.get("average_attn_weights", True)),
+            is_causal=bool(bound.get("is_causal", False)),
+            key_padding_mask=kpm is not None,
+            attn_mask=mask is not None,
+        )
         return op, inputs
 
     def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -99,12 +116,23 @@ class MultiheadAttention(ModuleOp):
         q, k, v, *masks = inputs
         kpm = masks.pop(0) if self.key_padding_mask else None
         mask = masks.pop(0) if self.attn_mask else None
-        return (q, k, v), {"key_padding_mask": kpm, "need_weights": self.need_weights, "attn_mask": mask,
-                           "average_attn_weights": self.average_attn_weights, "is_causal": self.is_causal}
+        return (q, k, v), {
+            "key_padding_mask": kpm,
+            "need_weights": self.need_weights,
+            "attn_mask": mask,
+            "average_attn_weights": self.average_attn_weights,
+            "is_causal": self.is_causal,
+        }
 
     def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
-        m = nn.MultiheadAttention(self.embed_dim, self.num_heads, dropout=self.dropout, bias=self.bias,
-                                  batch_first=self.batch_first, device="meta")
+        m = nn.MultiheadAttention(
+            self.embed_dim,
+            self.num_heads,
+            dropout=self.dropout,
+            bias=self.bias,
+            batch_first=self.batch_first,
+            device="meta",
+        )
         load_dotted(m, tensors)
         return m
 

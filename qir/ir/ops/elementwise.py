@@ -140,8 +140,13 @@ class Add(BinaryOp):
 
 
 def _binary(
-    cls_name: str, op_name: str, fn: Callable[[Any, Any], Any], functions: tuple[Callable[..., Any], ...],
-    methods: tuple[str, ...], commutative: bool = False, doc: str = "",
+    cls_name: str,
+    op_name: str,
+    fn: Callable[[Any, Any], Any],
+    functions: tuple[Callable[..., Any], ...],
+    methods: tuple[str, ...],
+    commutative: bool = False,
+    doc: str = "",
 ) -> type[BinaryOp]:
     """One registered binary op class; ``fn`` is its float semantics."""
     traits = frozenset({Pure, Elementwise, Commutative}) if commutative else frozenset({Pure, Elementwise})

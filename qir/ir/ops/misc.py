@@ -60,9 +60,15 @@ class Dropout(ModuleOp):
     def torch_call(self, operands: Sequence[Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
         if self.training is None:
             raise IRError("op 'dropout' in module form (training=None) is emitted as a module, not a call")
-        return _DROPOUTS[self.variant][1], (operands[0],), {
-            "p": self.p, "training": self.training, "inplace": self.inplace,
-        }
+        return (
+            _DROPOUTS[self.variant][1],
+            (operands[0],),
+            {
+                "p": self.p,
+                "training": self.training,
+                "inplace": self.inplace,
+            },
+        )
 
     @classmethod
     def from_module(cls, m: Any) -> Dropout:
@@ -132,8 +138,15 @@ class Einsum(Op):
 
 #: Tensor methods that are casts to one fixed dtype.
 CAST_METHODS: dict[str, torch.dtype] = {
-    "float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16,
-    "int": torch.int32, "long": torch.int64, "short": torch.int16, "char": torch.int8, "byte": torch.uint8,
+    "float": torch.float32,
+    "double": torch.float64,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int": torch.int32,
+    "long": torch.int64,
+    "short": torch.int16,
+    "char": torch.int8,
+    "byte": torch.uint8,
     "bool": torch.bool,
 }
 

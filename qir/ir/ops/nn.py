@@ -150,17 +150,28 @@ class ConvNd(WeightedOp):
     @classmethod
     def from_module(cls, m: Any) -> ConvNd:
         return cls(
-            stride=m.stride, padding=m.padding if isinstance(m.padding, str) else tuple(m.padding),
-            dilation=m.dilation, groups=m.groups, padding_mode=m.padding_mode, bias=m.bias is not None,
+            stride=m.stride,
+            padding=m.padding if isinstance(m.padding, str) else tuple(m.padding),
+            dilation=m.dilation,
+            groups=m.groups,
+            padding_mode=m.padding_mode,
+            bias=m.bias is not None,
         )
 
     def plain_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         w = tensors["weight"]
         cls: Any = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[self.dims - 1]  # shapes are checked by torch
         m = cls(
-            w.shape[1] * self.groups, w.shape[0], tuple(w.shape[2:]), stride=self.stride,
-            padding=self.padding, dilation=self.dilation, groups=self.groups,
-            bias=self.bias, padding_mode=self.padding_mode, device="meta",
+            w.shape[1] * self.groups,
+            w.shape[0],
+            tuple(w.shape[2:]),
+            stride=self.stride,
+            padding=self.padding,
+            dilation=self.dilation,
+            groups=self.groups,
+            bias=self.bias,
+            padding_mode=self.padding_mode,
+            device="meta",
         )
         _load(m, tensors)
         return m
@@ -243,17 +254,28 @@ class ConvTransposeNd(WeightedOp):
         if m.padding_mode != "zeros":
             raise IRError(f"{type(m).__name__}: padding_mode {m.padding_mode!r} is not supported")
         return cls(
-            stride=m.stride, padding=m.padding, output_padding=m.output_padding,
-            dilation=m.dilation, groups=m.groups, bias=m.bias is not None,
+            stride=m.stride,
+            padding=m.padding,
+            output_padding=m.output_padding,
+            dilation=m.dilation,
+            groups=m.groups,
+            bias=m.bias is not None,
         )
 
     def plain_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         w = tensors["weight"]
         cls: Any = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[self.dims - 1]
         m = cls(
-            w.shape[0], w.shape[1] * self.groups, tuple(w.shape[2:]), stride=self.stride,
-            padding=self.padding, output_padding=self.output_padding, groups=self.groups,
-            bias=self.bias, dilation=self.dilation, device="meta",
+            w.shape[0],
+            w.shape[1] * self.groups,
+            tuple(w.shape[2:]),
+            stride=self.stride,
+            padding=self.padding,
+            output_padding=self.output_padding,
+            groups=self.groups,
+            bias=self.bias,
+            dilation=self.dilation,
+            device="meta",
         )
         _load(m, tensors)
         return m
@@ -356,8 +378,14 @@ class BatchNorm(ModuleOp):
     def compute(self, x: Any, *params: Any) -> Any:
         p = dict(zip(self.param_roles(), params, strict=True))
         return F.batch_norm(
-            x, p.get("running_mean"), p.get("running_var"), p.get("weight"), p.get("bias"),
-            False, 0.0 if self.momentum is None else self.momentum, self.eps,
+            x,
+            p.get("running_mean"),
+            p.get("running_var"),
+            p.get("weight"),
+            p.get("bias"),
+            False,
+            0.0 if self.momentum is None else self.momentum,
+            self.eps,
         )
 
     def verify_(self, operand_types: Sequence[Type]) -> None:
@@ -372,8 +400,14 @@ class BatchNorm(ModuleOp):
     def from_module(cls, m: Any) -> BatchNorm:
         sync = isinstance(m, nn.SyncBatchNorm)
         dims = 0 if sync else {nn.BatchNorm1d: 1, nn.BatchNorm2d: 2, nn.BatchNorm3d: 3}[type(m)]
-        return cls(eps=m.eps, momentum=m.momentum, affine=m.affine,
-                   track_running_stats=m.track_running_stats, dims=dims, sync=sync)
+        return cls(
+            eps=m.eps,
+            momentum=m.momentum,
+            affine=m.affine,
+            track_running_stats=m.track_running_stats,
+            dims=dims,
+            sync=sync,
+        )
 
     def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         cls = _BN_CLASSES.get((self.dims, self.sync))
@@ -381,7 +415,13 @@ class BatchNorm(ModuleOp):
             raise IRError(f"batch_norm dims={self.dims} sync={self.sync} has no module form")
         ref = tensors.get("running_mean", tensors.get("weight"))
         assert ref is not None
-        m = cls(ref.shape[0], eps=self.eps, momentum=self.momentum, affine=self.affine,
-                track_running_stats=self.track_running_stats, device="meta")
+        m = cls(
+            ref.shape[0],
+            eps=self.eps,
+            momentum=self.momentum,
+            affine=self.affine,
+            track_running_stats=self.track_running_stats,
+            device="meta",
+        )
         _load(m, tensors)
         return m

@@ -33,8 +33,10 @@ class _AffineNorm(ModuleOp):
     def verify_(self, operand_types: Sequence[Type]) -> None:
         n = 1 + len(self.param_roles())
         if len(operand_types) != n:
-            raise IRError(f"op {self.name!r}: expects {n} operands ({', '.join(('input', *self.param_roles()))}), "
-                          f"got {len(operand_types)}")
+            raise IRError(
+                f"op {self.name!r}: expects {n} operands ({', '.join(('input', *self.param_roles()))}), "
+                f"got {len(operand_types)}"
+            )
 
 
 @register_op
@@ -63,7 +65,7 @@ class LayerNorm(_AffineNorm):
         super().verify_(operand_types)
         t = operand_types[0]
         k = len(self.normalized_shape)
-        if isinstance(t, TensorType) and tuple(t.shape[t.rank - k:]) != self.normalized_shape:
+        if isinstance(t, TensorType) and tuple(t.shape[t.rank - k :]) != self.normalized_shape:
             raise IRError(f"op 'layer_norm': input {t} does not end in normalized_shape {self.normalized_shape}")
 
     @classmethod
@@ -73,8 +75,9 @@ class LayerNorm(_AffineNorm):
     def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         if self.weight != self.bias and not self.weight:
             raise IRError("op 'layer_norm': a bias without a weight has no nn.LayerNorm form")
-        m = nn.LayerNorm(self.normalized_shape, eps=self.eps, elementwise_affine=self.weight, bias=self.bias,
-                         device="meta")
+        m = nn.LayerNorm(
+            self.normalized_shape, eps=self.eps, elementwise_affine=self.weight, bias=self.bias, device="meta"
+        )
         _load(m, tensors)
         return m
 

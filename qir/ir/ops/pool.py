@@ -32,7 +32,13 @@ class MaxPoolNd(_Pool):
     """``nn.MaxPoolNd`` / ``F.max_poolNd``."""
 
     signature: ClassVar[tuple[str, ...]] = (
-        "input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices",
+        "input",
+        "kernel_size",
+        "stride",
+        "padding",
+        "dilation",
+        "ceil_mode",
+        "return_indices",
     )
     module_fields: ClassVar[tuple[str, ...]] = signature[1:]
 
@@ -77,7 +83,12 @@ class AvgPool1d(_Pool):
     module_types: ClassVar[tuple[type, ...]] = (nn.AvgPool1d,)
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (F.avg_pool1d,)
     signature: ClassVar[tuple[str, ...]] = (
-        "input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
+        "input",
+        "kernel_size",
+        "stride",
+        "padding",
+        "ceil_mode",
+        "count_include_pad",
     )
     module_fields: ClassVar[tuple[str, ...]] = signature[1:]
 
@@ -93,7 +104,13 @@ class AvgPoolNd(_Pool):
     """``nn.AvgPool2d/3d`` / ``F.avg_pool2d/3d``."""
 
     signature: ClassVar[tuple[str, ...]] = (
-        "input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override",
+        "input",
+        "kernel_size",
+        "stride",
+        "padding",
+        "ceil_mode",
+        "count_include_pad",
+        "divisor_override",
     )
     module_fields: ClassVar[tuple[str, ...]] = signature[1:]
 

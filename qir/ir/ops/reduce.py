@@ -93,6 +93,7 @@ class Max(Reduction):
     name: ClassVar[str] = "max"
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.max,)
     methods: ClassVar[tuple[str, ...]] = ("max",)
+
     def torch_call(self, operands: Sequence[Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
         fn = type(self).functions[0]
         if self.dim is None:

@@ -33,7 +33,13 @@ class Interpolate(TorchModuleOp):
     module_types: ClassVar[tuple[type, ...]] = (nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d)
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (F.interpolate, F.upsample)
     signature: ClassVar[tuple[str, ...]] = (
-        "input", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor", "antialias",
+        "input",
+        "size",
+        "scale_factor",
+        "mode",
+        "align_corners",
+        "recompute_scale_factor",
+        "antialias",
     )
 
     size: Any = attrs.field(default=None, converter=_tup)
@@ -51,8 +57,13 @@ class Interpolate(TorchModuleOp):
     def from_module(cls, m: Any) -> Interpolate:
         mode = _UPSAMPLE_MODES.get(type(m), m.mode)
         align = True if type(m) is nn.UpsamplingBilinear2d else m.align_corners
-        return cls(size=m.size, scale_factor=m.scale_factor, mode=mode, align_corners=align,
-                   recompute_scale_factor=m.recompute_scale_factor)
+        return cls(
+            size=m.size,
+            scale_factor=m.scale_factor,
+            mode=mode,
+            align_corners=align,
+            recompute_scale_factor=m.recompute_scale_factor,
+        )
 
     def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         if self.antialias:
@@ -61,12 +72,21 @@ class Interpolate(TorchModuleOp):
 
 
 _PAD_MODULES: dict[tuple[str, int], type[nn.Module]] = {
-    ("zeros", 1): nn.ZeroPad1d, ("zeros", 2): nn.ZeroPad2d, ("zeros", 3): nn.ZeroPad3d,
-    ("constant", 1): nn.ConstantPad1d, ("constant", 2): nn.ConstantPad2d, ("constant", 3): nn.ConstantPad3d,
-    ("reflect", 1): nn.ReflectionPad1d, ("reflect", 2): nn.ReflectionPad2d, ("reflect", 3): nn.ReflectionPad3d,
-    ("replicate", 1): nn.ReplicationPad1d, ("replicate", 2): nn.ReplicationPad2d,
+    ("zeros", 1): nn.ZeroPad1d,
+    ("zeros", 2): nn.ZeroPad2d,
+    ("zeros", 3): nn.ZeroPad3d,
+    ("constant", 1): nn.ConstantPad1d,
+    ("constant", 2): nn.ConstantPad2d,
+    ("constant", 3): nn.ConstantPad3d,
+    ("reflect", 1): nn.ReflectionPad1d,
+    ("reflect", 2): nn.ReflectionPad2d,
+    ("reflect", 3): nn.ReflectionPad3d,
+    ("replicate", 1): nn.ReplicationPad1d,
+    ("replicate", 2): nn.ReplicationPad2d,
     ("replicate", 3): nn.ReplicationPad3d,
-    ("circular", 1): nn.CircularPad1d, ("circular", 2): nn.CircularPad2d, ("circular", 3): nn.CircularPad3d,
+    ("circular", 1): nn.CircularPad1d,
+    ("circular", 2): nn.CircularPad2d,
+    ("circular", 3): nn.CircularPad3d,
 }
 _PAD_KIND = {cls: kind for (kind, _), cls in _PAD_MODULES.items()}
 
@@ -169,5 +189,3 @@ class StochasticDepth(TorchOp):
 
     def compute(self, x: Any) -> Any:
         return stochastic_depth(x, self.p, self.mode, bool(self.training))
-
-

@@ -82,10 +82,17 @@ def _make() -> dict[str, Any]:
     for conv_name, conv_type in _CONVS.items():
         for suffix, has_add, act in _VARIANTS:
             name = _class_name(conv_name, suffix)
-            cls = type(name, (FusedModule,), {
-                "has_add": has_add, "act": act, "conv_type": conv_type, "__module__": __name__,
-                "__doc__": f"Fused {conv_name}{' + add' if has_add else ''}{' + ' + act if act else ''}.",
-            })
+            cls = type(
+                name,
+                (FusedModule,),
+                {
+                    "has_add": has_add,
+                    "act": act,
+                    "conv_type": conv_type,
+                    "__module__": __name__,
+                    "__doc__": f"Fused {conv_name}{' + add' if has_add else ''}{' + ' + act if act else ''}.",
+                },
+            )
             FUSED_CLASSES[(conv_type, has_add, act)] = cls
             made[name] = cls
     return made
@@ -99,9 +106,7 @@ def fused_class(conv_type: type[nn.Module], has_add: bool, act: str | None) -> t
     try:
         return FUSED_CLASSES[(conv_type, has_add, act)]
     except KeyError:
-        raise ValueError(
-            f"no fused module for {conv_type.__name__} with add={has_add} act={act!r}"
-        ) from None
+        raise ValueError(f"no fused module for {conv_type.__name__} with add={has_add} act={act!r}") from None
 
 
 ConvReLU1d: type[FusedModule]

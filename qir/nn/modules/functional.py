@@ -20,8 +20,22 @@ Dims = int | Sequence[int] | None
 
 #: The methods every functional class (float, QAT, quantized) provides.
 FLOAT_FUNCTIONAL_METHODS = (
-    "add", "add_relu", "add_scalar", "cat", "concat", "div", "exp", "matmul", "maximum", "mean", "minimum",
-    "mul", "mul_scalar", "stack", "sub", "sum",
+    "add",
+    "add_relu",
+    "add_scalar",
+    "cat",
+    "concat",
+    "div",
+    "exp",
+    "matmul",
+    "maximum",
+    "mean",
+    "minimum",
+    "mul",
+    "mul_scalar",
+    "stack",
+    "sub",
+    "sum",
 )
 
 

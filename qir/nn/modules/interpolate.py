@@ -52,4 +52,3 @@ class Interpolate(nn.Module):
     def extra_repr(self) -> str:
         what = f"size={self.size}" if self.size is not None else f"scale_factor={self.scale_factor}"
         return f"{what}, mode={self.mode!r}, align_corners={self.align_corners}"
-

@@ -99,10 +99,16 @@ class Pow(UnaryModule):
 def _make() -> dict[str, Any]:
     made: dict[str, Any] = {}
     for name in UNARY_FUNCTIONS:
-        made[name] = type(name, (UnaryModule,), {
-            "op_name": name, "__module__": __name__, "__qualname__": name,
-            "__doc__": f"``{name.lower()}(x)`` as a module (a table-lookup op when quantized).",
-        })
+        made[name] = type(
+            name,
+            (UnaryModule,),
+            {
+                "op_name": name,
+                "__module__": __name__,
+                "__qualname__": name,
+                "__doc__": f"``{name.lower()}(x)`` as a module (a table-lookup op when quantized).",
+            },
+        )
     return made
 
 

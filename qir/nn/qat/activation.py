@@ -51,8 +51,18 @@ class ReLU6(QATModule, nn.ReLU6):
 
 #: torch activations that are table lookups on the BPU (besides qir.nn's unary modules).
 LUT_FLOAT_CLASSES: tuple[type[nn.Module], ...] = (
-    nn.Sigmoid, nn.Tanh, nn.GELU, nn.SiLU, nn.Hardsigmoid, nn.Hardswish, nn.ELU, nn.LeakyReLU, nn.Softplus,
-    nn.Mish, nn.SELU, nn.CELU,
+    nn.Sigmoid,
+    nn.Tanh,
+    nn.GELU,
+    nn.SiLU,
+    nn.Hardsigmoid,
+    nn.Hardswish,
+    nn.ELU,
+    nn.LeakyReLU,
+    nn.Softplus,
+    nn.Mish,
+    nn.SELU,
+    nn.CELU,
 )
 
 

@@ -102,9 +102,15 @@ def _ctor_kwargs(conv: Any) -> dict[str, Any]:
     if isinstance(conv, nn.Linear):
         return {"in_features": conv.in_features, "out_features": conv.out_features, **common}
     kw = {
-        "in_channels": conv.in_channels, "out_channels": conv.out_channels, "kernel_size": conv.kernel_size,
-        "stride": conv.stride, "padding": conv.padding, "dilation": conv.dilation, "groups": conv.groups,
-        "padding_mode": conv.padding_mode, **common,
+        "in_channels": conv.in_channels,
+        "out_channels": conv.out_channels,
+        "kernel_size": conv.kernel_size,
+        "stride": conv.stride,
+        "padding": conv.padding,
+        "dilation": conv.dilation,
+        "groups": conv.groups,
+        "padding_mode": conv.padding_mode,
+        **common,
     }
     if isinstance(conv, nn.ConvTranspose2d):
         kw["output_padding"] = conv.output_padding
@@ -152,11 +158,20 @@ def _make() -> dict[str, Any]:
     for kind, (torch_cls, w_axis, o_axis) in _KINDS.items():
         for suffix, has_add, act in _VARIANTS:
             name = class_name(kind, suffix)
-            cls = type(name, (QATConvBase, torch_cls), {
-                "float_conv": torch_cls, "has_add": has_add, "act": act, "weight_axis": w_axis,
-                "out_axis": o_axis, "__module__": __name__, "__qualname__": name,
-                "__doc__": f"QAT {kind}{' + add' if has_add else ''}{' + ' + act if act else ''}.",
-            })
+            cls = type(
+                name,
+                (QATConvBase, torch_cls),
+                {
+                    "float_conv": torch_cls,
+                    "has_add": has_add,
+                    "act": act,
+                    "weight_axis": w_axis,
+                    "out_axis": o_axis,
+                    "__module__": __name__,
+                    "__qualname__": name,
+                    "__doc__": f"QAT {kind}{' + add' if has_add else ''}{' + ' + act if act else ''}.",
+                },
+            )
             QAT_CONV_CLASSES[(torch_cls, has_add, act)] = cls
             made[name] = cls
     return made

@@ -44,4 +44,3 @@ class FloatFunctional(QATModule, FunctionalBase):
         new = cls(make_activation_fq(qc, cls.__name__, required=False), qc)
         new.train(mod.training)
         return new
-

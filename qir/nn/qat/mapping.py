@@ -49,34 +49,36 @@ def _build() -> dict[type[nn.Module], type[nn.Module]]:
     m: dict[type[nn.Module], type[nn.Module]] = {}
     for conv_cls in QAT_CONV_CLASSES.values():
         m[fused_float_class(conv_cls)] = conv_cls
-    m.update({
-        FloatQuantStub: QuantStub,
-        FloatDeQuantStub: DeQuantStub,
-        FloatFF: FloatFunctional,
-        nn.ReLU: ReLU,
-        nn.ReLU6: ReLU6,
-        nn.MaxPool2d: MaxPool2d,
-        nn.AvgPool2d: AvgPool2d,
-        nn.AdaptiveAvgPool2d: AdaptiveAvgPool2d,
-        FloatInterpolate: Interpolate,
-        nn.Upsample: Interpolate,
-        nn.Identity: Identity,
-        nn.Dropout: Dropout,
-        nn.Dropout1d: Dropout,
-        nn.Dropout2d: Dropout,
-        nn.Dropout3d: Dropout,
-        FloatDiv: Div,
-        nn.PReLU: PReLU,
-        nn.GLU: GLU,
-        nn.Softmax: Softmax,
-        nn.LayerNorm: LayerNorm,
-        nn.LSTMCell: LSTMCell,
-        nn.MultiheadAttention: MultiheadAttention,
-        FloatGridSample: GridSample,
-        FloatRoIAlign: RoIAlign,
-        FloatMultiScaleRoIAlign: MultiScaleRoIAlign,
-        FloatAnchorGenerator: AnchorGenerator,
-    })
+    m.update(
+        {
+            FloatQuantStub: QuantStub,
+            FloatDeQuantStub: DeQuantStub,
+            FloatFF: FloatFunctional,
+            nn.ReLU: ReLU,
+            nn.ReLU6: ReLU6,
+            nn.MaxPool2d: MaxPool2d,
+            nn.AvgPool2d: AvgPool2d,
+            nn.AdaptiveAvgPool2d: AdaptiveAvgPool2d,
+            FloatInterpolate: Interpolate,
+            nn.Upsample: Interpolate,
+            nn.Identity: Identity,
+            nn.Dropout: Dropout,
+            nn.Dropout1d: Dropout,
+            nn.Dropout2d: Dropout,
+            nn.Dropout3d: Dropout,
+            FloatDiv: Div,
+            nn.PReLU: PReLU,
+            nn.GLU: GLU,
+            nn.Softmax: Softmax,
+            nn.LayerNorm: LayerNorm,
+            nn.LSTMCell: LSTMCell,
+            nn.MultiheadAttention: MultiheadAttention,
+            FloatGridSample: GridSample,
+            FloatRoIAlign: RoIAlign,
+            FloatMultiScaleRoIAlign: MultiScaleRoIAlign,
+            FloatAnchorGenerator: AnchorGenerator,
+        }
+    )
     for cls in (*UNARY_MODULES.values(), *LUT_FLOAT_CLASSES):
         m[cls] = UnaryLUT
     # torch's stubs and FloatFunctional, where users bring them.

@@ -33,7 +33,10 @@ class Identity(QATModule, nn.Identity):
 
 
 _DROPOUTS: dict[type[nn.Module], Callable[..., torch.Tensor]] = {
-    nn.Dropout: F.dropout, nn.Dropout1d: F.dropout1d, nn.Dropout2d: F.dropout2d, nn.Dropout3d: F.dropout3d,
+    nn.Dropout: F.dropout,
+    nn.Dropout1d: F.dropout1d,
+    nn.Dropout2d: F.dropout2d,
+    nn.Dropout3d: F.dropout3d,
 }
 
 

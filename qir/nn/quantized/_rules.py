@@ -234,4 +234,3 @@ def div_int(x: torch.Tensor, y: torch.Tensor, multiplier: int, shift: int, out_d
     q = torch.div(2 * num + safe, 2 * safe, rounding_mode="floor")
     inf = torch.where(num > 0, hi, torch.where(num < 0, lo, 0)).to(torch.int64)
     return saturate(torch.where(zero, inf, q), qd)
-

@@ -152,8 +152,9 @@ class QuantizedConvBase(QuantizedModule):
         if self.kind == "Linear":
             y = F.linear(xf, w)
         elif self.kind == "ConvTranspose2d":
-            y = F.conv_transpose2d(xf, w, None, hp["stride"], hp["padding"], hp["output_padding"], hp["groups"],
-                                   hp["dilation"])
+            y = F.conv_transpose2d(
+                xf, w, None, hp["stride"], hp["padding"], hp["output_padding"], hp["groups"], hp["dilation"]
+            )
         else:
             conv = {"Conv1d": F.conv1d, "Conv2d": F.conv2d, "Conv3d": F.conv3d}[self.kind]
             padding = hp["padding"]
@@ -171,8 +172,17 @@ class QuantizedConvBase(QuantizedModule):
             if addend is None:
                 raise TypeError(f"{type(self).__name__}.forward needs the addend (second input)")
             assert self.dtype is not None
-            out = fused_add_int(acc, addend, self.multiplier, self.shift, self.add_multiplier, self.add_shift,
-                                self.extra_bits, self.dtype, ax)
+            out = fused_add_int(
+                acc,
+                addend,
+                self.multiplier,
+                self.shift,
+                self.add_multiplier,
+                self.add_shift,
+                self.extra_bits,
+                self.dtype,
+                ax,
+            )
         elif addend is not None:
             raise TypeError(f"{type(self).__name__} has no fused add; got a second input")
         elif self.dtype is DType.qint32:
@@ -192,8 +202,14 @@ class QuantizedConvBase(QuantizedModule):
 #: QAT class -> quantized class
 QUANTIZED_CONV_CLASSES: dict[type[QATConvBase], type[QuantizedConvBase]] = {}
 
-_SUFFIX = {(False, None): "", (False, "relu"): "ReLU", (False, "relu6"): "ReLU6", (True, None): "Add",
-           (True, "relu"): "AddReLU", (True, "relu6"): "AddReLU6"}
+_SUFFIX = {
+    (False, None): "",
+    (False, "relu"): "ReLU",
+    (False, "relu6"): "ReLU6",
+    (True, None): "Add",
+    (True, "relu"): "AddReLU",
+    (True, "relu6"): "AddReLU6",
+}
 
 
 def _make() -> dict[str, Any]:
@@ -201,11 +217,21 @@ def _make() -> dict[str, Any]:
     for (torch_cls, has_add, act), qat_cls in QAT_CONV_CLASSES.items():
         kind = torch_cls.__name__
         name = class_name(kind, _SUFFIX[(has_add, act)])
-        cls = type(name, (QuantizedConvBase,), {
-            "qat_class": qat_cls, "kind": kind, "has_add": has_add, "act": act, "out_axis": qat_cls.out_axis,
-            "__module__": __name__, "__qualname__": name,
-            "__doc__": f"Quantized {kind}{' + add' if has_add else ''}{' + ' + act if act else ''} (integer codes).",
-        })
+        cls = type(
+            name,
+            (QuantizedConvBase,),
+            {
+                "qat_class": qat_cls,
+                "kind": kind,
+                "has_add": has_add,
+                "act": act,
+                "out_axis": qat_cls.out_axis,
+                "__module__": __name__,
+                "__qualname__": name,
+                "__doc__": f"Quantized {kind}{' + add' if has_add else ''}{' + ' + act if act else ''} "
+                "(integer codes).",
+            },
+        )
         QUANTIZED_CONV_CLASSES[qat_cls] = cls
         made[name] = cls
     return made

@@ -181,4 +181,3 @@ class QFunctional(QuantizedModule):
         dt = self._qdtype("exp")
         table = self._cached(("exp",), lambda: numerics.lut_int8(torch.exp, self._in(0), self._out, dt))
         return numerics.lut_apply(table, x)
-

@@ -50,8 +50,13 @@ class Interpolate(QuantizedModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "nearest":
-            y = F.interpolate(x.to(torch.float64), size=self.size, scale_factor=self.scale_factor, mode="nearest",
-                              recompute_scale_factor=self.recompute_scale_factor)
+            y = F.interpolate(
+                x.to(torch.float64),
+                size=self.size,
+                scale_factor=self.scale_factor,
+                mode="nearest",
+                recompute_scale_factor=self.recompute_scale_factor,
+            )
             return y.to(x.dtype)
         h, w = int(x.shape[-2]), int(x.shape[-1])
         oh, ow, fh, fw = self._out_size(h, w)

@@ -52,6 +52,7 @@ class Div(QuantizedModule):
         new._set_scales(input_scales, fq.scale.detach(), fq.dtype)
         mname = march_name(march)
         check_out_dtype(mname, fq.dtype, cls.__name__)
-        new.multiplier, new.shift = div_params(new.per_tensor_input(0), new.per_tensor_input(1), float(new.scale[0]),
-                                               mname)
+        new.multiplier, new.shift = div_params(
+            new.per_tensor_input(0), new.per_tensor_input(1), float(new.scale[0]), mname
+        )
         return new

@@ -30,8 +30,9 @@ def _pair(v: Any) -> tuple[int, int]:
     return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
 
 
-def _requant_windows(sums: torch.Tensor, divisor: torch.Tensor, mult: torch.Tensor, shift: torch.Tensor,
-                     dtype: Any) -> torch.Tensor:
+def _requant_windows(
+    sums: torch.Tensor, divisor: torch.Tensor, mult: torch.Tensor, shift: torch.Tensor, dtype: Any
+) -> torch.Tensor:
     """Requantize (N, C, OH, OW) sums with per-position parameters picked by ``divisor`` (OH, OW)."""
     n, c, oh, ow = sums.shape
     idx = (divisor.reshape(-1) - 1).to(torch.int64)
@@ -50,8 +51,9 @@ class MaxPool2d(QuantizedModule):
     ceil_mode: bool
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.max_pool2d(x.to(torch.float64), self.kernel_size, self.stride, self.padding, self.dilation,
-                         self.ceil_mode)
+        y = F.max_pool2d(
+            x.to(torch.float64), self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode
+        )
         return y.to(x.dtype)
 
     @classmethod
@@ -127,8 +129,11 @@ class AdaptiveAvgPool2d(QuantizedModule):
         oh, ow = self._out_size(h, w)
         hs, he = self._bounds(h, oh)
         ws, we = self._bounds(w, ow)
-        count = torch.tensor([[(he[i] - hs[i]) * (we[j] - ws[j]) for j in range(ow)] for i in range(oh)],
-                             dtype=torch.float64, device=x.device)
+        count = torch.tensor(
+            [[(he[i] - hs[i]) * (we[j] - ws[j]) for j in range(ow)] for i in range(oh)],
+            dtype=torch.float64,
+            device=x.device,
+        )
         avg = F.adaptive_avg_pool2d(x.to(torch.float64), (oh, ow))
         sums = torch.round(avg * count).to(torch.int64)  # exact: |sum| << 2**52
         mult, sh = self._params(int(count.max()))
