@@ -14,6 +14,7 @@ on codes too (:mod:`qir.quantization.code_convert` gives them their integer form
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,6 +133,26 @@ def _nodes_in(args: Any) -> list[torch.fx.Node]:
     return found
 
 
+def _undeclared_float_args(m: nn.Module, n: torch.fx.Node, env: Mapping[str, Scale]) -> list[str]:
+    """The arguments of call ``n`` of QAT module ``m`` that carry unquantized values and are not
+    among ``m.float_inputs`` (positions in its ``forward``: RoIAlign's boxes, attention masks)."""
+    allowed = set(getattr(m, "float_inputs", ()))
+    args = n.args if n.op == "call_module" else n.args[1:]  # a method call's first argument is the module
+    try:
+        params = list(inspect.signature(m.forward).parameters) if n.op == "call_module" else []
+    except (TypeError, ValueError):
+        params = []
+
+    def is_float(a: Any) -> bool:
+        return any(x.op != "get_attr" and env.get(x.name) is None for x in _nodes_in(a))
+
+    bad = [str(i) for i, a in enumerate(args) if i not in allowed and is_float(a)]
+    for k, a in n.kwargs.items():
+        if (params.index(k) if k in params else None) not in allowed and is_float(a):
+            bad.append(repr(k))
+    return bad
+
+
 def _out_scale_of_qat(m: nn.Module, ins: Sequence[torch.Tensor]) -> Scale:
     from qir.quantization.fake_quantize import FakeQuantize
 
@@ -196,15 +217,11 @@ def input_scales(
                 continue
             if _is_qat_module(m):
                 tensor_ins = [s for s in ins if s is not None]
-                # float_inputs: arguments that stay float (RoIAlign's boxes)
-                if (
-                    len(tensor_ins) != len([a for a in in_nodes if a.op != "get_attr"])
-                    and not _is_quant_stub(m)
-                    and not getattr(m, "float_inputs", ())
-                ):
+                floats = [] if _is_quant_stub(m) else _undeclared_float_args(m, n, env)
+                if floats:
                     raise ConvertError(
-                        f"module '{path}' ({type(m).__name__}) receives a float tensor; quantized modules take "
-                        "quantized inputs: put a QuantStub in front of it"
+                        f"module '{path}' ({type(m).__name__}) receives a float tensor (argument "
+                        f"{', '.join(floats)}); quantized modules take quantized inputs: put a QuantStub in front of it"
                     )
                 if _is_quant_stub(m):
                     tensor_ins = []

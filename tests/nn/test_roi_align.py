@@ -29,6 +29,7 @@ from qir.quantization import (
     prepare_qat_fx,
     set_fake_quantize,
 )
+from qir.quantization.convert import ConvertError
 
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 QC = get_default_qat_qconfig()
@@ -181,3 +182,24 @@ def test_errors_name_the_module_and_the_fix() -> None:
         m(torch.zeros(1, 1, 4, 4), [torch.zeros(3, 5)])
     with pytest.raises(TypeError, match=r"RoIAlign\.from_float takes qir\.nn\.RoIAlign or torchvision"):
         qat.RoIAlign.from_float(nn.ReLU(), QC)
+
+
+class FloatFeatures(nn.Module):
+    """RoIAlign fed an unquantized feature map: only its boxes (argument 1) may be float."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.roi = RoIAlign((3, 3), 0.5, 2, True)
+        self.dequant = DeQuantStub()
+
+    def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.roi(x, boxes))
+
+
+def test_a_float_feature_map_is_refused_at_convert() -> None:
+    x, boxes = _inputs(0, False)
+    with march_scope("bayes"):
+        prepared = prepare_qat_fx(FloatFeatures(), {"": QC})
+        prepared(x, boxes)
+        with pytest.raises(ConvertError, match=r"module 'roi' \(RoIAlign\) receives a float tensor \(argument 0\)"):
+            convert_fx(prepared)
