@@ -350,19 +350,22 @@ def _to_out(ctx: LowerContext, node: Node, m: Any, x: Any, i: int) -> str:
     return ctx.emit("rescale", [xr], {"out_dtype": dt, "multiplier": int(mult), "shift": int(sh)}, {}, node.name)
 
 
-def _add(ctx: LowerContext, node: Node, m: Any, ins: list[str], s_y: float, extra: dict[str, Any]) -> ValueRef:
-    dt = _out_dtype(m, node)
-    p = numerics.add_params(m.per_tensor_input(0), s_y, float(m.scale.reshape(-1)[0]), m.march, dt)
-    attrs = {
+def add_attrs(p: numerics.AddParams, out_dtype: str) -> dict[str, Any]:
+    """The ``add`` kernel's attributes for the integer add rule ``p``."""
+    return {
         "swap": bool(p.swap),
         "add_shift": int(p.shift),
         "qscale": int(p.qscale),
         "multiplier": int(p.multiplier),
         "shift": int(p.out_shift),
-        "out_dtype": dt,
-        **extra,
+        "out_dtype": out_dtype,
     }
-    return ValueRef(ctx.emit("add", ins, attrs, {}, node.name, "add"))
+
+
+def _add(ctx: LowerContext, node: Node, m: Any, ins: list[str], s_y: float, extra: dict[str, Any]) -> ValueRef:
+    dt = _out_dtype(m, node)
+    p = numerics.add_params(m.per_tensor_input(0), s_y, float(m.scale.reshape(-1)[0]), m.march, dt)
+    return ValueRef(ctx.emit("add", ins, {**add_attrs(p, dt), **extra}, {}, node.name, "add"))
 
 
 def _scalar(c: float) -> tuple[int, float]:

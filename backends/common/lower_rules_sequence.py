@@ -18,7 +18,7 @@ import torch
 import torch.fx
 
 from backends.common.lower import LowerContext, LoweringError, register_module_rule, shape_call, tensor_ref
-from backends.common.lower_rules import lower_conv
+from backends.common.lower_rules import add_attrs, lower_conv
 from backends.common.lower_rules_math import lower_softmax
 from backends.common.numerics import AddParams
 from backends.common.program import ValueRef
@@ -37,15 +37,7 @@ class _Part(NamedTuple):
 
 
 def _add(ctx: LowerContext, node: Node, ins: list[str], p: AddParams, dtype: str, hint: str) -> str:
-    attrs = {
-        "swap": bool(p.swap),
-        "add_shift": int(p.shift),
-        "qscale": int(p.qscale),
-        "multiplier": int(p.multiplier),
-        "shift": int(p.out_shift),
-        "out_dtype": dtype,
-    }
-    return ctx.emit("add", ins, attrs, {}, node.name, hint)
+    return ctx.emit("add", ins, add_attrs(p, dtype), {}, node.name, hint)
 
 
 def _requant(ctx: LowerContext, node: Node, m: Any, key: str, ins: list[str], op: str, hint: str) -> str:

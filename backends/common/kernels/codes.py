@@ -6,8 +6,6 @@ and read from the converted graph by the lowering; the kernels only apply them.
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,15 +13,7 @@ import torch.nn.functional as F
 
 from backends.common.kernels.base import register_kernel
 from backends.common.program import Instruction
-
-_TENSOR_COMPARE: dict[str, Callable[[Any, Any], Any]] = {
-    "eq": operator.eq,
-    "ne": operator.ne,
-    "gt": operator.gt,
-    "ge": operator.ge,
-    "lt": operator.lt,
-    "le": operator.le,
-}
+from qir.quantization.code_ops import COMPARISONS  # the operators QAT evaluates: one table
 
 
 @register_kernel("abs")
@@ -40,7 +30,7 @@ def compare(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     scale: the attr ``op`` applied to the codes."""
     a = inst.attrs
     if len(args) == 2:
-        return [_TENSOR_COMPARE[str(a["op"])](args[0], args[1])]
+        return [COMPARISONS[str(a["op"])](args[0], args[1])]
     x = args[0].to(torch.int64)
     inside = torch.ones(x.shape, dtype=torch.bool)
     if a.get("lo") is not None:

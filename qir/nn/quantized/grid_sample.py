@@ -19,9 +19,9 @@ from passes.legality_facts import register_module_view
 from qir.ir.ops.vision import GridSample as GridSampleOp
 from qir.nn.qat.grid_sample import GRID_COORD_BITS
 from qir.nn.qat.grid_sample import GridSample as QATGridSample
-from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
-from qir.nn.quantized._rules import check_out_dtype
+from qir.nn.quantized._base import QuantizedModule, check_qat
 from qir.nn.quantized._sampling_rules import grid_axis, grid_sample_int
+from qir.nn.quantized.interpolate import set_resample_scales
 
 __all__ = ["GridSample"]
 
@@ -57,17 +57,9 @@ class GridSample(QuantizedModule):
         assert isinstance(qat, QATGridSample)
         new = cls()
         new.mode, new.padding_mode, new.align_corners = qat.mode, qat.padding_mode, qat.align_corners
-        if qat.mode == "nearest":
-            new._set_scales(input_scales, None, None)
-            new.register_buffer("scale", new.input_scale_0.clone())
-            return new
-        fq = output_fq(qat)
-        assert fq is not None
-        new._set_scales(input_scales, fq.scale.detach(), fq.dtype)
-        mname = march_name(march)
-        check_out_dtype(mname, fq.dtype, "GridSample")
-        m, s = numerics.requant_params(new.per_tensor_input(0), float(new.scale[0]), mname, fq.dtype)
-        new.multiplier, new.shift = int(m), int(s)
+        params = set_resample_scales(new, qat, input_scales, march, "GridSample")
+        if params is not None:
+            new.multiplier, new.shift = params
         return new
 
     def extra_repr(self) -> str:

@@ -26,6 +26,25 @@ from qir.nn.quantized._rules import bilinear_taps, bilinear_weight_bits, check_o
 __all__ = ["Interpolate"]
 
 
+def set_resample_scales(
+    new: QuantizedModule, qat: nn.Module, input_scales: Sequence[Any], march: Any, what: str
+) -> tuple[int, int] | None:
+    """Scales of a resampling module (resize, grid sample): nearest copies codes and keeps the
+    input scale (None); bilinear requantizes its weighted sum once to the QAT output scale, with
+    the returned ``(multiplier, shift)``."""
+    if qat.mode == "nearest":
+        new._set_scales(input_scales, None, None)
+        new.register_buffer("scale", new.input_scale_0.clone())
+        return None
+    fq = output_fq(qat)
+    assert fq is not None
+    new._set_scales(input_scales, fq.scale.detach(), fq.dtype)
+    mname = march_name(march)
+    check_out_dtype(mname, fq.dtype, what)
+    m, s = numerics.requant_params(new.per_tensor_input(0), float(new.scale[0]), mname, fq.dtype)
+    return int(m), int(s)
+
+
 class Interpolate(QuantizedModule):
     """Resize integer codes (N, C, H, W)."""
 
@@ -77,15 +96,7 @@ class Interpolate(QuantizedModule):
         new = cls()
         new.size, new.scale_factor, new.mode = qat.size, qat.scale_factor, qat.mode
         new.align_corners, new.recompute_scale_factor = qat.align_corners, qat.recompute_scale_factor
-        if qat.mode == "nearest":
-            new._set_scales(input_scales, None, None)
-            new.register_buffer("scale", new.input_scale_0.clone())
-            return new
-        fq = output_fq(qat)
-        assert fq is not None
-        new._set_scales(input_scales, fq.scale.detach(), fq.dtype)
-        mname = march_name(march)
-        check_out_dtype(mname, fq.dtype, "Interpolate")
-        m, s = numerics.requant_params(new.per_tensor_input(0), float(new.scale[0]), mname, fq.dtype)
-        new.multiplier, new.shift = int(m), int(s)
+        params = set_resample_scales(new, qat, input_scales, march, "Interpolate")
+        if params is not None:
+            new.multiplier, new.shift = params
         return new
