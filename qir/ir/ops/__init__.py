@@ -1,3 +1,3 @@
 """Built-in op kinds. Importing this package registers them all."""
 
-from qir.ir.ops import activation, attention, core, elementwise, misc, nn, norm, pool, reduce, shape, vision  # noqa: F401  # noqa: F401
+from qir.ir.ops import activation, attention, core, elementwise, misc, nn, norm, pool, quant, reduce, shape, vision  # noqa: F401

@@ -1,0 +1,182 @@
+"""Integer arithmetic of the IR's quantized types: quantize, dequantize, saturate, requantize.
+
+``real = code * scale`` with symmetric scales (zero point 0). These functions are the single
+implementation of the rounding rules in ``docs/semantics.md`` (half up, saturating); the
+IR's quantization ops, the module library and every backend call them. Parameter
+derivation that depends on a march (multiplier widths, shift limits) lives in
+:mod:`backends.common.numerics`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeAlias
+
+import torch
+
+from qir.ir.types import DType
+
+ScaleLike: TypeAlias = "torch.Tensor | float | Sequence[float]"
+DTypeLike: TypeAlias = "DType | str | torch.dtype"
+
+#: Smallest scale an observer produces (float32 machine epsilon, 2**-23). See docs/semantics.md.
+MIN_SCALE = 2.0**-23
+
+_TORCH_QDTYPES = {torch.qint8: DType.qint8, torch.qint32: DType.qint32}
+_OBSERVABLE = (DType.qint8, DType.qint16)
+
+
+def qdtype(dtype: DTypeLike) -> DType:
+    """Normalise a quantized dtype given as ``"qint8"``, ``DType.qint8`` or ``torch.qint8``."""
+    if isinstance(dtype, DType):
+        out = dtype
+    elif isinstance(dtype, torch.dtype):
+        if dtype not in _TORCH_QDTYPES:
+            raise ValueError(f"dtype {dtype} is not a quantized dtype; use 'qint8', 'qint16' or 'qint32'")
+        out = _TORCH_QDTYPES[dtype]
+    elif isinstance(dtype, str):
+        try:
+            out = DType.parse(dtype.strip().lower())
+        except ValueError:
+            raise ValueError(f"dtype {dtype!r} is unknown; use 'qint8', 'qint16' or 'qint32'") from None
+    else:
+        raise TypeError(f"dtype must be a str, qir DType or torch dtype, got {type(dtype).__name__}")
+    if out not in (DType.qint8, DType.qint16, DType.qint32):
+        raise ValueError(f"dtype {out.name} is not a quantized dtype; use 'qint8', 'qint16' or 'qint32'")
+    return out
+
+
+def observable_qdtype(dtype: DTypeLike) -> DType:
+    """Like :func:`qdtype` but only the dtypes an observer or fake quant can produce."""
+    out = qdtype(dtype)
+    if out not in _OBSERVABLE:
+        raise ValueError(
+            f"dtype {out.name} cannot be observed or fake-quantized; use 'qint8' or 'qint16' "
+            "(qint32 appears only as a high-precision output, activation=None in the qconfig)"
+        )
+    return out
+
+
+def qrange(dtype: DTypeLike) -> tuple[int, int]:
+    """Inclusive integer range: qint8 (-128, 127), qint16 (-32768, 32767), qint32 (-2**31, 2**31-1)."""
+    return qdtype(dtype).qrange
+
+
+def scale_denominator(dtype: DTypeLike) -> float:
+    """``(qmax - qmin) / 2``: the observer divides amax by this (127.5 for qint8)."""
+    lo, hi = qrange(dtype)
+    return (hi - lo) / 2.0
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    # float64 inputs keep float64; everything narrower is computed in float32.
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def as_scale(scale: ScaleLike, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(scale, torch.Tensor):
+        return scale.to(device=like.device, dtype=dtype)
+    if isinstance(scale, (int, float)):
+        return torch.tensor(float(scale), device=like.device, dtype=dtype)
+    return torch.tensor([float(s) for s in scale], device=like.device, dtype=dtype)
+
+
+def broadcast_along(t: torch.Tensor, axis: int | None, ndim: int) -> torch.Tensor:
+    """Shape a per-tensor (numel 1) or per-channel (1-D) parameter to broadcast against a rank-``ndim`` tensor."""
+    if axis is None:
+        if t.numel() != 1:
+            raise ValueError(f"per-tensor parameter must have one element, got shape {tuple(t.shape)}; pass axis")
+        return t.reshape(())
+    if t.dim() > 1:
+        raise ValueError(f"per-channel parameter must be 1-D, got shape {tuple(t.shape)}")
+    ax = axis % ndim if ndim else 0
+    shape = [1] * ndim
+    shape[ax] = -1
+    return t.reshape(shape)
+
+
+def round_half_up(v: torch.Tensor) -> torch.Tensor:
+    """``floor(v + 0.5)`` evaluated exactly (float ``v + 0.5`` itself can round, e.g. 0.49999997f)."""
+    f = torch.floor(v)
+    # v - floor(v) is exact in IEEE arithmetic, so the tie test is exact too. In-place ops
+    # keep this at four passes over memory (it sits in the fake-quant hot path).
+    return f.add_((v - f).ge_(0.5))
+
+
+def quantize(x: torch.Tensor, scale: ScaleLike, dtype: DTypeLike, axis: int | None = None) -> torch.Tensor:
+    """``saturate(floor(x / scale + 0.5))`` as an integer tensor (int8/int16/int32 storage).
+
+    ``x / scale`` is one IEEE division in float32 (float64 for float64 input, and for
+    qint32, whose bounds float32 cannot hold); the scale is cast to that type first.
+    ``axis`` selects per-channel scales.
+    """
+    qd = qdtype(dtype)
+    lo, hi = qd.qrange
+    ct = torch.float64 if qd is DType.qint32 else compute_dtype(x)
+    s = broadcast_along(as_scale(scale, x, ct), axis, x.dim())
+    q = round_half_up(x.to(ct) / s).clamp_(lo, hi)
+    return q.to(qd.to_torch())
+
+
+def dequantize(q: torch.Tensor, scale: ScaleLike, axis: int | None = None) -> torch.Tensor:
+    """``q * scale`` in float32 (one rounding: the product of an integer and a float32 scale)."""
+    s = broadcast_along(as_scale(scale, q, torch.float32), axis, q.dim())
+    return q.to(torch.float32) * s
+
+
+def saturate(v: torch.Tensor, dtype: DTypeLike) -> torch.Tensor:
+    """Clamp an integer tensor into ``dtype``'s range and store it in that dtype's torch type."""
+    qd = qdtype(dtype)
+    lo, hi = qd.qrange
+    return v.clamp(lo, hi).to(qd.to_torch())
+
+
+def shift_right_half_up(v: torch.Tensor, shift: torch.Tensor | int) -> torch.Tensor:
+    s = torch.as_tensor(shift, dtype=torch.int64, device=v.device)
+    half = (torch.ones_like(s) << s) >> 1  # 2**(shift-1), and 0 for shift 0
+    # Arithmetic right shift floors, so adding half first rounds half up (also for negatives).
+    return torch.bitwise_right_shift(v + half, s)
+
+
+def requantize(
+    acc: torch.Tensor,
+    multiplier: torch.Tensor | int,
+    shift: torch.Tensor | int,
+    out_dtype: DTypeLike,
+    axis: int | None = None,
+) -> torch.Tensor:
+    """``saturate((acc * multiplier + (1 << (shift - 1))) >> shift)`` in int64.
+
+    ``multiplier``/``shift`` are scalars or, with ``axis``, per-channel 1-D tensors.
+    """
+    if acc.is_floating_point():
+        raise TypeError("requantize takes an integer accumulator tensor, got a float tensor")
+    a = acc.to(torch.int64)
+    m = torch.as_tensor(multiplier, dtype=torch.int64, device=a.device)
+    s = torch.as_tensor(shift, dtype=torch.int64, device=a.device)
+    if axis is not None or m.dim() or s.dim():
+        if axis is None:
+            raise ValueError("per-channel multiplier/shift need the channel axis; pass axis")
+        m = broadcast_along(m, axis, a.dim())
+        s = broadcast_along(s, axis, a.dim())
+    return saturate(shift_right_half_up(a * m, s), out_dtype)
+
+
+__all__ = [
+    "DTypeLike",
+    "MIN_SCALE",
+    "ScaleLike",
+    "as_scale",
+    "broadcast_along",
+    "compute_dtype",
+    "dequantize",
+    "observable_qdtype",
+    "qdtype",
+    "qrange",
+    "quantize",
+    "requantize",
+    "round_half_up",
+    "saturate",
+    "scale_denominator",
+    "shift_right_half_up",
+]
