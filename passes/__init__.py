@@ -18,9 +18,11 @@ from passes.instruments import (
 )
 from passes.manager import PassManager, PipelineResult, run_pipeline
 from passes.pipeline import Pipeline, format_pipeline, parse_pipeline
+from passes.plugins import ENTRY_POINT_GROUP, load_pass_module
 from passes.registry import BUILTIN_PASSES, available_passes, describe_passes, get_pass_class
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "BUILTIN_PASSES",
     "PASS_REGISTRY",
     "DumpIRInstrument",
@@ -41,6 +43,7 @@ __all__ = [
     "describe_passes",
     "format_pipeline",
     "get_pass_class",
+    "load_pass_module",
     "parse_pipeline",
     "register_pass",
     "run_pipeline",

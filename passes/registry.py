@@ -14,6 +14,7 @@ import importlib
 
 from passes.base import PASS_REGISTRY, Pass
 from passes.errors import PipelineError
+from passes.plugins import distribution_of, load_entry_point, plugin_entry_points
 
 #: Built-in pass name -> the module that defines and registers it.
 BUILTIN_PASSES: dict[str, str] = {
@@ -26,8 +27,8 @@ BUILTIN_PASSES: dict[str, str] = {
 
 
 def available_passes() -> list[str]:
-    """Names usable in a pipeline: built-in (loaded or not) and user-registered, sorted."""
-    return sorted(set(BUILTIN_PASSES) | set(PASS_REGISTRY))
+    """Names usable in a pipeline: built-in (loaded or not), user-registered and installed plugins, sorted."""
+    return sorted(set(BUILTIN_PASSES) | set(PASS_REGISTRY) | set(plugin_entry_points()))
 
 
 def get_pass_class(name: str) -> type[Pass]:
@@ -41,6 +42,9 @@ def get_pass_class(name: str) -> type[Pass]:
         return cls
     module = BUILTIN_PASSES.get(name)
     if module is None:
+        ep = plugin_entry_points().get(name)
+        if ep is not None:
+            return load_entry_point(name, ep)
         raise PipelineError(unknown_pass_message(name))
     try:
         importlib.import_module(module)
@@ -61,8 +65,25 @@ def get_pass_class(name: str) -> type[Pass]:
 
 
 def load_all() -> dict[str, type[Pass]]:
-    """Import every built-in pass; return name -> class for all known passes (for tools, docs)."""
+    """Import every built-in pass; return name -> class for all known passes (for tools, docs).
+
+    Raises on the first plugin that fails to load; :func:`load_all_reporting` collects them instead.
+    """
     return {name: get_pass_class(name) for name in available_passes()}
+
+
+def load_all_reporting() -> tuple[dict[str, type[Pass]], dict[str, str]]:
+    """Like :func:`load_all`, but a plugin that fails to load is returned as name -> error message."""
+    loaded: dict[str, type[Pass]] = {}
+    broken: dict[str, str] = {}
+    for name in available_passes():
+        try:
+            loaded[name] = get_pass_class(name)
+        except PipelineError as e:
+            if name in BUILTIN_PASSES:
+                raise
+            broken[name] = str(e)
+    return loaded, broken
 
 
 def unknown_pass_message(name: str) -> str:
@@ -76,14 +97,21 @@ def describe_passes() -> str:
     """One line per pass: name with its options (type and default), then its summary."""
     from passes.pipeline import option_specs
 
+    plugins = plugin_entry_points()
+    loaded, broken = load_all_reporting()
     lines = []
-    for name, cls in load_all().items():
+    for name, cls in loaded.items():
         opts = ", ".join(o.describe() for o in option_specs(cls).values())
         head = f"{name}{{{opts}}}" if opts else name
         if len(head) >= 40:  # keep summaries in one column: long heads get their own line
             lines.append(head)
             head = ""
-        lines.append(f"{head:40} {summary_of(cls)}".rstrip())
+        summary = summary_of(cls)
+        if name in plugins and name not in BUILTIN_PASSES:
+            summary = f"{summary} [plugin: {distribution_of(plugins[name])}]".lstrip()
+        lines.append(f"{head:40} {summary}".rstrip())
+    for name, message in broken.items():
+        lines.append(f"{name:40} BROKEN PLUGIN: {message}")
     return "\n".join(lines)
 
 

@@ -18,6 +18,13 @@ def register(sub: Any) -> None:
     p.add_argument("--time-passes", action="store_true", help="report seconds per pass on stderr")
     p.add_argument("--no-verify", action="store_true", help="skip verification between passes")
     p.add_argument("-o", "--output", help="write the result here instead of stdout")
+    p.add_argument(
+        "--load",
+        action="append",
+        default=[],
+        metavar="FILE_OR_MODULE",
+        help="import a module of @register_pass passes first (a .py path or a module name; repeatable)",
+    )
     p.set_defaults(run=run)
 
 
@@ -27,6 +34,11 @@ def run(args: argparse.Namespace) -> int:
     from qir.ir.parser import parse_graph
     from qir.ir.printer import print_graph
 
+    for spec in args.load:
+        try:
+            passes.load_pass_module(spec)
+        except passes.PipelineError as e:
+            raise UserError(str(e)) from None
     if args.file == "-":
         text, source = sys.stdin.read(), "<stdin>"
     else:
