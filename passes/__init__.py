@@ -8,6 +8,7 @@ pipeline first names them (``passes.registry.BUILTIN_PASSES``).
 """
 
 from passes.base import PASS_REGISTRY, Pass, PassContext, PassRecord, register_pass
+from passes.describe import describe_passes
 from passes.errors import PassFailure, PassVerificationFailure, PipelineError
 from passes.instruments import (
     DumpIRInstrument,
@@ -19,7 +20,7 @@ from passes.instruments import (
 from passes.manager import PassManager, PipelineResult, run_pipeline
 from passes.pipeline import Pipeline, format_pipeline, parse_pipeline
 from passes.plugins import ENTRY_POINT_GROUP, load_pass_module
-from passes.registry import BUILTIN_PASSES, available_passes, describe_passes, get_pass_class
+from passes.registry import BUILTIN_PASSES, available_passes, get_pass_class
 
 __all__ = [
     "ENTRY_POINT_GROUP",

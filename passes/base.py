@@ -17,10 +17,12 @@ must leave a graph that verifies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 import attrs
 
+from passes.builtin_names import BUILTIN_PASSES
 from qir.ir.graph import Graph
 
 
@@ -69,12 +71,21 @@ class Pass:
 
     def __str__(self) -> str:
         """The pass in pipeline syntax: ``fuse{max_iters=3}`` (options at defaults omitted)."""
-        from passes.pipeline import format_pass
-
-        return format_pass(self)
+        # passes.pipeline (which builds on this module) installs the formatter on import;
+        # importing any passes module runs passes/__init__.py, which imports it
+        return _FORMATTER[0](self)
 
 
 PASS_REGISTRY: dict[str, type[Pass]] = {}
+
+#: ``str(pass)``: the pipeline-syntax formatter, set by :func:`set_pass_formatter`.
+_FORMATTER: list[Callable[[Pass], str]] = [lambda p: p.name]
+
+
+def set_pass_formatter(formatter: Callable[[Pass], str]) -> None:
+    """Install how ``str(pass)`` spells a pass (``passes.pipeline.format_pass``)."""
+    _FORMATTER[0] = formatter
+
 
 P = TypeVar("P", bound=type[Pass])
 
@@ -82,12 +93,10 @@ P = TypeVar("P", bound=type[Pass])
 def register_pass(cls: P) -> P:
     """Class decorator: make a pass available by name in pipeline strings.
 
-    Names of built-in passes (``passes.registry.BUILTIN_PASSES``) are reserved for their
+    Names of built-in passes (``passes.builtin_names.BUILTIN_PASSES``) are reserved for their
     modules. Re-running a class definition (a notebook cell, a reloaded module) replaces
     the earlier class of the same module and qualified name.
     """
-    from passes.registry import BUILTIN_PASSES
-
     if not cls.name:
         raise ValueError(f"pass class {cls.__qualname__} has no name")
     home = BUILTIN_PASSES.get(cls.name)

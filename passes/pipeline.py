@@ -35,7 +35,7 @@ from typing import Any, Literal, TypeAlias, Union, overload
 
 import attrs
 
-from passes.base import Pass
+from passes.base import Pass, set_pass_formatter
 from passes.errors import PipelineError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
@@ -556,6 +556,9 @@ def format_pass(p: Pass, strict: bool = False) -> str:
             text = f"<{value!r}>"
         parts.append(f"{o.name}={text}")
     return f"{p.name}{{{' '.join(parts)}}}" if parts else p.name
+
+
+set_pass_formatter(format_pass)
 
 
 def format_pipeline(passes: Iterable[Pass], strict: bool = True) -> str:

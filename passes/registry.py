@@ -4,7 +4,7 @@ Built-in passes live one per module and are imported only when a pipeline names 
 (as xDSL's name -> loader table does), so ``import passes`` stays cheap. User passes
 register themselves with :func:`passes.base.register_pass` when their module is imported.
 
-Adding a built-in pass is one line in :data:`BUILTIN_PASSES`.
+Adding a built-in pass is one line in :data:`passes.builtin_names.BUILTIN_PASSES`.
 """
 
 from __future__ import annotations
@@ -13,17 +13,9 @@ import difflib
 import importlib
 
 from passes.base import PASS_REGISTRY, Pass
+from passes.builtin_names import BUILTIN_PASSES
 from passes.errors import PipelineError
-from passes.plugins import distribution_of, load_entry_point, plugin_entry_points
-
-#: Built-in pass name -> the module that defines and registers it.
-BUILTIN_PASSES: dict[str, str] = {
-    "absorb-bn": "passes.absorb_bn",
-    "dce": "passes.dce",
-    "fuse": "passes.fuse",
-    "legalize": "passes.legalize",
-    "remove-identity": "passes.remove_identity",
-}
+from passes.plugins import load_entry_point, plugin_entry_points
 
 
 def available_passes() -> list[str]:
@@ -91,33 +83,3 @@ def unknown_pass_message(name: str) -> str:
     close = difflib.get_close_matches(name, names, n=3)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return f"unknown pass {name!r}{hint} available passes: {', '.join(names)}"
-
-
-def describe_passes() -> str:
-    """One line per pass: name with its options (type and default), then its summary."""
-    from passes.pipeline import option_specs
-
-    plugins = plugin_entry_points()
-    loaded, broken = load_all_reporting()
-    lines = []
-    for name, cls in loaded.items():
-        opts = ", ".join(o.describe() for o in option_specs(cls).values())
-        head = f"{name}{{{opts}}}" if opts else name
-        if len(head) >= 40:  # keep summaries in one column: long heads get their own line
-            lines.append(head)
-            head = ""
-        summary = summary_of(cls)
-        if name in plugins and name not in BUILTIN_PASSES:
-            summary = f"{summary} [plugin: {distribution_of(plugins[name])}]".lstrip()
-        lines.append(f"{head:40} {summary}".rstrip())
-    for name, message in broken.items():
-        lines.append(f"{name:40} BROKEN PLUGIN: {message}")
-    return "\n".join(lines)
-
-
-def summary_of(cls: type[Pass]) -> str:
-    """``cls.summary``, else the first line of its docstring."""
-    if cls.summary:
-        return cls.summary
-    doc = (cls.__doc__ or "").strip()
-    return doc.splitlines()[0] if doc else ""

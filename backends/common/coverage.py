@@ -181,8 +181,8 @@ def _route(entry: OpEntry, ir_op: str | None) -> tuple[str | None, str | None, l
     from qir.nn import QAT_MODULE_MAP, QUANTIZED_MODULE_MAP
 
     convert = importlib.import_module("qir.quantization.convert")
-    prepare = importlib.import_module("qir.quantization.prepare")
-    optional = prepare.optional_qat_class(entry.spelling)  # torchvision's, whether installed or not
+    qat_classes = importlib.import_module("qir.quantization.qat_classes")
+    optional = qat_classes.optional_qat_class(entry.spelling)  # torchvision's, whether installed or not
     if optional is not None:
         q = QUANTIZED_MODULE_MAP.get(optional)
         return f"`qat.{optional.__name__}`", (f"`{q.__name__}`" if q else None), ([("module", q)] if q else [])

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.common import numerics
+from backends.common.integer_rules import avg_pool_params, bilinear_taps, div_params, ratio_params
 from backends.common.lower import (
     LowerContext,
     LoweringError,
@@ -35,7 +36,6 @@ from backends.common.lower import (
 )
 from backends.common.program import ValueRef
 from qir.nn import quantized as Q
-from qir.nn.quantized._rules import avg_pool_params, bilinear_taps, div_params, ratio_params
 from qir.quantization.convert import nearest_interpolate_codes, relu6_codes
 
 Node = torch.fx.Node

@@ -14,15 +14,15 @@ import torch
 import torch.fx
 
 from backends.common.lower import LowerContext, LoweringError, register_module_rule, shape_call, tensor_ref
-from backends.common.program import ValueRef
-from qir.nn import quantized as Q
-from qir.nn.quantized._math_rules import (
+from backends.common.math_rules import (
     LN_EXTRA_BITS,
     LN_Z_BITS,
     SOFTMAX_MAX_LENGTH,
     LayerNormParams,
     layer_norm_eps_term,
 )
+from backends.common.program import ValueRef
+from qir.nn import quantized as Q
 
 __all__ = ["lower_glu", "lower_layer_norm", "lower_prelu", "lower_softmax"]
 

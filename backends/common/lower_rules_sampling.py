@@ -14,10 +14,10 @@ import torch.fx
 
 from backends.common.lower import LowerContext, LoweringError, register_module_rule, tensor_ref
 from backends.common.program import ValueRef
+from backends.common.roi_rules import ROI_BITS, ROI_MEAN_BITS
+from backends.common.sampling_rules import grid_axis
 from qir.nn import quantized as Q
 from qir.nn.qat.grid_sample import GRID_COORD_BITS
-from qir.nn.quantized._roi_rules import ROI_BITS, ROI_MEAN_BITS
-from qir.nn.quantized._sampling_rules import grid_axis
 
 __all__ = ["lower_anchor_generator", "lower_grid_sample", "lower_multi_scale_roi_align", "lower_roi_align"]
 

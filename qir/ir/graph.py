@@ -12,12 +12,12 @@ from __future__ import annotations
 import copy
 import keyword
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from qir.ir.op import IRError, Op, Ref, freeze, iter_refs
+from qir.ir.op import IRError, Op, Ref, freeze, get_op_class, iter_refs
 from qir.ir.types import Type
 
 if TYPE_CHECKING:
@@ -257,12 +257,12 @@ class Graph:
         scope: str | None = None,
     ) -> Node:
         """Register ``tensor`` under ``key`` and add a ``constant`` node for it at the top."""
-        from qir.ir.ops.core import Constant
-
         if key in self.constants and self.constants[key] is not tensor:
             raise IRError(f"constant key {key!r} is already bound to another tensor")
         self.constants[key] = tensor
-        op = Constant(key=key, kind=kind)
+        # by name: the op classes build on this module (qir/ir/__init__.py registers them first)
+        constant: Any = get_op_class("constant")
+        op = constant(key=key, kind=kind)
         node = self.create_node(op, (), op.type_for(tensor), name or key, scope)
         self._link_after(node, self._last_constant())
         self._const_tail = node
@@ -438,9 +438,17 @@ class Graph:
         return g
 
     def __str__(self) -> str:
-        from qir.ir.printer import print_graph
+        # the text printer builds on this module and installs itself (qir/ir/__init__.py imports it)
+        return _PRINTER[0](self)
 
-        return print_graph(self)
+
+#: ``str(graph)``: the text form, set by :func:`set_graph_printer` (``qir.ir.printer.print_graph``).
+_PRINTER: list[Callable[[Graph], str]] = [lambda g: f"<graph {g.name}>"]
+
+
+def set_graph_printer(printer: Callable[[Graph], str]) -> None:
+    """Install how ``str(graph)`` spells a graph."""
+    _PRINTER[0] = printer
 
 
 def iter_values(structure: Any) -> Iterator[Value]:

@@ -260,20 +260,18 @@ def register_op(cls: OpT) -> OpT:
     return cls
 
 
+# The built-in ops build on this module, so it imports none of them: qir/ir/__init__.py
+# (which runs before any qir.ir module) imports qir.ir.ops, and that registers them.
+
+
 def get_op_class(name: str) -> type[Op]:
-    _ensure_loaded()
     try:
         return OP_REGISTRY[name]
     except KeyError:
         raise IRError(f"unknown op {name!r}; registered ops: {', '.join(sorted(OP_REGISTRY))}") from None
 
 
-def _ensure_loaded() -> None:
-    import qir.ir.ops  # noqa: F401  (registers the built-in ops)
-
-
 def op_classes_with(trait: type[Trait]) -> list[type[Op]]:
-    _ensure_loaded()
     return [c for c in OP_REGISTRY.values() if c.has_trait(trait)]
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 import torch
 
-from qir.ir.graph import Graph, Node, Value
+from qir.ir.graph import Graph, Node, Value, set_graph_printer
 from qir.ir.op import IRError, Op, Ref
 from qir.ir.types import DType, QuantSpec, Type, format_type
 
@@ -242,3 +242,6 @@ def print_graph(graph: Graph) -> str:
     lines.append(f"  return {out}")
     lines.append("}")
     return "\n".join(lines)
+
+
+set_graph_printer(print_graph)

@@ -168,7 +168,7 @@ def _stub_kind(obj: Any) -> str | None:
     if not isinstance(obj, nn.Module):
         return None
     from qir.nn import qat
-    from qir.quantization.prepare import qat_class_for
+    from qir.quantization.qat_classes import qat_class_for
 
     cls = type(obj) if isinstance(obj, (qat.QuantStub, qat.DeQuantStub)) else qat_class_for(obj)
     if cls is not None and issubclass(cls, qat.QuantStub):
@@ -223,7 +223,7 @@ def _module_for(n: Node) -> nn.Module | None:
     factory = FUNCTIONAL_MODULES.get(n.op.name)
     if factory is None or isinstance(n.op, Call) or len(n.operands) != _TENSOR_OPERANDS.get(n.op.name, 1):
         return None  # not in the table, or a run-time argument (size=y.shape[-2:]) a module cannot hold
-    from qir.quantization.prepare import qat_class_for
+    from qir.quantization.qat_classes import qat_class_for
 
     module = factory(n.op)
     return module if module is not None and qat_class_for(module) is not None else None

@@ -379,7 +379,7 @@ class _Walk:
             if isinstance(m, PRESERVING_MODULES):
                 self.place(n, path, kind, BPU, "scale-preserving")
                 return _Q
-            from qir.quantization.prepare import qat_class_for
+            from qir.quantization.qat_classes import qat_class_for
 
             why = "no qconfig (stays float)" if qat_class_for(m) is not None else "no BPU form"
             self.place(n, path, kind, CPU, why, placed=True)

@@ -37,6 +37,7 @@ from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.functional_swap import swap_functionals
 from qir.quantization.fuse import ALL_FUNCTIONALS, FuseRecord, build_fused
 from qir.quantization.hybrid import HYBRID_KEY, HybridSpec, check_cpu_calls, cpu_modules, place_boundaries
+from qir.quantization.qat_classes import qat_class_for
 from qir.quantization.qconfig import QConfig, get_default_calib_qconfig, get_default_qat_qconfig, qconfig_kind
 from qir.quantization.qconfig_dict import QConfigSpec, parse_qconfig_dict
 
@@ -68,43 +69,6 @@ def require_march(what: str) -> March:
             f"{what} needs a target march: call qir.march.set_march(qir.march.March.BAYES) (or 'bernoulli2') first"
         )
     return march
-
-
-def qat_class_for(m: nn.Module, mapping: Mapping[type, type] | None = None) -> type | None:
-    """The QAT class of ``m``: exact type first, then its base classes (eager fused variants)."""
-    if mapping is None:
-        from qir.nn.qat import QAT_MODULE_MAP
-
-        mapping = QAT_MODULE_MAP
-    for cls in type(m).__mro__:
-        if cls in mapping:
-            return mapping[cls]
-        if cls is nn.Module:
-            break
-    return optional_qat_class(f"{type(m).__module__}.{type(m).__qualname__}")
-
-
-#: optional libraries' module classes (qualified name and public spelling) -> qir's QAT class,
-#: matched by name: torchvision stays an optional dependency and is never imported here
-_OPTIONAL_QAT_CLASSES = {
-    "torchvision.ops.roi_align.RoIAlign": "RoIAlign",
-    "torchvision.ops.RoIAlign": "RoIAlign",
-    "torchvision.ops.poolers.MultiScaleRoIAlign": "MultiScaleRoIAlign",
-    "torchvision.ops.MultiScaleRoIAlign": "MultiScaleRoIAlign",
-    "torchvision.models.detection.anchor_utils.AnchorGenerator": "AnchorGenerator",
-    "torchvision.models.detection.rpn.AnchorGenerator": "AnchorGenerator",
-}
-
-
-def optional_qat_class(name: str) -> type | None:
-    """The ``qir.nn.qat`` class for an optional library's module class named ``name``, or None."""
-    attr = _OPTIONAL_QAT_CLASSES.get(name)
-    if attr is None:
-        return None
-    from qir.nn import qat
-
-    cls: type = getattr(qat, attr)
-    return cls
 
 
 def _is_qat(m: nn.Module) -> bool:

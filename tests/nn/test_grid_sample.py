@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from backends.common import numerics
+from backends.common.sampling_rules import grid_axis, source_fixed
 from qir.nn import GridSample, qat, quantized
 from qir.nn.qat.grid_sample import GRID_COORD_BITS, grid_sample_nearest
-from qir.nn.quantized._sampling_rules import grid_axis, source_fixed
 from qir.quantization import get_default_qat_qconfig
 
 QC = get_default_qat_qconfig()

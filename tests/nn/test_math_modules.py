@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from nn_helpers import QC8, QC16, RoundTrip, codes, storages
 from torch import nn
 
+from backends.common import math_rules as R
 from backends.common import numerics
 from qir.nn import QAT_MODULE_MAP, QUANTIZED_MODULE_MAP, qat, quantized
-from qir.nn.quantized import _math_rules as R
 from qir.quantization import disable_fake_quant, disable_observer
 
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")

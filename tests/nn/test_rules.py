@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backends.common import numerics
-from qir.nn.quantized._rules import (
+from backends.common.integer_rules import (
     FUSED_ADD_MAX_EXTRA_BITS,
     FUSED_ADD_MID_MAX_MULTIPLIER,
     avg_pool_params,

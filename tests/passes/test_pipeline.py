@@ -15,7 +15,8 @@ from manager_fixtures import Boom, CountOps, Flavour, Level, ObjectOption, Optio
 
 import passes
 from passes import Pass, PassContext, Pipeline, PipelineError, format_pipeline, parse_pipeline, register_pass
-from passes.registry import BUILTIN_PASSES, available_passes, describe_passes, get_pass_class
+from passes.describe import describe_passes
+from passes.registry import BUILTIN_PASSES, available_passes, get_pass_class
 from qir.ir import Graph
 
 CANONICAL = [

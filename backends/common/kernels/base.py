@@ -83,8 +83,11 @@ def register_kernel(op: str, prepare: PrepareFn | None = None) -> Callable[[RunF
     return deco
 
 
+# The kernel families build on this module and register on import; the package's
+# __init__ (which runs before this module can be imported) imports them all.
+
+
 def get_kernel(op: str) -> Kernel:
-    _load_all()
     try:
         return _KERNELS[op]
     except KeyError:
@@ -92,29 +95,7 @@ def get_kernel(op: str) -> Kernel:
 
 
 def kernel_names() -> list[str]:
-    _load_all()
     return sorted(_KERNELS)
-
-
-def _load_all() -> None:
-    # the kernel families register on import; one import point keeps the registry complete
-    from backends.common.kernels import (  # noqa: F401
-        anchors,
-        attention,
-        codes,
-        conv,
-        elementwise,
-        layer_norm,
-        matmul,
-        pool,
-        prelu,
-        quant,
-        resize,
-        sampling,
-        select,
-        shape,
-        softmax,
-    )
 
 
 class RequantF64:

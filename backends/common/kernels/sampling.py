@@ -4,12 +4,12 @@ Grid sample: fixed-point source coordinates from the grid codes, integer
 bilinear (or nearest) taps, exact int64 sum, one requantization.
 
 Coordinate parameters (multiplier, shift, offset per axis) are computed at lowering for the
-compiled input size; the module library's rule is ``qir.nn.quantized._sampling_rules``.
+compiled input size; the module library's rule is ``backends.common.sampling_rules``.
 
 RoIAlign: box corners to ``2**-12`` (half up), sampling positions by exact integer division,
 torchvision's edge rules, per bin an exact int64 sum of tap products, the exact rounded mean
 at ``2**-8`` of the input scale, one requantization. The module library's rule is
-``qir.nn.quantized._roi_rules``; this is a second, per-sample implementation of it.
+``backends.common.roi_rules``; this is a second, per-sample implementation of it.
 
 MultiScaleRoIAlign: ``roi_levels`` maps each float box to its level at run time (float math,
 as torchvision's LevelMapper); ``multi_scale_roi_align`` gathers each level's rows, pools them

@@ -19,6 +19,18 @@ from torch import nn
 from qir.ir.op import HasWeight, IRError, ModuleOp, Pure, Trait, register_op
 from qir.ir.types import TensorType, Type
 
+#: (plain module type, has add, act) -> the fused module class that wraps it. The IR names no
+#: module package: qir.nn.intrinsic registers its classes here on import (a spelling table).
+FUSED_MODULE_CLASSES: dict[tuple[type[nn.Module], bool, str | None], Callable[[nn.Module], nn.Module]] = {}
+
+
+def register_fused_module(
+    plain: type[nn.Module], add: bool, act: str | None, cls: Callable[[nn.Module], nn.Module]
+) -> None:
+    """Make ``to_module`` of a fused conv / linear op wrap its plain module in ``cls``."""
+    FUSED_MODULE_CLASSES[(plain, add, act)] = cls
+
+
 _ACTS = (None, "relu", "relu6")
 
 
@@ -86,13 +98,18 @@ class WeightedOp(ModuleOp):
         raise NotImplementedError(f"op {self.name!r} has no module form")
 
     def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
-        """The plain module, or a :mod:`qir.nn.intrinsic` fused module around it."""
+        """The plain module, or the fused module class registered for it around it."""
         m = self.plain_module(tensors)
         if not self.add and self.act is None:  # type: ignore[attr-defined]
             return m
-        from qir.nn.intrinsic import fused_class
-
-        return fused_class(type(m), self.add, self.act)(m)  # type: ignore[attr-defined]
+        key = (type(m), self.add, self.act)  # type: ignore[attr-defined]
+        cls = FUSED_MODULE_CLASSES.get(key)
+        if cls is None:
+            raise IRError(
+                f"op {self.name!r}: no fused module class registered for {type(m).__name__} with "
+                f"add={key[1]} act={key[2]!r}; importing qir.nn.intrinsic registers qir's (register_fused_module)"
+            )
+        return cls(m)
 
     def finish(self, y: torch.Tensor, other: Any) -> torch.Tensor:
         if other is not None:

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from qir.ir.ops.nn import register_fused_module
+
 
 class FusedModule(nn.Module):
     """Base of all fused modules. ``has_add`` / ``act`` are class-level facts."""
@@ -94,6 +96,7 @@ def _make() -> dict[str, Any]:
                 },
             )
             FUSED_CLASSES[(conv_type, has_add, act)] = cls
+            register_fused_module(conv_type, has_add, act, cls)  # the IR ops' to_module builds these
             made[name] = cls
     return made
 

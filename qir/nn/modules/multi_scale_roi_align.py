@@ -95,7 +95,7 @@ class MultiScaleRoIAlign(nn.Module):
     def forward(
         self, x: dict[str, torch.Tensor], boxes: list[torch.Tensor], image_shapes: list[tuple[int, int]]
     ) -> torch.Tensor:
-        from qir.nn.quantized._roi_rules import rois_of
+        from backends.common.roi_rules import rois_of
 
         feats = selected_features(x, self.featmap_names, type(self).__name__)
         scales, k_min, k_max = level_scales([tuple(f.shape[-2:]) for f in feats], image_shapes, type(self).__name__)

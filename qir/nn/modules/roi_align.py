@@ -41,7 +41,7 @@ def roi_align_float(
     aligned: bool = False,
 ) -> torch.Tensor:
     """torchvision's ``roi_align`` written out in torch (float64 positions), (K, C, PH, PW)."""
-    from qir.nn.quantized._roi_rules import rois_of
+    from backends.common.roi_rules import rois_of
 
     ph, pw = _pair(output_size)
     rois = rois_of(boxes)

@@ -30,7 +30,7 @@ def level_rows(
     m: Any, x: dict[str, torch.Tensor], boxes: list[torch.Tensor], image_shapes: list[tuple[int, int]]
 ) -> tuple[list[torch.Tensor], torch.Tensor, list[tuple[torch.Tensor, LevelRoIAlign]]]:
     """``(features, rois, per level (row indices, RoIAlign fields))`` of a multi-scale module ``m``."""
-    from qir.nn.quantized._roi_rules import rois_of
+    from backends.common.roi_rules import rois_of
 
     what = type(m).__name__
     feats = selected_features(x, m.featmap_names, what)
@@ -54,8 +54,8 @@ class MultiScaleRoIAlign(QATModule, FloatMultiScaleRoIAlign):
     def forward(
         self, x: dict[str, torch.Tensor], boxes: list[torch.Tensor], image_shapes: list[tuple[int, int]]
     ) -> torch.Tensor:
+        from backends.common.roi_rules import ROI_BITS
         from qir.nn.qat.roi_align import roi_sample
-        from qir.nn.quantized._roi_rules import ROI_BITS
 
         feats, rois, per_level = level_rows(self, x, boxes, image_shapes)
         ph, pw = self.output_size

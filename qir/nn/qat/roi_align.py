@@ -21,7 +21,7 @@ def roi_sample(
 
     ``m`` holds torchvision's fields (a float, QAT or integer RoIAlign).
     """
-    from qir.nn.quantized._roi_rules import axis_weights, box_fixed, rois_of
+    from backends.common.roi_rules import axis_weights, box_fixed, rois_of
 
     rois = rois_of(boxes, type(m).__name__)
     fixed = box_fixed(rois, m.spatial_scale).tolist()
@@ -47,7 +47,7 @@ class RoIAlign(QATModule, FloatRoIAlign):
     float_inputs: ClassVar[tuple[int, ...]] = (1,)
 
     def forward(self, input: torch.Tensor, boxes: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
-        from qir.nn.quantized._roi_rules import ROI_BITS
+        from backends.common.roi_rules import ROI_BITS
 
         per_roi = roi_sample(input, boxes, self)
         ph, pw = self.output_size

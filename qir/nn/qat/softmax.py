@@ -8,15 +8,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from backends.common.math_rules import SOFTMAX_EXP_DTYPE, SOFTMAX_EXP_SCALE
 from qir.nn.qat._base import QATModule, make_activation_fq, resolve_qconfig
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.qconfig import QConfig
 
 __all__ = ["Softmax"]
 
-#: The exp table's fixed scale and dtype (the integer rule's, qir.nn.quantized._math_rules).
-EXP_SCALE = float(torch.tensor(1.0 / 32767.0, dtype=torch.float32))
-EXP_DTYPE = "qint16"
+#: The exp table's fixed scale and dtype (the integer rule's, backends.common.math_rules).
+EXP_SCALE = SOFTMAX_EXP_SCALE
+EXP_DTYPE = SOFTMAX_EXP_DTYPE.name
 
 
 class Softmax(QATModule):

@@ -10,13 +10,13 @@ import torch
 from torch import nn
 
 from backends.common import numerics
+from backends.common.integer_rules import check_out_dtype, ratio_params
 from passes.legality_facts import register_module_view
 from qir.ir.types import DType
 from qir.nn.qat.attention import MultiheadAttention as QATMultiheadAttention
 from qir.nn.qat.attention import attention_masks, check_attention_call
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name
 from qir.nn.quantized._composed import fq_scale, integer_linear, product_params
-from qir.nn.quantized._rules import check_out_dtype, ratio_params
 from qir.nn.quantized.conv import QuantizedConvBase
 from qir.nn.quantized.softmax import Softmax
 

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.common import numerics
+from backends.common.integer_rules import fused_add_int, fused_add_params
 from qir.ir.types import DType
 from qir.nn.qat.conv import QAT_CONV_CLASSES, QATConvBase, class_name
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
-from qir.nn.quantized._rules import fused_add_int, fused_add_params
 
 __all__ = ["QUANTIZED_CONV_CLASSES", "QuantizedConvBase"]
 

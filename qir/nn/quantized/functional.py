@@ -18,11 +18,11 @@ import torch
 from torch import nn
 
 from backends.common import numerics
+from backends.common.integer_rules import check_out_dtype, div_int, div_params, f32, ratio_params
 from qir.ir.types import DType
 from qir.nn.modules.functional import Dims, FloatFunctional, _dims
 from qir.nn.qat.functional import FloatFunctional as QATFloatFunctional
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq, untraced
-from qir.nn.quantized._rules import check_out_dtype, div_int, div_params, f32, ratio_params
 
 __all__ = ["FloatFunctional", "QFunctional"]
 

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from backends.common import numerics
+from backends.common.integer_rules import check_out_dtype
 from qir.ir.types import DType
 from qir.nn.qat.glu import GLU as QATGLU
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
-from qir.nn.quantized._rules import check_out_dtype
 
 __all__ = ["GLU"]
 

@@ -1,6 +1,6 @@
 """Quantized GridSample on codes: fixed-point source coordinates, integer bilinear weights, one requantization.
 
-Rule: :mod:`qir.nn.quantized._sampling_rules` (docs/semantics.md, "Grid sample"). Nearest
+Rule: :mod:`backends.common.sampling_rules` (docs/semantics.md, "Grid sample"). Nearest
 selects codes (scale and dtype kept; 0 off the input with zeros padding); bilinear sums
 ``w_y * w_x * q`` exactly in int64 at ``s_in / 2**(2B)`` and requantizes once with
 ``(M, k + 2B)``, ``(M, k) = requant_params(s_in, s_out)``.
@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from backends.common import numerics
+from backends.common.sampling_rules import grid_axis, grid_sample_int
 from passes.legality_facts import register_module_view
 from qir.ir.ops.vision import GridSample as GridSampleOp
 from qir.nn.qat.grid_sample import GRID_COORD_BITS
 from qir.nn.qat.grid_sample import GridSample as QATGridSample
 from qir.nn.quantized._base import QuantizedModule, check_qat
-from qir.nn.quantized._sampling_rules import grid_axis, grid_sample_int
 from qir.nn.quantized.interpolate import set_resample_scales
 
 __all__ = ["GridSample"]

@@ -2,7 +2,7 @@
 
 Bilinear rule (docs/modules.md "Bilinear interpolation"): per axis, source indices and
 weights ``w0 + w1 = 2**B`` (``B = 12`` for qint8 input, 15 for qint16) from
-:func:`qir.nn.quantized._rules.bilinear_taps`; ``acc = sum w_y * w_x * q`` exactly in
+:func:`backends.common.integer_rules.bilinear_taps`; ``acc = sum w_y * w_x * q`` exactly in
 int64 at scale ``s_in / 2**(2B)``; ``out = requantize(acc, M, k + 2B)`` with
 ``(M, k) = requant_params(s_in, s_out)``: the weights' ``2**-2B`` folds into the shift, so the
 multiplier keeps its full precision.
@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.common import numerics
+from backends.common.integer_rules import bilinear_taps, bilinear_weight_bits, check_out_dtype
 from qir.nn.qat.interpolate import Interpolate as QATInterpolate
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
-from qir.nn.quantized._rules import bilinear_taps, bilinear_weight_bits, check_out_dtype
 
 __all__ = ["Interpolate"]
 

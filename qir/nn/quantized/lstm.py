@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from backends.common import numerics
+from backends.common.integer_rules import check_out_dtype
 from passes.legality_facts import register_module_view
 from qir.ir.types import DType
 from qir.nn.qat.lstm import LSTMCell as QATLSTMCell
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name
 from qir.nn.quantized._composed import fq_scale, integer_linear, product_params
-from qir.nn.quantized._rules import check_out_dtype
 from qir.nn.quantized.conv import QuantizedConvBase
 from qir.quantization.fake_quantize import FakeQuantize
 

@@ -8,11 +8,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from backends.common.integer_rules import check_out_dtype, div_int, div_params
 from qir.nn.qat.misc import Div as QATDiv
 from qir.nn.qat.misc import Dropout as QATDropout
 from qir.nn.qat.misc import Identity as QATIdentity
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
-from qir.nn.quantized._rules import check_out_dtype, div_int, div_params
 
 __all__ = ["Div", "Identity"]
 
@@ -33,7 +33,7 @@ class Identity(QuantizedModule):
 
 
 class Div(QuantizedModule):
-    """``x / y`` by exact integer division (:func:`qir.nn.quantized._rules.div_int`)."""
+    """``x / y`` by exact integer division (:func:`backends.common.integer_rules.div_int`)."""
 
     num_inputs = 2
     multiplier: int

@@ -8,10 +8,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from backends.common.math_rules import LayerNormParams, layer_norm_int, layer_norm_params
 from passes.legality_facts import register_module_view
 from qir.nn.qat.normalization import LayerNorm as QATLayerNorm
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
-from qir.nn.quantized._math_rules import LayerNormParams, layer_norm_int, layer_norm_params
 
 __all__ = ["LayerNorm"]
 

@@ -4,7 +4,7 @@ Average-pool rule (docs/modules.md "Average pooling"): ``sum`` is the exact int6
 the window (padding contributes 0); ``d`` is torch's divisor for that output position
 (window size, or the count of real elements when ``count_include_pad=False``, or
 ``divisor_override``); ``out = requantize(sum, M[d], shift[d])`` with ``M[d] / 2**shift[d]``
-approximating ``s_in / (d * s_out)`` (:func:`qir.nn.quantized._rules.avg_pool_params`).
+approximating ``s_in / (d * s_out)`` (:func:`backends.common.integer_rules.avg_pool_params`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.common import numerics
+from backends.common.integer_rules import avg_pool_params, check_out_dtype
 from qir.nn.qat.pool import AdaptiveAvgPool2d as QATAdaptiveAvgPool2d
 from qir.nn.qat.pool import AvgPool2d as QATAvgPool2d
 from qir.nn.qat.pool import MaxPool2d as QATMaxPool2d
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq, untraced
-from qir.nn.quantized._rules import avg_pool_params, check_out_dtype
 
 __all__ = ["AdaptiveAvgPool2d", "AvgPool2d", "MaxPool2d"]
 

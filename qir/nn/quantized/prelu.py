@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from backends.common.math_rules import PReLUParams, prelu_int, prelu_params
 from qir.nn.qat.prelu import PReLU as QATPReLU
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
-from qir.nn.quantized._math_rules import PReLUParams, prelu_int, prelu_params
 
 __all__ = ["PReLU"]
 

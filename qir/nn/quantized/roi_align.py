@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from backends.common import numerics
+from backends.common.integer_rules import check_out_dtype
+from backends.common.roi_rules import ROI_BITS, ROI_MEAN_BITS, div_half_up
 from passes.legality_facts import register_module_view
 from qir.nn.qat.roi_align import RoIAlign as QATRoIAlign
 from qir.nn.qat.roi_align import roi_sample
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
-from qir.nn.quantized._roi_rules import ROI_BITS, ROI_MEAN_BITS, div_half_up
-from qir.nn.quantized._rules import check_out_dtype
 
 __all__ = ["RoIAlign"]
 

@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from backends.common.math_rules import SOFTMAX_MAX_LENGTH, softmax_exp_table, softmax_int, softmax_params
 from qir.nn.qat.softmax import Softmax as QATSoftmax
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
-from qir.nn.quantized._math_rules import SOFTMAX_MAX_LENGTH, softmax_exp_table, softmax_int, softmax_params
 
 __all__ = ["Softmax"]
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 
 from backends.common import numerics
-from qir.nn.quantized._rules import f32
+from backends.common.integer_rules import f32
 
 __all__ = ["GridAxis", "grid_axis", "grid_sample_int", "source_fixed"]
 

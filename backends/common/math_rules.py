@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import torch
 
+from backends.common.integer_rules import check_out_dtype, div_int, f32
 from backends.common.numerics import (
     DTypeLike,
     multiplier_shift,
@@ -24,8 +25,6 @@ from backends.common.numerics import (
     round_half_up,
 )
 from qir.ir.types import DType
-from qir.nn.qat.softmax import EXP_DTYPE, EXP_SCALE
-from qir.nn.quantized._rules import check_out_dtype, div_int, f32
 
 __all__ = [
     "LN_EPS_MAX_BITS",
@@ -110,8 +109,8 @@ def prelu_int(q: torch.Tensor, p: PReLUParams, out_dtype: DTypeLike) -> torch.Te
 #: The exp table's codes: ``exp(d * s_in)`` at this scale, qint16 (the QAT module's ``exp_post_process``).
 #: ``1/32767`` (not ``2**-15``) keeps ``exp(0) = 1`` inside the range, so the row maximum never
 #: saturates (and keeps its QAT gradient).
-SOFTMAX_EXP_SCALE = EXP_SCALE
-SOFTMAX_EXP_DTYPE = DType.parse(EXP_DTYPE)
+SOFTMAX_EXP_SCALE = float(torch.tensor(1.0 / 32767.0, dtype=torch.float32))
+SOFTMAX_EXP_DTYPE = DType.parse("qint16")
 SOFTMAX_EXP_MAX = 32767
 #: The sum of a row must stay below 2**31 (int32): at most 65536 entries of 32767.
 SOFTMAX_MAX_LENGTH = 65536

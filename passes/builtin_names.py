@@ -1,0 +1,16 @@
+"""The names of the built-in passes and the modules that define them (data only).
+
+Its own module so that ``register_pass`` (which reserves these names) and the registry
+(which imports the modules lazily) both read it without importing each other.
+"""
+
+from __future__ import annotations
+
+#: Built-in pass name -> the module that defines and registers it.
+BUILTIN_PASSES: dict[str, str] = {
+    "absorb-bn": "passes.absorb_bn",
+    "dce": "passes.dce",
+    "fuse": "passes.fuse",
+    "legalize": "passes.legalize",
+    "remove-identity": "passes.remove_identity",
+}
