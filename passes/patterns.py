@@ -110,10 +110,28 @@ class Pattern:
 
 @attrs.frozen(eq=False)
 class AnyPattern(Pattern):
-    """Matches any value."""
+    """Matches any value (a node or a graph input) that passes its predicates."""
+
+    #: ``fn(value) -> bool``: all must hold
+    value_preds: tuple[Callable[[Value], bool], ...] = ()
+
+    def where(self, *preds: Callable[[Value], bool], **attr_preds: AttrPred) -> AnyPattern:
+        """Add value predicates (``fn(value) -> bool``); the value may be a graph input, not a node."""
+        if attr_preds:
+            raise PatternError(
+                f"{self}: a wildcard has no op attributes to test ({', '.join(attr_preds)}); "
+                f"use P.op(kind, {next(iter(attr_preds))}=...) for a node of a known op"
+            )
+        for p in preds:
+            if not callable(p):
+                raise PatternError(f"{self}: where() predicates must be callables, got {p!r}")
+        return attrs.evolve(self, value_preds=self.value_preds + preds)
 
     def __str__(self) -> str:
-        return f"_ @{self.name}" if self.name else "_"
+        head = "_"
+        if self.value_preds:
+            head += "{" + ", ".join(getattr(f, "__name__", "pred") for f in self.value_preds) + "}"
+        return f"{head} @{self.name}" if self.name else head
 
 
 #: The wildcard. ``Any.named("x")`` captures what it matched.
@@ -225,7 +243,7 @@ class P:
         single_use: bool | None = None,
         **attr_preds: AttrPred,
     ) -> OpPattern:
-        kinds, traits = _resolve_kind(kind)
+        kinds, traits, preds = _resolve_kind_flavors(kind)
         if name is not None:
             _check_name(name)
         return OpPattern(
@@ -235,17 +253,18 @@ class P:
             traits=traits,
             operands=tuple(as_pattern(o) for o in operands) if operands else None,
             attr_preds=tuple(attr_preds.items()),
+            node_preds=preds,
             commutative=commutative,
         )
 
     @staticmethod
     def op(kind: typing.Any, name: str | None = None, **attr_preds: AttrPred) -> OpPattern:
         """A node of ``kind`` whose operands are all free."""
-        kinds, traits = _resolve_kind(kind)
-        return OpPattern(name=name, kinds=kinds, traits=traits, attr_preds=tuple(attr_preds.items()))
+        kinds, traits, preds = _resolve_kind_flavors(kind)
+        return OpPattern(name=name, kinds=kinds, traits=traits, attr_preds=tuple(attr_preds.items()), node_preds=preds)
 
     @staticmethod
-    def any(name: str | None = None) -> Pattern:
+    def any(name: str | None = None) -> AnyPattern:
         """The wildcard, optionally capturing what it matched."""
         return Any if name is None else Any.named(name)
 
@@ -265,20 +284,73 @@ class P:
 
 
 def _resolve_kind(kind: typing.Any) -> tuple[tuple[type[Op], ...], tuple[type[Trait], ...]]:
+    kinds, traits, _ = _resolve_kind_flavors(kind)
+    return kinds, traits
+
+
+def _resolve_kind_flavors(
+    kind: typing.Any,
+) -> tuple[tuple[type[Op], ...], tuple[type[Trait], ...], tuple[NodePred, ...]]:
+    """Op classes, traits, and a node predicate when a module class names one flavour of an op
+    class that stands for several (``nn.BatchNorm1d`` of ``batch_norm``)."""
     entries = list(kind) if isinstance(kind, (set, frozenset, list, tuple)) else [kind]
     kinds: list[type[Op]] = []
     traits: list[type[Trait]] = []
+    #: op class -> the module classes allowed (absent: any node of the class)
+    flavors: dict[type[Op], set[type] | None] = {}
     for e in entries:
         if isinstance(e, type) and issubclass(e, Trait):
             traits.append(e)
         elif isinstance(e, type) and issubclass(e, Op):
             kinds.append(e)
+            flavors[e] = None
+        elif isinstance(e, str) and e in _op_registry():
+            kinds.append(_op_registry()[e])  # an IR op name: "conv2d", "batch_norm"
+            flavors[_op_registry()[e]] = None
         else:
-            kinds.extend(resolve_spelling(e))
+            found = resolve_spelling(e)
+            kinds.extend(found)
+            for op_cls in found:
+                flavor = _module_flavor_of(op_cls, e)
+                if flavor is None or flavors.get(op_cls, set()) is None:
+                    flavors[op_cls] = None
+                else:
+                    flavors.setdefault(op_cls, set()).add(flavor)  # type: ignore[union-attr]
     if not kinds and not traits:
         raise PatternError(f"empty op kind {kind!r}")
+    narrowed = {k: v for k, v in flavors.items() if v is not None}
+    preds: tuple[NodePred, ...] = ()
+    if narrowed:
+        names = "/".join(sorted(t.__name__ for v in narrowed.values() for t in v))
+
+        def module_flavor(n: Node) -> bool:
+            allowed = narrowed.get(type(n.op))
+            return allowed is None or n.op.module_flavor() in allowed  # type: ignore[attr-defined]
+
+        module_flavor.__name__ = f"module={names}"
+        preds = (module_flavor,)
     # dedupe, keep a stable order so printed patterns are reproducible
-    return tuple(dict.fromkeys(kinds)), tuple(dict.fromkeys(traits))
+    return tuple(dict.fromkeys(kinds)), tuple(dict.fromkeys(traits)), preds
+
+
+def _op_registry() -> dict[str, type[Op]]:
+    import qir.ir.ops  # noqa: F401  (registers the built-in ops)
+
+    return OP_REGISTRY
+
+
+def _module_flavor_of(op_cls: type[Op], entry: typing.Any) -> type | None:
+    """The module class of ``op_cls.module_types`` that ``entry`` (a module class or a subclass
+    of one) names, when ``op_cls`` stands for several and can tell them apart; else None."""
+    module_types = tuple(getattr(op_cls, "module_types", ()))
+    if len(module_types) < 2 or not hasattr(op_cls, "module_flavor") or not isinstance(entry, type):
+        return None
+    if issubclass(entry, tuple(getattr(op_cls, "any_flavor_modules", ()))):
+        return None  # e.g. SyncBatchNorm: one class for every rank
+    for base in entry.__mro__:
+        if base in module_types:
+            return base
+    return None
 
 
 # --------------------------------------------------------------------------- torch spellings
@@ -363,10 +435,11 @@ def as_pattern(spec: typing.Any) -> Pattern:
         if not spec:
             raise PatternError("empty tuple pattern")
         head, *rest = spec
-        kinds, traits = _resolve_kind(head if isinstance(head, (set, frozenset, list)) else [head])
-        return OpPattern(kinds=kinds, traits=traits, operands=tuple(as_pattern(r) for r in rest) or None)
-    kinds, traits = _resolve_kind(spec if isinstance(spec, (set, frozenset, list)) else [spec])
-    return OpPattern(kinds=kinds, traits=traits)
+        kinds, traits, preds = _resolve_kind_flavors(head if isinstance(head, (set, frozenset, list)) else [head])
+        operands = tuple(as_pattern(r) for r in rest) or None
+        return OpPattern(kinds=kinds, traits=traits, operands=operands, node_preds=preds)
+    kinds, traits, preds = _resolve_kind_flavors(spec if isinstance(spec, (set, frozenset, list)) else [spec])
+    return OpPattern(kinds=kinds, traits=traits, node_preds=preds)
 
 
 # --------------------------------------------------------------------------- matches
@@ -471,6 +544,8 @@ def _match(p: Pattern, v: Value, pos: int, slot: int | None, interior: bool, st:
             return
     elif p.single_use and v.num_uses != 1:
         return
+    elif isinstance(p, AnyPattern) and not all(f(v) for f in p.value_preds):
+        return
     bound_name = False
     if p.name is not None:
         prev = st.caps.get(p.name)
@@ -498,6 +573,8 @@ def _operand_orders(p: OpPattern, node: Node) -> list[tuple[int, ...]]:
     comm = p.commutative if p.commutative is not None else node.op.has_trait(Commutative)
     if comm and n >= 2:
         return [order, (1, 0, *order[2:])]
+    if comm and n == 1 and len(node.operands) >= 2:
+        return [(0,), (1,)]  # one operand pattern: it may be either side of a commutative op
     return [order]
 
 

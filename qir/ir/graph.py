@@ -342,6 +342,7 @@ class Graph:
         return self._output
 
     def set_output(self, structure: Any) -> None:
+        structure = plain_containers(structure)
         self._output_uses = {}
         self._output = structure
         for v in iter_values(structure):
@@ -463,6 +464,30 @@ def iter_values(structure: Any) -> Iterator[Value]:
     elif isinstance(structure, slice):
         for s in (structure.start, structure.stop, structure.step):
             yield from iter_values(s)
+
+
+def plain_containers(structure: Any) -> Any:
+    """``structure`` with list / dict subclasses (torch.fx's immutable_list / immutable_dict)
+    as plain lists / dicts, which the text form prints; tuples (named or not) keep their type."""
+    if type(structure) is not list and isinstance(structure, list):
+        return [plain_containers(s) for s in structure]
+    if type(structure) is not dict and isinstance(structure, dict):
+        return {k: plain_containers(s) for k, s in structure.items()}
+    if type(structure) is list:
+        return [plain_containers(s) for s in structure] if any(_nested(s) for s in structure) else structure
+    if type(structure) is dict:
+        return (
+            {k: plain_containers(s) for k, s in structure.items()}
+            if any(map(_nested, structure.values()))
+            else structure
+        )
+    if type(structure) is tuple:
+        return tuple(plain_containers(s) for s in structure) if any(_nested(s) for s in structure) else structure
+    return structure
+
+
+def _nested(v: Any) -> bool:
+    return isinstance(v, (list, dict, tuple))
 
 
 def map_values(structure: Any, fn: Any) -> Any:

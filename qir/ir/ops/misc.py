@@ -50,6 +50,10 @@ class Dropout(ModuleOp):
         if self.variant not in _DROPOUTS:
             raise IRError(f"op 'dropout': variant must be one of {sorted(_DROPOUTS)}, got {self.variant!r}")
 
+    def module_flavor(self) -> type | None:
+        """The one module class of :attr:`module_types` this op stands for."""
+        return _DROPOUTS[self.variant][0]
+
     def evaluate(self, ctx: EvalContext, operands: Sequence[Any]) -> Any:
         training = ctx.training if self.training is None else self.training
         return _DROPOUTS[self.variant][1](operands[0], self.p, training, self.inplace)

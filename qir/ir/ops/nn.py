@@ -374,6 +374,8 @@ class BatchNorm(ModuleOp):
     traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure})
     operand_names: ClassVar[tuple[str, ...]] = ("input",)
     module_types: ClassVar[tuple[type, ...]] = tuple(_BN_CLASSES.values())
+    #: module classes that stand for every flavour in patterns (SyncBatchNorm becomes BatchNormNd)
+    any_flavor_modules: ClassVar[tuple[type, ...]] = (nn.SyncBatchNorm,)
 
     eps: float = 1e-5
     momentum: float | None = 0.1
@@ -383,6 +385,10 @@ class BatchNorm(ModuleOp):
     sync: bool = False
     #: whether num_batches_tracked is an operand (modules have it, F.batch_norm does not)
     counter: bool = True
+
+    def module_flavor(self) -> type | None:
+        """The one module class of :attr:`module_types` this op stands for (None: ``F.batch_norm``)."""
+        return _BN_CLASSES.get((self.dims, self.sync))
 
     def param_roles(self) -> tuple[str, ...]:
         roles: tuple[str, ...] = ("weight", "bias") if self.affine else ()
