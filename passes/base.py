@@ -17,6 +17,7 @@ must leave a graph that verifies.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
@@ -99,6 +100,14 @@ def register_pass(cls: P) -> P:
     """
     if not cls.name:
         raise ValueError(f"pass class {cls.__qualname__} has no name")
+    if "__attrs_attrs__" not in cls.__dict__:
+        # options are attrs fields: annotated attributes of a plain subclass would be dropped silently
+        fields = [n for n, t in inspect.get_annotations(cls).items() if "ClassVar" not in str(t)]
+        if fields:
+            raise ValueError(
+                f"pass class {cls.__qualname__} declares option(s) {', '.join(fields)} but is not an attrs class, "
+                "so pipelines could not set them; decorate it with @attrs.frozen (under @register_pass)"
+            )
     home = BUILTIN_PASSES.get(cls.name)
     if home is not None and cls.__module__ != home:
         raise ValueError(

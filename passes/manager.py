@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from passes.base import Pass, PassContext, PassRecord
+from passes.constant_guard import ConstantGuard
 from passes.errors import PassFailure, PassVerificationFailure
 from passes.instruments import Instrument, VerifyInstrument
 from passes.pipeline import Pipeline, as_pipeline, format_value, option_specs
@@ -101,31 +102,53 @@ class PassManager:
         bind new tensors instead of writing into existing ones, so the input stays intact.
         """
         work = graph if inplace else graph.copy()
+        # the copy shares the input's constant tensors: check no pass writes into them
+        guard = ConstantGuard(graph) if self.verify_each and not inplace else None
         ctx = ctx if ctx is not None else PassContext()
         first = len(ctx.history)
         for inst in self.instruments:
             inst.run_before_pipeline(self.pipeline, work, ctx)
         for index, p in enumerate(self.pipeline):
-            self._run_pass(index, p, work, ctx, first, inplace)
+            self._run_pass(index, p, work, ctx, first, inplace, guard)
         result = PipelineResult(work, self.pipeline, tuple(ctx.history[first:]), ctx)
         for inst in reversed(self.instruments):
             inst.run_after_pipeline(result)
         return result
 
-    def _run_pass(self, index: int, p: Pass, graph: Graph, ctx: PassContext, first: int, inplace: bool) -> None:
+    def _run_pass(
+        self,
+        index: int,
+        p: Pass,
+        graph: Graph,
+        ctx: PassContext,
+        first: int,
+        inplace: bool,
+        guard: ConstantGuard | None = None,
+    ) -> None:
         for inst in self.instruments:
             inst.run_before_pass(p, graph, ctx)
         start = time.perf_counter()
         try:
             changed = p.apply(ctx, graph)
         except Exception as e:
-            failure = self._failure(index, p, graph, ctx, first, inplace, f"raised {type(e).__name__}: {e}")
+            failure = self._failure(
+                index, p, graph, ctx, first, inplace, f"raised {type(e).__name__}: {e}", guard=guard
+            )
             self._notify_failed(reversed(self.instruments), p, graph, ctx, failure)
             raise failure from e
         seconds = time.perf_counter() - start
         if not isinstance(changed, bool):
             why = f"returned {changed!r} from apply(); apply() must return True (it changed the graph) or False"
-            failure = self._failure(index, p, graph, ctx, first, inplace, why)
+            failure = self._failure(index, p, graph, ctx, first, inplace, why, guard=guard)
+            self._notify_failed(reversed(self.instruments), p, graph, ctx, failure)
+            raise failure
+        edited = guard.edited() if guard is not None else []
+        if edited:
+            why = (
+                f"wrote into constant tensor(s) {', '.join(edited)} in place; the pipeline's copy shares them "
+                "with the input graph, so bind a new tensor (graph.add_constant) instead of editing one"
+            )
+            failure = self._failure(index, p, graph, ctx, first, inplace, why, guard=guard)
             self._notify_failed(reversed(self.instruments), p, graph, ctx, failure)
             raise failure
         ctx.history.append(PassRecord(p, changed, seconds))
@@ -137,7 +160,15 @@ class PassManager:
             except VerifyError as e:
                 ctx.history.pop()  # the pass did not complete: keep history to passes that did
                 vf = self._failure(
-                    index, p, graph, ctx, first, inplace, f"left a graph that does not verify: {e}", verify_error=e
+                    index,
+                    p,
+                    graph,
+                    ctx,
+                    first,
+                    inplace,
+                    f"left a graph that does not verify: {e}",
+                    verify_error=e,
+                    guard=guard,
                 )
                 self._notify_failed(pending, p, graph, ctx, vf)
                 raise vf from e
@@ -152,14 +183,25 @@ class PassManager:
         inplace: bool,
         what: str,
         verify_error: VerifyError | None = None,
+        guard: ConstantGuard | None = None,
     ) -> PassFailure:
         before = ctx.history[first:]
         ran = ", ".join(f"{r.pass_} ({'changed' if r.changed else 'no change'})" for r in before)
-        where = (
-            "the input graph was modified in place up to the failure"
-            if inplace
-            else "the input graph is untouched (the passes ran on a copy)"
-        )
+        edited = guard.edited() if guard is not None else []
+        if inplace:
+            where = "the input graph was modified in place up to the failure"
+        elif edited:
+            where = (
+                f"the input graph's nodes are untouched (the passes ran on a copy), but its constant tensor(s) "
+                f"{', '.join(edited)} were modified in place"
+            )
+        elif guard is None:
+            where = (
+                "the input graph's nodes are untouched (the passes ran on a copy; "
+                "its constant tensors are checked only with verify_each)"
+            )
+        else:
+            where = "the input graph is untouched (the passes ran on a copy)"
         message = (
             f"pass {str(p)!r} (#{index + 1} of {len(self.pipeline)} in {str(self.pipeline)!r}) {what}\n"
             f"  options: {describe_options(p)}\n"

@@ -158,11 +158,21 @@ def apply_rewrites(graph: Graph, rules: Iterable[RuleLike], max_iterations: int 
             new: Value | None = None
             for m in iter_matches(rule.pattern, node):
                 rs.matched += 1
-                new = rule.rewrite(graph, m)
+                try:
+                    new = rule.rewrite(graph, m)
+                except Exception as e:  # name the rule: the traceback alone points into a user's rewriter
+                    raise RewriteError(
+                        f"rule {rule.name!r} failed rewriting %{node.name} ({node.op.name}) on @{graph.name}: "
+                        f"{type(e).__name__}: {e}"
+                    ) from e
                 if new is not None:
                     break
             if new is None:
                 continue
+            if not isinstance(new, Value):
+                raise RewriteError(
+                    f"rule {rule.name!r} returned {new!r} for %{node.name}; a rewriter returns a Value or None"
+                )
             rs.applied += 1
             log.debug("rule %s rewrote %%%s -> %%%s", rule.name, node.name, new.name)
             if stats.applied > limit:
@@ -174,7 +184,10 @@ def apply_rewrites(graph: Graph, rules: Iterable[RuleLike], max_iterations: int 
             if new is not node:
                 if isinstance(new, Node) and new in dead:
                     raise RewriteError(f"rule {rule.name} returned the erased node %{new.name}")
-                node.replace_all_uses_with(new)
+                try:
+                    node.replace_all_uses_with(new)
+                except IRError as e:
+                    raise RewriteError(f"rule {rule.name!r}: cannot replace %{node.name} with %{new.name}: {e}") from e
             touched = _erase_dead(graph, m.nodes, new, dead, stats)
             if isinstance(new, Node) and new not in queued:
                 queued.add(new)

@@ -62,6 +62,16 @@ def run(args: argparse.Namespace) -> int:
     except (passes.PipelineError, IRError) as e:
         raise UserError(str(e)) from None
     out = print_graph(result.graph)
+    if args.no_verify:
+        # unverified passes may leave a graph whose text is not IR: refuse to print it as if it were
+        try:
+            parse_graph(out, allow_unbound=True, source="<result>")
+        except (IRError, ValueError) as e:
+            first = str(e).splitlines()[0]
+            raise UserError(
+                f"--no-verify: the pipeline's result is not valid IR (it does not parse back: {first}); "
+                "run without --no-verify to see which pass broke it"
+            ) from None
     if args.output:
         Path(args.output).write_text(out)
     else:
