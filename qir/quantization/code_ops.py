@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from backends.common import numerics
+from backends.common.comparisons import COMPARISONS
 from qir.ir.types import DType
 
 __all__ = [
@@ -36,15 +37,6 @@ __all__ = [
     "rounded_code",
 ]
 
-#: comparison op name -> the Python operator QAT evaluates on float32 values
-COMPARISONS: dict[str, Callable[[Any, Any], Any]] = {
-    "eq": operator.eq,
-    "ne": operator.ne,
-    "gt": operator.gt,
-    "ge": operator.ge,
-    "lt": operator.lt,
-    "le": operator.le,
-}
 #: ``c op x`` == ``x flipped[op] c``
 _FLIPPED = {"eq": "eq", "ne": "ne", "gt": "lt", "ge": "le", "lt": "gt", "le": "ge"}
 #: codes are searched over the widest code dtype: a code's dequantized value does not depend

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from backends.common.comparisons import COMPARISONS  # the operators QAT evaluates: one table
 from backends.common.kernels.base import register_kernel
 from backends.common.program import Instruction
-from qir.quantization.code_ops import COMPARISONS  # the operators QAT evaluates: one table
 
 
 @register_kernel("abs")
