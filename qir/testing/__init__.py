@@ -1,6 +1,7 @@
 """Public testing helpers: hypothesis strategies for graphs and property assertions.
 
-``graphs``, ``inputs_for`` (strategies) and ``assert_preserves_semantics``,
+``graphs``, ``inputs_for`` (strategies), ``check_golden`` / ``golden_files`` (golden IR text
+tests of passes, :mod:`qir.testing.golden`) and ``assert_preserves_semantics``,
 ``assert_roundtrip``, ``assert_graphs_equal`` (properties) are documented in
 docs/testing.md. The strategies (which need hypothesis) and the pattern helpers of
 ``qir.testing.patterns`` load on first use, so the property assertions work without
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from qir.testing.golden import GoldenMismatch, check_golden, golden_files
 from qir.testing.properties import (
     assert_graphs_equal,
     assert_outputs_close,
@@ -23,10 +25,13 @@ from qir.testing.properties import (
 
 __all__ = [
     "DEFAULT_OPS",
+    "GoldenMismatch",
     "assert_graphs_equal",
     "assert_outputs_close",
     "assert_preserves_semantics",
     "assert_roundtrip",
+    "check_golden",
+    "golden_files",
     "graphs",
     "inputs_for",
     "random_inputs",
