@@ -37,7 +37,10 @@ def share_matching(pattern: object, **kwargs: object) -> float:
     return sum(hits) / len(hits)
 
 
-@pytest.mark.parametrize("pattern", PATTERNS, ids=str)
+IDS = ["relu-add-conv", "bn-conv", "mul-linear", "cat", "matmul-maxpool", "relu-avgpool"]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS, ids=IDS)
 def test_planted_pattern_is_in_most_graphs(pattern: object) -> None:
     assert share_matching(pattern) >= 0.5
 
