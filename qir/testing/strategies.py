@@ -122,10 +122,60 @@ def _unary(cls: type[Op]) -> Callable[[_Builder, Value], Node]:
     return build
 
 
+def _op(name: str) -> Any:
+    return OP_REGISTRY[name]  # typed loosely: each op class takes its own attributes
+
+
+def _linear(b: _Builder, x: Value) -> Node:
+    assert isinstance(x.type, TensorType)
+    n = x.type.shape[-1]  # square: keeps the type, so any later op fits
+    scope = b.scope()
+    w = b.const(scope, "weight", b.rand(n, n) / n**0.5)
+    return b.graph.add_node(_op("linear")(bias=False), [x, w], x.type, scope=scope)
+
+
+def _mul(b: _Builder, x: Value) -> Node:
+    same = [v for v in b.pool if v is not x and v.type == x.type]
+    other = b.draw(st.sampled_from(same)) if same and b.draw(st.booleans()) else x
+    return b.graph.add_node(_op("mul")(), [x, other], x.type)
+
+
+def _cat(b: _Builder, x: Value) -> Node:
+    # along channels, with another value of the same spatial shape (or itself)
+    assert isinstance(x.type, TensorType)
+    same = [v for v in b.pool if isinstance(v.type, TensorType) and v.type.shape[2:] == x.type.shape[2:]]
+    other = b.draw(st.sampled_from(same)) if same else x
+    assert isinstance(other.type, TensorType)
+    shape = (x.type.shape[0], x.type.shape[1] + other.type.shape[1], *x.type.shape[2:])
+    if shape[0] != other.type.shape[0]:
+        other, shape = x, (x.type.shape[0], 2 * x.type.shape[1], *x.type.shape[2:])
+    return b.graph.add_node(_op("cat")(dim=1), [x, other], TensorType(shape))
+
+
+def _matmul(b: _Builder, x: Value) -> Node:
+    assert isinstance(x.type, TensorType)
+    n = x.type.shape[-1]
+    w = b.const(b.scope(), "weight", b.rand(n, n) / n**0.5)
+    return b.graph.add_node(_op("matmul")(), [x, w], x.type)
+
+
+def _pool(name: str) -> Callable[[_Builder, Value], Node]:
+    def build(b: _Builder, x: Value) -> Node:
+        return b.graph.add_node(_op(name)(kernel_size=3, stride=1, padding=1), [x], x.type)  # keeps the size
+
+    return build
+
+
 _BUILDERS: dict[str, Callable[[_Builder, Value], Node]] = {
     "conv2d": _conv2d,
     "batch_norm": _batch_norm,
     "add": _add,
+    "linear": _linear,
+    "mul": _mul,
+    "cat": _cat,
+    "matmul": _matmul,
+    "max_pool2d": _pool("max_pool2d"),
+    "avg_pool2d": _pool("avg_pool2d"),
 }
 
 

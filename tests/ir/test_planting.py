@@ -11,6 +11,7 @@ from torch import nn
 
 from passes.patterns import P, find_all
 from qir.ir import verify
+from qir.testing import assert_preserves_semantics, graphs
 from qir.testing.planting import NEAR_MISSES, planted_graphs
 
 PATTERNS = [
@@ -56,3 +57,10 @@ def test_near_misses_do_not_match(miss: str) -> None:
 def test_bad_near_miss_is_named() -> None:
     with pytest.raises(ValueError, match="has no position for a 'extra_use' near miss"):
         planted_graphs((torch.cat,), near_miss="extra_use").example()
+
+
+@FAST
+@given(graphs(ops=("linear", "mul", "cat", "matmul", "max_pool2d", "avg_pool2d", "relu"), max_nodes=6))
+def test_graphs_generates_the_new_ops(g: object) -> None:
+    verify(g)  # type: ignore[arg-type]
+    assert_preserves_semantics("dce", g)  # type: ignore[arg-type]
