@@ -45,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
         path = Path(args.file)
         if not path.is_file():
             raise UserError(f"no such IR file: {path}")
-        text, source = path.read_text(), str(path)
+        try:
+            text, source = path.read_text(encoding="utf-8"), str(path)
+        except UnicodeDecodeError as e:
+            raise UserError(f"{path} is not a UTF-8 IR text file (byte {e.start}: {e.reason})") from None
     try:
         # Text files carry no weights: constants are bound to zeros of their declared type.
         graph = parse_graph(text, allow_unbound=True, source=source)

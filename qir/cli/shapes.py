@@ -6,6 +6,9 @@ import torch
 
 from qir.cli.errors import UserError
 
+MAX_INPUT_ELEMENTS = 2**28
+"""Largest example input ``--input-shape`` may ask for: refused before anything is allocated."""
+
 
 def parse_shape(text: str) -> tuple[int, ...]:
     """``"1,3,224,224"`` (or ``1x3x224x224``) -> ``(1, 3, 224, 224)``; UserError naming the option otherwise."""
@@ -18,6 +21,14 @@ def parse_shape(text: str) -> tuple[int, ...]:
         raise UserError(
             f"--input-shape {text!r} is not a shape: give positive integers separated by commas, "
             "e.g. --input-shape 1,3,224,224"
+        )
+    numel = 1
+    for d in dims:
+        numel *= d
+    if numel > MAX_INPUT_ELEMENTS:
+        raise UserError(
+            f"--input-shape {text!r} has {numel:,} elements, more than the limit of "
+            f"{MAX_INPUT_ELEMENTS:,} (1 GiB of float32); give the model's real input shape"
         )
     return dims
 

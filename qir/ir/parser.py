@@ -28,6 +28,13 @@ from qir.ir.op import OP_REGISTRY, IRError, Op, Ref
 from qir.ir.printer import ATTR_CLASSES
 from qir.ir.types import TensorType, Type, parse_type
 
+MAX_CONSTANT_BYTES = 256 * 2**20
+"""Default bound on a constant :func:`parse_graph` zero-fills (``allow_unbound=True``)."""
+
+
+def _all_nonneg(shape: tuple[int, ...]) -> bool:
+    return all(d >= 0 for d in shape)
+
 
 class ParseError(IRError):
     """Malformed text. ``line`` and ``column`` are 1-based; ``reason`` is the bare message."""
@@ -362,6 +369,7 @@ class _Parser:
         self.constants = constants
         self.objects = objects
         self.allow_unbound = allow_unbound
+        self.max_constant_bytes = MAX_CONSTANT_BYTES
         self.values: dict[str, Value] = {}
         self.defined_at: dict[str, int] = {}
 
@@ -587,6 +595,14 @@ class _Parser:
                         ln.text.find("%"),
                     )
             elif self.allow_unbound and isinstance(n.type, TensorType):
+                nbytes = n.type.numel * n.type.dtype.to_torch().itemsize if _all_nonneg(n.type.shape) else 0
+                if nbytes > self.max_constant_bytes:
+                    raise ln.error(
+                        f"constant {key!r} (%{n.name}) is declared {n.type}: {nbytes:,} bytes of zeros "
+                        f"exceeds the limit of {self.max_constant_bytes:,} bytes; pass its tensor in "
+                        "constants= or raise max_constant_bytes=",
+                        ln.text.find("%"),
+                    )
                 try:
                     t = torch.zeros(n.type.shape, dtype=n.type.dtype.to_torch())
                 except RuntimeError as e:  # negative dimensions
@@ -607,15 +623,20 @@ def parse_graph(
     *,
     allow_unbound: bool = False,
     source: str = "<text>",
+    max_constant_bytes: int = MAX_CONSTANT_BYTES,
 ) -> Graph:
     """Parse one graph written by :func:`~qir.ir.printer.print_graph`.
 
     ``constants`` maps each ``constant`` node's key to its tensor (extra keys are ignored);
-    a missing key is an error unless ``allow_unbound`` binds zeros of the declared type.
+    a missing key is an error unless ``allow_unbound`` binds zeros of the declared type;
+    a zero-filled constant larger than ``max_constant_bytes`` (default
+    :data:`MAX_CONSTANT_BYTES`, 256 MiB) is a :class:`ParseError`, not an allocation.
     ``objects`` becomes :attr:`Graph.objects`. ``source`` names the text in errors.
     The result is not verified; call :func:`qir.ir.verify` when it should be.
     """
-    return _Parser(text, constants, objects, allow_unbound, source).parse()
+    parser = _Parser(text, constants, objects, allow_unbound, source)
+    parser.max_constant_bytes = max_constant_bytes
+    return parser.parse()
 
 
 def parse_value(text: str) -> Any:

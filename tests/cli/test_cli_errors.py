@@ -96,3 +96,15 @@ def test_console_entry_point_exit_code() -> None:
     )
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert "missing.py" in p.stderr
+
+
+def test_huge_input_shape_refused_before_allocating(qir: Qir, model: Model) -> None:
+    qir("check", model("tiny"), "--input-shape", "1,3,99999999,99999999").assert_user_error(
+        "--input-shape", "more than the limit"
+    )
+
+
+def test_opt_on_binary_file(qir: Qir, tmp_path: Path) -> None:
+    binary = tmp_path / "model.qir"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x01")
+    qir("opt", str(binary), "-p", "dce").assert_user_error("model.qir", "not a UTF-8 IR text file")
