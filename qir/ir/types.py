@@ -306,6 +306,9 @@ class _TypeParser:
         parts = self.take().split("x")
         dtype = DType.parse(parts[-1])
         shape = tuple(int(p) for p in parts[:-1])
+        if any(d >= MAX_DIM for d in shape):
+            # torch sizes are int64: a larger dimension would escape as TypeError/OverflowError later
+            raise ValueError(f"bad type text {self.text!r}: a dimension must be below 2**62")
         scale: list[float] | None = None
         axis: int | None = None
         while self.peek() == ",":
@@ -326,6 +329,10 @@ class _TypeParser:
         self.take(">")
         quant = QuantSpec(tuple(scale), dtype, axis) if scale is not None else None
         return TensorType(shape, dtype, quant)
+
+
+MAX_DIM = 2**62
+"""Exclusive bound on one dimension in type text (torch sizes are int64)."""
 
 
 def parse_type(text: str) -> Type:

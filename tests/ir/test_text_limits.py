@@ -21,3 +21,9 @@ def test_limit_is_configurable() -> None:
     with pytest.raises(ParseError, match="64 bytes of zeros exceeds the limit of 63 bytes"):
         parse_graph(small, allow_unbound=True, max_constant_bytes=63)
     assert MAX_CONSTANT_BYTES == 256 * 2**20
+
+
+def test_dimension_beyond_int64_is_a_parse_error() -> None:
+    text = "graph @m(%x: tensor<99999999999999999999xf32>) {\n  %y = relu(%x)\n  return %y\n}"
+    with pytest.raises(ParseError, match=r"<text>:1:.*dimension must be below 2\*\*62"):
+        parse_graph(text)
