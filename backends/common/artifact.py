@@ -12,9 +12,14 @@ Byte layout (all integers little-endian)::
     end-32  32    SHA-256 of every byte before it
 
 Loading checks, in order: the file is long enough, the magic, the version (newer than
-:data:`FORMAT_VERSION` is refused), the checksum, the header JSON, each tensor's dtype
-(from a fixed list), shape and byte range. Every failure raises :class:`ArtifactError`
-naming the file and the problem.
+:data:`FORMAT_VERSION` is refused), the checksum, the header as strict JSON
+(:mod:`backends.common.artifact_json`: no duplicate keys, no NaN / Infinity, bounded integer
+literals and nesting), the tensor table (:mod:`backends.common.artifact_header`: known
+dtypes, bounded shapes, byte sizes that match, byte ranges inside the data section and
+disjoint), the program's fields (known march and kernels, names, constants that exist),
+every scale finite and positive, then the wiring (:meth:`Program.validate`). Every failure
+raises :class:`ArtifactError` naming the file, the header field and the rule; nothing is
+allocated from a header value before its range is checked.
 """
 
 from __future__ import annotations
@@ -29,8 +34,17 @@ from typing import Any
 
 import torch
 
+from backends.common.artifact_header import (
+    HeaderError,
+    TensorEntry,
+    check_program_header,
+    check_scales,
+    check_tensor_table,
+)
+from backends.common.artifact_json import JSONLimitError, loads_strict
 from backends.common.kernels.base import kernel_names
 from backends.common.program import CONST_DTYPES, Program, ProgramError
+from passes.legality_registry import available_marches
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "ArtifactError", "read_program", "write_program"]
 
@@ -110,45 +124,37 @@ def read_program(path: str | os.PathLike[str]) -> Program:
     if hashlib.sha256(body).digest() != digest:
         raise ArtifactError(f"{p}: checksum mismatch: the file is corrupted or truncated")
     try:
-        header = json.loads(body[_PREFIX.size : _PREFIX.size + hlen].decode("utf-8"))
-        table = header["tensors"]
-        prog_header = header["program"]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ArtifactError(f"{p}: malformed header: {e}") from None
+        header = loads_strict(body[_PREFIX.size : _PREFIX.size + hlen].decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ArtifactError(f"{p}: header: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except JSONLimitError as e:
+        raise ArtifactError(f"{p}: header: {e}") from None
     start = _PREFIX.size + hlen
     start += _pad(start)
-    constants: dict[str, torch.Tensor] = {}
-    for entry in table:
-        constants[str(entry.get("name"))] = _tensor(p, entry, body, start)
     try:
-        prog = Program.from_header(prog_header, constants)
+        if not isinstance(header, dict):
+            raise HeaderError("(top level)", "must be a JSON object with keys program and tensors")
+        missing = sorted({"program", "tensors"} - set(header))
+        extra = sorted(set(header) - {"program", "tensors"})
+        if missing or extra:
+            raise HeaderError(
+                "(top level)", f"must have exactly the keys program and tensors (missing {missing}, unknown {extra})"
+            )
+        table = check_tensor_table(header["tensors"], max(0, len(body) - start))
+        check_program_header(header["program"], available_marches(), kernel_names(), (t.name for t in table))
+        constants = {t.name: _tensor(t, body, start) for t in table}
+        check_scales(header["program"], constants)
+    except HeaderError as e:
+        raise ArtifactError(f"{p}: header field {e.field}: {e.rule}") from None
+    try:
+        return Program.from_header(header["program"], constants)
     except ProgramError as e:
         raise ArtifactError(f"{p}: invalid program: {e}") from None
-    known = set(kernel_names())
-    for i, inst in enumerate(prog.instructions):
-        if inst.op not in known:
-            raise ArtifactError(f"{p}: instruction {i} ('{inst.source}') calls unknown kernel '{inst.op}'")
-    return prog
 
 
-def _tensor(p: Path, e: Any, body: bytes, start: int) -> torch.Tensor:
-    try:
-        name, dtype = str(e["name"]), CONST_DTYPES[e["dtype"]]
-        shape = [int(d) for d in e["shape"]]
-        off, nbytes = int(e["offset"]), int(e["nbytes"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise ArtifactError(f"{p}: malformed tensor entry {e!r:.120}: {err}") from None
-    numel = 1
-    for d in shape:
-        if d < 0:
-            raise ArtifactError(f"{p}: tensor '{name}' has a negative dimension {shape}")
-        numel *= d
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if nbytes != numel * itemsize or off < 0 or start + off + nbytes > len(body):
-        raise ArtifactError(
-            f"{p}: tensor '{name}' ({e['dtype']}{shape}) does not fit the data section (offset {off}, {nbytes} bytes)"
-        )
-    if numel == 0:
-        return torch.empty(shape, dtype=dtype)
-    raw = bytearray(body[start + off : start + off + nbytes])
-    return torch.frombuffer(raw, dtype=dtype).reshape(shape)
+def _tensor(t: TensorEntry, body: bytes, start: int) -> torch.Tensor:
+    dtype = CONST_DTYPES[t.dtype]
+    if t.nbytes == 0:
+        return torch.empty(t.shape, dtype=dtype)
+    raw = bytearray(body[start + t.offset : start + t.offset + t.nbytes])
+    return torch.frombuffer(raw, dtype=dtype).reshape(t.shape)

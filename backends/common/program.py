@@ -103,13 +103,19 @@ def _attrs_to_json(v: Any) -> Any:
 def _attrs_from_json(v: Any) -> Any:
     if isinstance(v, dict):
         if set(v) == {"$v"}:
-            return ValueRef(str(v["$v"]))
+            if not isinstance(v["$v"], str):
+                raise ProgramError(f"a value reference {{'$v': ...}} must hold a value name, got {v['$v']!r:.60}")
+            return ValueRef(v["$v"])
         if set(v) == {"$slice"}:
+            if not (isinstance(v["$slice"], list) and len(v["$slice"]) == 3):
+                raise ProgramError(f"a slice {{'$slice': ...}} must hold [start, stop, step], got {v['$slice']!r:.60}")
             a, b, c = (_attrs_from_json(x) for x in v["$slice"])
             return slice(a, b, c)
         if set(v) == {"$ellipsis"}:
             return Ellipsis
         if set(v) == {"$tuple"}:
+            if not isinstance(v["$tuple"], list):
+                raise ProgramError(f"a tuple {{'$tuple': ...}} must hold an array, got {v['$tuple']!r:.60}")
             return tuple(_attrs_from_json(x) for x in v["$tuple"])
         return {k: _attrs_from_json(x) for k, x in v.items()}
     if isinstance(v, list):

@@ -1,0 +1,238 @@
+"""Hostile artifacts: every forged header or data section is one ArtifactError naming the file,
+the field and the rule; nothing else escapes the loader and nothing is allocated from a forged size."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from bitexact_models import digits_net, fx_converted
+
+import qir
+from backends.common.artifact import MAGIC, ArtifactError
+from backends.common.artifact_json import MAX_DEPTH, JSONLimitError, loads_strict
+from qir.quantization import compile_model
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], bytes]:
+    """A real compiled model's header (decoded) and data section."""
+    converted = fx_converted(digits_net(width=4), (4, 1, 28, 28), "bayes")
+    path = tmp_path_factory.mktemp("hostile") / "digits.hbm"
+    compile_model(converted, [torch.randn(2, 1, 28, 28)], hbm=path, opt=1)
+    data = path.read_bytes()
+    _, _, hlen = struct.unpack_from("<8sIQ", data, 0)
+    start = 20 + hlen + (-(20 + hlen)) % 64
+    return json.loads(data[20 : 20 + hlen]), data[start:-32]
+
+
+def _assemble(header: bytes, section: bytes) -> bytes:
+    head = struct.pack("<8sIQ", MAGIC, 1, len(header)) + header
+    body = head + b"\x00" * ((-len(head)) % 64) + section
+    return body + hashlib.sha256(body).digest()
+
+
+Forge = Callable[..., Path]
+
+
+@pytest.fixture
+def forge(good: tuple[dict[str, Any], bytes], tmp_path: Path) -> Forge:
+    """``forge(edit)`` writes the good artifact with ``edit(header)`` applied (or ``header_text=``
+    raw JSON, ``section=`` other data bytes), checksum fixed, and returns its path."""
+
+    def make(
+        edit: Callable[[dict[str, Any]], Any] | None = None,
+        header_text: bytes | None = None,
+        section: bytes | None = None,
+    ) -> Path:
+        header = copy.deepcopy(good[0])
+        if edit is not None:
+            edit(header)
+        text = header_text if header_text is not None else json.dumps(header).encode()
+        path = tmp_path / "forged.hbm"
+        path.write_bytes(_assemble(text, good[1] if section is None else section))
+        return path
+
+    return make
+
+
+def _refused(path: Path, *words: str) -> str:
+    with pytest.raises(ArtifactError) as info:
+        qir.load_compiled(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: "), msg
+    for w in words:
+        assert w in msg, (w, msg)
+    return msg
+
+
+def _instr(h: dict[str, Any], op: str) -> dict[str, Any]:
+    return next(d for d in h["program"]["instructions"] if d["op"] == op)
+
+
+def test_the_unforged_artifact_loads(forge: Forge) -> None:
+    run = qir.load_compiled(forge())
+    assert run(torch.zeros(1, 1, 28, 28)).shape == (1, 10)
+
+
+# ----------------------------------------------------------------------------- JSON limits
+
+
+def test_duplicate_key_does_not_silently_win(forge: Forge, good: tuple[dict[str, Any], bytes]) -> None:
+    text = json.dumps(good[0]).replace('"march": "bayes"', '"march": "bayes", "march": "bernoulli2"', 1)
+    assert text.count('"march"') == 2
+    _refused(forge(header_text=text.encode()), "header:", "duplicate key 'march'")
+
+
+def test_huge_integer_literal(forge: Forge, good: tuple[dict[str, Any], bytes]) -> None:
+    text = json.dumps(good[0]).replace('"offset": 0', '"offset": ' + "9" * 5000, 1)
+    _refused(forge(header_text=text.encode()), "header:", "5000 characters", "at most 20 digits")
+
+
+def test_deep_nesting_is_refused_before_decoding(forge: Forge) -> None:
+    text = b'{"program": ' + b"[" * 50_000 + b"]" * 50_000 + b', "tensors": []}'
+    _refused(forge(header_text=text), "nesting depth 50001", f"limit of {MAX_DEPTH}")
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_non_finite_numbers(forge: Forge, good: tuple[dict[str, Any], bytes], literal: str) -> None:
+    scale = _instr(good[0], "quantize")["attrs"]["scale"]
+    text = json.dumps(good[0]).replace(f'"scale": {scale!r}', f'"scale": {literal}', 1)
+    assert literal in text
+    _refused(forge(header_text=text.encode()), "header:", "finite numbers only" if "e" not in literal else "finite")
+
+
+def test_loads_strict_brackets_inside_strings_do_not_count() -> None:
+    assert loads_strict(json.dumps({"a": "[" * 1000})) == {"a": "[" * 1000}
+    with pytest.raises(JSONLimitError, match="not valid JSON"):
+        loads_strict("{")
+
+
+@pytest.mark.parametrize("text", [b"\xff\xfe{}", b"[]", b"{}", b'{"program": {}, "tensors": [], "x": 1}'])
+def test_header_not_an_artifact_object(forge: Forge, text: bytes) -> None:
+    _refused(forge(header_text=text), "header")
+
+
+# ----------------------------------------------------------------------------- tensor table
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    """An edit that sets ``header[path]`` (dotted, with integer list indices)."""
+
+    def edit(h: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node: Any = h
+        for k in parents:
+            node = node[int(k)] if isinstance(node, list) else node[k]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "words"),
+    [
+        ("tensors", {"a": 1}, ("field tensors:", "must be an array")),
+        ("tensors.0", [1, 2], ("field tensors[0]:", "must be an object")),
+        ("tensors.0.shape", [0, 2**40], ("tensors[0].shape[1]", "outside [0, 2147483647]")),
+        ("tensors.0.shape", [-1, 4], ("tensors[0].shape[0]", "outside")),
+        ("tensors.0.shape", [True, 4], ("tensors[0].shape[0]", "must be an integer, got a boolean")),
+        ("tensors.0.shape", [1] * 40, ("tensors[0].shape", "rank 40")),
+        ("tensors.0.shape", "4,1,3,3", ("tensors[0].shape", "must be an array")),
+        ("tensors.0.dtype", "object", ("tensors[0].dtype", "'object' is not one of")),
+        ("tensors.0.nbytes", 35, ("tensors[0].nbytes", "35 bytes do not hold int8[4, 1, 3, 3]")),
+        ("tensors.0.offset", 2**62, ("tensors[0].offset", "does not fit the data section")),
+        ("tensors.0.offset", 1.5, ("tensors[0].offset", "must be an integer")),
+        ("tensors.0.offset", 2**64, ("tensors[0].offset", "outside")),
+        ("tensors.0.name", "", ("tensors[0].name", "1 to 1024 characters")),
+        ("tensors.0.name", None, ("tensors[0].name", "must be a string, got null")),
+        ("tensors.0.extra", 1, ("tensors[0]", "unknown key(s) 'extra'")),
+    ],
+)
+def test_tensor_table_fields(forge: Forge, path: str, value: Any, words: tuple[str, ...]) -> None:
+    _refused(forge(_set(path, value)), "header field", *words)
+
+
+def test_missing_tensor_key(forge: Forge) -> None:
+    _refused(forge(lambda h: h["tensors"][1].pop("nbytes")), "tensors[1]", "missing key(s) nbytes")
+
+
+def test_duplicate_tensor_names(forge: Forge) -> None:
+    def edit(h: dict[str, Any]) -> None:
+        h["tensors"][1]["name"] = h["tensors"][0]["name"]
+
+    _refused(forge(edit), "tensors[1].name", "appears twice")
+
+
+def test_overlapping_byte_ranges(forge: Forge) -> None:
+    def edit(h: dict[str, Any]) -> None:
+        h["tensors"][1]["offset"] = h["tensors"][0]["offset"]  # both start at byte 0
+
+    msg = _refused(forge(edit), "overlap", "its own byte range")
+    assert "tensors[0]" in msg and "tensors[1]" in msg
+
+
+def test_empty_tensors_may_share_an_offset(forge: Forge) -> None:
+    def edit(h: dict[str, Any]) -> None:
+        h["tensors"].append({"name": "empty#a", "dtype": "int8", "shape": [0, 2**31 - 1], "offset": 0, "nbytes": 0})
+
+    prog = qir.load_compiled(forge(edit)).program
+    assert prog.constants["empty#a"].shape == (0, 2**31 - 1)
+
+
+def test_truncated_data_section(forge: Forge, good: tuple[dict[str, Any], bytes]) -> None:
+    _refused(forge(section=good[1][:100]), "does not fit the data section")
+
+
+# ----------------------------------------------------------------------------- program fields, scales, march
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "words"),
+    [
+        ("program.march", "bayes2", ("program.march", "'bayes2' is not a known march", "bernoulli2")),
+        ("program.march", 7, ("program.march", "7 is not a known march")),
+        ("program.inputs", "x", ("program.inputs", "must be an array")),
+        ("program.inputs", ["a", "a"], ("program.inputs", "appears twice")),
+        ("program.outputs", 5, ("program.outputs", "value name")),
+        ("program.instructions", {}, ("program.instructions", "must be an array")),
+        ("program.instructions.0", "quantize", ("program.instructions[0]", "must be an object")),
+        ("program.instructions.0.op", "os.system", ("instructions[0].op", "not a kernel")),
+        ("program.instructions.0.inputs", [3], ("instructions[0].inputs[0]", "must be a string")),
+        ("program.instructions.0.attrs", [], ("instructions[0].attrs", "must be an object")),
+        ("program.instructions.1.consts.weight", "nope", ("instructions[1].consts.weight", "'nope'")),
+        ("program.instructions.0.attrs.scale", -0.5, ("instructions[0].attrs.scale", "finite positive")),
+        ("program.instructions.0.attrs.scale", 0, ("instructions[0].attrs.scale", "finite positive")),
+        ("program.instructions.0.attrs.scale", "0.1", ("instructions[0].attrs.scale", "must be a number")),
+        ("program.meta", [], ("program.meta", "must be an object")),
+    ],
+)
+def test_program_fields(forge: Forge, path: str, value: Any, words: tuple[str, ...]) -> None:
+    _refused(forge(_set(path, value)), "header field", *words)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 0.0])
+def test_dequantize_scale_constant(forge: Forge, good: tuple[dict[str, Any], bytes], bad: float) -> None:
+    header = good[0]
+    name = _instr(header, "dequantize")["consts"]["scale"]
+    entry = next(t for t in header["tensors"] if t["name"] == name)
+    section = bytearray(good[1])
+    section[entry["offset"] : entry["offset"] + 4] = struct.pack("<f", bad)
+    _refused(forge(section=bytes(section)), "consts.scale", "finite and positive")
+
+
+def test_malformed_value_reference(forge: Forge) -> None:
+    def edit(h: dict[str, Any]) -> None:
+        _instr(h, "shape_fn")["attrs"]["args"] = [{"$slice": [1]}]
+
+    _refused(forge(edit), "invalid program", "[start, stop, step]")
