@@ -148,6 +148,25 @@ def _refuse_hybrid(root: nn.Module) -> None:
         )
 
 
+def _refuse_wrapped(graph: torch.fx.Graph) -> None:
+    """``fx_helper.wrap``-ed calls are user Python run on the CPU: a program holds integer kernels only."""
+    from qir.utils.fx_helper import wrapped_original
+
+    names = [
+        getattr(n.target, "__qualname__", n.name)
+        for n in graph.nodes
+        if n.op == "call_function" and wrapped_original(n.target) is not None
+    ]
+    if names:
+        raise CompileError(
+            f"cannot compile the wrapped function(s) {', '.join(dict.fromkeys(names))}: code decorated with "
+            "fx_helper.wrap is Python that runs on the CPU in float (on dequantized inputs), and a compiled program "
+            "holds integer kernels only. Compile the BPU part: a model whose forward returns what the wrapped "
+            "function receives (e.g. the head outputs, the seed's `post_process is None` branch), and run the "
+            "wrapped post-processing on the program's outputs (docs/hybrid.md, 'Wrapped functions')"
+        )
+
+
 def compile_model(
     module: nn.Module,
     example_inputs: Any,
@@ -181,6 +200,7 @@ def compile_model(
         raise ValueError(f"input_source has {len(sources)} entries for {len(inputs)} input(s)")
     root, graph = _resolve(module)
     _refuse_hybrid(root)
+    _refuse_wrapped(graph)
     march_name = _march_of(root, march)
     if check:
         _check(root, inputs, march_name)

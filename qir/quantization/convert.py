@@ -45,6 +45,7 @@ from qir.quantization.scale_ops import (
     pair_item,
 )
 from qir.quantization.stubs import DeQuantStub as FloatDeQuantStub
+from qir.utils.fx_helper import wrapped_original
 
 __all__ = [
     "ConvertError",
@@ -108,6 +109,9 @@ class ScalePlan:
     exact_dequants: dict[str, list[str]] = field(default_factory=dict)
     #: calls of modules with several quantized outputs (LSTMCell's (h', c')): each output's scale and dtype
     multi_outputs: dict[str, list[tuple[Scale, DType | None]]] = field(default_factory=dict)
+    #: calls of ``fx_helper.wrap``-ed functions / methods that receive quantized tensors: they get
+    #: float (dequantized) arguments and run on the CPU (:func:`_dequantize_wrapped_inputs`)
+    wrapped_calls: list[str] = field(default_factory=list)
 
     def inputs_of(self, path: str) -> list[torch.Tensor]:
         sites = self.module_inputs.get(path, [])
@@ -271,6 +275,11 @@ def input_scales(
         if (n.op == "call_method" and target in _QUERY_METHODS) or target is getattr:
             env[n.name] = None
             continue
+        if n.op == "call_function" and wrapped_original(target) is not None:
+            _check_wrapped_args(n, plan)
+            plan.wrapped_calls.append(n.name)
+            env[n.name] = None  # runs in float on the CPU: its results are float
+            continue
         op = code_op(n)
         if op is not None:
             try:
@@ -300,6 +309,21 @@ def input_scales(
             "again with a qconfig that covers it, or put a DeQuantStub before it"
         )
     return plan
+
+
+def _check_wrapped_args(n: torch.fx.Node, plan: ScalePlan) -> None:
+    """A wrapped call's quantized arguments must be single tensors (they are dequantized one by one)."""
+    for a in _nodes_in((n.args, n.kwargs)):
+        if a.name in plan.pairs or a.name in plan.multi_outputs:
+            raise ConvertError(
+                f"wrapped function {_wrapped_name(n)} at node '{n.name}' receives the whole (values, indices) result "
+                f"of node '{a.name}'; pass its parts (r[0], r[1]) so each can be dequantized on its own"
+            )
+
+
+def _wrapped_name(n: torch.fx.Node) -> str:
+    fn = n.target
+    return getattr(fn, "__qualname__", getattr(fn, "__name__", str(fn)))
 
 
 def _is_quant_stub(m: nn.Module) -> bool:
@@ -403,6 +427,7 @@ def _convert_modules(
     except CodeOpError as e:
         raise ConvertError(str(e)) from e
     _bypass_exact_dequants(gm, plan, eager)
+    _dequantize_wrapped_inputs(gm, plan, eager)
     for path in plan.float_dequants - plan.module_inputs.keys():
         set_submodule(root, path, FloatDeQuantStub())  # float in, float out: the float stub (identity)
         if root is not gm:
@@ -433,6 +458,54 @@ def _bypass_exact_dequants(gm: torch.fx.GraphModule, plan: ScalePlan, eager: boo
             n = nodes[name]
             n.replace_all_uses_with(n.args[0])  # type: ignore[arg-type]
             gm.graph.erase_node(n)
+    gm.recompile()
+
+
+#: generated DeQuantStubs in front of wrapped functions are named ``<prefix><n>``
+WRAP_DEQUANT_PREFIX = "_generated_wrap_dequant_"
+
+
+def _dequantize_wrapped_inputs(gm: torch.fx.GraphModule, plan: ScalePlan, eager: bool) -> None:
+    """Each quantized argument of a wrapped call goes through a generated DeQuantStub first.
+
+    A wrapped function is user Python qir does not look into (post-processing: anchor decoding,
+    score thresholds, top-k); it computed on the QAT model's fake-quantized float tensors and now
+    receives the same values, ``codes * scale``, in float32, and runs on the CPU. The stubs are
+    ordinary DeQuantStubs, so ``check_model`` / ``compile_model`` see a BPU segment ending there.
+    One stub per quantized value, shared by every wrapped call that reads it.
+    """
+    if not plan.wrapped_calls:
+        return
+    nodes = {n.name: n for n in gm.graph.nodes}
+    if eager:
+        n = nodes[plan.wrapped_calls[0]]
+        raise ConvertError(
+            f"wrapped function {_wrapped_name(n)} receives quantized tensors; an eager model's forward cannot be "
+            "rewritten to dequantize them: call a DeQuantStub on its arguments in the forward"
+        )
+    from qir.nn.qat import DeQuantStub as QATDeQuantStub
+
+    used = {name for name, _ in gm.named_modules()}
+    made: dict[str, torch.fx.Node] = {}
+    counter = 0
+    for name in plan.wrapped_calls:
+        n = nodes[name]
+        for a in _nodes_in((n.args, n.kwargs)):
+            if plan.node_scales.get(a.name) is None or a.name in made:
+                continue
+            while f"{WRAP_DEQUANT_PREFIX}{counter}" in used:
+                counter += 1
+            path = f"{WRAP_DEQUANT_PREFIX}{counter}"
+            used.add(path)
+            gm.add_submodule(path, QATDeQuantStub())
+            with gm.graph.inserting_after(a):
+                dq = gm.graph.call_module(path, (a,))
+            made[a.name] = dq
+            plan.module_inputs[path] = [[plan.node_scales[a.name]]]  # type: ignore[list-item]
+            plan.node_scales[dq.name] = None
+        n.args = torch.fx.node.map_arg(n.args, lambda x: made.get(x.name, x))
+        n.kwargs = torch.fx.node.map_arg(n.kwargs, lambda x: made.get(x.name, x))
+    gm.graph.lint()
     gm.recompile()
 
 
