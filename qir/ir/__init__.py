@@ -1,6 +1,7 @@
 """The typed quantization IR: types, ops, graphs, verifier, interpreter, text form."""
 
 from qir.ir import ops  # noqa: F401  (registers built-in ops)
+from qir.ir.call_targets import register_call_method, register_call_target
 from qir.ir.graph import Argument, Graph, Node, Value
 from qir.ir.interpreter import Interpreter, run_graph
 from qir.ir.op import (
@@ -55,6 +56,8 @@ __all__ = [
     "Value",
     "VerifyError",
     "get_op_class",
+    "register_call_method",
+    "register_call_target",
     "register_op",
     "run_graph",
     "type_of",

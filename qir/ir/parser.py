@@ -23,6 +23,7 @@ import attrs
 import torch
 
 import qir.ir.ops  # noqa: F401  (registers the built-in ops the text names)
+from qir.ir.call_targets import attribute_allowed, lookup_call_target, method_allowed, refusal
 from qir.ir.graph import Graph, Value
 from qir.ir.op import OP_REGISTRY, IRError, Op, Ref
 from qir.ir.printer import ATTR_CLASSES
@@ -298,7 +299,8 @@ class _Walker:
 
     def attribute(self, node: ast.AST, owner: str, attr: str) -> Any:
         if owner == "torch":
-            v = getattr(torch, attr, None)
+            # the module dict, not getattr: torch's module __getattr__ imports submodules by name
+            v = vars(torch).get(attr)
             if isinstance(v, _TORCH_ATTR_TYPES):
                 return v
             raise self.error(node, f"torch.{attr} is not a torch dtype, memory format or layout")
@@ -563,10 +565,32 @@ class _Parser:
         missing = [n for n, f in fields.items() if f.default is attrs.NOTHING and n not in kwargs]
         if missing:
             raise ln.error(f"op {cls.name!r} needs attribute(s) {', '.join(missing)}", op_col)
+        self.check_names(cls, tree, walker, kwargs)
         try:
             return cls(**kwargs)
         except Exception as e:
             raise ln.error(f"invalid attributes for op {cls.name!r}: {type(e).__name__}: {e}", op_col) from None
+
+    def check_names(self, cls: type[Op], tree: ast.Call, walker: _Walker, kwargs: dict[str, Any]) -> None:
+        """Refuse call targets and attribute names outside the allowlist (qir.ir.call_targets)."""
+        where = {kw.arg: kw.value for kw in tree.keywords}
+        if cls.name == "call" and isinstance(kwargs.get("target"), str):
+            target, kind = kwargs["target"], kwargs.get("kind")
+            if kind == "function" and lookup_call_target(target, self.objects) is None:
+                raise walker.error(where["target"], refusal(target))
+            if kind == "method" and not method_allowed(target):
+                raise walker.error(
+                    where["target"],
+                    f"method {target!r} is not allowed: IR text may call public torch.Tensor methods that "
+                    "only compute (not numpy, untyped_storage, register_hook, apply_, ...); for a method of "
+                    f"another type you trust, call qir.ir.register_call_method({target!r}) first",
+                )
+        if cls.name == "getattr" and isinstance(kwargs.get("attr"), str) and not attribute_allowed(kwargs["attr"]):
+            raise walker.error(
+                where["attr"],
+                f"attribute {kwargs['attr']!r} cannot be read from IR text: only public attributes "
+                "(no leading '_') that do not reach tensor storage",
+            )
 
     # -- output and constants --------------------------------------------------
     def output(self, graph: Graph, ln: _Line) -> None:

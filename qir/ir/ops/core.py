@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
-import operator
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import attrs
 import torch
 
+from qir.ir.call_targets import resolve_call_target
 from qir.ir.op import IRError, Op, Opaque, Pure, Trait, Transparent, register_op, resolve
 from qir.ir.types import DType, ObjectType, SequenceType, TensorType, Type, type_of
 
@@ -59,23 +58,9 @@ class Constant(Op):
 
 
 def resolve_target(target: str, objects: dict[str, Any]) -> Any:
-    """Find the callable an opaque ``call`` names: the graph's objects first, then import."""
-    if target in objects:
-        return objects[target]
-    mod_name, _, attr = target.rpartition(".")
-    while mod_name:
-        try:
-            obj: Any = importlib.import_module(mod_name)
-        except ImportError:
-            mod_name, _, head = mod_name.rpartition(".")
-            attr = f"{head}.{attr}"
-            continue
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-        return obj
-    if hasattr(operator, target):
-        return getattr(operator, target)
-    raise IRError(f"cannot resolve call target {target!r}: not in the graph's objects and not importable")
+    """Find the callable an opaque ``call`` names: the graph's objects first, then the
+    allowlist of :mod:`qir.ir.call_targets` (nothing is imported by name)."""
+    return resolve_call_target(target, objects)
 
 
 @register_op
@@ -83,8 +68,8 @@ def resolve_target(target: str, objects: dict[str, Any]) -> Any:
 class Call(Op):
     """An opaque call the front end does not map to a registered op.
 
-    ``kind`` is ``function`` (``target`` is an importable path or a key of
-    ``Graph.objects``), ``method`` (``target`` is a method name called on operand 0)
+    ``kind`` is ``function`` (``target`` is a key of ``Graph.objects`` or a name on the
+    allowlist of :mod:`qir.ir.call_targets`), ``method`` (``target`` is a method name called on operand 0)
     or ``module`` (``target`` is the qualified name of a submodule kept in
     ``Graph.objects``). ``args`` / ``kwargs`` are templates whose :class:`Ref` leaves
     point at operands. Never fused or optimised; kept so nothing is silently dropped.
