@@ -12,7 +12,20 @@ __all__ = ["March", "get_march", "set_march"]
 # (`horizon.quantization.prepare_qat`, `horizon.nn.Exp`, `horizon.functional.rgb2centered_yuv`,
 # `horizon.march.set_march`): import them on first use to keep `import qir` light.
 _SUBMODULES = frozenset(
-    {"quantization", "qconfig", "nn", "functional", "utils", "march", "frontend", "ir", "testing", "examples"}
+    {
+        "quantization",
+        "qconfig",
+        "nn",
+        "functional",
+        "utils",
+        "march",
+        "frontend",
+        "ir",
+        "testing",
+        "examples",
+        "dtype",
+        "qtensor",
+    }
 )
 
 

@@ -1,4 +1,9 @@
-"""The public quantization API: observers, fake quant, qconfigs and stubs (seed-compatible names)."""
+"""The public quantization API: observers, fake quant, qconfigs and stubs (seed-compatible names).
+
+``qir.quantization.fake_quantize`` is the module (``fake_quantize.FakeQuantize``,
+``fake_quantize.default_8bit_fake_quant``, as in the plugin); calling it calls the function
+:func:`qir.quantization.fake_quantize.fake_quantize`.
+"""
 
 from qir.quantization.fake_quantize import (
     CalibFakeQuantize,
@@ -8,7 +13,6 @@ from qir.quantization.fake_quantize import (
     disable_observer,
     enable_fake_quant,
     enable_observer,
-    fake_quantize,
     set_fake_quantize,
 )
 from qir.quantization.observer import (

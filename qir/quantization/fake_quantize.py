@@ -9,6 +9,8 @@ float32 input. The scale lives in a tensor buffer and is never read on the host.
 from __future__ import annotations
 
 import enum
+import sys
+import types
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
@@ -25,6 +27,7 @@ from backends.common.numerics import (
 from qir.quantization.observer import (
     FixedScaleObserver,
     ModuleFactory,
+    MovingAveragePerChannelMinMaxObserver,
     MovingAveragePerTensorMinMaxObserver,
     ObserverBase,
     check_init_kwargs,
@@ -35,6 +38,9 @@ __all__ = [
     "CalibFakeQuantize",
     "FakeQuantState",
     "FakeQuantize",
+    "default_16bit_fake_quant",
+    "default_8bit_fake_quant",
+    "default_weight_8bit_fake_quant",
     "disable_fake_quant",
     "disable_observer",
     "enable_fake_quant",
@@ -340,3 +346,34 @@ def set_fake_quantize(model: _N, state: FakeQuantState | str) -> _N:
     for fq in _fake_quants(model):
         fq.set_state(st)
     return model
+
+
+# -- the plugin's named fake-quant factories (``fake_quantize.default_8bit_fake_quant``) ------
+
+#: Activations, qint8: per-tensor moving average (constant 0.01), as in the default QAT qconfig.
+default_8bit_fake_quant = FakeQuantize.with_args(observer=MovingAveragePerTensorMinMaxObserver, dtype="qint8")
+#: Activations, qint16.
+default_16bit_fake_quant = FakeQuantize.with_args(observer=MovingAveragePerTensorMinMaxObserver, dtype="qint16")
+#: Weights, qint8: per output channel (axis 0), the current values only.
+default_weight_8bit_fake_quant = FakeQuantize.with_args(
+    observer=MovingAveragePerChannelMinMaxObserver, dtype="qint8", ch_axis=0, averaging_constant=1.0
+)
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as :func:`fake_quantize`.
+
+    Users reach into the module (``qir.quantization.fake_quantize.FakeQuantize``,
+    ``fake_quantize.default_8bit_fake_quant``) as they do in the plugin, so the package
+    attribute ``qir.quantization.fake_quantize`` must be the module, not the function of the
+    same name; calling the module calls the function, so ``qir.quantization.fake_quantize(x,
+    scale)`` keeps working too.
+    """
+
+    def __call__(
+        self, x: torch.Tensor, scale: torch.Tensor, dtype: DTypeLike = "qint8", axis: int | None = None
+    ) -> torch.Tensor:
+        return fake_quantize(x, scale, dtype, axis)
+
+
+sys.modules[__name__].__class__ = _CallableModule

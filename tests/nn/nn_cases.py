@@ -61,7 +61,7 @@ OTHER_CASES = [
     Case("AvgPool2d-ceil", lambda: nn.AvgPool2d(3, 2, 1, ceil_mode=True), IMG, (0.02,)),
     Case("AvgPool2d-divisor", lambda: nn.AvgPool2d(3, 1, 1, divisor_override=5), IMG, (0.02,)),
     Case("AdaptiveAvgPool2d", lambda: nn.AdaptiveAvgPool2d((3, 2)), ((2, 3, 7, 5),), (0.02,)),
-    Case("Interpolate-nearest", lambda: qnn.Interpolate(scale_factor=2), IMG, (0.02,), exact=True),
+    Case("Interpolate-nearest", lambda: qnn.Interpolate(scale_factor=2, mode="nearest"), IMG, (0.02,), exact=True),
     Case("Interpolate-bilinear", lambda: qnn.Interpolate(scale_factor=2, mode="bilinear"), IMG, (0.02,)),
     Case("Interpolate-bilinear-size", lambda: qnn.Interpolate(size=(5, 11), mode="bilinear"), IMG, (0.02,)),
     Case("Interpolate-align", lambda: qnn.Interpolate(size=(13, 6), mode="bilinear", align_corners=True), IMG, (0.02,)),

@@ -167,7 +167,7 @@ def test_fused_module_takes_its_conv_childs_qconfig() -> None:
 
 
 def test_scale_preserving_flags() -> None:
-    assert qat.Interpolate.from_float(qnn.Interpolate(scale_factor=2)).is_scale_preserving
+    assert qat.Interpolate.from_float(qnn.Interpolate(scale_factor=2, mode="nearest")).is_scale_preserving
     assert not qat.Interpolate.from_float(qnn.Interpolate(scale_factor=2, mode="bilinear"), QC8).is_scale_preserving
     assert qat.ReLU.from_float(nn.ReLU()).is_scale_preserving
     assert not qat.AvgPool2d.from_float(nn.AvgPool2d(2), QC8).is_scale_preserving

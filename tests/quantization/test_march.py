@@ -82,3 +82,25 @@ def test_march_scope_is_per_thread() -> None:
         assert get_march() is March.BERNOULLI2
     t.join()
     assert seen == [March.BAYES]
+
+
+def test_bayes_e_is_an_alias_of_bayes() -> None:
+    assert March.BAYES_E is March.BAYES
+    assert March.parse("bayes-e") is March.BAYES and March.parse("BAYES_E") is March.BAYES
+    assert list(March) == [March.BERNOULLI2, March.BAYES]  # the alias is not a third march
+    set_march(March.BAYES_E)
+    try:
+        assert get_march() is March.BAYES
+    finally:
+        set_march(None)
+
+
+@pytest.mark.parametrize("name", ["NASH", "NASH_E", "NASH_M", "NASH_P", "BERNOULLI", "META"])
+def test_the_plugins_other_marches_are_refused_by_name(name: str) -> None:
+    with pytest.raises(AttributeError, match=rf"March\.{name} is not supported by qir.*bernoulli2, bayes"):
+        getattr(March, name)
+    assert not hasattr(March, name)
+    with pytest.raises(ValueError, match=rf"March\.{name} is not supported by qir"):
+        set_march(name.lower().replace("_", "-"))
+    with pytest.raises(AttributeError, match="has no attribute 'NASH_X'"):
+        March.NASH_X  # noqa: B018  (a name the plugin never had: the ordinary error)

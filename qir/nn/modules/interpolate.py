@@ -14,13 +14,18 @@ _MODES = ("nearest", "bilinear")
 
 
 class Interpolate(nn.Module):
-    """Resize a 4-D (N, C, H, W) tensor: ``mode`` "nearest" or "bilinear" (the BPU's two modes)."""
+    """Resize a 4-D (N, C, H, W) tensor: ``mode`` "bilinear" (the default) or "nearest".
+
+    The defaults are the plugin's (``horizon.nn.Interpolate()`` is bilinear with
+    ``align_corners=None``), not ``F.interpolate``'s nearest: code written for the plugin
+    that relies on the default keeps resizing bilinearly (docs/migration.md).
+    """
 
     def __init__(
         self,
         size: int | Sequence[int] | None = None,
         scale_factor: float | Sequence[float] | None = None,
-        mode: str = "nearest",
+        mode: str = "bilinear",
         align_corners: bool | None = None,
         recompute_scale_factor: bool | None = None,
     ) -> None:
