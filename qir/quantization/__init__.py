@@ -5,6 +5,7 @@
 :func:`qir.quantization.fake_quantize.fake_quantize`.
 """
 
+from qir.quantization.default_qconfig import get_default_qconfig
 from qir.quantization.fake_quantize import (
     CalibFakeQuantize,
     FakeQuantize,
@@ -17,6 +18,7 @@ from qir.quantization.fake_quantize import (
 )
 from qir.quantization.observer import (
     FixedScaleObserver,
+    HistogramObserver,
     MinMaxObserver,
     ModuleFactory,
     MovingAveragePerChannelMinMaxObserver,
@@ -24,6 +26,7 @@ from qir.quantization.observer import (
     ObserverBase,
     PercentileObserver,
 )
+from qir.quantization.observer_search import KLObserver, MixObserver, MSEObserver
 from qir.quantization.qconfig import (
     QConfig,
     default_calib_8bit_fake_quant_qconfig,
@@ -44,7 +47,11 @@ __all__ = [
     "FakeQuantState",
     "FakeQuantize",
     "FixedScaleObserver",
+    "HistogramObserver",
+    "KLObserver",
+    "MSEObserver",
     "MinMaxObserver",
+    "MixObserver",
     "ModuleFactory",
     "MovingAveragePerChannelMinMaxObserver",
     "MovingAveragePerTensorMinMaxObserver",
@@ -65,6 +72,7 @@ __all__ = [
     "get_default_calib_qconfig",
     "get_default_qat_out_qconfig",
     "get_default_qat_qconfig",
+    "get_default_qconfig",
     "qconfig_kind",
     "set_fake_quantize",
 ]

@@ -28,6 +28,7 @@ from qir.ir.types import DType
 
 __all__ = [
     "FixedScaleObserver",
+    "HistogramObserver",
     "MinMaxObserver",
     "ModuleFactory",
     "MovingAveragePerChannelMinMaxObserver",
@@ -359,14 +360,15 @@ class MinMaxObserver(ObserverBase):
         self.max_val.copy_(torch.maximum(self.max_val, hi))
 
 
-class PercentileObserver(ObserverBase):
-    """Calibration observer: amax is the ``percentile`` of ``|x|`` over every batch seen.
+class HistogramObserver(ObserverBase):
+    """Base of the calibration observers that pick amax from a histogram of ``|x|``.
 
     Keeps a ``bins``-bin histogram of ``|x|`` over ``[0, hist_range]``. When a batch
     exceeds the range, the range doubles (adjacent bins merge, exact) as often as needed,
-    so no sample is ever re-binned approximately. The percentile's bin upper edge, capped
-    at the true running amax, gives amax. Per tensor only (``ch_axis`` is ignored).
-    One host read per batch (the histogram range) — fine for calibration, not meant for QAT.
+    so no sample is ever re-binned approximately. A subclass says how the histogram gives
+    amax (:meth:`_amax_from_histogram`); the result is capped at the true running amax.
+    Per tensor only (``ch_axis`` is ignored). One host read per batch (the histogram
+    range): fine for calibration, not meant for QAT.
     """
 
     histogram: torch.Tensor
@@ -374,7 +376,6 @@ class PercentileObserver(ObserverBase):
 
     def __init__(
         self,
-        percentile: float = 99.99,
         bins: int = 2048,
         dtype: DTypeLike = "qint8",
         ch_axis: int | None = None,
@@ -383,11 +384,8 @@ class PercentileObserver(ObserverBase):
     ) -> None:
         del ch_axis
         super().__init__(dtype=dtype, ch_axis=None, eps=eps, sync_ranks=sync_ranks)
-        if not 0.0 < percentile <= 100.0:
-            raise ValueError(f"percentile must be in (0, 100], got {percentile}")
         if bins < 2 or bins % 2:
             raise ValueError(f"bins must be an even number >= 2 (the range grows by merging pairs), got {bins}")
-        self.percentile = float(percentile)
         self.bins = int(bins)
         self.register_buffer("histogram", torch.zeros(self.bins, dtype=torch.float64))
         self.register_buffer("hist_range", torch.zeros(1))
@@ -417,20 +415,59 @@ class PercentileObserver(ObserverBase):
         self._update_scale()
         return x
 
+    def bin_centers(self) -> torch.Tensor:
+        """Float64 centres of the histogram's bins."""
+        width = float(self.hist_range) / self.bins
+        return (torch.arange(self.bins, dtype=torch.float64, device=self.histogram.device) + 0.5) * width
+
+    def _amax_from_histogram(self) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must say how its histogram gives amax")
+
     def _update_scale(self) -> None:
-        total = self.histogram.sum()
-        if float(total) == 0.0:
+        if float(self.histogram.sum()) == 0.0:
             return
-        cdf = torch.cumsum(self.histogram, 0)
-        target = total * (self.percentile / 100.0)
-        idx = torch.searchsorted(cdf, target.reshape(1)).clamp(max=self.bins - 1)
-        edge = (idx.to(torch.float32) + 1.0) * (self.hist_range / self.bins)
         true_amax = torch.maximum(-self.min_val, self.max_val)
-        amax = torch.minimum(edge, true_amax)
+        amax = torch.minimum(self._amax_from_histogram().to(torch.float32).reshape(1), true_amax)
         self.scale.copy_((amax / scale_denominator(self.dtype)).clamp_min(self.eps))
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, percentile={self.percentile}, bins={self.bins}"
+        return f"{super().extra_repr()}, bins={self.bins}"
+
+
+def percentile_amax(histogram: torch.Tensor, hist_range: torch.Tensor, percentile: float) -> torch.Tensor:
+    """Upper edge of the first bin whose cumulative count reaches ``percentile``% of the total."""
+    cdf = torch.cumsum(histogram, 0)
+    target = cdf[-1] * (percentile / 100.0)
+    idx = torch.searchsorted(cdf, target.reshape(1)).clamp(max=histogram.numel() - 1)
+    return (idx.to(torch.float32) + 1.0) * (hist_range / histogram.numel())
+
+
+class PercentileObserver(HistogramObserver):
+    """Calibration observer: amax is the ``percentile`` of ``|x|`` over every batch seen.
+
+    The percentile's bin upper edge in the :class:`HistogramObserver` histogram, capped at
+    the true running amax, gives amax.
+    """
+
+    def __init__(
+        self,
+        percentile: float = 99.99,
+        bins: int = 2048,
+        dtype: DTypeLike = "qint8",
+        ch_axis: int | None = None,
+        eps: float = MIN_SCALE,
+        sync_ranks: bool = True,
+    ) -> None:
+        if not 0.0 < percentile <= 100.0:
+            raise ValueError(f"percentile must be in (0, 100], got {percentile}")
+        super().__init__(bins=bins, dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks)
+        self.percentile = float(percentile)
+
+    def _amax_from_histogram(self) -> torch.Tensor:
+        return percentile_amax(self.histogram, self.hist_range, self.percentile)
+
+    def extra_repr(self) -> str:
+        return f"dtype={self.dtype.name}, percentile={self.percentile}, bins={self.bins}"
 
 
 class FixedScaleObserver(ObserverBase):

@@ -17,9 +17,12 @@ import torch.multiprocessing as mp
 
 from qir.quantization import (
     FakeQuantize,
+    KLObserver,
     MinMaxObserver,
+    MixObserver,
     MovingAveragePerChannelMinMaxObserver,
     MovingAveragePerTensorMinMaxObserver,
+    MSEObserver,
     ObserverBase,
     PercentileObserver,
 )
@@ -41,6 +44,9 @@ def _observers() -> dict[str, FakeQuantize | ObserverBase]:
         "per_channel": FakeQuantize(observer=MovingAveragePerChannelMinMaxObserver, ch_axis=1),
         "minmax": MinMaxObserver(dtype="qint16"),
         "percentile": PercentileObserver(percentile=99.0, bins=64),
+        "mse": MSEObserver(bins=64),
+        "kl": KLObserver(bins=512),
+        "mix": MixObserver(bins=512),
     }
 
 
