@@ -15,6 +15,12 @@ def register(sub: Any) -> None:
         metavar="FILE_OR_MODULE",
         help="import a module of @register_pass passes first (a .py path or a module name; repeatable)",
     )
+    p.add_argument(
+        "--pipelines",
+        action="store_true",
+        help="print the default pipeline of each stage (prepare, convert, compile) instead of the passes",
+    )
+    p.add_argument("--march", default=None, help="the march of the compile stage's legalize (default: bayes)")
     p.set_defaults(run=run)
 
 
@@ -27,5 +33,18 @@ def run(args: argparse.Namespace) -> int:
             passes.load_pass_module(spec)
         except passes.PipelineError as e:
             raise UserError(str(e)) from None
+    if args.pipelines:
+        from qir.march import March
+        from qir.quantization.pipelines import STAGES, default_pipeline
+
+        try:
+            march = March.parse(args.march or "bayes")
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        width = max(len(s) for s in STAGES)
+        for stage in STAGES:
+            text = str(default_pipeline(stage, march)) or "(empty)"
+            print(f"{stage:<{width}}  {text}")
+        return 0
     print(passes.describe_passes())
     return 0

@@ -106,3 +106,8 @@ from qir.quantization.perf import perf_model  # noqa: E402
 from qir.quantization.visualize import visualize_model  # noqa: E402
 
 __all__ += ["perf_model", "visualize_model"]
+
+# -- the IR pipeline each stage runs (prepare / convert / compile) -------------------------------
+from qir.quantization.pipelines import STAGES, default_pipeline  # noqa: E402
+
+__all__ += ["STAGES", "default_pipeline"]

@@ -15,6 +15,7 @@ is gone (e.g. ``torch.jit.load``) is refused with an error saying so.
 
 from __future__ import annotations
 
+import copy
 import gc
 import os
 import warnings
@@ -29,7 +30,11 @@ from torch import nn
 from backends.common.artifact import read_program, write_program
 from backends.common.lower import lower_graph
 from backends.common.runtime import DEFAULT_THREADS, CompiledModel
+from passes.base import PassContext
+from passes.legalize import RESULT_KEY, Legalize
+from passes.pipeline import Pipeline
 from qir.march import March, get_march
+from qir.quantization.pipelines import PipelineArg, default_pipeline, resolve_pipeline, run_on_module
 
 __all__ = ["CompileError", "CompiledModel", "compile_model", "load_compiled"]
 
@@ -119,16 +124,36 @@ def _march_of(module: nn.Module, march: Any) -> str:
     return March.parse(current).value
 
 
-def _check(module: nn.Module, inputs: tuple[Any, ...], march: str) -> None:
-    from qir.quantization.check import check_model
+def _run_pipeline(
+    root: nn.Module, inputs: tuple[Any, ...], march: str, pipeline: PipelineArg | None, check: bool
+) -> nn.Module | None:
+    """Run the compile stage's IR pipeline on ``root``; the emitted module if a pass changed the graph.
 
-    report = check_model(module, inputs[0] if len(inputs) == 1 else inputs, march=march)
-    if not report.ok:
-        lines = [f"  {v.node} ({v.module or '-'}: {v.spelling}): {v.message}" for v in report.violations]
-        raise CompileError(
-            f"the model is not legal on {march} ({len(lines)} violation(s)); compile_model refuses "
-            "it (check=False skips this check):\n" + "\n".join(lines)
-        )
+    With ``check`` the pipeline ends with ``legalize`` for ``march`` (appended when the
+    last pass is not one) and an illegal model is refused."""
+    from qir.quantization import check as check_mod  # importing it registers how qir modules are checked
+
+    if pipeline is None:
+        pipe = default_pipeline("compile", march) if check else Pipeline(())
+    else:
+        pipe = resolve_pipeline("compile", pipeline, march)
+        if check and not (len(pipe) and isinstance(pipe[-1], Legalize)):
+            pipe = Pipeline((*pipe, Legalize(march=march)))
+    if not len(pipe):
+        return None
+    subject = copy.deepcopy(root).eval() if root.training else root  # check and lower what is deployed
+    ctx = PassContext(options={"march": march})
+    emitted, _ = run_on_module(subject, pipe, inputs, "compile", ctx)
+    result = ctx.options.get(RESULT_KEY)
+    if check and result is not None:
+        report = check_mod.report_from_result(result)
+        if not report.ok:
+            lines = [f"  {v.node} ({v.module or '-'}: {v.spelling}): {v.message}" for v in report.violations]
+            raise CompileError(
+                f"the model is not legal on {report.march} ({len(lines)} violation(s)); compile_model refuses "
+                "it (check=False skips this check):\n" + "\n".join(lines)
+            )
+    return emitted
 
 
 def _refuse_hybrid(root: nn.Module) -> None:
@@ -177,6 +202,7 @@ def compile_model(
     check: bool = True,
     name: str | None = None,
     num_threads: int | None = DEFAULT_THREADS,
+    pipeline: PipelineArg | None = None,
 ) -> CompiledModel:
     """Lower a converted model to a Program of integer kernels; write it to ``hbm`` when given.
 
@@ -189,6 +215,10 @@ def compile_model(
     ``resizer``, one per input) is recorded in the program. ``check`` runs
     ``check_model`` first and refuses an illegal model. Returns the runnable
     :class:`CompiledModel` (bit-exact with ``module``).
+
+    ``pipeline``: the IR passes run on the converted model before lowering (default
+    ``qir.quantization.default_pipeline("compile", march)``: ``legalize``); a pass that
+    changes the graph has the changed graph lowered (docs/pipelines.md).
     """
     inputs = _inputs(example_inputs)
     level = int(str(opt).lstrip("Oo")) if isinstance(opt, str) else int(opt)
@@ -202,8 +232,9 @@ def compile_model(
     _refuse_hybrid(root)
     _refuse_wrapped(graph)
     march_name = _march_of(root, march)
-    if check:
-        _check(root, inputs, march_name)
+    emitted = _run_pipeline(root, inputs, march_name, pipeline, check)
+    if emitted is not None:
+        root, graph = emitted, emitted.graph  # type: ignore[assignment]
     prev = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)

@@ -32,6 +32,7 @@ from qir.quantization.code_convert import EXACT, CodeOpError, classify, rewrite_
 from qir.quantization.fuse import trace_fx
 from qir.quantization.hybrid import hybrid_plan_of
 from qir.quantization.multi_output import multi_output_item, multi_output_scales
+from qir.quantization.pipelines import PipelineArg, resolve_pipeline, run_on_module
 from qir.quantization.prepare import PREPARE_RECORD_KEY, PrepareRecord, require_march, set_submodule
 from qir.quantization.scale_ops import (
     PAIR,
@@ -523,7 +524,12 @@ def _march_for(model: nn.Module, what: str) -> March:
 # Like tracing, these build many small objects; a paused cyclic GC keeps the cost linear in model
 # size (benchmarks/pipeline_cost.py: 1.13x growth per node from 500 to 2,500 blocks with it, 1.00x without).
 @gc_paused()
-def convert_fx(qat_model: nn.Module, mapping: Mapping[type, type] | None = None) -> torch.fx.GraphModule:
+def convert_fx(
+    qat_model: nn.Module,
+    mapping: Mapping[type, type] | None = None,
+    pipeline: PipelineArg | None = None,
+    example_inputs: Any = None,
+) -> torch.fx.GraphModule:
     """The integer model of a deep copy of ``qat_model`` (a :func:`prepare_qat_fx` result).
 
     Tensors between quantized modules are integer codes; the result is in eval mode,
@@ -531,8 +537,14 @@ def convert_fx(qat_model: nn.Module, mapping: Mapping[type, type] | None = None)
     ``centered_yuv2rgb`` insertion). The input is not modified. A hybrid model's CPU
     modules stay float between the generated stubs (docs/hybrid.md); its placement stays
     in ``meta`` for ``check_model`` / ``compile_model``.
+
+    ``pipeline``: IR passes run on the converted model (default
+    ``qir.quantization.default_pipeline("convert")``, empty); when one changes the graph,
+    the result is emitted from the rewritten IR. ``example_inputs`` types that IR
+    (optional; docs/pipelines.md).
     """
     march = _march_for(qat_model, "convert_fx")
+    pipe = resolve_pipeline("convert", pipeline, march)
     model = copy.deepcopy(qat_model)
     if isinstance(model, torch.fx.GraphModule):
         gm = model
@@ -541,6 +553,10 @@ def convert_fx(qat_model: nn.Module, mapping: Mapping[type, type] | None = None)
     _convert_modules(gm, gm, march, mapping)
     gm.eval()
     gm.meta.pop(PREPARE_RECORD_KEY, None)
+    if len(pipe):
+        emitted, _ = run_on_module(gm, pipe, example_inputs, "convert")
+        if emitted is not None:
+            gm = emitted
     return gm
 
 

@@ -28,9 +28,7 @@ import torch
 import torch.fx
 from torch import nn
 
-from passes.base import Pass
-from passes.dce import DeadCodeElimination
-from passes.fuse import FUSABLE, Fuse
+from passes.fuse import FUSABLE
 from passes.manager import run_pipeline
 from passes.rewrite import FusedFrom, fused_from
 from qir.frontend.convert import MODULE_ORDER_KEY
@@ -42,6 +40,7 @@ from qir.ir.ops.elementwise import BinaryOp
 from qir.ir.ops.nn import ConvNd, ConvTransposeNd, Linear
 from qir.quantization.fx_trace import build_ir, trace_fx
 from qir.quantization.names import NameAllocator
+from qir.quantization.pipelines import PipelineArg, resolve_pipeline
 from qir.quantization.remap import KeyRemap, StateDictRemap
 
 __all__ = [
@@ -308,6 +307,7 @@ def build_fused(
     functionals: frozenset[str] = ADD_FUNCTIONALS,
     prepare_objects: Callable[[Graph], None] | None = None,
     keep_whole: frozenset[str] = frozenset(),
+    pipeline: PipelineArg | None = None,
 ) -> tuple[torch.fx.GraphModule, FuseRecord]:
     """The fused float GraphModule of a deep copy of ``model``, and what fusion did.
 
@@ -315,6 +315,7 @@ def build_fused(
     generated modules; ``prepare_objects`` may swap opaque module objects in the IR
     (prepare turns torch's stubs into qir's) before emission. Modules at the paths in
     ``keep_whole`` (hybrid CPU modules) stay one opaque call each: never fused, kept as they are.
+    ``pipeline`` replaces the prepare stage's IR pipeline (:func:`default_pipeline`).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
@@ -330,7 +331,7 @@ def build_fused(
             record.qconfig_attrs.setdefault(p, qc)
     g, owners = build_ir(root, example_inputs, keep_whole)
     _note_bn_eps(g)
-    passes_: list[Pass] = [Fuse(absorb_bn=True, force_bn=True), DeadCodeElimination()]
+    passes_ = resolve_pipeline("prepare", pipeline)
     # rank-only types (no example inputs) are not real shapes: skip the type verifier then
     g = run_pipeline(g, passes_, verify_each=example_inputs is not None).graph
     alloc = NameAllocator(p for p, _ in root.named_modules())
@@ -362,12 +363,13 @@ def build_fused(
     return gm, record
 
 
-def fuse_fx(model: nn.Module, example_inputs: Any = None) -> torch.fx.GraphModule:
+def fuse_fx(model: nn.Module, example_inputs: Any = None, pipeline: PipelineArg | None = None) -> torch.fx.GraphModule:
     """Fuse conv[+bn][+add][+relu/relu6] of a deep copy of ``model`` into qir.nn.intrinsic modules.
 
     The input is never modified. ``example_inputs`` is optional: without it the graph is
     typed by rank only (an add fuses when its operands have the same rank). Float
     checkpoints load into the result by their original keys (batch norms folded on load).
+    ``pipeline`` replaces the IR pipeline (default ``default_pipeline("prepare")``).
     """
-    gm, _ = build_fused(model, example_inputs)
+    gm, _ = build_fused(model, example_inputs, pipeline=pipeline)
     return gm

@@ -37,6 +37,7 @@ from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.functional_swap import swap_functionals
 from qir.quantization.fuse import ALL_FUNCTIONALS, FuseRecord, build_fused
 from qir.quantization.hybrid import HYBRID_KEY, HybridSpec, check_cpu_calls, cpu_modules, place_boundaries
+from qir.quantization.pipelines import PipelineArg, resolve_pipeline
 from qir.quantization.qat_classes import qat_class_for
 from qir.quantization.qconfig import QConfig, get_default_calib_qconfig, get_default_qat_qconfig, qconfig_kind
 from qir.quantization.qconfig_dict import QConfigSpec, parse_qconfig_dict
@@ -209,6 +210,7 @@ def _prepare_float(
     march: March,
     hybrid: HybridSpec | None = None,
     cpu: Mapping[str, str] | None = None,
+    pipeline: PipelineArg | None = None,
 ) -> torch.fx.GraphModule:
     if cpu is None:
         cpu = cpu_modules(model, hybrid) if hybrid is not None else {}
@@ -219,6 +221,7 @@ def _prepare_float(
         functionals=ALL_FUNCTIONALS,
         keep_whole=frozenset(cpu),
         prepare_objects=lambda g: swapped.update(swap_functionals(g, inputs_quantized=hybrid is not None)),
+        pipeline=pipeline,
     )
     check_cpu_calls(gm, cpu)
     for path, target in swapped.items():
@@ -271,6 +274,7 @@ def prepare_qat_fx(
     example_inputs: Any = None,
     hybrid: bool = False,
     hybrid_dict: Mapping[str, Any] | None = None,
+    pipeline: PipelineArg | None = None,
 ) -> torch.fx.GraphModule:
     """A QAT (or calibration) GraphModule built from a deep copy of ``model``.
 
@@ -283,7 +287,14 @@ def prepare_qat_fx(
     ``hybrid=True``: CPU/BPU heterogeneous preparation; ``hybrid_dict`` (``{"module_name":
     [paths], "module_type": [classes]}``) names the modules that stay float on the CPU
     (docs/hybrid.md). The placement is in ``qir.quantization.hybrid_placement(result)``.
+
+    ``pipeline``: the IR passes run on the traced float model before QAT modules are
+    swapped in (pipeline text, a ``passes.Pipeline`` or a list of passes); default
+    ``qir.quantization.default_pipeline("prepare")``. Re-preparing a calibrated model runs
+    it again on the recorded float model, so its passes should be idempotent
+    (docs/pipelines.md).
     """
+    resolved = resolve_pipeline("prepare", pipeline)  # a bad pipeline fails before any work
     spec = _hybrid_spec(hybrid, hybrid_dict)
     march = require_march("prepare_qat_fx")
     if _is_qat(model):
@@ -294,8 +305,8 @@ def prepare_qat_fx(
                 "prepare the float model instead"
             )
         _same_hybrid(record, spec)
-        new = _prepare_float(record.float_model, qconfig_dict, example_inputs, march, spec, record.cpu)
+        new = _prepare_float(record.float_model, qconfig_dict, example_inputs, march, spec, record.cpu, resolved)
         _carry_scales(model, new)
         new.train(model.training)
         return new
-    return _prepare_float(model, qconfig_dict, example_inputs, march, spec)
+    return _prepare_float(model, qconfig_dict, example_inputs, march, spec, pipeline=resolved)

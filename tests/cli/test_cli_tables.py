@@ -29,6 +29,21 @@ def test_passes_lists_options(qir: Qir) -> None:
     assert r.code == 0 and "absorb-bn" in r.out and "legalize" in r.out
 
 
+def test_passes_prints_the_default_pipelines(qir: Qir) -> None:
+    import passes
+    from qir.quantization import default_pipeline
+
+    r = qir("passes", "--pipelines", "--march", "bernoulli2")
+    assert r.code == 0, r.err
+    rows = dict(line.split(None, 1) for line in r.out.splitlines())
+    assert set(rows) == {"prepare", "convert", "compile"}
+    assert rows["compile"] == "legalize{march=bernoulli2}"
+    assert rows["convert"] == "(empty)"
+    assert passes.Pipeline.parse(rows["prepare"]) == default_pipeline("prepare")
+    bad = qir("passes", "--pipelines", "--march", "x3000")
+    assert bad.code != 0 and "x3000" in bad.err and "Traceback" not in bad.err
+
+
 def test_opt_runs_a_pipeline_on_ir_text(qir: Qir, tmp_path: Path) -> None:
     from qir.frontend import trace
     from qir.ir.printer import print_graph

@@ -15,6 +15,8 @@ import importlib.util
 import io
 import os
 import re
+import sys
+import types
 import warnings
 from pathlib import Path
 
@@ -70,7 +72,11 @@ def test_doc_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.M
     skipped = NOT_RUN_HERE.get(page.name, {}) if page.parent == ROOT else {}
     monkeypatch.chdir(tmp_path)
     before = get_march(default=None)
-    namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
+    # a real module, as a user's code would be: typing.get_type_hints (pass options) looks
+    # classes' annotations up in sys.modules[cls.__module__]
+    module = types.ModuleType(f"docs_{page.stem}")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    namespace = module.__dict__
     try:
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TracerWarning etc.: the pages' own tests check warnings

@@ -1,0 +1,108 @@
+"""The IR pipelines the public API runs, one per stage, and how a ``pipeline=`` argument is read.
+
+    qir.quantization.default_pipeline("prepare")          # fuse{force_bn=true},dce
+    qir.quantization.default_pipeline("compile", "bayes")  # legalize{march=bayes}
+    prepare_qat_fx(model, qconfig_dict, x, pipeline="fuse{force_bn=true},dce,my-pass")
+
+Where each stage runs its pipeline (docs/pipelines.md):
+
+* ``prepare`` (``prepare_qat_fx``, ``fuse_fx``): on the traced float model's IR, before the
+  IR is emitted as a GraphModule and its modules are swapped for QAT modules. A pass here
+  changes what is trained, converted and deployed.
+* ``convert`` (``convert_fx``): on the IR of the converted integer model, which is then
+  emitted again. The default is empty (nothing is traced or emitted).
+* ``compile`` (``compile_model``): on the IR of the converted model before lowering;
+  ``check=True`` makes sure it ends with ``legalize`` for the march, and a pipeline that
+  changes the graph has the changed graph lowered.
+
+Observer insertion, the integer conversion and lowering themselves are not IR passes yet
+(module swapping and fx-graph lowering run them; docs/pipelines.md "Not yet passes").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal, TypeAlias
+
+from passes.base import Pass
+from passes.dce import DeadCodeElimination
+from passes.fuse import Fuse
+from passes.legalize import Legalize
+from passes.pipeline import Pipeline, as_pipeline
+from qir.march import March
+
+__all__ = ["STAGES", "PipelineArg", "Stage", "default_pipeline", "resolve_pipeline"]
+
+Stage: TypeAlias = Literal["prepare", "convert", "compile"]
+#: the stages that run a pipeline, in flow order
+STAGES: tuple[Stage, ...] = ("prepare", "convert", "compile")
+#: what a ``pipeline=`` argument accepts: pipeline text, a Pipeline, one pass or a list of passes
+PipelineArg: TypeAlias = Pipeline | str | Pass | Iterable[Pass]
+
+
+def _march_name(march: Any) -> str | None:
+    if march is None:
+        from qir.march import get_march
+
+        march = get_march(None)
+        if march is None:
+            return None
+    return March.parse(march).value
+
+
+def default_pipeline(stage: str, march: Any = None) -> Pipeline:
+    """The pipeline ``stage`` runs when no ``pipeline=`` is given; ``str()`` of it parses back.
+
+    ``march`` (a :class:`~qir.march.March` or its name; default: the current march) only
+    matters for ``"compile"``, whose ``legalize`` checks that march's operator table.
+    """
+    if stage == "prepare":
+        # batch norms always fold (force_bn): a conv's BN is absorbed even when it is
+        # followed by an op the conv cannot fuse, as the plugin's fuser does
+        return Pipeline((Fuse(absorb_bn=True, force_bn=True), DeadCodeElimination()))
+    if stage == "convert":
+        return Pipeline(())
+    if stage == "compile":
+        return Pipeline((Legalize(march=_march_name(march)),))
+    raise ValueError(f"unknown pipeline stage {stage!r}; the stages are {', '.join(STAGES)}")
+
+
+def resolve_pipeline(stage: str, pipeline: PipelineArg | None, march: Any = None) -> Pipeline:
+    """``pipeline`` as a :class:`Pipeline` (text is parsed, so a typo fails here, naming the
+    spot), or the stage's default when it is None."""
+    if pipeline is None:
+        return default_pipeline(stage, march)
+    try:
+        return as_pipeline(pipeline)
+    except TypeError as e:
+        raise TypeError(
+            f"pipeline= of the {stage} stage must be pipeline text, a passes.Pipeline, a pass or a list of passes: {e}"
+        ) from None
+
+
+def run_on_module(module: Any, pipeline: Pipeline, example_inputs: Any, stage: str, ctx: Any = None) -> tuple[Any, Any]:
+    """Trace ``module`` (an ``nn.Module``, in eval mode) to IR and run ``pipeline`` on it.
+
+    Returns ``(emitted, result)``: ``emitted`` is a GraphModule of the rewritten graph when
+    some pass reported a change (None otherwise: the module already is the graph's meaning),
+    ``result`` the :class:`passes.PipelineResult`. ``example_inputs`` types the IR (optional:
+    without it values are typed by rank only and the type verifier is skipped).
+    """
+    import torch.fx
+
+    from passes.base import PassContext
+    from passes.manager import run_pipeline
+    from qir.frontend import emit, trace
+
+    inputs: Any = () if example_inputs is None else example_inputs
+    graph = trace(module, inputs)
+    result = run_pipeline(
+        graph, pipeline, ctx=ctx if ctx is not None else PassContext(), verify_each=example_inputs is not None
+    )
+    if not result.any_changed:
+        return None, result
+    gm = emit(result.graph, class_name=type(module).__name__)
+    if isinstance(module, torch.fx.GraphModule):
+        gm.meta.update(module.meta)
+    gm.train(module.training)
+    return gm, result
