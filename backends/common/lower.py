@@ -347,6 +347,10 @@ def _names_in(v: Any) -> list[str]:
         return [v.name]
     if isinstance(v, (list, tuple)):
         return [x for e in v for x in _names_in(e)]
+    if isinstance(v, slice):  # x[:, :, : h // 2]: run-time slice bounds are inputs too
+        return _names_in([v.start, v.stop, v.step])
+    if isinstance(v, dict):
+        return _names_in(list(v.values()))
     return []
 
 

@@ -507,6 +507,8 @@ register_functional_rule("exp", ff_exp)
 
 _SHAPE_FUNCTIONS: dict[Any, str] = {
     operator.getitem: "getitem",
+    torch.numel: "numel",
+    len: "len",
     torch.flatten: "flatten",
     torch.reshape: "reshape",
     torch.permute: "permute",
@@ -548,7 +550,13 @@ _SHAPE_METHODS = (
     "dim",
     "numel",
 )
-_INT_ARITH = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.floordiv: "floordiv"}
+_INT_ARITH = {
+    operator.add: "add",
+    operator.sub: "sub",
+    operator.mul: "mul",
+    operator.floordiv: "floordiv",
+    operator.mod: "mod",
+}
 
 
 def _is_tensor(ctx: LowerContext, v: Any) -> bool:
@@ -583,7 +591,15 @@ def fn_nearest(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwar
     return _emit_nearest(ctx, node, x, lambda t: F.interpolate(t, *rest, **kw))
 
 
+#: tensor methods taking dims as varargs (``x.permute(0, 2, 1)``) whose shape function takes one
+#: sequence (``torch.permute(x, (0, 2, 1))``)
+_VARARG_METHODS = frozenset({"permute", "reshape", "flip", "tile"})
+
+
 def method_shape(ctx: LowerContext, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    if name in _VARARG_METHODS and len(args) >= 2:
+        if len(args) > 2 or not isinstance(ctx.example(args[1]), (tuple, list)):
+            args = [args[0], tuple(args[1:])]
     return shape_call(ctx, node, name, args, kwargs)
 
 

@@ -229,14 +229,21 @@ def fn_gather(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwarg
 
 
 def fn_getattr(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    """``r.values`` / ``r.indices`` of a max / min / topk result (the kernels return ``(values, indices)``)."""
+    """``x.shape`` / ``x.ndim`` (run-time shape values, like ``x.size()`` / ``x.dim()``), and
+    ``r.values`` / ``r.indices`` of a max / min / topk result (the kernels return ``(values, indices)``)."""
     field = args[1] if len(args) > 1 else None
+    if field in _SHAPE_ATTRS:
+        return shape_call(ctx, node, _SHAPE_ATTRS[field], [args[0]])
     if field not in ("values", "indices"):
         raise LoweringError(
-            f"node '{node.name}': attribute .{field} has no lowering rule (only .values / .indices "
-            "of max, min and topk results)"
+            f"node '{node.name}': attribute .{field} has no lowering rule (only .shape / .ndim of a tensor "
+            "and .values / .indices of max, min and topk results)"
         )
     return shape_call(ctx, node, "getitem", [args[0], 0 if field == "values" else 1])
+
+
+#: tensor attributes that are shape values -> the shape function computing them at run time
+_SHAPE_ATTRS = {"shape": "size", "ndim": "dim"}
 
 
 # ----------------------------------------------------------------------------- shuffles

@@ -21,7 +21,7 @@ from torch import nn
 
 from qir.frontend.bind import Unbindable, bind
 from qir.frontend.lookup import ff_op_class, is_float_functional, qualified_name, tables
-from qir.frontend.tracer import QirTracer, TraceError, patch_float_functional, trace_error
+from qir.frontend.tracer import QirTracer, TraceError, patch_float_functional, patch_len, trace_error
 from qir.ir.graph import Graph, Node, Value, split_operands
 from qir.ir.op import IRError, ModuleOp, Op
 from qir.ir.ops.core import Call, Identity
@@ -69,7 +69,7 @@ def _trace(module: nn.Module, example_inputs: tuple[Any, ...], concrete_args: di
         root = module
         tracer = QirTracer()
         try:
-            with patch_float_functional(tracer):
+            with patch_float_functional(tracer), patch_len(module):
                 fx_graph = tracer.trace(module, concrete_args)
         except TraceError:
             raise

@@ -3,6 +3,7 @@ and error messages that point at the user's code."""
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import functools
 import linecache
@@ -116,6 +117,38 @@ def patch_float_functional(tracer: QirTracer) -> Iterator[None]:
                 delattr(cls, name)
             else:
                 setattr(cls, name, orig)
+
+
+def _traced_len(obj: Any) -> Any:
+    """``len(x)`` while tracing: one ``call_function(len, x)`` node for a traced value (fx's
+    Proxy refuses ``len``), the builtin otherwise."""
+    if isinstance(obj, torch.fx.Proxy):
+        return obj.tracer.create_proxy("call_function", len, (obj,), {})
+    return len(obj)
+
+
+@contextlib.contextmanager
+def patch_len(root: nn.Module) -> Iterator[None]:
+    """While tracing, ``len`` in the modules' forward code records a node (``b = len(x)`` is a
+    batch size users compute like ``x.shape[0]``). Module globals that bind ``len`` to something
+    other than the builtin keep it; the previous binding is restored afterwards."""
+    patched: list[tuple[dict[str, Any], bool]] = []
+    try:
+        for m in root.modules():
+            fwd = getattr(type(m).forward, "__globals__", None)
+            if not isinstance(fwd, dict) or any(fwd is g for g, _ in patched):
+                continue
+            if fwd.get("len", builtins.len) is builtins.len:  # fx's generated code binds len itself
+                patched.append((fwd, "len" in fwd))
+                fwd["len"] = _traced_len
+        yield
+    finally:
+        for g, had in patched:
+            if g.get("len") is _traced_len:
+                if had:
+                    g["len"] = builtins.len
+                else:
+                    del g["len"]
 
 
 def _user_frame(tb: Any) -> tuple[str, int, str] | None:

@@ -39,6 +39,7 @@ from qir.quantization.scale_ops import (
     PRESERVING_FUNCTIONS,
     PRESERVING_METHODS,
     PRESERVING_MODULES,
+    QUERY_FUNCTIONS,
     QUERY_METHODS,
     code_op,
     is_nearest,
@@ -273,7 +274,9 @@ def input_scales(
                 env[n.name] = None
                 plan.exact_values.add(n.name)
             continue
-        if (n.op == "call_method" and target in _QUERY_METHODS) or target is getattr:
+        if (n.op == "call_method" and target in _QUERY_METHODS) or (
+            n.op == "call_function" and target in QUERY_FUNCTIONS
+        ):
             env[n.name] = None
             continue
         if n.op == "call_function" and wrapped_original(target) is not None:

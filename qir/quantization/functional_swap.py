@@ -31,6 +31,8 @@ from qir.frontend.convert import MODULE_ORDER_KEY
 from qir.ir.graph import Graph, Node
 from qir.ir.op import Op, Ref
 from qir.ir.ops.core import Call
+from qir.ir.types import TensorType
+from qir.quantization.fuse import computes_tensor
 from qir.quantization.fx_trace import OWNER_KEY
 from qir.quantization.names import NameAllocator
 
@@ -188,6 +190,8 @@ def _quantized_values(g: Graph, inputs_quantized: bool = False) -> set[str]:
         op = n.op
         obj = g.objects.get(f"module:{op.target}") if isinstance(op, Call) and op.kind == "module" else None
         kind = _stub_kind(obj)
+        if not isinstance(n.type, TensorType):
+            continue  # sizes read from a quantized tensor (x.shape, x.size(0)) are exact ints
         if kind == "quant" or (kind is None and any(v.name in quantized for v in n.operands)):
             quantized.add(n.name)
     return quantized
@@ -223,6 +227,8 @@ def _module_for(n: Node) -> nn.Module | None:
     factory = FUNCTIONAL_MODULES.get(n.op.name)
     if factory is None or isinstance(n.op, Call) or len(n.operands) != _TENSOR_OPERANDS.get(n.op.name, 1):
         return None  # not in the table, or a run-time argument (size=y.shape[-2:]) a module cannot hold
+    if not computes_tensor(n):
+        return None  # Python arithmetic on sizes (``h ** 2``) stays an exact int
     from qir.quantization.qat_classes import qat_class_for
 
     module = factory(n.op)

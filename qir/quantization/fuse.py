@@ -38,6 +38,7 @@ from qir.ir.op import ModuleOp, Ref
 from qir.ir.ops.core import Call, Constant
 from qir.ir.ops.elementwise import BinaryOp
 from qir.ir.ops.nn import ConvNd, ConvTransposeNd, Linear
+from qir.ir.types import TensorType
 from qir.quantization.fx_trace import build_ir, trace_fx
 from qir.quantization.names import NameAllocator
 from qir.quantization.pipelines import PipelineArg, resolve_pipeline
@@ -103,8 +104,16 @@ def float_functional_class() -> type[nn.Module]:
     return FloatFunctional
 
 
+def computes_tensor(n: Node) -> bool:
+    """Whether ``n`` yields a tensor from a tensor: Python arithmetic on sizes (``b * heads``,
+    ``h // 2`` from ``x.shape``) yields exact ints and must never be quantized like a tensor."""
+    return isinstance(n.type, TensorType) and any(isinstance(v.type, TensorType) for v in n.operands)
+
+
 def ff_method_for(n: Node) -> str | None:
-    """The FloatFunctional method computing node ``n``, or None."""
+    """The FloatFunctional method computing node ``n``, or None (also for int shape arithmetic)."""
+    if not computes_tensor(n):
+        return None
     op = n.op
     name = op.name
     if isinstance(op, BinaryOp):
@@ -117,6 +126,8 @@ def ff_method_for(n: Node) -> str | None:
         return None
     if name in _SEQUENCE:
         return _SEQUENCE[name]
+    if name == "matmul" and len(n.operands) == 2:  # q @ k.transpose(-2, -1) in attention
+        return _TWO_TENSOR[name]
     if name in _UNARY:
         attrs_ = op.attrs() if hasattr(op, "attrs") else {}
         if attrs_.get("dtype") is not None:

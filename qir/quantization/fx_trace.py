@@ -19,7 +19,7 @@ import torch.fx
 from torch import nn
 
 from qir.frontend.convert import _Converter, propagate
-from qir.frontend.tracer import QirTracer, TraceError, patch_float_functional, trace_error
+from qir.frontend.tracer import QirTracer, TraceError, patch_float_functional, patch_len, trace_error
 from qir.ir.graph import Graph
 from qir.quantization.names import owner_of_stack
 
@@ -34,7 +34,7 @@ def trace_fx(root: nn.Module, leaves: frozenset[str] = frozenset()) -> torch.fx.
     module paths in ``leaves`` as leaves)."""
     tracer = QirTracer(leaves)
     try:
-        with patch_float_functional(tracer):
+        with patch_float_functional(tracer), patch_len(root):
             return tracer.trace(root)
     except TraceError:
         raise

@@ -43,6 +43,7 @@ from qir.quantization.scale_ops import (
     CODES,
     PAIR,
     PRESERVING_MODULES,
+    QUERY_FUNCTIONS,
     QUERY_METHODS,
     REDUCE,
     code_op,
@@ -388,7 +389,9 @@ class _Walk:
         item = pair_item(n)
         if item is not None and item[0] in self.pairs:  # values keep the codes; indices are exact, not codes
             return _Q if item[1] == 0 else _N
-        if (n.op == "call_method" and n.target in QUERY_METHODS) or n.target is getattr:
+        if (n.op == "call_method" and n.target in QUERY_METHODS) or (
+            n.op == "call_function" and n.target in QUERY_FUNCTIONS
+        ):
             return _N
         if not ins:  # size arithmetic stays a number; a tensor made from sizes (torch.zeros) is float
             return _N if _is_python_op(n) else _F

@@ -27,6 +27,7 @@ __all__ = [
     "PRESERVING_FUNCTIONS",
     "PRESERVING_METHODS",
     "PRESERVING_MODULES",
+    "QUERY_FUNCTIONS",
     "QUERY_METHODS",
     "code_op",
     "is_nearest",
@@ -92,6 +93,8 @@ PRESERVING_METHODS = {
 }
 #: calls whose result is not a tensor (shape queries)
 QUERY_METHODS = {"size", "dim", "numel", "nelement", "ndimension"}
+#: functions reading a tensor's shape (``x.shape`` is ``getattr``): their results are exact ints, never codes
+QUERY_FUNCTIONS: frozenset[object] = frozenset({getattr, len, torch.numel, torch.Tensor.size, torch.Tensor.dim})
 PRESERVING_MODULES: tuple[type[nn.Module], ...] = (
     nn.ReLU,
     nn.MaxPool1d,

@@ -50,6 +50,8 @@ SHAPE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "sub": operator.sub,
     "mul": operator.mul,
     "floordiv": operator.floordiv,
+    "mod": operator.mod,
+    "len": len,
 }
 
 

@@ -394,6 +394,15 @@ class Numel(TorchOp):
 
 @register_op
 @attrs.frozen
+class Len(TorchOp):
+    """``len(x)``: the size of a tensor's first dimension as an int (qir's tracer records it)."""
+
+    name: ClassVar[str] = "len"
+    functions: ClassVar[tuple[Callable[..., Any], ...]] = (len,)
+
+
+@register_op
+@attrs.frozen
 class Gather(TorchOp):
     """``torch.gather(input, dim, index)``; ``index`` is a Ref to a tensor operand."""
 
