@@ -420,7 +420,12 @@ def ff_mul_scalar(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs
 
 def ff_matmul(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
     b = bind(Q.QFunctional.matmul, args, kwargs)
-    ins = [tensor_ref(b["x"], node), tensor_ref(b["y"], node)]
+    x, y = b["x"], b["y"]
+    if b["x_trans"]:  # the plugin's matmul(x, y, x_trans, y_trans): a transpose of the codes first
+        x = shape_call(ctx, node, "transpose", [x, -2, -1])
+    if b["y_trans"]:
+        y = shape_call(ctx, node, "transpose", [y, -2, -1])
+    ins = [tensor_ref(x, node), tensor_ref(y, node)]
     return _product(ctx, node, m, ins, m.per_tensor_input(0), m.per_tensor_input(1), "matmul", {})
 
 
@@ -474,17 +479,21 @@ def _prod(v: Any) -> int:
     return out
 
 
-def ff_exp(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+_FF_LUT_FUNCTIONS = {"exp": torch.exp, "ceil": torch.ceil, "floor": torch.floor}
+
+
+def ff_lut(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    method = str(node.target)
     x = tensor_ref(args[0] if args else kwargs["x"], node)
     if ctx.values[x].dtype != torch.int8:
         raise LoweringError(
-            f"node '{node.name}': exp of a non-qint8 tensor has no table (qint16 needs segmented "
+            f"node '{node.name}': {method} of a non-qint8 tensor has no table (qint16 needs segmented "
             "tables, not implemented)"
         )
     dt = _out_dtype(m, node)
-    table = numerics.lut_int8(torch.exp, m.per_tensor_input(0), float(m.scale.reshape(-1)[0]), dt)
+    table = numerics.lut_int8(_FF_LUT_FUNCTIONS[method], m.per_tensor_input(0), float(m.scale.reshape(-1)[0]), dt)
     c = ctx.const(f"{node.name}.table", table)
-    return ValueRef(ctx.emit("lut", [x], {"what": "exp"}, {"table": c}, node.name, "exp"))
+    return ValueRef(ctx.emit("lut", [x], {"what": method}, {"table": c}, node.name, method))
 
 
 for _m in ("add", "add_relu", "sub"):
@@ -494,13 +503,14 @@ register_functional_rule("mul", ff_mul)
 register_functional_rule("mul_scalar", ff_mul_scalar)
 register_functional_rule("matmul", ff_matmul)
 register_functional_rule("div", ff_div)
-for _m in ("cat", "concat", "stack"):
+for _m in ("cat", "concat", "concatenate", "stack"):
     register_functional_rule(_m, ff_cat)
 for _m in ("maximum", "minimum"):
     register_functional_rule(_m, ff_minmax)
 for _m in ("sum", "mean"):
     register_functional_rule(_m, ff_reduce)
-register_functional_rule("exp", ff_exp)
+for _m in _FF_LUT_FUNCTIONS:
+    register_functional_rule(_m, ff_lut)
 
 
 # ----------------------------------------------------------------------------- functions and methods

@@ -25,6 +25,7 @@ from qir.frontend.tracer import QirTracer, TraceError, patch_float_functional, p
 from qir.ir.graph import Graph, Node, Value, split_operands
 from qir.ir.op import IRError, ModuleOp, Op
 from qir.ir.ops.core import Call, Identity
+from qir.ir.ops.shape import Transpose
 from qir.ir.types import Type, type_of
 from qir.utils.fx_helper import wrapped_original
 
@@ -334,6 +335,8 @@ class _Converter:
         self.opaque_paths.add(path)
         self.g.objects[f"module:{path}"] = ff
         kept = path in self.keep_whole
+        if method == "matmul" and not kept:
+            args, kwargs = self._ff_matmul_operands(n, path, args, kwargs)
         cls = None if kept else ff_op_class(method)
         why = "kept whole (hybrid: placed on the CPU)" if kept else f"FloatFunctional.{method} has no registered op"
         if cls is not None:
@@ -346,6 +349,23 @@ class _Converter:
         self.g.objects[key] = getattr(ff, method)
         node = self.opaque(n, "function", key, args, kwargs, why, scope=path)
         node.meta["float_functional"] = method
+
+    def _ff_matmul_operands(self, n: torch.fx.Node, path: str, args: Any, kwargs: Any) -> tuple[Any, Any]:
+        """``matmul(x, y, x_trans, y_trans)`` (the plugin's form) as ``matmul(x', y')`` with explicit
+        ``transpose`` nodes for the flagged operands, so the IR holds only registered ops."""
+        names = ("x", "y", "x_trans", "y_trans")
+        if len(args) > len(names) or set(kwargs) - set(names):
+            return args, kwargs  # not the known signature: the binding below says why
+        bound = {**dict(zip(names, args, strict=False)), **kwargs}
+        if "x" not in bound or "y" not in bound:
+            return args, kwargs
+        operands = []
+        for side in ("x", "y"):
+            v = bound.get(side)
+            if bound.get(f"{side}_trans") and isinstance(v, Value):
+                v = self.g.add_node(Transpose(dim0=-2, dim1=-1), [v], name=f"{n.name}_{side}_t")
+            operands.append(v)
+        return tuple(operands), {}
 
     def _output(self, n: torch.fx.Node) -> None:
         out = torch.fx.node.map_arg(n.args[0], lambda a: self.env[a.name])

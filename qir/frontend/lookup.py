@@ -118,7 +118,7 @@ def is_float_functional(m: Any) -> bool:
 
 
 #: FloatFunctional methods whose name is not the op's method spelling.
-FF_METHODS: dict[str, str] = {"add_scalar": "add", "mul_scalar": "mul", "concat": "cat"}
+FF_METHODS: dict[str, str] = {"add_scalar": "add", "mul_scalar": "mul", "concat": "cat", "concatenate": "cat"}
 
 
 def ff_op_class(method: str) -> type[Op] | None:
@@ -147,6 +147,12 @@ def is_opaque_leaf(m: nn.Module) -> bool:
 
 
 def is_qir_library_module(m: nn.Module) -> bool:
-    """qir's own module library (qat / quantized / intrinsic modules) is traced as leaves."""
+    """qir's own module library (qat / quantized / intrinsic modules) is traced as leaves.
+
+    A library module built from other modules and tensor ops (``qir.nn.LayerNorm(..., dim=1)``)
+    sets ``trace_through = True`` and is traced into, so its parts prepare and convert.
+    """
+    if getattr(type(m), "trace_through", False):
+        return False
     mod = type(m).__module__
     return mod.startswith("qir.nn") or mod.startswith("qir.quantization")

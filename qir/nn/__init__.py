@@ -28,6 +28,7 @@ from qir.nn.modules import (
     HardLog,
     Identity,
     Interpolate,
+    LayerNorm,
     MultiScaleRoIAlign,
     Pow,
     Reciprocal,
@@ -75,4 +76,4 @@ __all__ = [
     "qat",
     "quantized",
 ]
-__all__ += ["AnchorGenerator", "GridSample", "MultiScaleRoIAlign", "RoIAlign"]
+__all__ += ["AnchorGenerator", "GridSample", "LayerNorm", "MultiScaleRoIAlign", "RoIAlign"]

@@ -7,6 +7,7 @@ from qir.nn.modules.binary import Div
 from qir.nn.modules.functional import FLOAT_FUNCTIONAL_METHODS, FloatFunctional, FunctionalBase
 from qir.nn.modules.grid_sample import GridSample
 from qir.nn.modules.interpolate import Interpolate
+from qir.nn.modules.layer_norm import LayerNorm
 from qir.nn.modules.multi_scale_roi_align import MultiScaleRoIAlign
 from qir.nn.modules.roi_align import RoIAlign
 from qir.nn.modules.unary import (
@@ -66,4 +67,4 @@ __all__ = [
     "Tan",
     "UnaryModule",
 ]
-__all__ += ["AnchorGenerator", "GridSample", "MultiScaleRoIAlign", "RoIAlign"]
+__all__ += ["AnchorGenerator", "GridSample", "LayerNorm", "MultiScaleRoIAlign", "RoIAlign"]

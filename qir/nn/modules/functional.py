@@ -24,9 +24,12 @@ FLOAT_FUNCTIONAL_METHODS = (
     "add_relu",
     "add_scalar",
     "cat",
+    "ceil",
     "concat",
+    "concatenate",
     "div",
     "exp",
+    "floor",
     "matmul",
     "maximum",
     "mean",
@@ -88,11 +91,15 @@ class FunctionalBase(nn.Module):
     def concat(self, x: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
         return self.cat(x, dim)
 
+    def concatenate(self, x: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+        return self.cat(x, dim)
+
     def stack(self, x: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
         return self._post(torch.stack(list(x), dim=dim))
 
-    def matmul(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self._post(torch.matmul(x, y))
+    def matmul(self, x: torch.Tensor, y: torch.Tensor, x_trans: bool = False, y_trans: bool = False) -> torch.Tensor:
+        """``x @ y``; ``x_trans`` / ``y_trans`` transpose the last two dims of an operand first (the plugin's form)."""
+        return self._post(torch.matmul(x.transpose(-2, -1) if x_trans else x, y.transpose(-2, -1) if y_trans else y))
 
     def mean(self, x: torch.Tensor, dim: Dims = None, keepdim: bool = False) -> torch.Tensor:
         d = _dims(dim)
@@ -110,6 +117,12 @@ class FunctionalBase(nn.Module):
 
     def exp(self, x: torch.Tensor) -> torch.Tensor:
         return self._post(torch.exp(x))
+
+    def ceil(self, x: torch.Tensor) -> torch.Tensor:
+        return self._post(torch.ceil(x))
+
+    def floor(self, x: torch.Tensor) -> torch.Tensor:
+        return self._post(torch.floor(x))
 
 
 class FloatFunctional(FunctionalBase):

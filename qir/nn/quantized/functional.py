@@ -6,7 +6,8 @@ those fixed scales on the first call of a method and cached. Rules (docs/modules
 "FloatFunctional"): add / sub via ``add_params`` + ``add_int``; mul / matmul via the exact
 product and ``conv_requant_params``; cat / stack / maximum / minimum requantize each input
 to the output scale (a copy when the scales are equal); sum / mean sum exactly in int64 and
-requantize (mean folds ``1 / n`` into the multiplier); div via ``div_int``; exp via a LUT.
+requantize (mean folds ``1 / n`` into the multiplier); div via ``div_int``; exp, ceil and floor
+via a LUT; matmul's ``x_trans`` / ``y_trans`` transpose the codes first.
 """
 
 from __future__ import annotations
@@ -144,11 +145,16 @@ class QFunctional(QuantizedModule):
     def concat(self, x: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
         return self.cat(x, dim)
 
+    def concatenate(self, x: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+        return self.cat(x, dim)
+
     def stack(self, x: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
         return torch.stack([self._to_out(t, i, "stack") for i, t in enumerate(x)], dim=dim)
 
-    def matmul(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        acc = torch.matmul(x.to(torch.float64), y.to(torch.float64)).to(torch.int64)  # exact below 2**53
+    def matmul(self, x: torch.Tensor, y: torch.Tensor, x_trans: bool = False, y_trans: bool = False) -> torch.Tensor:
+        xs = x.transpose(-2, -1) if x_trans else x  # moving codes is exact
+        ys = y.transpose(-2, -1) if y_trans else y
+        acc = torch.matmul(xs.to(torch.float64), ys.to(torch.float64)).to(torch.int64)  # exact below 2**53
         return self._product(acc, self._in(0), self._in(1), "matmul")
 
     def sum(self, x: torch.Tensor, dim: Dims = None, keepdim: bool = False) -> torch.Tensor:
@@ -172,12 +178,21 @@ class QFunctional(QuantizedModule):
     def minimum(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return torch.minimum(self._to_out(x, 0, "minimum"), self._to_out(y, 1, "minimum"))
 
-    def exp(self, x: torch.Tensor) -> torch.Tensor:
+    def _lut(self, x: torch.Tensor, method: str, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         if x.dtype != torch.int8:
             raise NotImplementedError(
-                "QFunctional.exp: only qint8 input is implemented; qint16 input needs segmented tables, "
+                f"QFunctional.{method}: only qint8 input is implemented; qint16 input needs segmented tables, "
                 "which are not implemented"
             )
-        dt = self._qdtype("exp")
-        table = self._cached(("exp",), lambda: numerics.lut_int8(torch.exp, self._in(0), self._out, dt))
+        dt = self._qdtype(method)
+        table = self._cached((method,), lambda: numerics.lut_int8(fn, self._in(0), self._out, dt))
         return numerics.lut_apply(table, x)
+
+    def exp(self, x: torch.Tensor) -> torch.Tensor:
+        return self._lut(x, "exp", torch.exp)
+
+    def ceil(self, x: torch.Tensor) -> torch.Tensor:
+        return self._lut(x, "ceil", torch.ceil)
+
+    def floor(self, x: torch.Tensor) -> torch.Tensor:
+        return self._lut(x, "floor", torch.floor)
