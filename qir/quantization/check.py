@@ -6,9 +6,9 @@
 
 The model (float, fused, QAT or converted ``nn.Module``) is traced with
 :func:`qir.frontend.trace` and checked by the ``legalize`` pass against the march's
-operator table (docs/legality.md). ``torch.jit`` modules are refused: a TorchScript
-trace has lost the module structure the check names nodes by; pass the module that was
-traced instead.
+operator table (docs/legality.md). A ``torch.jit.trace`` of a module is checked as the
+module it was traced from (a TorchScript module has lost the module paths the report names
+nodes by), like ``compile_model`` does.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from passes.legalize import (
 from passes.manager import run_pipeline
 from qir.frontend import trace
 from qir.quantization.hybrid import CPU, HybridPlan, hybrid_plan_of
+from qir.quantization.jit_source import traced_original
 
 __all__ = ["LegalityReport", "Violation", "check_model"]
 
@@ -536,14 +537,14 @@ def check_model(
     A hybrid model's CPU placements (``prepare_qat_fx(..., hybrid=True)``) run in float:
     the report lists them (``report.hybrid_cpu``) and checks only the BPU operators.
 
-    Raises TypeError for a ``torch.jit`` module: pass the ``nn.Module`` that was traced.
+    ``model`` may also be a ``torch.jit.trace`` of the module, as the seeds call it: the report is
+    about the traced module, found by the tensors the trace shares with it
+    (:mod:`qir.quantization.jit_source`), so nodes keep their module paths.
     """
-    if isinstance(model, (torch.jit.ScriptModule, torch.jit.ScriptFunction)):
-        raise TypeError(
-            "check_model needs the nn.Module, not a torch.jit trace: a TorchScript module has lost the module "
-            "structure the report names nodes by. Pass the module you traced: check_model(quantized_model, "
-            "example_input) instead of check_model(torch.jit.trace(quantized_model, ...), ...)"
-        )
+    if isinstance(model, torch.jit.ScriptFunction):
+        raise TypeError("check_model needs a module or its torch.jit.trace, not a TorchScript function")
+    if isinstance(model, torch.jit.ScriptModule):
+        model = traced_original(model, "check_model")
     if not isinstance(model, nn.Module):
         raise TypeError(f"check_model needs an nn.Module, got {type(model).__name__}")
     name = resolve_march(march)

@@ -16,9 +16,7 @@ is gone (e.g. ``torch.jit.load``) is refused with an error saying so.
 from __future__ import annotations
 
 import copy
-import gc
 import os
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ from passes.base import PassContext
 from passes.legalize import RESULT_KEY, Legalize
 from passes.pipeline import Pipeline
 from qir.march import March, get_march
+from qir.quantization.jit_source import TracedSourceError, traced_original
 from qir.quantization.pipelines import PipelineArg, default_pipeline, resolve_pipeline, run_on_module
 
 __all__ = ["CompileError", "CompiledModel", "compile_model", "load_compiled"]
@@ -55,53 +54,16 @@ def _inputs(example_inputs: Any) -> tuple[Any, ...]:
     )
 
 
-def traced_original(sm: torch.jit.ScriptModule) -> nn.Module:
-    """The live ``nn.Module`` that ``torch.jit.trace`` turned into ``sm`` (found by tensor identity)."""
-    state: dict[str, torch.Tensor] = dict(sm.named_parameters())
-    state.update(dict(sm.named_buffers()))
-    if not state:
-        raise CompileError(
-            "cannot compile this TorchScript module: it has no parameters or buffers to identify the "
-            "module it was traced from; pass the converted module itself"
-        )
-    probe_name, probe = next(iter(state.items()))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # isinstance on arbitrary heap objects can trigger deprecation shims
-        found = _scan(probe_name, probe, state)
-    if found is not None:
-        return found
-    raise CompileError(
-        "cannot compile this TorchScript module: the module it was traced from is no longer alive (qir lowers the "
-        "traced nn.Module, found by the tensors the trace shares with it). Keep the converted model and pass it, "
-        "or its torch.jit.trace, while it exists"
-    )
-
-
-def _scan(probe_name: str, probe: torch.Tensor, state: dict[str, torch.Tensor]) -> nn.Module | None:
-    for obj in gc.get_objects():
-        if not isinstance(obj, nn.Module) or isinstance(obj, torch.jit.ScriptModule):
-            continue
-        cur: Any = obj
-        for part in probe_name.split("."):
-            cur = getattr(cur, part, None)
-            if cur is None:
-                break
-        if cur is not probe:
-            continue
-        mine: dict[str, torch.Tensor] = dict(obj.named_parameters())
-        mine.update(dict(obj.named_buffers()))
-        if mine.keys() == state.keys() and all(mine[k] is state[k] for k in state):
-            return obj
-    return None
-
-
 def _resolve(module: nn.Module) -> tuple[nn.Module, torch.fx.Graph]:
     from qir.quantization.fuse import trace_fx
 
     if isinstance(module, (torch.jit.ScriptModule, torch.jit.ScriptFunction)):
         if not isinstance(module, torch.jit.ScriptModule):
             raise CompileError("cannot compile a TorchScript function; pass the converted module")
-        module = traced_original(module)
+        try:
+            module = traced_original(module, "cannot compile")
+        except TracedSourceError as e:
+            raise CompileError(str(e)) from None
     if isinstance(module, torch.fx.GraphModule):
         return module, module.graph
     if not isinstance(module, nn.Module):

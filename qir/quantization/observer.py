@@ -112,6 +112,10 @@ def keep_buffer_dtypes(module: nn.Module, dtypes: Mapping[str, torch.dtype]) -> 
             module._buffers[name] = buf.to(dt)
 
 
+#: Every observer class's own statistics buffers (see ``ObserverBase._statistics``), by name.
+_ALL_STATISTICS: set[str] = set()
+
+
 def _ddp_world() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -130,6 +134,9 @@ class ObserverBase(nn.Module):
     scale: torch.Tensor
     #: Buffers whose length follows the channel count.
     _sized_buffers: ClassVar[tuple[str, ...]] = ("min_val", "max_val", "scale")
+    #: Buffers this observer keeps besides min/max/scale (a histogram...). Every class's are
+    #: collected, so a checkpoint written by another observer kind loads strictly (below).
+    _statistics: ClassVar[tuple[str, ...]] = ()
     #: Buffer dtypes that survive ``module.half()`` and friends.
     _buffer_dtypes: ClassVar[dict[str, torch.dtype]] = {
         "min_val": torch.float32,
@@ -154,6 +161,10 @@ class ObserverBase(nn.Module):
         self.register_buffer("min_val", torch.full((n,), math.inf))
         self.register_buffer("max_val", torch.full((n,), -math.inf))
         self.register_buffer("scale", torch.ones(n))
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _ALL_STATISTICS.update(cls._statistics)
 
     @classmethod
     def with_args(cls: type[M], **kwargs: Any) -> ModuleFactory[M]:
@@ -267,6 +278,25 @@ class ObserverBase(nn.Module):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+        # A checkpoint of another observer kind (calibration's percentile histogram loaded into a
+        # QAT moving average: the toolkit's calibration -> QAT flow) carries statistics this
+        # observer does not keep. They are not unexpected: min/max/scale are common to all
+        # observers and loaded above. Its scale did not come from min/max (a percentile), so
+        # the range restarts from the scale, as prepare's calibration carry-over does.
+        foreign = [prefix + k for k in sorted(_ALL_STATISTICS - set(self._buffers)) if prefix + k in state_dict]
+        if foreign:
+            for k in foreign:
+                if k in unexpected_keys:
+                    unexpected_keys.remove(k)
+            self._range_from_scale()
+
+    @torch.no_grad()
+    def _range_from_scale(self) -> None:
+        """``min_val``/``max_val`` := ``-/+ scale * (qmax - qmin) / 2`` where this observer has seen data."""
+        seen = self.min_val <= self.max_val
+        amax = self.scale * scale_denominator(self.dtype)
+        self.min_val.copy_(torch.where(seen, -amax, self.min_val))
+        self.max_val.copy_(torch.where(seen, amax, self.max_val))
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> ObserverBase:
         super()._apply(fn, recurse)
@@ -373,6 +403,7 @@ class HistogramObserver(ObserverBase):
 
     histogram: torch.Tensor
     hist_range: torch.Tensor
+    _statistics: ClassVar[tuple[str, ...]] = ("histogram", "hist_range")
 
     def __init__(
         self,

@@ -211,11 +211,26 @@ def test_no_march_is_a_clear_error(tiny: tuple[nn.Module, torch.Tensor]) -> None
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace")
-def test_torch_jit_module_is_refused_with_the_fix(tiny: tuple[nn.Module, torch.Tensor]) -> None:
+def test_a_jit_trace_is_checked_as_the_module_it_was_traced_from(tiny: tuple[nn.Module, torch.Tensor]) -> None:
     model, x = tiny
     traced = torch.jit.trace(model, x)
-    with pytest.raises(TypeError, match="Pass the module you traced"):
-        check_model(traced, x, march="bayes")
+    direct = check_model(model, x, march="bernoulli2")
+    via_trace = check_model(traced, x, march="bernoulli2")
+    assert not via_trace.ok
+    assert via_trace.violations == direct.violations  # the same findings, named by module path
+    assert {v.module for v in via_trace.violations} == {"fc", "avgpool"}
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace")
+def test_a_trace_whose_module_is_gone_is_a_clear_error(tmp_path: Any) -> None:
+    from qir.quantization.jit_source import TracedSourceError
+
+    model, x = nn.Sequential(nn.Conv2d(1, 2, 1)).eval(), torch.randn(1, 1, 4, 4)
+    path = tmp_path / "m.pt"
+    torch.jit.save(torch.jit.trace(model, x), str(path))
+    loaded = torch.jit.load(str(path))  # fresh tensors: no live module shares them
+    with pytest.raises(TracedSourceError, match="check_model: the module this TorchScript module was traced"):
+        check_model(loaded, x, march="bayes")
 
 
 def test_the_model_is_not_changed() -> None:
