@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from qir.march import march_scope
-from qir.quantization import LegalityReport, check_model
+from qir.quantization import DeQuantStub, LegalityReport, QuantStub, check_model
 
 
 class Block(nn.Module):
@@ -296,10 +296,35 @@ def test_qat_and_converted_models_get_the_float_verdicts(march: str) -> None:
 
 
 def test_converted_high_precision_linear_output_on_bayes() -> None:
+    # legal: the plugin runs Linear as a 1x1 conv, and Bayes convs give qint32 (docs/operators.md)
     _, converted, x = _flow("bayes", out_qconfig=True)
-    report = check_model(converted, x, march="bayes", advice=1)
+    assert check_model(converted, x, march="bayes").violations == ()
+
+
+class _Upsample(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.up = nn.ConvTranspose2d(3, 4, 2, stride=2)
+        self.dequant = DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.up(self.quant(x)))
+
+
+def test_converted_high_precision_output_refused_on_bayes_with_advice() -> None:
+    from qir.quantization import convert_fx, get_default_qat_out_qconfig, get_default_qat_qconfig, prepare_qat_fx
+
+    x = torch.randn(1, 3, 8, 8)
+    with march_scope("bayes"):
+        qat = prepare_qat_fx(
+            _Upsample(), {"": get_default_qat_qconfig(), "module_name": {"up": get_default_qat_out_qconfig()}}
+        )
+        qat(x)
+        qat.eval()
+        report = check_model(convert_fx(qat), x, advice=1)
     (v,) = report.violations
-    assert (v.module, v.rule, v.actual, v.bound) == ("body.fc", "Output: qint8", "qint32", ("qint8",))
+    assert (v.module, v.rule, v.actual, v.bound) == ("up", "Output: qint8", "qint32", ("qint8",))
     assert "get_default_qat_qconfig() instead of get_default_qat_out_qconfig()" in v.advice[0]
 
 
