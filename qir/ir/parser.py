@@ -32,6 +32,11 @@ from qir.ir.types import TensorType, Type, parse_type
 MAX_CONSTANT_BYTES = 256 * 2**20
 """Default bound on a constant :func:`parse_graph` zero-fills (``allow_unbound=True``)."""
 
+MAX_INT_LITERAL = 2**64
+"""Integer literals in attributes must lie in ``[-MAX_INT_LITERAL, MAX_INT_LITERAL]``: no
+tensor index, size or quantization parameter needs more, and larger ones only surface later
+as overflows inside torch."""
+
 
 def _all_nonneg(shape: tuple[int, ...]) -> bool:
     return all(d >= 0 for d in shape)
@@ -137,8 +142,14 @@ class _Line:
         self.ws()
         m = _STRING.match(self.text, self.pos)
         if m is not None:
-            self.pos = m.end()
-            value = ast.literal_eval(m.group(0))  # a lone string literal: safe
+            start, self.pos = self.pos, m.end()
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", SyntaxWarning)
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    value = ast.literal_eval(m.group(0))  # a lone string literal: safe
+            except (SyntaxError, ValueError) as e:  # bad escapes, NUL characters
+                raise self.error(f"bad string literal for {what}: {getattr(e, 'msg', None) or e}", start) from None
             assert isinstance(value, str)
             return value
         return self.match(_BARE, what)
@@ -161,8 +172,8 @@ class _Line:
             raise self.error(f"expected a type like tensor<1x3xf32>, found {self.found()}")
         try:
             return parse_type(src)
-        except ValueError as e:
-            raise self.error(f"bad type {src!r}: {e}", start) from None
+        except (ValueError, TypeError, OverflowError) as e:
+            raise self.error(f"bad type {src[:60]!r}: {e}", start) from None
 
     def span(self, stops: str) -> tuple[int, int, frozenset[int]]:
         """Scan an expression up to a ``stops`` char at bracket depth 0 (or the end).
@@ -248,6 +259,8 @@ class _Walker:
     def value(self, node: ast.expr) -> Any:
         if isinstance(node, ast.Constant):
             v = node.value
+            if type(v) is int and abs(v) > MAX_INT_LITERAL:
+                raise self.error(node, f"integer literal with {len(str(abs(v)))} digits is out of range (|n| <= 2**64)")
             if v is None or v is Ellipsis or type(v) in (bool, int, float, str):
                 return v
             raise self.error(node, f"unsupported literal {v!r}")
@@ -285,6 +298,8 @@ class _Walker:
                     hash(k)
                 except TypeError:
                     raise self.error(key, f"dict key {k!r} is not hashable") from None
+                if k in out:
+                    raise self.error(key, f"dict key {k!r} appears twice")
                 out[k] = self.value(item)
             return out
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and not self.is_ref(node.value):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import enum
+import math
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -134,7 +135,7 @@ class QuantSpec:
             raise ValueError("QuantSpec needs at least one scale")
         if self.axis is None and len(self.scale) != 1:
             raise ValueError(f"per-tensor QuantSpec has {len(self.scale)} scales; set axis")
-        if any(not (s > 0.0) for s in self.scale):
+        if any(not (0.0 < s < math.inf) for s in self.scale):
             raise ValueError(f"scales must be positive and finite, got {self.scale[:4]}...")
 
 
@@ -283,17 +284,19 @@ class _TypeParser:
         self.i += 1
         return tok
 
-    def parse(self) -> Type:
+    def parse(self, depth: int = 0) -> Type:
+        if depth > MAX_TYPE_DEPTH:
+            raise ValueError(f"bad type text {self.text[:40]!r}...: nested deeper than {MAX_TYPE_DEPTH} levels")
         tok = self.take()
         if tok == "tensor<":
             return self._tensor()
         if tok in ("tuple<", "list<", "size<"):
             elems: list[Type] = []
             if self.peek() != ">":
-                elems.append(self.parse())
+                elems.append(self.parse(depth + 1))
                 while self.peek() == ",":
                     self.take(",")
-                    elems.append(self.parse())
+                    elems.append(self.parse(depth + 1))
             self.take(">")
             return SequenceType(tuple(elems), tok[:-1])
         if tok in ("int", "float", "bool"):
@@ -333,6 +336,9 @@ class _TypeParser:
 
 MAX_DIM = 2**62
 """Exclusive bound on one dimension in type text (torch sizes are int64)."""
+
+MAX_TYPE_DEPTH = 64
+"""How deeply ``tuple<...>`` / ``list<...>`` may nest in type text (the parser recurses)."""
 
 
 def parse_type(text: str) -> Type:

@@ -20,7 +20,7 @@ from qir.ir import DType, Graph, Node, QuantSpec, Ref, TensorType, Value, Verify
 from qir.ir.graph import map_values
 from qir.ir.ops.core import Call
 from qir.ir.ops.elementwise import Relu
-from qir.ir.parser import parse_value
+from qir.ir.parser import MAX_INT_LITERAL, parse_value
 from qir.ir.printer import format_value
 from qir.testing import (
     assert_graphs_equal,
@@ -36,7 +36,7 @@ from qir.testing import (
 _leaves = st.one_of(
     st.none(),
     st.booleans(),
-    st.integers(),
+    st.integers(-MAX_INT_LITERAL, MAX_INT_LITERAL),  # the text form's bound on integer literals
     st.floats(allow_nan=False),
     st.text(max_size=8),
     st.just(...),
@@ -49,7 +49,7 @@ literals = st.recursive(
     lambda inner: st.one_of(
         st.lists(inner, max_size=3),
         st.lists(inner, max_size=3).map(tuple),
-        st.dictionaries(st.text(max_size=4) | st.integers(), inner, max_size=3),
+        st.dictionaries(st.text(max_size=4) | st.integers(-(2**64), 2**64), inner, max_size=3),
     ),
     max_leaves=10,
 )
