@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from backends.common.kernels import native
 from backends.common.kernels.base import RequantF64, qbounds, register_kernel, requant_i64, sat_to
 from backends.common.program import Instruction
 
@@ -52,6 +53,7 @@ class ConvState:
     bias_half: torch.Tensor  # float64 per channel: bias * M/2**s + half/2**s (exact: integers < 2**53, scaled)
     k: int  # unpadded reduction length (int_mm)
     n: int  # output channels
+    fused: FusedRequant | None = None  # the one-pass native requantization, where it applies
     spaces: dict[tuple[int, tuple[int, ...]], torch.Tensor] = field(default_factory=dict)
 
     def workspace(self, slot: int, like: torch.Tensor) -> torch.Tensor:
@@ -62,6 +64,152 @@ class ConvState:
         if ws is None:
             ws = self.spaces[key] = torch.empty(like.shape, dtype=torch.float64)
         return ws.copy_(like)
+
+
+@dataclass
+class FusedRequant:
+    """Per-channel parameters of the native one-pass requantization (``native.c``).
+
+    Plain requantization runs in double (``scale``, ``offset``, ``lo``, ``hi``): exact for int32
+    accumulators while ``2**31 * M + |b * M + 2**(s-1)| < 2**53``, checked here per channel. The
+    fused add runs in int64 (``bias``, ``mult``, ``half``, ``shift``, ``lo_i``, ``hi_i``), as the rule does.
+    """
+
+    scale: torch.Tensor  # float64 M * 2**-s
+    offset: torch.Tensor  # float64 (b * M + 2**(s-1)) * 2**-s
+    lo: torch.Tensor  # float64; saturation and activation clamp folded into one per-channel range
+    hi: torch.Tensor
+    bias: torch.Tensor  # int64 (the fused add's parameters)
+    mult: torch.Tensor
+    half: torch.Tensor
+    shift: torch.Tensor
+    lo_i: torch.Tensor
+    hi_i: torch.Tensor
+    out_dtype: torch.dtype
+    add: tuple[int, int, int, int] | None  # (multiplier, half, shift, extra_bits) of the fused add
+    lib: Any  # the loaded native library (ctypes.CDLL)
+
+    @property
+    def n(self) -> int:
+        return int(self.scale.numel())
+
+
+#: |accumulator| bound of the native double requantization: any int32 value
+_ACC_BOUND = 2**31
+
+
+def _per_channel(t: torch.Tensor, n: int) -> torch.Tensor:
+    t = t.to(torch.int64).reshape(-1)
+    return (t.expand(n) if t.numel() == 1 else t).contiguous()
+
+
+def _half(shift: torch.Tensor) -> torch.Tensor:
+    return torch.where(shift > 0, torch.ones_like(shift) << (shift - 1).clamp(min=0), torch.zeros_like(shift))
+
+
+def fused_requant(
+    out_dtype: str,
+    act: str | None,
+    multiplier: torch.Tensor,
+    shift: torch.Tensor,
+    bias: torch.Tensor,
+    relu6_bound: torch.Tensor,
+    n: int,
+    add: tuple[int, int, int] | None = None,
+) -> FusedRequant | None:
+    """The native requantization's parameters, or None where it does not apply (no library, qint32
+    output, shifts outside 0..52 (0..62 with the add), a double product that would not be exact); ``add``: the fused
+    add's ``(multiplier, shift, extra_bits)``."""
+    lib = native.library()
+    if out_dtype not in ("qint8", "qint16") or lib is None:
+        return None
+    s = _per_channel(shift, n)
+    m = _per_channel(multiplier, n)
+    b = _per_channel(bias, n)
+    # int64 shifts take up to 62; the double path's 2**-shift scaling stays exact up to 52
+    if int(s.min()) < 0 or int(s.max()) > (62 if add else 52) or int(m.min()) < 0 or int(m.max()) >= 2**31:
+        return None
+    lo, hi = qbounds(out_dtype)
+    if act is not None:
+        lo = max(lo, 0)
+    hi_t = torch.full((n,), hi, dtype=torch.int64)
+    if act == "relu6":
+        hi_t = torch.minimum(hi_t, _per_channel(relu6_bound, n))
+        if bool((hi_t < lo).any()):
+            return None  # min(clamp(v), bound) is one range only while the bound is above the lower end
+    half = _half(s)
+    boff = b * m + half  # |b| < 2**31, M < 2**31: no int64 overflow
+    fits = bool(((_ACC_BOUND * m + boff.abs()) < 2**53).all())
+    if add is None and not fits:
+        return None
+    fused_add = None
+    if add is not None:
+        am, ash, p = add
+        if not (0 <= ash <= 62 and 0 <= p <= 62 and 0 <= am < 2**31):
+            return None
+        fused_add = (am, (1 << ash) >> 1, ash, p)
+    lo_t = torch.full((n,), lo, dtype=torch.int64)
+    return FusedRequant(
+        scale=torch.ldexp(m.to(torch.float64), -s),
+        offset=torch.ldexp(boff.to(torch.float64), -s),
+        lo=lo_t.to(torch.float64),
+        hi=hi_t.to(torch.float64),
+        bias=b,
+        mult=m,
+        half=half,
+        shift=s,
+        lo_i=lo_t,
+        hi_i=hi_t.contiguous(),
+        out_dtype=_CODE_DTYPES[out_dtype],
+        add=fused_add,
+        lib=lib,
+    )
+
+
+def _fused_requant(inst: Instruction, consts: Mapping[str, torch.Tensor], n: int) -> FusedRequant | None:
+    a = inst.attrs
+    add = (int(a["add_multiplier"]), int(a["add_shift"]), int(a["extra_bits"])) if a.get("has_add") else None
+    c = inst.consts
+    return fused_requant(
+        str(a["out_dtype"]),
+        a.get("act"),
+        consts[c["multiplier"]],
+        consts[c["shift"]],
+        consts[c["bias"]],
+        consts[c["relu6_bound"]],
+        n,
+        add,
+    )
+
+
+def _fused_finish(acc: torch.Tensor, addend: torch.Tensor | None, fr: FusedRequant, rows: int) -> torch.Tensor:
+    """Requantize the int32 ``acc`` (first ``rows`` rows; channels contiguous, rows ``acc.stride(0)``
+    apart) in one native pass; ``addend``: the fused add's other operand, (rows, C)."""
+    lib = fr.lib
+    n = fr.n
+    if acc.dtype != torch.int32 or acc.dim() != 2 or acc.shape[1] != n or acc.stride(1) != 1:
+        raise ValueError(
+            f"native requantization takes int32 (rows, {n}) with contiguous channels, "
+            f"got {acc.dtype} {tuple(acc.shape)}"
+        )
+    out = torch.empty((rows, n), dtype=fr.out_dtype)
+    tag = "i8" if fr.out_dtype == torch.int8 else "i16"
+    p = native.ptr
+    lda = int(acc.stride(0))
+    if fr.add is None:
+        fn = getattr(lib, f"qir_requant_rows_{tag}")
+        args: tuple[int, ...] = (p(acc), lda, n, p(fr.scale), p(fr.offset), p(fr.lo), p(fr.hi))
+    else:
+        if addend is None or addend.dtype not in (torch.int8, torch.int16):
+            raise TypeError(f"fused add: addend codes must be int8 or int16, got {getattr(addend, 'dtype', None)}")
+        addend = addend.reshape(rows, n).contiguous()
+        atag = "i8" if addend.dtype == torch.int8 else "i16"
+        fn = getattr(lib, f"qir_fused_add_rows_{atag}_{tag}")
+        am, ah, ash, ep = fr.add
+        args = (p(acc), lda, n, p(addend), p(fr.bias), p(fr.mult), p(fr.half), p(fr.shift), am, ah, ash, ep)
+        args = (*args, p(fr.lo_i), p(fr.hi_i))
+    native.run_rows(lambda r0, r1: fn(*args, p(out), r0, r1), rows, rows * n)
+    return out
 
 
 def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> ConvState:
@@ -103,6 +251,7 @@ def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> ConvState
         chunks=chunks,
         k=k,
         n=c_out,
+        fused=_fused_requant(inst, consts, c_out) if engine in ("int_mm", "int_mm_t") else None,
     )
 
 
@@ -234,6 +383,10 @@ def conv2d(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
     x = args[0]
     acc = _acc_conv2d(x, st, inst.attrs)
     addend = args[1].permute(0, 2, 3, 1) if len(args) > 1 else None
+    if st.fused is not None:
+        nb, oh, ow, c = acc.shape
+        out = _fused_finish(acc.flatten(0, 2), addend, st.fused, nb * oh * ow)
+        return [out.view(nb, oh, ow, c).permute(0, 3, 1, 2)]
     return [_finish(acc, addend, st, inst.attrs, -1).permute(0, 3, 1, 2)]
 
 
@@ -276,6 +429,9 @@ def linear(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
             buf[:m, : x2.shape[1]] = x2
             x2 = buf
         acc = torch._int_mm(x2.contiguous(), st.weight)[:m, : st.n]
+        if st.fused is not None:
+            addend = args[1].reshape(m, st.n) if len(args) > 1 else None
+            return [_fused_finish(acc, addend, st.fused, m).reshape(*lead, st.n)]
     elif engine == "f32":
         acc = F.linear(x2.to(torch.float32), st.weight).to(torch.float64)
     else:

@@ -1,0 +1,154 @@
+"""Fused native kernels (``native.c``): requantization, the fused conv + add rule and the
+depthwise conv, each one pass over memory, built with the system C compiler on first use.
+
+Torch's elementwise ops make one pass over the tensor per operation; requantizing an int32
+accumulator exactly takes five or six of them in float64 (cast, multiply-add, floor, clamp,
+cast), which on thin layers (1x1 and depthwise convs) costs more than the matrix product.
+The C loops here read the int32 accumulator once and write the int8 / int16 codes once, with
+the same int64 arithmetic as the reference rules (``qir.ir.numerics.requantize``).
+
+The library is compiled once per source, compiler flags and CPU (``-O3 -march=native
+-fwrapv``) into ``$QIR_CACHE_DIR`` (default ``~/.cache/qir``) and loaded with ctypes. Without
+a C compiler, or with ``QIR_NATIVE=0``, :func:`library` returns None and the kernels use
+their torch paths, which compute the same results (tests compare both against the int64
+reference). :func:`status` says which and why.
+
+ctypes releases the GIL during a call, so :func:`run_rows` splits the rows of one call
+across ``torch.get_num_threads()`` Python threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+__all__ = ["library", "ptr", "run_rows", "status"]
+
+_SRC = Path(__file__).with_name("native.c")
+# -fno-trapping-math -fno-math-errno let floor() vectorise; neither changes an IEEE result (no fast-math)
+_FLAGS = ["-O3", "-march=native", "-fwrapv", "-fno-trapping-math", "-fno-math-errno", "-shared", "-fPIC", "-std=c99"]
+#: below this many output elements a call runs on the calling thread (thread hand-off costs ~50 us)
+_SPLIT_MIN = 1 << 15
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_status: str | None = None
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+
+_I64 = ctypes.c_int64
+_P = ctypes.c_void_p
+_SIGNATURES: dict[str, list[type]] = {
+    # acc, lda, n, scale, offset, lo, hi, out, r0, r1
+    **{f"qir_requant_rows_{t}": [_P, _I64, _I64, *[_P] * 5, _I64, _I64] for t in ("i8", "i16")},
+    # acc, lda, n, addend, bias, mult, half, shift, add_mult, add_half, add_shift, p, lo, hi, out, r0, r1
+    **{
+        f"qir_fused_add_rows_{a}_{o}": [_P, _I64, _I64, *[_P] * 5, *[_I64] * 4, *[_P] * 3, _I64, _I64]
+        for a in ("i8", "i16")
+        for o in ("i8", "i16")
+    },
+    # x, h, w, c, wt, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, scale, offset, lo, hi, out, r0, r1
+    **{f"qir_dw_rows_{t}": [_P, *[_I64] * 3, _P, *[_I64] * 10, *[_P] * 5, _I64, _I64] for t in ("i8", "i16")},
+}
+
+
+def _cpu_key() -> str:
+    """What ``-march=native`` depends on: the CPU's model and feature flags."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            lines = [ln for ln in fh if ln.startswith(("flags", "model name"))][:2]
+    except OSError:
+        lines = []
+    return platform.machine() + "".join(lines)
+
+
+def _build() -> tuple[ctypes.CDLL | None, str]:
+    if os.environ.get("QIR_NATIVE", "1") == "0":
+        return None, "disabled (QIR_NATIVE=0): torch kernels"
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None, "no C compiler found (set CC): torch kernels"
+    src = _SRC.read_bytes()
+    key = hashlib.sha256(src + " ".join([cc, *_FLAGS]).encode() + _cpu_key().encode()).hexdigest()[:16]
+    cache = Path(
+        os.environ.get("QIR_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qir"
+    )
+    so = cache / f"qir_native_{key}.so"
+    if not so.exists():
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            # build beside the target and rename: concurrent processes never load a half-written file
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+            os.close(fd)
+            proc = subprocess.run([cc, *_FLAGS, str(_SRC), "-o", tmp], capture_output=True, text=True, timeout=120)
+            if proc.returncode != 0:
+                os.unlink(tmp)
+                return None, f"{cc} failed on {_SRC.name}: {proc.stderr.strip()[:300]}: torch kernels"
+            os.replace(tmp, so)
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, f"building {_SRC.name} in {cache} failed ({e}): torch kernels"
+    try:
+        lib = ctypes.CDLL(str(so))
+    except OSError as e:
+        return None, f"loading {so} failed ({e}): torch kernels"
+    for name, args in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = ctypes.c_int if name.startswith("qir_dw") else None
+    return lib, f"native kernels from {so}"
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel library, building it on first use; None when unavailable (see :func:`status`)."""
+    global _lib, _status
+    if _status is None:
+        with _lock:
+            if _status is None:
+                _lib, _status = _build()
+    return _lib
+
+
+def status() -> str:
+    """Whether the native kernels are in use, and from where or why not."""
+    library()
+    assert _status is not None
+    return _status
+
+
+def ptr(t: torch.Tensor) -> int:
+    return int(t.data_ptr())
+
+
+def _executor(n: int) -> ThreadPoolExecutor:
+    global _pool, _pool_size
+    with _lock:
+        if _pool is None or _pool_size < n:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool, _pool_size = ThreadPoolExecutor(max_workers=n, thread_name_prefix="qir-native"), n
+        return _pool
+
+
+def run_rows(fn: Callable[[int, int], object], rows: int, work: int) -> None:
+    """``fn(r0, r1)`` over ``[0, rows)``, split across ``torch.get_num_threads()`` threads when
+    ``work`` (elements written) is large enough to pay for the hand-off."""
+    nt = min(torch.get_num_threads(), rows)
+    if nt <= 1 or work < _SPLIT_MIN:
+        fn(0, rows)
+        return
+    bounds = [rows * i // nt for i in range(nt + 1)]
+    futures = [_executor(nt - 1).submit(fn, bounds[i], bounds[i + 1]) for i in range(1, nt)]
+    fn(bounds[0], bounds[1])
+    for f in futures:
+        f.result()
