@@ -3,6 +3,7 @@
 from qir.quantization.qconfig import (
     QConfig,
     default_calib_8bit_fake_quant_qconfig,
+    default_calib_8bit_weight_32bit_out_fake_quant_qconfig,
     default_calib_16bit_fake_quant_qconfig,
     default_qat_8bit_fake_quant_qconfig,
     default_qat_8bit_weight_32bit_out_fake_quant_qconfig,
@@ -17,6 +18,7 @@ __all__ = [
     "QConfig",
     "default_calib_16bit_fake_quant_qconfig",
     "default_calib_8bit_fake_quant_qconfig",
+    "default_calib_8bit_weight_32bit_out_fake_quant_qconfig",
     "default_qat_16bit_fake_quant_qconfig",
     "default_qat_8bit_fake_quant_qconfig",
     "default_qat_8bit_weight_32bit_out_fake_quant_qconfig",

@@ -21,6 +21,7 @@ from qir.quantization.observer import (
     HistogramObserver,
     MinMaxObserver,
     ModuleFactory,
+    MovingAverageMinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,
     MovingAveragePerTensorMinMaxObserver,
     ObserverBase,
@@ -29,7 +30,9 @@ from qir.quantization.observer import (
 from qir.quantization.observer_search import KLObserver, MixObserver, MSEObserver
 from qir.quantization.qconfig import (
     QConfig,
+    as_qir_qconfig,
     default_calib_8bit_fake_quant_qconfig,
+    default_calib_8bit_weight_32bit_out_fake_quant_qconfig,
     default_calib_16bit_fake_quant_qconfig,
     default_qat_8bit_fake_quant_qconfig,
     default_qat_8bit_weight_32bit_out_fake_quant_qconfig,
@@ -53,14 +56,17 @@ __all__ = [
     "MinMaxObserver",
     "MixObserver",
     "ModuleFactory",
+    "MovingAverageMinMaxObserver",
     "MovingAveragePerChannelMinMaxObserver",
     "MovingAveragePerTensorMinMaxObserver",
     "ObserverBase",
     "PercentileObserver",
     "QConfig",
     "QuantStub",
+    "as_qir_qconfig",
     "default_calib_16bit_fake_quant_qconfig",
     "default_calib_8bit_fake_quant_qconfig",
+    "default_calib_8bit_weight_32bit_out_fake_quant_qconfig",
     "default_qat_16bit_fake_quant_qconfig",
     "default_qat_8bit_fake_quant_qconfig",
     "default_qat_8bit_weight_32bit_out_fake_quant_qconfig",
@@ -76,6 +82,7 @@ __all__ = [
     "qconfig_kind",
     "set_fake_quantize",
 ]
+from qir.quantization.calibration import fuse_conv_shared_modules, prepare_calibration
 from qir.quantization.check import LegalityReport, Violation, check_model  # noqa: F401  (re-exported)
 
 # -- the fx and eager flows (fuse / prepare / convert) ------------------------------------------
@@ -89,9 +96,11 @@ __all__ += [
     "HybridPlan",
     "convert",
     "convert_fx",
+    "fuse_conv_shared_modules",
     "fuse_fx",
     "fuse_known_modules",
     "hybrid_placement",
+    "prepare_calibration",
     "prepare_qat",
     "prepare_qat_fx",
 ]

@@ -24,7 +24,7 @@ from qir.nn.intrinsic.fused import FUSED_CLASSES, FusedModule
 from qir.quantization.convert import ConvertError, _convert_modules
 from qir.quantization.fuse import trace_fx
 from qir.quantization.prepare import check_kinds, qat_class_for, require_march, set_submodule
-from qir.quantization.qconfig import QConfig
+from qir.quantization.qconfig import QConfig, as_qir_qconfig
 
 __all__ = ["convert", "fuse_known_modules", "positional", "prepare_qat"]
 
@@ -191,7 +191,8 @@ def prepare_qat(model: nn.Module, mapping: Mapping[type, type] | None = None, in
     def visit(m: nn.Module, path: str, qc: QConfig | None) -> None:
         for name, child in m.named_children():
             child_path = f"{path}.{name}" if path else name
-            own = getattr(child, "qconfig", None)  # stubs carry qconfig=None: that inherits
+            # stubs carry qconfig=None: that inherits; a torch.quantization.QConfig of qir factories converts
+            own = as_qir_qconfig(getattr(child, "qconfig", None), f"module '{child_path}'.qconfig")
             cqc = own if own is not None else qc
             cls = qat_class_for(child, mapping)
             if cls is not None and cqc is not None:
@@ -199,7 +200,7 @@ def prepare_qat(model: nn.Module, mapping: Mapping[type, type] | None = None, in
             else:
                 visit(child, child_path, cqc)
 
-    visit(model, "", getattr(model, "qconfig", None))
+    visit(model, "", as_qir_qconfig(getattr(model, "qconfig", None), "model.qconfig"))
     check_kinds({p: qc for p, _, _, qc in plan})
     for path, m, cls, qc in plan:
         set_submodule(model, path, cls.from_float(_standard(m), qc))  # type: ignore[attr-defined]

@@ -79,6 +79,20 @@ def fake_quantize(
     return out
 
 
+def _check_plugin_range(dtype: str, quant_min: int | None, quant_max: int | None, saturate: bool | None) -> None:
+    """The plugin's ``quant_min`` / ``quant_max`` / ``saturate`` arguments, accepted when they say
+    what qir does anyway: the full range of ``dtype`` (``qinfo(dtype).min`` / ``.max``), saturating."""
+    lo, hi = observable_qdtype(dtype).qrange
+    for name, value, want in (("quant_min", quant_min, lo), ("quant_max", quant_max, hi)):
+        if value is not None and int(value) != want:
+            raise ValueError(
+                f"FakeQuantize({name}={value}) with dtype={dtype}: qir quantizes to the full range of the dtype "
+                f"[{lo}, {hi}]; pass {name}=qinfo({dtype!r}).{name[6:]} ({want}) or leave it out"
+            )
+    if saturate is not None and not saturate:
+        raise ValueError("FakeQuantize(saturate=False) is not supported: qir's quantization always saturates")
+
+
 class FakeQuantState(enum.Enum):
     """Whole-model modes for :func:`set_fake_quantize`."""
 
@@ -124,10 +138,14 @@ class FakeQuantize(nn.Module):
         dtype: DTypeLike = "qint8",
         ch_axis: int | None = None,
         scale: float | torch.Tensor | None = None,
+        quant_min: int | None = None,
+        quant_max: int | None = None,
+        saturate: bool | None = None,
         **observer_kwargs: Any,
     ) -> None:
         super().__init__()
         qd = observable_qdtype(dtype)
+        _check_plugin_range(qd.name, quant_min, quant_max, saturate)
         obs: ObserverBase
         if scale is not None:
             obs = FixedScaleObserver(scale=scale, dtype=qd)
@@ -159,7 +177,7 @@ class FakeQuantize(nn.Module):
     @classmethod
     def check_args(cls, keywords: Mapping[str, Any]) -> None:
         """Early check of ``with_args`` keywords: own parameters plus those of the chosen observer."""
-        own = {"observer", "dtype", "ch_axis", "scale"}
+        own = {"observer", "dtype", "ch_axis", "scale", "quant_min", "quant_max", "saturate"}
         observer = keywords.get("observer", MovingAveragePerTensorMinMaxObserver)
         if isinstance(observer, nn.Module):
             raise TypeError(
@@ -168,6 +186,12 @@ class FakeQuantize(nn.Module):
             )
         if "dtype" in keywords:
             observable_qdtype(keywords["dtype"])
+        _check_plugin_range(
+            observable_qdtype(keywords.get("dtype", "qint8")).name,
+            keywords.get("quant_min"),
+            keywords.get("quant_max"),
+            keywords.get("saturate"),
+        )
         rest = {k: v for k, v in keywords.items() if k not in own}
         target = observer.func if isinstance(observer, ModuleFactory) else observer
         if isinstance(target, type) and "scale" not in keywords:
@@ -351,9 +375,13 @@ def set_fake_quantize(model: _N, state: FakeQuantState | str) -> _N:
 # -- the plugin's named fake-quant factories (``fake_quantize.default_8bit_fake_quant``) ------
 
 #: Activations, qint8: per-tensor moving average (constant 0.01), as in the default QAT qconfig.
-default_8bit_fake_quant = FakeQuantize.with_args(observer=MovingAveragePerTensorMinMaxObserver, dtype="qint8")
+default_8bit_fake_quant = FakeQuantize.with_args(
+    observer=MovingAveragePerTensorMinMaxObserver, dtype="qint8", averaging_constant=0.01
+)
 #: Activations, qint16.
-default_16bit_fake_quant = FakeQuantize.with_args(observer=MovingAveragePerTensorMinMaxObserver, dtype="qint16")
+default_16bit_fake_quant = FakeQuantize.with_args(
+    observer=MovingAveragePerTensorMinMaxObserver, dtype="qint16", averaging_constant=0.01
+)
 #: Weights, qint8: per output channel (axis 0), the current values only.
 default_weight_8bit_fake_quant = FakeQuantize.with_args(
     observer=MovingAveragePerChannelMinMaxObserver, dtype="qint8", ch_axis=0, averaging_constant=1.0

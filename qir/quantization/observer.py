@@ -31,6 +31,7 @@ __all__ = [
     "HistogramObserver",
     "MinMaxObserver",
     "ModuleFactory",
+    "MovingAverageMinMaxObserver",
     "MovingAveragePerChannelMinMaxObserver",
     "MovingAveragePerTensorMinMaxObserver",
     "ObserverBase",
@@ -531,3 +532,7 @@ class FixedScaleObserver(ObserverBase):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, scale={float(self.scale):.6g}"
+
+
+#: The plugin's name for the per-tensor moving-average observer.
+MovingAverageMinMaxObserver = MovingAveragePerTensorMinMaxObserver

@@ -28,8 +28,10 @@ from qir.quantization.observer import (
 __all__ = [
     "QConfig",
     "QConfigKind",
+    "as_qir_qconfig",
     "default_calib_16bit_fake_quant_qconfig",
     "default_calib_8bit_fake_quant_qconfig",
+    "default_calib_8bit_weight_32bit_out_fake_quant_qconfig",
     "default_qat_16bit_fake_quant_qconfig",
     "default_qat_8bit_fake_quant_qconfig",
     "default_qat_8bit_weight_32bit_out_fake_quant_qconfig",
@@ -70,6 +72,44 @@ class QConfig(_QConfigFields):
             if value is not None and not callable(value):
                 raise TypeError(f"QConfig.{field} must be a factory (callable) or None, got {type(value).__name__}")
         return super().__new__(cls, activation, weight)
+
+
+def _is_torch_qconfig(value: Any) -> bool:
+    try:
+        from torch.ao.quantization.qconfig import QConfig as TorchQConfig
+    except ImportError:  # torch built without the ao namespace
+        return False
+    return isinstance(value, TorchQConfig)
+
+
+def _check_factory(factory: Any, where: str, field: str) -> Factory | None:
+    if factory is None or isinstance(factory, ModuleFactory):
+        return factory  # type: ignore[no-any-return]
+    target = getattr(factory, "func", factory)
+    if isinstance(target, type) and issubclass(target, (FakeQuantize, ObserverBase)):
+        return factory  # type: ignore[no-any-return]
+    raise TypeError(
+        f"{where}: {field} {factory!r} is a torch.ao.quantization factory, not a qir one; build it with "
+        "qir.quantization.FakeQuantize.with_args(observer=..., dtype=...) (the plugin's FakeQuantize is "
+        "qir.quantization.FakeQuantize)"
+    )
+
+
+def as_qir_qconfig(value: Any, where: str = "qconfig") -> QConfig | None:
+    """``value`` as a qir :class:`QConfig`: qir's as is, ``None`` as is, and a
+    ``torch.quantization.QConfig`` holding qir factories (the plugin's users build
+    ``torch.quantization.QConfig(activation=FakeQuantize.with_args(...), weight=None)``)
+    converted field by field. Anything else is a ``TypeError`` naming ``where``."""
+    if value is None or isinstance(value, QConfig):
+        return value
+    if _is_torch_qconfig(value):
+        return QConfig(
+            activation=_check_factory(value.activation, where, "activation"),
+            weight=_check_factory(value.weight, where, "weight"),
+        )
+    raise TypeError(
+        f"{where} must be a qir QConfig (or a torch.quantization.QConfig of qir factories), got {type(value).__name__}"
+    )
 
 
 def _factory_kind(factory: Factory) -> QConfigKind:
@@ -181,6 +221,10 @@ def get_default_calib_qconfig(
 default_qat_8bit_fake_quant_qconfig = get_default_qat_qconfig()
 default_qat_8bit_weight_32bit_out_fake_quant_qconfig = get_default_qat_out_qconfig()
 default_calib_8bit_fake_quant_qconfig = get_default_calib_qconfig()
+#: Calibration for a last conv/linear: observed weights, no output fake quant (qint32 output).
+default_calib_8bit_weight_32bit_out_fake_quant_qconfig = QConfig(
+    activation=None, weight=_weight_factory(CalibFakeQuantize, "qint8", None)
+)
 # 16-bit activations; weights stay int8 (both marches' conv/linear take int8 weights).
 default_qat_16bit_fake_quant_qconfig = get_default_qat_qconfig(dtype="qint16")
 default_calib_16bit_fake_quant_qconfig = get_default_calib_qconfig(dtype="qint16")

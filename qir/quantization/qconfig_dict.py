@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from qir.quantization.qconfig import QConfig
+from qir.quantization.qconfig import QConfig, as_qir_qconfig
 
 __all__ = ["QConfigSpec", "parse_hybrid_dict", "parse_qconfig_dict"]
 
@@ -31,9 +31,7 @@ _UNSET = object()
 
 
 def _check_qconfig(value: Any, where: str) -> QConfig | None:
-    if value is None or isinstance(value, QConfig):
-        return value
-    raise TypeError(f"qconfig_dict{where} must be a qir QConfig or None, got {type(value).__name__}")
+    return as_qir_qconfig(value, f"qconfig_dict{where}")
 
 
 def _pairs(value: Any, key: str) -> list[tuple[Any, Any]]:

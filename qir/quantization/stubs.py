@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from qir.quantization.fake_quantize import FakeQuantize
-from qir.quantization.qconfig import QConfig
+from qir.quantization.qconfig import QConfig, as_qir_qconfig
 
 __all__ = ["DeQuantStub", "QuantStub"]
 
@@ -43,9 +43,7 @@ class QuantStub(nn.Module):
             self.register_buffer("scale", torch.tensor([value], dtype=torch.float32))
         else:
             self.register_buffer("scale", None)
-        if qconfig is not None and not isinstance(qconfig, QConfig):
-            raise TypeError(f"QuantStub qconfig must be a QConfig, got {type(qconfig).__name__}")
-        self.qconfig = qconfig
+        self.qconfig = as_qir_qconfig(qconfig, "QuantStub qconfig")
 
     @property
     def has_fixed_scale(self) -> bool:
@@ -57,7 +55,7 @@ class QuantStub(nn.Module):
     def make_fake_quant(self, qconfig: QConfig | None = None) -> FakeQuantize:
         """The fake quant for this stub's output: ``qconfig`` (else ``self.qconfig``) activation,
         with the fixed scale when one is set."""
-        qc = qconfig if qconfig is not None else self.qconfig
+        qc = as_qir_qconfig(qconfig if qconfig is not None else self.qconfig, "QuantStub qconfig")
         if qc is None or qc.activation is None:
             raise ValueError(
                 "QuantStub needs a qconfig with an activation factory (its output is quantized); "

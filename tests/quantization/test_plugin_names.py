@@ -130,3 +130,56 @@ def test_user_post_processing_that_checks_for_qtensor_runs_on_qir_outputs() -> N
     codes = QTensor(torch.tensor([-4, 0, 6], dtype=torch.int8), 0.25)
     assert decode(codes).tolist() == [False, False, True]
     assert decode(torch.tensor([-1.0, 0.0, 1.5])).tolist() == [False, False, True]
+
+
+def test_torch_qconfig_of_qir_factories_converts_and_torch_factories_are_explained() -> None:
+    from torch.ao.quantization import FakeQuantize as TorchFakeQuantize
+    from torch.ao.quantization import QConfig as TorchQConfig
+
+    from qir.quantization import as_qir_qconfig, qconfig_kind
+
+    tq = TorchQConfig(activation=q.FakeQuantize.with_args(dtype=qint16), weight=None)
+    qc = as_qir_qconfig(tq)
+    assert isinstance(qc, q.QConfig) and qc.activation is tq.activation and qc.weight is None
+    assert qconfig_kind(qc) == "qat"
+    stub = QuantStub(qconfig=tq)
+    assert isinstance(stub.qconfig, q.QConfig) and stub.make_fake_quant().dtype.name == "qint16"
+    bad = TorchQConfig(activation=TorchFakeQuantize.with_args(), weight=None)
+    with pytest.raises(TypeError, match=r"QuantStub qconfig: activation .* torch\.ao\.quantization factory"):
+        QuantStub(qconfig=bad)
+    with pytest.raises(TypeError, match="must be a qir QConfig"):
+        as_qir_qconfig("qint8", "qconfig_dict['']")
+
+
+def test_plugin_fake_quant_arguments_accepted_when_they_mean_qirs_range() -> None:
+    from qir.quantization import MovingAverageMinMaxObserver
+
+    fq = q.FakeQuantize.with_args(
+        observer=MovingAverageMinMaxObserver,
+        quant_min=qinfo("qint16").min,
+        quant_max=qinfo("qint16").max,
+        dtype=qint16,
+        saturate=True,
+    )()
+    assert (fq.qmin, fq.qmax) == (-32768, 32767)
+    with pytest.raises(ValueError, match=r"quant_min=-127\) with dtype=qint8: qir quantizes to the full range"):
+        q.FakeQuantize.with_args(quant_min=-127, dtype=qint8)
+    with pytest.raises(ValueError, match="saturate=False"):
+        q.FakeQuantize(saturate=False)
+
+
+def test_calibration_out_qconfig_is_calibration_with_no_output_fake_quant() -> None:
+    from qir.qconfig import default_calib_8bit_weight_32bit_out_fake_quant_qconfig as calib_out
+
+    assert calib_out.activation is None and q.qconfig_kind(calib_out) == "calibration"
+    w = calib_out.weight()
+    assert isinstance(w, q.CalibFakeQuantize) and w.ch_axis == 0
+
+
+def test_fuse_conv_shared_modules_names_a_missing_module() -> None:
+    seq = nn.Sequential(nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2))
+    with pytest.raises(ValueError, match=r"has no module '5'; its modules: 0, 1"):
+        q.fuse_conv_shared_modules(seq, [["0", "5"]])
+    fused = q.fuse_conv_shared_modules(seq, ["0", "1"])  # one group without the outer list
+    assert isinstance(fused[0], nn.Identity) and isinstance(fused[1], nn.Conv2d)
+    assert isinstance(seq[1], nn.BatchNorm2d)  # not inplace: the input is unchanged

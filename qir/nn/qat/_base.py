@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from torch import nn
 
 from qir.quantization.fake_quantize import FakeQuantize
-from qir.quantization.qconfig import QConfig
+from qir.quantization.qconfig import QConfig, as_qir_qconfig
 
 __all__ = ["QATModule", "make_activation_fq", "make_weight_fq", "resolve_qconfig"]
 
@@ -20,9 +20,9 @@ def resolve_qconfig(mod: nn.Module, qconfig: QConfig | None, what: str) -> QConf
             f"{what}.from_float needs a qconfig: pass qconfig= or set {type(mod).__name__}.qconfig "
             "(e.g. qir.quantization.get_default_qat_qconfig())"
         )
-    if not isinstance(qc, QConfig):
-        raise TypeError(f"{what}: qconfig must be a qir QConfig, got {type(qc).__name__}")
-    return qc
+    out = as_qir_qconfig(qc, f"{what}: qconfig")
+    assert out is not None
+    return out
 
 
 def _check_fq(fq: Any, what: str, field: str) -> FakeQuantize:
