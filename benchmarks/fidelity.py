@@ -3,7 +3,8 @@
 For each model (random weights, batch-norm statistics set by a few train-mode batches,
 96x96 inputs, march Bayes): calibrate, one QAT step, ``set_fake_quantize(model,
 "validation")``, ``convert_fx``; then on a held-out random batch compare the QAT model's
-output with the converted model's: share of outputs exactly equal, relative L2 error,
+output with the converted model's, in validation state (the integer twin) and with
+exactness off (the float fake-quant simulation): share of outputs exactly equal, relative L2 error,
 argmax agreement and SQNR (dB). The same flow through torch.ao (``prepare_qat_fx`` with the
 x86 qconfig mapping, observers disabled after the QAT step, ``convert_fx``) gives torch.ao's
 fake-quant-vs-int8 figures in the same run. Needs torchvision (``/work/tvenv/bin/python``).
@@ -35,6 +36,7 @@ from qir.quantization import (
     prepare_qat_fx,
     set_fake_quantize,
 )
+from qir.quantization.exact_validation import set_exact_validation
 
 _HEADS = {"resnet18": "model.fc", "resnet50": "model.fc", "mobilenet_v2": "model.classifier.1"}
 
@@ -64,7 +66,7 @@ def compare(ref: torch.Tensor, out: torch.Tensor) -> dict[str, float]:
     }
 
 
-def run_qir(name: str, size: int, batch: int) -> dict[str, Any]:
+def run_qir(name: str, size: int, batch: int) -> list[tuple[str, dict[str, Any]]]:
     wrapped = Quantized(_float_model(name, size)).eval()
     g = torch.Generator().manual_seed(1)
     with march_scope("bayes"):
@@ -82,10 +84,14 @@ def run_qir(name: str, size: int, batch: int) -> dict[str, Any]:
         converted = convert_fx(qat)
         x = torch.randn(batch, 3, size, size, generator=g)
         with torch.no_grad():
-            return compare(qat(x), converted(x))
+            want = converted(x)
+            exact = compare(qat(x), want)  # validation state: the integer twin (docs/semantics.md)
+            set_exact_validation(qat, False)
+            simulated = compare(qat(x), want)  # the float fake-quant simulation
+    return [("qir QAT-validation vs conv", exact), ("qir float sim vs conv", simulated)]
 
 
-def run_torch_ao(name: str, size: int, batch: int) -> dict[str, Any]:
+def run_torch_ao(name: str, size: int, batch: int) -> list[tuple[str, dict[str, Any]]]:
     from torch.ao.quantization import disable_observer, get_default_qat_qconfig_mapping
     from torch.ao.quantization.quantize_fx import convert_fx as ao_convert
     from torch.ao.quantization.quantize_fx import prepare_qat_fx as ao_prepare
@@ -106,7 +112,7 @@ def run_torch_ao(name: str, size: int, batch: int) -> dict[str, Any]:
         converted = ao_convert(qat)
     x = torch.randn(batch, 3, size, size, generator=g)
     with torch.no_grad():
-        return compare(qat(x), converted(x))
+        return [("torch.ao fake quant vs int8", compare(qat(x), converted(x)))]
 
 
 def _one_qat_step(model: nn.Module, batch: int, size: int, g: torch.Generator) -> None:
@@ -135,17 +141,19 @@ def main(argv: list[str] | None = None) -> int:
     print(lines[0], flush=True)
     rows: list[dict[str, Any]] = []
     for name in args.models:
-        for flow, fn in (("qir QAT-validation vs conv", run_qir), ("torch.ao fake quant vs int8", run_torch_ao)):
+        for fn in (run_qir, run_torch_ao):
             t0 = time.perf_counter()
-            r = {"model": name, "flow": flow, **fn(name, args.size, args.batch)}
-            r["seconds"] = time.perf_counter() - t0
-            rows.append(r)
-            line = (
-                f"{name:<14} {flow:<28} {r['equal_pct']:8.1f} {r['rel_l2']:9.4f} "
-                f"{r['argmax_agreement_pct']:9.1f} {r['sqnr_db']:8.1f} {r['seconds']:6.1f}"
-            )
-            lines.append(line)
-            print(line, flush=True)
+            results = fn(name, args.size, args.batch)
+            seconds = time.perf_counter() - t0
+            for flow, figures in results:
+                r = {"model": name, "flow": flow, **figures, "seconds": seconds}
+                rows.append(r)
+                line = (
+                    f"{name:<14} {flow:<28} {r['equal_pct']:8.1f} {r['rel_l2']:9.4f} "
+                    f"{r['argmax_agreement_pct']:9.1f} {r['sqnr_db']:8.1f} {r['seconds']:6.1f}"
+                )
+                lines.append(line)
+                print(line, flush=True)
     if args.txt:
         with open(args.txt, "w") as f:
             f.write("\n".join(lines) + "\n")

@@ -27,8 +27,10 @@ from torch import nn
 from backends.common import numerics
 from qir.frontend.convert import gc_paused
 from qir.ir.types import DType
-from qir.march import March
+from qir.march import March, march_scope
 from qir.quantization.code_convert import EXACT, CodeOpError, classify, rewrite_code_ops
+from qir.quantization.exact_validation import set_twin_builder
+from qir.quantization.exact_validation import uninstall as uninstall_exact_validation
 from qir.quantization.fuse import trace_fx
 from qir.quantization.hybrid import hybrid_plan_of
 from qir.quantization.multi_output import multi_output_item, multi_output_scales
@@ -556,11 +558,24 @@ def convert_fx(
     _convert_modules(gm, gm, march, mapping)
     gm.eval()
     gm.meta.pop(PREPARE_RECORD_KEY, None)
+    uninstall_exact_validation(gm)
     if len(pipe):
         emitted, _ = run_on_module(gm, pipe, example_inputs, "convert")
         if emitted is not None:
             gm = emitted
     return gm
+
+
+def _integer_twin(qat_model: nn.Module) -> nn.Module:
+    """convert_fx in the march the model was prepared for (exact validation's twin)."""
+    record = qat_model.meta.get(PREPARE_RECORD_KEY) if isinstance(qat_model, torch.fx.GraphModule) else None
+    if isinstance(record, PrepareRecord):
+        with march_scope(record.march):
+            return convert_fx(qat_model)
+    return convert_fx(qat_model)
+
+
+set_twin_builder(_integer_twin)
 
 
 def _register_legality_views() -> None:

@@ -8,10 +8,12 @@ float32 input. The scale lives in a tensor buffer and is never read on the host.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -167,6 +169,9 @@ class FakeQuantize(nn.Module):
         self.register_buffer("zero_point", torch.zeros(obs.scale.shape, dtype=torch.int32))
         self.observer_enabled = True
         self.fake_quant_enabled = True
+        #: the state :meth:`set_state` last set (None: never set); VALIDATION makes a
+        #: prepare_qat_fx model run its integer twin (qir.quantization.exact_validation)
+        self.state: FakeQuantState | None = None
         self.set_state(self._initial_state)
 
     @classmethod
@@ -219,6 +224,7 @@ class FakeQuantize(nn.Module):
 
     def set_state(self, state: FakeQuantState | str) -> FakeQuantize:
         st = FakeQuantState.parse(state)
+        self.state = st
         self.observer_enabled = st in (FakeQuantState.QAT, FakeQuantState.CALIBRATION)
         self.fake_quant_enabled = st in (FakeQuantState.QAT, FakeQuantState.VALIDATION)
         return self
@@ -362,6 +368,26 @@ def disable_fake_quant(model: _N) -> _N:
     for fq in _fake_quants(model):
         fq.disable_fake_quant()
     return model
+
+
+_FLOAT_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("qir_float_fake_quant", default=False)
+
+
+@contextlib.contextmanager
+def float_fake_quant() -> Iterator[None]:
+    """Within the block, prepared models in VALIDATION state run their float fake quantization
+    instead of their integer twin (qir.quantization.exact_validation): for tools that hook or
+    trace the QAT modules themselves (ONNX export, per-layer comparisons)."""
+    token = _FLOAT_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _FLOAT_ONLY.reset(token)
+
+
+def float_fake_quant_active() -> bool:
+    """Whether a :func:`float_fake_quant` block is active in this context."""
+    return _FLOAT_ONLY.get()
 
 
 def set_fake_quantize(model: _N, state: FakeQuantState | str) -> _N:

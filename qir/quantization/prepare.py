@@ -33,6 +33,7 @@ from torch import nn
 from backends.common.numerics import scale_denominator
 from qir.frontend.convert import gc_paused
 from qir.march import March, get_march
+from qir.quantization.exact_validation import install as install_exact_validation
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.functional_swap import swap_functionals
 from qir.quantization.fuse import ALL_FUNCTIONALS, FuseRecord, build_fused
@@ -236,7 +237,7 @@ def _prepare_float(
         float_model=float_copy, march=march, kind=kind, hybrid=hybrid, cpu=dict(cpu)
     )
     gm.train(model.training)
-    return gm
+    return install_exact_validation(gm)
 
 
 def _hybrid_spec(hybrid: bool, hybrid_dict: Mapping[str, Any] | None) -> HybridSpec | None:

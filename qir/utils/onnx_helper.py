@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from qir.ir.types import DType
-from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.fake_quantize import FakeQuantize, float_fake_quant
 from qir.utils.onnx.model_copy import export_copy
 
 __all__ = ["DEFAULT_OPSET", "MIN_OPSET", "export_to_onnx"]
@@ -219,7 +219,8 @@ def export_to_onnx(
     opset = _check_opset_args(opset_version, model)
     pos, kwargs = _split_args(args)
     dup = export_copy(model, pos, kwargs)
-    with torch.no_grad(), _quiet_exporter(verbose):
+    # float_fake_quant: export the fake-quant graph even when the model is in validation state
+    with torch.no_grad(), _quiet_exporter(verbose), float_fake_quant():
         program = torch.onnx.export(
             dup,
             pos,

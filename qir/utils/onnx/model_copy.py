@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from qir.ir.types import DType
-from qir.quantization.fake_quantize import FakeQuantize, fake_quantize
+from qir.quantization.fake_quantize import FakeQuantize, fake_quantize, float_fake_quant
 
 __all__ = ["export_copy"]
 
@@ -135,7 +135,8 @@ def export_copy(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
             # no observing from here on: the export must carry the model's scales as they are
             m.disable_observer()
             _check_fake_quant(m, name)
-    _preround_weights(dup, args, kwargs)
+    with float_fake_quant():  # the fake-quant modules' own forward, even in validation state
+        _preround_weights(dup, args, kwargs)
     for m in dup.modules():
         if isinstance(m, FakeQuantize):
             _switch_fake_quant(m)

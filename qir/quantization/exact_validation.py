@@ -1,0 +1,169 @@
+"""Integer-exact VALIDATION: a prepared model in validation state computes what convert_fx deploys.
+
+A QAT model's float fake quantization and the converted model's integer arithmetic differ
+by up to one LSB per layer (float vs int32 bias, float vs multiplier/shift requantization),
+and the differences compound with depth. So when every fake quant of an fx-prepared model
+is in ``FakeQuantState.VALIDATION``, its forward runs the model's *integer twin*: the
+``convert_fx`` result of its current state, built on first use and rebuilt whenever a
+parameter, buffer or submodule changed. QAT-validation output ≡ ``convert_fx`` output ≡
+compiled artifact output, bit for bit, by construction: one implementation serves all three.
+
+    set_fake_quantize(qat_model, "validation")
+    qat_model(x)                                  # == convert_fx(qat_model)(x), exactly
+    set_exact_validation(qat_model, False)        # back to float fake quantization
+
+The twin runs without autograd (it is the deployed model); turn exactness off to get
+gradients in validation state. Calibration and QAT states are unchanged. Eager-prepared
+models (``prepare_qat``) keep float fake quantization (docs/semantics.md).
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+
+__all__ = [
+    "EXACT_VALIDATION_KEY",
+    "ExactValidationMixin",
+    "QATGraphModule",
+    "exact_twin",
+    "install",
+    "set_exact_validation",
+    "set_twin_builder",
+    "uninstall",
+]
+
+#: ``GraphModule.meta`` key: False turns integer-exact validation off for that model
+EXACT_VALIDATION_KEY = "qir.exact_validation"
+
+_TWINS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[Any, ...], nn.Module]] = weakref.WeakKeyDictionary()
+_FAILED: weakref.WeakKeyDictionary[nn.Module, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+
+
+def _in_validation(model: nn.Module) -> bool:
+    from qir.quantization.fake_quantize import FakeQuantize, FakeQuantState
+
+    found = False
+    for m in model.modules():
+        if isinstance(m, FakeQuantize):
+            # the state set_fake_quantize chose, and flags not toggled since
+            if m.state is not FakeQuantState.VALIDATION or m.observer_enabled or not m.fake_quant_enabled:
+                return False
+            found = True
+    return found
+
+
+def _fingerprint(model: nn.Module) -> tuple[Any, ...]:
+    """Changes whenever a tensor is replaced or written in place, or a module is swapped."""
+    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    return (
+        tuple((name, id(t), t._version) for name, t in tensors),
+        tuple((name, id(m)) for name, m in model.named_modules()),
+    )
+
+
+#: how a twin is built (``convert_fx`` in the prepared model's march); set by qir.quantization.convert,
+#: which sits above this module (prepare installs the mixin, convert builds what it dispatches to)
+_BUILDER: list[Callable[[nn.Module], nn.Module] | None] = [None]
+
+
+def set_twin_builder(build: Callable[[nn.Module], nn.Module]) -> None:
+    """Install the function that converts a prepared model into its integer twin."""
+    _BUILDER[0] = build
+
+
+def exact_twin(model: nn.Module) -> nn.Module | None:
+    """The integer model ``model``'s validation forward runs, or None when it runs float fake quant.
+
+    None when exactness is off (:func:`set_exact_validation`), some fake quant is not in
+    VALIDATION state, or the model cannot be converted (warned once, naming the reason)."""
+    from qir.quantization.fake_quantize import float_fake_quant, float_fake_quant_active
+
+    meta = getattr(model, "meta", {})
+    if meta.get(EXACT_VALIDATION_KEY, True) is False or float_fake_quant_active():
+        return None
+    if not _in_validation(model):
+        return None
+    key = _fingerprint(model)
+    cached = _TWINS.get(model)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    if _FAILED.get(model) == key:
+        return None
+    build = _BUILDER[0]
+    if build is None:
+        return None
+    try:
+        with float_fake_quant():
+            twin = build(model)
+    except Exception as e:  # a model convert cannot handle keeps the float simulation, loudly
+        _FAILED[model] = key
+        warnings.warn(
+            f"validation of {type(model).__name__} runs float fake quantization, not the integer model: "
+            f"convert_fx failed ({type(e).__name__}: {e}). Its outputs may differ from the deployed model's by "
+            "a few LSB per layer",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    _TWINS[model] = (key, twin)
+    return twin
+
+
+class ExactValidationMixin:
+    """Mixed into a prepared GraphModule's class: validation state runs the integer twin."""
+
+    def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
+        twin = exact_twin(self)  # type: ignore[arg-type]
+        if twin is not None:
+            with torch.no_grad():
+                return twin(*args, **kwargs)
+        return super()._call_impl(*args, **kwargs)  # type: ignore[misc]
+
+
+class QATGraphModule(ExactValidationMixin, torch.fx.GraphModule):
+    """The class of ``prepare_qat_fx`` results: a GraphModule with integer-exact validation."""
+
+
+def install(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Make ``gm`` (a prepared model) a :class:`QATGraphModule`, in place; deepcopy keeps the class.
+
+    fx gives every GraphModule instance its own ``GraphModuleImpl`` subclass holding its
+    generated ``forward``; ``gm`` gets a fresh one under QATGraphModule and regenerates it."""
+    if not isinstance(gm, QATGraphModule):
+        _reclass(gm, QATGraphModule)
+    return gm
+
+
+def _reclass(gm: torch.fx.GraphModule, base: type) -> None:
+    # qualname "GraphModuleImpl": fx's __new__ (deepcopy) skips such classes to find the real
+    # base; __name__ stays the model's class name, as GraphModule.__init__ set it
+    impl = type("GraphModuleImpl", (base,), {})
+    impl.__name__ = type(gm).__name__
+    gm.__class__ = impl
+    gm.recompile()
+
+
+def uninstall(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Make ``gm`` a plain GraphModule again, in place (a converted model is no QAT model)."""
+    if isinstance(gm, QATGraphModule):
+        _reclass(gm, torch.fx.GraphModule)
+    return gm
+
+
+def set_exact_validation(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Turn integer-exact validation of a ``prepare_qat_fx`` model on (default) or off, in place."""
+    if not isinstance(model, ExactValidationMixin):
+        raise TypeError(
+            f"{type(model).__name__} is not a model made by prepare_qat_fx: integer-exact validation needs the "
+            "fx-prepared GraphModule (eager prepare_qat models validate with float fake quantization)"
+        )
+    meta: dict[str, Any] = model.meta  # type: ignore[assignment]
+    meta[EXACT_VALIDATION_KEY] = bool(enabled)
+    return model
