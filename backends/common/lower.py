@@ -342,6 +342,11 @@ def _fetch(root: nn.Module, target: str) -> Any:
     return obj
 
 
+def names_in(v: Any) -> list[str]:
+    """The value names a (nested) argument refers to: what an instruction reading it depends on."""
+    return _names_in(v)
+
+
 def _names_in(v: Any) -> list[str]:
     if isinstance(v, ValueRef):
         return [v.name]

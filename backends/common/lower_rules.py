@@ -26,6 +26,7 @@ from backends.common.lower import (
     acc_bound,
     bind,
     f32_scale,
+    names_in,
     register_function_rule,
     register_functional_rule,
     register_method_rule,
@@ -258,15 +259,34 @@ def _nearest_maps(h: int, w: int, call: Any) -> tuple[torch.Tensor, torch.Tensor
     return (out[:, 0] // w).contiguous(), (out[0, :] % w).contiguous()
 
 
-def _emit_nearest(ctx: LowerContext, node: Node, x: str, call: Any) -> ValueRef:
+def _run_time_size(ctx: LowerContext, node: Node, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, str | None]:
+    """A resize's run-time ``size`` argument (``size=lateral.shape[2:]``): its example value, for
+    the tables, and a value name the kernel reads to check that the size it was compiled for is
+    the size asked at run time (None when the size is a literal)."""
+    size = args[1] if len(args) > 1 else kwargs.get("size")
+    if size is None:
+        return None, None
+    ex = ctx.example(size)
+    if not names_in(size):
+        return ex, None
+    ref = size.name if isinstance(size, ValueRef) else shape_call(ctx, node, "identity", [size]).name
+    return ex, ref
+
+
+def _emit_nearest(ctx: LowerContext, node: Node, x: str, call: Any, size_ref: str | None = None) -> ValueRef:
     h, w = (int(d) for d in ctx.values[x].shape[-2:])
     rows, cols = _nearest_maps(h, w, call)
     consts = {"rows": ctx.const(f"{node.name}.rows", rows), "cols": ctx.const(f"{node.name}.cols", cols)}
-    return ValueRef(ctx.emit("resize_nearest", [x], {"in_size": [h, w]}, consts, node.name, "resize"))
+    attrs: dict[str, Any] = {"in_size": [h, w]}
+    if size_ref is not None:  # tables hold the compiled output size: the kernel checks the run-time one
+        attrs["out_size"] = [len(rows), len(cols)]
+    ins = [x] if size_ref is None else [x, size_ref]
+    return ValueRef(ctx.emit("resize_nearest", ins, attrs, consts, node.name, "resize"))
 
 
 def lower_interpolate(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
     x = tensor_ref(args[0], node)
+    size, size_ref = _run_time_size(ctx, node, args, kwargs)
     if m.mode == "nearest":
         return _emit_nearest(
             ctx,
@@ -274,19 +294,22 @@ def lower_interpolate(ctx: LowerContext, node: Node, m: Any, args: list[Any], kw
             x,
             lambda t: F.interpolate(
                 t,
-                size=m.size,
-                scale_factor=m.scale_factor,
+                size=m.size if size is None else size,
+                scale_factor=m.scale_factor if size is None else None,
                 mode="nearest",
-                recompute_scale_factor=m.recompute_scale_factor,
+                recompute_scale_factor=m.recompute_scale_factor if size is None else None,
             ),
+            size_ref,
         )
     if m.mode != "bilinear":
         raise LoweringError(f"node '{node.name}': Interpolate mode '{m.mode}' has no integer kernel")
     h, w = (int(d) for d in ctx.values[x].shape[-2:])
-    oh, ow, fh, fw = m._out_size(h, w)
+    oh, ow, fh, fw = m._out_size(h, w, size)
     ac = bool(m.align_corners)
     consts: dict[str, str] = {}
     attrs: dict[str, Any] = {"in_size": [h, w], "out_dtype": _dt(m.dtype)}
+    if size_ref is not None:
+        attrs["out_size"] = [oh, ow]
     # Taps for both input widths: B = 12 fraction bits for int8 codes, 15 for int16 (module rule).
     for bits in (12, 15):
         hi0, hi1, hw0, hw1 = bilinear_taps(h, oh, fh, ac, bits)
@@ -298,7 +321,8 @@ def lower_interpolate(ctx: LowerContext, node: Node, m: Any, args: list[Any], kw
         # The weights' 2**-2B folds into the shift (docs/modules.md, bilinear resize).
         attrs[f"multiplier{bits}"] = int(m.multiplier)
         attrs[f"shift{bits}"] = int(m.shift) + 2 * bits
-    return ValueRef(ctx.emit("resize_bilinear", [x], attrs, consts, node.name, str(node.target)))
+    ins = [x] if size_ref is None else [x, size_ref]
+    return ValueRef(ctx.emit("resize_bilinear", ins, attrs, consts, node.name, str(node.target)))
 
 
 def lower_div(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
@@ -598,7 +622,8 @@ def fn_nearest(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwar
     x = tensor_ref(args[0], node)
     rest = [ctx.example(a) for a in args[1:]]
     kw = {k: ctx.example(v) for k, v in kwargs.items()}
-    return _emit_nearest(ctx, node, x, lambda t: F.interpolate(t, *rest, **kw))
+    _, size_ref = _run_time_size(ctx, node, args, kwargs)
+    return _emit_nearest(ctx, node, x, lambda t: F.interpolate(t, *rest, **kw), size_ref)
 
 
 #: tensor methods taking dims as varargs (``x.permute(0, 2, 1)``) whose shape function takes one

@@ -14,9 +14,11 @@ The rewrite runs on the fused IR graph just before emission (``build_fused``'s
 float op). Names follow :mod:`qir.quantization.names`: per owning module and per kind,
 the kind being the op's name (``_generated_interpolate_0``, ``_generated_sigmoid_0``).
 
-Left as they are: nearest interpolate (scale-preserving; ``convert_fx`` runs it exactly on
-codes), interpolate with a run-time size (``size=y.shape[-2:]``; a module needs a constant
-size), modes other than nearest / bilinear, and in-place spellings (``x.exp_()``).
+A bilinear interpolate with a run-time size (``size=y.shape[-2:]``) becomes a module called
+with that size (``_generated_interpolate_0(x, size=...)``). Left as they are: nearest
+interpolate (scale-preserving; ``convert_fx`` runs it exactly on codes), a run-time scale
+factor, modes other than nearest / bilinear, and in-place spellings (``x.exp_()``). Values
+that are not tensors (sizes, ``h ** 2``) are never swapped.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from torch import nn
 
 from qir.frontend.convert import MODULE_ORDER_KEY
 from qir.ir.graph import Graph, Node
-from qir.ir.op import Op, Ref
+from qir.ir.op import Op, Ref, iter_refs
 from qir.ir.ops.core import Call
 from qir.ir.types import TensorType
 from qir.quantization.fuse import computes_tensor
@@ -84,15 +86,26 @@ def _interpolate(op: Op) -> nn.Module | None:
     from qir.nn.modules.interpolate import Interpolate
 
     a: Any = op
-    if a.mode != "bilinear" or a.antialias:
+    if a.mode != "bilinear" or a.antialias or _has_refs(a.scale_factor):
         return None
-    return Interpolate(
-        size=a.size,
+    return Interpolate(  # a run-time size (size=y.shape[2:]) is passed at the call (_call_kwargs)
+        size=None if _has_refs(a.size) else a.size,
         scale_factor=a.scale_factor,
         mode=a.mode,
         align_corners=a.align_corners,
         recompute_scale_factor=a.recompute_scale_factor,
     )
+
+
+def _has_refs(v: Any) -> bool:
+    return any(True for _ in iter_refs(v))
+
+
+def _call_kwargs(op: Op) -> dict[str, Any]:
+    """Run-time arguments the generated module takes at the call: ``size`` of an interpolate
+    computed from sizes (``F.interpolate(x, size=lateral.shape[2:])``), as Refs to operands."""
+    size = getattr(op, "size", None) if op.name == "interpolate" else None
+    return {"size": size} if _has_refs(size) else {}
 
 
 def _grid_sample(op: Op) -> nn.Module | None:
@@ -225,8 +238,11 @@ def _torch_target(op: Op) -> Any:
 
 def _module_for(n: Node) -> nn.Module | None:
     factory = FUNCTIONAL_MODULES.get(n.op.name)
-    if factory is None or isinstance(n.op, Call) or len(n.operands) != _TENSOR_OPERANDS.get(n.op.name, 1):
-        return None  # not in the table, or a run-time argument (size=y.shape[-2:]) a module cannot hold
+    tensors = _TENSOR_OPERANDS.get(n.op.name, 1)
+    if factory is None or isinstance(n.op, Call) or len(n.operands) < tensors:
+        return None
+    if len(n.operands) > tensors and not _call_kwargs(n.op):
+        return None  # a run-time argument the module cannot take at the call
     if not computes_tensor(n):
         return None  # Python arithmetic on sizes (``h ** 2``) stays an exact int
     from qir.quantization.qat_classes import qat_class_for
@@ -252,7 +268,8 @@ def swap_functionals(g: Graph, inputs_quantized: bool = False) -> dict[str, Any]
             continue
         path = alloc.new(n.meta.get(OWNER_KEY, ""), n.op.name)
         generated[path] = _torch_target(n.op)
-        n.op = Call(kind="module", target=path, args=tuple(Ref(i) for i in range(len(n.operands))))
+        tensors = _TENSOR_OPERANDS.get(n.op.name, 1)
+        n.op = Call(kind="module", target=path, args=tuple(Ref(i) for i in range(tensors)), kwargs=_call_kwargs(n.op))
         n.scope = path
         g.objects[f"module:{path}"] = module
     return generated

@@ -5,6 +5,7 @@ attention, ``h // 2`` for a crop, ``x.view(x.shape[0], -1)`` before a Linear, ``
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.ao.quantization import DeQuantStub
 
@@ -83,9 +84,37 @@ class SizeQueries(nn.Module):
         return self.dequant(z.reshape(b, n // b + d - 4))
 
 
+class FPNTopDown(nn.Module):
+    """FPN top-down step: upsample the coarser level to ``size=lateral.shape[2:]`` and add."""
+
+    def __init__(self, mode: str = "bilinear") -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.dequant = DeQuantStub()
+        self.mode = mode
+        self.c1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.c2 = nn.Conv2d(4, 4, 3, stride=2, padding=1)
+        self.lateral = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c1 = self.c1(self.quant(x))
+        lateral = self.lateral(c1)
+        top = self.c2(c1)
+        kw = {"align_corners": False} if self.mode == "bilinear" else {}
+        up = F.interpolate(top, size=lateral.shape[2:], mode=self.mode, **kw)
+        return self.dequant(lateral + up)
+
+
+class FPNTopDownNearest(FPNTopDown):
+    def __init__(self) -> None:
+        super().__init__("nearest")
+
+
 #: name -> (model class, input shape, marches where every op is legal)
 SHAPE_MODELS: dict[str, tuple[type[nn.Module], tuple[int, ...], tuple[str, ...]]] = {
     "attention": (HeadsAttention, (8, 6, 16), ("bayes",)),
+    "fpn_bilinear": (FPNTopDown, (8, 3, 10, 14), ("bayes", "bernoulli2")),
+    "fpn_nearest": (FPNTopDownNearest, (8, 3, 10, 14), ("bayes", "bernoulli2")),
     "crop": (HalfCrop, (8, 3, 8, 8), ("bayes", "bernoulli2")),
     "flatten_head": (FlattenHead, (8, 3, 8, 8), ("bayes",)),
     "size_queries": (SizeQueries, (8, 4, 6, 6), ("bayes",)),

@@ -21,7 +21,6 @@ from qir.quantization import (
     prepare_qat_fx,
     set_fake_quantize,
 )
-from qir.quantization.convert import ConvertError
 from qir.quantization.functional_swap import FUNCTIONAL_MODULES
 
 SHAPE = (4, 3, 8, 8)
@@ -207,13 +206,20 @@ class RuntimeSize(nn.Module):
         return self.dequant(F.interpolate(self.quant(x), size=y.shape[-2:], mode="bilinear"))
 
 
-def test_runtime_size_stays_functional_and_convert_says_so() -> None:
+def test_runtime_size_is_passed_to_the_generated_module() -> None:
+    """``size=y.shape[-2:]`` (a run-time size) becomes the generated module's call argument: QAT
+    resizes to each call's size and fake-quantizes, the converted module resizes codes to it."""
     gm = prepare_qat_fx(RuntimeSize(), {"": get_default_qat_qconfig()})
-    assert not any("_generated_interpolate" in n for n, _ in gm.named_modules())
-    gm(torch.randn(1, 2, 4, 4), torch.randn(1, 2, 8, 8))
+    assert [n for n, _ in gm.named_children() if "_generated_interpolate" in n] == ["_generated_interpolate_0"]
+    x = torch.randn(1, 2, 4, 4)
+    gm(x, torch.randn(1, 2, 8, 8))
     gm.eval()
-    with pytest.raises(ConvertError, match=r"qir\.nn\.Interpolate"):
-        convert_fx(gm)
+    converted = convert_fx(gm)
+    for h, w in ((8, 8), (6, 10)):
+        y = torch.randn(1, 2, h, w)
+        q, c = gm(x, y), converted(x, y)
+        assert q.shape == c.shape == (1, 2, h, w)
+        assert (c - q).abs().max() <= 2 * float(gm._generated_interpolate_0.activation_post_process.scale) + 1e-6
 
 
 def test_table_matches_the_library() -> None:

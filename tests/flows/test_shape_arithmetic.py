@@ -11,13 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from shape_models import SHAPE_MODELS, HeadsAttention
 from torch import nn
+from torch.ao.quantization import DeQuantStub
 
 import qir
 from qir.frontend import emit, trace
 from qir.march import march_scope
 from qir.quantization import (
+    QuantStub,
     check_model,
     compile_model,
     convert_fx,
@@ -124,3 +127,33 @@ def test_len_traces_into_the_ir() -> None:
     assert [n.op.name for n in g.nodes if n.op.name == "len"] == ["len"]
     assert torch.equal(emit(g)(x), x.reshape(5, -1))
     assert "len" not in Net.forward.__globals__  # the name is only there while tracing
+
+
+class _ResizeToOther(nn.Module):
+    """Resize one input to the size of a second input (read only for its shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.dequant = DeQuantStub()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        y = F.interpolate(self.conv(self.quant(x)), size=like.shape[2:], mode="bilinear", align_corners=False)
+        return self.dequant(y)
+
+
+def test_run_time_resize_size_is_checked_by_the_artifact(tmp_path: Path) -> None:
+    """The resize tables are computed for the compiled sizes: another output size is refused
+    at run time, never computed with the wrong tables."""
+    x, like = torch.randn(2, 3, 6, 6), torch.randn(1, 1, 9, 11)
+    prepared = prepare_qat_fx(_ResizeToOther().eval(), {"": get_default_qat_qconfig()})
+    with torch.no_grad():
+        prepared(x, like)
+    converted = convert_fx(prepared.eval())
+    compile_model(converted, [x, like], hbm=tmp_path / "r.hbm", march="bayes")
+    run = qir.load_compiled(tmp_path / "r.hbm")
+    assert torch.equal(run(x, like), converted(x, like))
+    assert run(x, like).shape == (2, 4, 9, 11)
+    with pytest.raises(RuntimeError, match=r"compiled for output size 9x11, asked for \(10, 11\)"):
+        run(x, torch.randn(1, 1, 10, 11))

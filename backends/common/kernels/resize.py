@@ -12,16 +12,25 @@ from backends.common.kernels.base import qbounds, register_kernel, requant_i64, 
 from backends.common.program import Instruction
 
 
-def _check_size(inst: Instruction, x: torch.Tensor) -> None:
+def _check_size(inst: Instruction, args: list[Any]) -> None:
+    """The tables were computed for one input size and output size: refuse others. A run-time
+    output size (``size=lateral.shape[2:]``) is the kernel's second input."""
+    x = args[0]
     h, w = inst.attrs["in_size"]
     if (int(x.shape[-2]), int(x.shape[-1])) != (int(h), int(w)):
         raise ValueError(f"{inst.op} ({inst.source}): compiled for input size {h}x{w}, got {x.shape[-2]}x{x.shape[-1]}")
+    if len(args) > 1:
+        size = args[1]
+        got = (int(size), int(size)) if isinstance(size, int) else tuple(int(s) for s in size)[-2:]
+        oh, ow = inst.attrs["out_size"]
+        if got != (int(oh), int(ow)):
+            raise ValueError(f"{inst.op} ({inst.source}): compiled for output size {oh}x{ow}, asked for {got}")
 
 
 @register_kernel("resize_nearest")
 def resize_nearest(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     x = args[0]
-    _check_size(inst, x)
+    _check_size(inst, args)
     return [x.index_select(-2, state["rows"]).index_select(-1, state["cols"])]
 
 
@@ -30,7 +39,7 @@ def resize_bilinear(inst: Instruction, args: list[Any], state: Mapping[str, torc
     """``acc = sum w_y * w_x * q`` in int64, then one requantization (int64: with int16 input
     ``|acc * M|`` reaches 2**60, beyond float64's exact range)."""
     x = args[0]
-    _check_size(inst, x)
+    _check_size(inst, args)
     a = inst.attrs
     bits = 12 if x.dtype == torch.int8 else 15
     s = state

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -17,8 +17,11 @@ __all__ = ["Interpolate"]
 class Interpolate(QATModule, FloatInterpolate):
     """``interpolate(x)``, then ``fq`` for bilinear (``activation_post_process`` is None for nearest)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = super().forward(x)
+    #: ``size`` (forward position 1) is a run-time size (ints from ``y.shape[2:]``), never codes
+    float_inputs: ClassVar[tuple[int, ...]] = (1,)
+
+    def forward(self, x: torch.Tensor, size: Any = None) -> torch.Tensor:
+        y = super().forward(x, size)
         return y if self.activation_post_process is None else self.activation_post_process(y)
 
     @property

@@ -56,29 +56,36 @@ class Interpolate(QuantizedModule):
     multiplier: int
     shift: int
 
-    def _out_size(self, h: int, w: int) -> tuple[int, int, float | None, float | None]:
-        if self.size is not None:
-            oh, ow = (self.size, self.size) if isinstance(self.size, int) else self.size
+    def _out_size(self, h: int, w: int, size: Any = None) -> tuple[int, int, float | None, float | None]:
+        """Output size and the scale factors the taps use; a run-time ``size`` wins (FPN's
+        ``size=lateral.shape[2:]``)."""
+        size = self.size if size is None else size
+        if size is not None:
+            oh, ow = (size, size) if isinstance(size, int) else tuple(size)[-2:]
             return int(oh), int(ow), None, None
         sf = self.scale_factor
+        if sf is None:
+            raise ValueError(
+                "quantized Interpolate was built without size= or scale_factor=: pass the output size at the call"
+            )
         fh, fw = (sf, sf) if isinstance(sf, (int, float)) else sf
         oh, ow = math.floor(h * float(fh)), math.floor(w * float(fw))
         if self.recompute_scale_factor:
             return oh, ow, None, None
         return oh, ow, float(fh), float(fw)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, size: Any = None) -> torch.Tensor:
         if self.mode == "nearest":
             y = F.interpolate(
                 x.to(torch.float64),
-                size=self.size,
-                scale_factor=self.scale_factor,
+                size=self.size if size is None else size,
+                scale_factor=self.scale_factor if size is None else None,
                 mode="nearest",
-                recompute_scale_factor=self.recompute_scale_factor,
+                recompute_scale_factor=self.recompute_scale_factor if size is None else None,
             )
             return y.to(x.dtype)
         h, w = int(x.shape[-2]), int(x.shape[-1])
-        oh, ow, fh, fw = self._out_size(h, w)
+        oh, ow, fh, fw = self._out_size(h, w, size)
         bits = bilinear_weight_bits(x.dtype)
         ac = bool(self.align_corners)
         hi0, hi1, hw0, hw1 = bilinear_taps(h, oh, fh, ac, bits)
