@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.fake_quantize import FakeQuantize, float_fake_quant
 from qir.quantization.observer import ObserverBase
 
 __all__ = ["OUTPUT", "Stage", "Tap", "as_inputs", "comparable", "frozen", "model_stage", "record"]
@@ -149,6 +149,9 @@ def record(model: Any, inputs: Sequence[Any]) -> tuple[dict[str, Tap], list[Tap]
     """Run ``model(*inputs)`` once; ``(per-layer taps in call order, final-output taps)``.
 
     A module called more than once gets ``name#2``, ``name#3``... for its later calls.
+    A prepared model runs its fake-quant graph here even in validation state (where its
+    forward would otherwise run the integer twin, docs/semantics.md): the per-layer taps are
+    its own modules' outputs.
     """
     taps: dict[str, Tap] = {}
     calls: dict[str, int] = {}
@@ -176,7 +179,7 @@ def record(model: Any, inputs: Sequence[Any]) -> tuple[dict[str, Tap], list[Tap]
                 continue
             handles.append(mod.register_forward_hook(hook(name)))
     try:
-        with frozen(model), torch.no_grad():
+        with frozen(model), torch.no_grad(), float_fake_quant():
             out = model(*inputs)
     finally:
         for h in handles:
