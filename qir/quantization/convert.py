@@ -130,7 +130,8 @@ class ScalePlan:
                 raise ConvertError(
                     f"module '{path}' is called at several places with different input scales "
                     f"({[s.tolist() for s in first]} vs {[s.tolist() for s in other]}); a quantized module has "
-                    "fixed input scales: use one module instance per call site"
+                    "fixed input scales. prepare_qat_fx gives every call site its own module (docs/qconfig.md, "
+                    "'Modules called at several places'); in eager mode, use one module instance per call site"
                 )
         return first
 

@@ -42,6 +42,7 @@ from qir.quantization.pipelines import PipelineArg, resolve_pipeline
 from qir.quantization.qat_classes import qat_class_for
 from qir.quantization.qconfig import QConfig, get_default_calib_qconfig, get_default_qat_qconfig, qconfig_kind
 from qir.quantization.qconfig_dict import QConfigSpec, parse_qconfig_dict
+from qir.quantization.shared_calls import retie_after_load, split_call_sites, tie_to
 
 __all__ = ["PREPARE_RECORD_KEY", "PrepareRecord", "prepare_qat_fx", "qat_class_for", "require_march"]
 
@@ -61,6 +62,9 @@ class PrepareRecord:
     #: the CPU modules it resolved to (path -> reason); a later prepare reuses them, since the
     #: float model then also holds generated modules a ``module_type`` entry could match
     cpu: dict[str, str] = field(default_factory=dict)
+    #: modules called at several places -> the paths of their QAT modules for calls 2, 3, ...
+    #: (the first call keeps the module's path; qir/quantization/shared_calls.py)
+    call_sites: dict[str, list[str]] = field(default_factory=dict)
 
 
 def require_march(what: str) -> March:
@@ -139,10 +143,12 @@ def check_kinds(chosen: Mapping[str, QConfig]) -> str:
 
 def _swap(
     gm: torch.fx.GraphModule, record: FuseRecord, spec: QConfigSpec, keep_float: Collection[str] = ()
-) -> tuple[str, dict[str, QConfig]]:
+) -> tuple[str, dict[str, QConfig], dict[str, list[str]]]:
     """Replace every quantizable called module (outside ``keep_float``) by its QAT class.
 
-    Returns the qconfig kind and the qconfig of every swapped module."""
+    A module called at several places gets one QAT module per call site, tied to the first
+    (:mod:`qir.quantization.shared_calls`). Returns the qconfig kind, the qconfig of every
+    swapped module and call site, and the call-site paths of each module split that way."""
     plan: list[tuple[str, nn.Module, type, QConfig]] = []
     for path in _called_modules(gm):
         if path in keep_float:
@@ -162,11 +168,23 @@ def _swap(
             continue
         plan.append((path, m, cls, qc))
     kind = check_kinds({p: qc for p, _, _, qc in plan})
+    # every call site of a module called at several places gets its own output observer
+    sites = split_call_sites(gm, [p for p, _, _, _ in plan])
+    chosen: dict[str, QConfig] = {}
     for path, m, cls, qc in plan:
         qat = cls.from_float(m, qc)  # type: ignore[attr-defined]
         record.remap.key_map.update(_key_map(path, m, qat))
         set_submodule(gm, path, qat)
-    return kind, {p: qc for p, _, _, qc in plan}
+        chosen[path] = qc
+        for site in sites.get(path, []):
+            clone = cls.from_float(m, qc)  # type: ignore[attr-defined]
+            tie_to(clone, qat)
+            set_submodule(gm, site, clone)
+            chosen[site] = qc
+    if sites:
+        gm.recompile()
+        gm.register_load_state_dict_post_hook(retie_after_load)
+    return kind, chosen, sites
 
 
 def _carry_scales(src: nn.Module, dst: nn.Module) -> None:
@@ -230,11 +248,11 @@ def _prepare_float(
         record.sources[path] = [path]
     float_copy = copy.deepcopy(gm)
     spec = parse_qconfig_dict(qconfig_dict, record.qconfig_attrs)
-    kind, chosen = _swap(gm, record, spec, keep_float=cpu)
+    kind, chosen, sites = _swap(gm, record, spec, keep_float=cpu)
     if hybrid is not None:
         gm.meta[HYBRID_KEY] = place_boundaries(gm, cpu, chosen, _stub_qconfig(spec, kind))
     gm.meta[PREPARE_RECORD_KEY] = PrepareRecord(
-        float_model=float_copy, march=march, kind=kind, hybrid=hybrid, cpu=dict(cpu)
+        float_model=float_copy, march=march, kind=kind, hybrid=hybrid, cpu=dict(cpu), call_sites=sites
     )
     gm.train(model.training)
     return install_exact_validation(gm)

@@ -152,7 +152,7 @@ def test_wrong_march_is_an_error() -> None:
         convert_fx(prepared)
 
 
-def test_module_shared_by_inputs_of_different_scales_is_an_error() -> None:
+def test_module_shared_by_inputs_of_different_scales_gets_one_module_per_call_site() -> None:
     class Shared(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -165,9 +165,14 @@ def test_module_shared_by_inputs_of_different_scales_is_an_error() -> None:
             return self.dequant(torch.cat([self.conv(self.qa(a)), self.conv(self.qb(b))], 1))
 
     prepared = prepare_qat_fx(Shared(), {"": QAT})
-    prepared(torch.randn(2, 1, 4, 4), torch.randn(2, 1, 4, 4) * 10)
-    with pytest.raises(ConvertError, match=r"module 'conv' is called at several places"):
-        convert_fx(prepared.eval())
+    a, b = torch.randn(2, 1, 4, 4), torch.randn(2, 1, 4, 4) * 10
+    prepared(a, b)
+    assert prepared.conv_call1.weight is prepared.conv.weight
+    converted = convert_fx(prepared.eval())
+    assert not torch.equal(converted.conv.input_scale_0, converted.conv_call1.input_scale_0)
+    assert torch.allclose(
+        converted(a, b), prepared(a, b), atol=4 * float(prepared.conv_call1.activation_post_process.scale)
+    )
 
 
 def test_prepare_with_example_inputs() -> None:
