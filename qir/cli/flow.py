@@ -74,6 +74,10 @@ class Prepared:
     name: str
     stages: list[tuple[str, float]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: The earlier stages, where the flow had them: the float model (with the stubs qir
+    #: added, if any) and the calibrated or given QAT model.
+    float_model: nn.Module | None = None
+    prepared: nn.Module | None = None
 
 
 def _run(model: nn.Module, inputs: list[torch.Tensor], what: str) -> Any:
@@ -149,6 +153,7 @@ def prepare(args: argparse.Namespace, precheck: bool = False) -> Prepared:
     with march_scope(march), contextlib.redirect_stdout(io.StringIO()):
         if kind == FLOAT:
             model, added = add_stubs_if_missing(model, example_output, len(shapes))
+            prep.float_model = model
             if added:
                 prep.notes.append(
                     "the model has no QuantStub: qir put QuantStub before each input and DeQuantStub after each output"
@@ -162,6 +167,7 @@ def prepare(args: argparse.Namespace, precheck: bool = False) -> Prepared:
             t0 = time.perf_counter()
             _calibrate(args, model, shapes, prep)
             prep.stages.append(("calibrate", time.perf_counter() - t0))
+        prep.prepared = model
         t0 = time.perf_counter()
         try:
             prep.model = convert_fx(model)

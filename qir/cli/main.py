@@ -33,11 +33,24 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_perf,
         cmd_run,
         cmd_show,
+        cmd_similarity,
     )
 
     parser = Parser(prog="qir", description="qir: quantization compiler for Horizon BPU marches (bayes, bernoulli2)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for mod in (cmd_demo, cmd_check, cmd_compile, cmd_run, cmd_perf, cmd_show, cmd_ops, cmd_passes, cmd_opt):
+    commands = (
+        cmd_demo,
+        cmd_check,
+        cmd_compile,
+        cmd_run,
+        cmd_perf,
+        cmd_show,
+        cmd_similarity,
+        cmd_ops,
+        cmd_passes,
+        cmd_opt,
+    )
+    for mod in commands:
         mod.register(sub)
     return parser
 

@@ -16,7 +16,7 @@ Model = Callable[[str], str]
 SHAPE = ("--input-shape", "1,3,16,16")
 
 
-@pytest.mark.parametrize("cmd", ["check", "compile", "perf", "show"])
+@pytest.mark.parametrize("cmd", ["check", "compile", "perf", "show", "similarity"])
 def test_missing_model_file(qir: Qir, cmd: str, tmp_path: Path) -> None:
     qir(cmd, str(tmp_path / "nope.py") + ":make", *SHAPE).assert_user_error("nope.py", "does not exist")
 
