@@ -6,7 +6,7 @@ the float modules users put in their models; ``qir.nn.intrinsic`` holds the fuse
 ``QAT_MODULE_MAP`` and ``QUANTIZED_MODULE_MAP`` (docs/modules.md).
 """
 
-from qir.nn import intrinsic, qat, quantized
+from qir.nn import functional, intrinsic, qat, quantized
 from qir.nn.modules import (
     UNARY_FUNCTIONS,
     UNARY_MODULES,
@@ -72,6 +72,7 @@ __all__ = [
     "Sqrt",
     "Tan",
     "UnaryModule",
+    "functional",
     "intrinsic",
     "qat",
     "quantized",
