@@ -95,6 +95,17 @@ def float_functional_classes() -> tuple[type, ...]:
     return tuple(dict.fromkeys(c for c in found if isinstance(c, type)))
 
 
+def functional_method_classes() -> tuple[type, ...]:
+    """The float FloatFunctional classes and qir's QAT and integer ones: their method calls
+    (``ff.add(x, y)``) are traced as one ``call_method`` node each."""
+    found = [
+        *float_functional_classes(),
+        _lazy_attr("qir.nn.qat", "FloatFunctional"),
+        _lazy_attr("qir.nn.quantized", "QFunctional"),
+    ]
+    return tuple(dict.fromkeys(c for c in found if isinstance(c, type)))
+
+
 def stub_classes() -> tuple[type, ...]:
     """QuantStub / DeQuantStub classes from torch and qir (whichever are importable)."""
     found = [

@@ -17,6 +17,7 @@ from torch import nn
 
 from qir.frontend.lookup import (
     float_functional_classes,
+    functional_method_classes,
     fused_module_classes,
     is_opaque_leaf,
     is_qir_library_module,
@@ -86,7 +87,9 @@ def _ff_method_names(cls: type) -> list[str]:
 @contextlib.contextmanager
 def patch_float_functional(tracer: QirTracer) -> Iterator[None]:
     """While tracing, ``ff.add(x, y)`` with traced arguments records ``get_attr(ff)`` and
-    ``call_method("add", ff, x, y)``: one node, not a trace through the method body."""
+    ``call_method("add", ff, x, y)``: one node, not a trace through the method body. The QAT
+    and integer FloatFunctional classes too, so an eager QAT or converted model traces to the
+    graph a ``convert_fx`` model has."""
     saved: list[tuple[type, str, Any]] = []
 
     def patched(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -100,7 +103,7 @@ def patch_float_functional(tracer: QirTracer) -> Iterator[None]:
         return method
 
     try:
-        for cls in float_functional_classes():
+        for cls in functional_method_classes():
             for name in _ff_method_names(cls):
                 orig = cls.__dict__.get(name)
                 if orig is None:

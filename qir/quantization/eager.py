@@ -5,8 +5,9 @@ the same :mod:`qir.nn.intrinsic` classes, with the children stored under ``"0"``
 (``conv`` / ``relu`` stay readable as attributes). Batch norms are folded into the conv.
 
 ``prepare_qat`` swaps modules by class, honouring ``.qconfig`` attributes propagated from
-parents to children; ``convert`` needs each module's input scales, so it fx-traces the QAT
-model once (QAT modules as leaves) to learn which module feeds which.
+parents to children; ``convert`` needs each module's input scales: it fx-traces the QAT model
+once (QAT modules as leaves) to learn which module feeds which, or, for a model fx cannot
+trace, reads what the QAT model's forwards recorded (:mod:`qir.quantization.eager_record`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import nn
 from passes.absorb_bn import fold_batch_norm
 from qir.frontend.lookup import tables
 from qir.nn.intrinsic.fused import FUSED_CLASSES, FusedModule
+from qir.quantization import eager_record
 from qir.quantization.convert import ConvertError, _convert_modules
 from qir.quantization.fuse import trace_fx
 from qir.quantization.prepare import check_kinds, qat_class_for, require_march, set_submodule
@@ -123,32 +125,51 @@ def _fold(conv: nn.Module, bn: nn.Module) -> nn.Module:
     return new  # type: ignore[no-any-return]
 
 
+def _is_float_functional(m: nn.Module) -> bool:
+    from qir.frontend.lookup import float_functional_classes
+
+    return isinstance(m, float_functional_classes())
+
+
 def fuse_known_modules(
     mod_list: Sequence[nn.Module],
     is_qat: bool = False,
     additional_fuser_method_mapping: Mapping[tuple[type, ...], Callable[..., nn.Module]] | None = None,
 ) -> list[nn.Module]:
-    """``fuser_func`` for ``torch.quantization.fuse_modules``: fuse ``[conv, bn?, relu?]``.
+    """``fuser_func`` for ``torch.quantization.fuse_modules``: fuse ``[conv, bn?, add?, relu?]``.
 
-    Returns a list as long as ``mod_list``: the fused module first, ``Identity()`` after.
-    The batch norm is folded with its running statistics (in QAT too, as the seeds do).
-    ``additional_fuser_method_mapping`` maps type tuples to ``fn(is_qat, *mods)``.
+    ``conv`` is a Conv1d/2d/3d, ConvTranspose2d or Linear; ``bn`` a batch norm (folded with its
+    running statistics, in QAT too, as the seeds do); ``add`` a ``FloatFunctional`` (qir's or
+    torch's) that the forward calls as ``add(conv_branch, other)``; ``relu`` a ReLU / ReLU6.
+    Returns a list as long as ``mod_list`` with ``Identity()`` everywhere but one place: the
+    first without an add, and the ``FloatFunctional``'s place with one (as the plugin does): the
+    forward's ``self.conv(x)`` then passes ``x`` through and ``self.add.add(x, other)`` computes
+    ``act(conv(x) + other)``. ``additional_fuser_method_mapping`` maps type tuples to
+    ``fn(is_qat, *mods)``.
     """
     mods = list(mod_list)
     types = tuple(type(m) for m in mods)
     if additional_fuser_method_mapping and types in additional_fuser_method_mapping:
         custom = additional_fuser_method_mapping[types](is_qat, *mods)
         return [custom] + [nn.Identity() for _ in mods[1:]]
+    supported = (
+        "supported sequences are conv, conv+bn, conv+relu(6), conv+bn+relu(6), conv(+bn)+add, conv(+bn)+add+relu(6) "
+        "(conv: Conv1d/2d/3d, ConvTranspose2d or Linear; add: a FloatFunctional the forward calls as "
+        "add(conv_output, other))"
+    )
     if not mods or not isinstance(mods[0], _CONVS):
         raise ValueError(
             f"fuse_known_modules cannot fuse {[t.__name__ for t in types]}: the first module must be one of "
-            f"{', '.join(c.__name__ for c in _CONVS)}, followed by an optional batch norm and ReLU / ReLU6 "
-            "(fuse an add in fx mode: prepare_qat_fx does it automatically)"
+            f"{', '.join(c.__name__ for c in _CONVS)}; {supported}"
         )
     conv: nn.Module = mods[0]
     rest = mods[1:]
     if rest and isinstance(rest[0], _BNS):
         conv = _fold(conv, rest[0])
+        rest = rest[1:]
+    add_at = None
+    if rest and _is_float_functional(rest[0]):
+        add_at = len(mods) - len(rest)
         rest = rest[1:]
     act = None
     relu: nn.Module | None = None
@@ -156,16 +177,21 @@ def fuse_known_modules(
         act, relu = _ACTS[type(rest[0])], rest[0]
         rest = rest[1:]
     if rest:
-        raise ValueError(
-            f"fuse_known_modules cannot fuse {[t.__name__ for t in types]}: supported sequences are "
-            "conv, conv+bn, conv+relu(6), conv+bn+relu(6)"
-        )
-    if act is None:
+        raise ValueError(f"fuse_known_modules cannot fuse {[t.__name__ for t in types]}: {supported}")
+    if act is None and add_at is None:
         fused: nn.Module = conv
     else:
-        fused = positional(FUSED_CLASSES[(type(conv), False, act)](conv, relu))
+        fused = positional(FUSED_CLASSES[(type(conv), add_at is not None, act)](conv, relu))
     fused.train(mods[0].training)
-    return [fused] + [nn.Identity() for _ in mods[1:]]
+    qconfig = getattr(mods[-1], "qconfig", None)
+    if qconfig is not None:
+        fused.qconfig = qconfig  # type: ignore[assignment]
+    at = 0 if add_at is None else add_at
+    out: list[nn.Module] = [nn.Identity() for _ in mods]
+    for m in out:
+        m.train(mods[0].training)
+    out[at] = fused
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,6 +230,8 @@ def prepare_qat(model: nn.Module, mapping: Mapping[type, type] | None = None, in
     check_kinds({p: qc for p, _, _, qc in plan})
     for path, m, cls, qc in plan:
         set_submodule(model, path, cls.from_float(_standard(m), qc))  # type: ignore[attr-defined]
+    # forwards record which module feeds which: convert needs no fx trace (eager_record.py)
+    eager_record.install(model, [path for path, _, _, _ in plan])
     return model
 
 
@@ -214,8 +242,10 @@ def prepare_qat(model: nn.Module, mapping: Mapping[type, type] | None = None, in
 def convert(model: nn.Module, mapping: Mapping[type, type] | None = None, inplace: bool = False) -> nn.Module:
     """Swap the QAT modules of ``model`` (a copy unless ``inplace``) for quantized ones.
 
-    The module structure and ``forward`` stay the user's; input scales come from one fx
-    trace of the model (raising, naming the module, when it cannot be traced).
+    The module structure and ``forward`` stay the user's. Input scales come from one fx trace
+    of the model when it traces; a model fx cannot trace (data-dependent control flow, ...) is
+    converted from what its forwards recorded since ``prepare_qat`` (``eager_record.py``: run
+    it at least once, e.g. a calibration or training step, before converting).
     """
     march = require_march("convert")
     if not inplace:
@@ -223,15 +253,17 @@ def convert(model: nn.Module, mapping: Mapping[type, type] | None = None, inplac
     try:
         fx_graph = trace_fx(model)
     except Exception as e:
-        hint = (
-            ""
-            if "fx_helper.wrap" in str(e)
-            else ("\nDecorate the untraceable code with qir.utils.fx_helper.wrap so it stays one opaque call")
-        )
+        if eager_record.has_records(model):
+            eager_record.convert_recorded(model, march, mapping, ConvertError)
+            model.eval()
+            return model
         raise ConvertError(
-            f"convert traces {type(model).__name__} once to learn each module's input scales: {e}{hint}"
+            f"convert learns each module's input scales from one fx trace of {type(model).__name__} or from its "
+            f"recorded forwards, and it has neither: {e}\nRun the prepare_qat model once (a calibration or "
+            "training step) before convert, or decorate the untraceable code with qir.utils.fx_helper.wrap"
         ) from e
     gm = torch.fx.GraphModule(model, fx_graph)  # shares model's submodules
     _convert_modules(model, gm, march, mapping, eager=True)
+    eager_record.uninstall(model)
     model.eval()
     return model

@@ -50,6 +50,15 @@ class FusedModule(nn.Module):
             y = self.relu(y)
         return y
 
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``FloatFunctional.add``'s call form, for eager models fused at the add (the plugin's
+        eager fusion puts the conv + add module where the ``FloatFunctional`` was): ``self(x, y)``,
+        ``x`` being the conv's input."""
+        if not self.has_add:
+            raise TypeError(f"{type(self).__name__} has no fused add; call it as a module")
+        out: torch.Tensor = self(x, y)
+        return out
+
 
 _CONVS: dict[str, type[nn.Module]] = {
     "Conv1d": nn.Conv1d,

@@ -54,6 +54,13 @@ class QATConvBase(QATModule):
         out: torch.Tensor = self._conv_forward(x, w, self.bias)  # type: ignore[operator]
         return out
 
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``FloatFunctional.add``'s call form (eager models fused at the add): ``self(x, y)``."""
+        if not self.has_add:
+            raise TypeError(f"{type(self).__name__} has no fused add; call it as a module")
+        out: torch.Tensor = self(x, y)
+        return out
+
     def forward(self, x: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
         y = self._linear_op(x, self.weight_fake_quant(self.weight))
         if self.has_add:

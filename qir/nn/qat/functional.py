@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 from torch import nn
 
-from qir.nn.modules.functional import FunctionalBase
+from qir.nn.modules.functional import FLOAT_FUNCTIONAL_METHODS, FunctionalBase
 from qir.nn.qat._base import QATModule, make_activation_fq, resolve_qconfig
+from qir.quantization.eager_record import functional_call
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.qconfig import QConfig
 
@@ -44,3 +49,18 @@ class FloatFunctional(QATModule, FunctionalBase):
         new = cls(make_activation_fq(qc, cls.__name__, required=False), qc)
         new.train(mod.training)
         return new
+
+
+def _recorded(name: str) -> Callable[..., Any]:
+    fn = getattr(FunctionalBase, name)
+
+    @functools.wraps(fn)
+    def method(self: FloatFunctional, *args: Any, **kwargs: Any) -> Any:
+        # a method call, not a module call: eager recording sees it here (eager_record.py)
+        return functional_call(self, fn, args, kwargs)
+
+    return method
+
+
+for _name in FLOAT_FUNCTIONAL_METHODS:
+    setattr(FloatFunctional, _name, _recorded(_name))

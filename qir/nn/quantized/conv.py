@@ -165,6 +165,13 @@ class QuantizedConvBase(QuantizedModule):
         acc = y.to(torch.int64)
         return acc + numerics.broadcast_along(self.bias.to(torch.int64), self.out_axis, acc.dim())
 
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``FloatFunctional.add``'s call form (eager models fused at the add): ``self(x, y)``."""
+        if not self.has_add:
+            raise TypeError(f"{type(self).__name__} has no fused add; call it as a module")
+        out: torch.Tensor = self(x, y)
+        return out
+
     def forward(self, x: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
         acc = self._accumulate(x)
         ax = self.out_axis
