@@ -12,7 +12,7 @@ from backends.common.lower import KernelPolicy, register_kernel_policy
 MARCH = "bayes"
 
 POLICY = KernelPolicy(
-    conv2d=("int_mm", "int_mm_t", "f32", "f32_chunked", "f64"),
+    conv2d=("dw", "int_mm", "int_mm_t", "f32", "f32_chunked", "f64"),
     linear=("f32", "int_mm", "f64"),
     code_dtypes=("qint8", "qint16", "qint32"),
 )

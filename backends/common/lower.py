@@ -55,7 +55,7 @@ class KernelPolicy:
     """A march's kernel choices: engine preference (used as is below ``measure_from_opt``),
     the code dtypes it runs, and how many timed runs a measurement takes."""
 
-    conv2d: tuple[str, ...] = ("int_mm", "int_mm_t", "f32", "f32_chunked", "f64")
+    conv2d: tuple[str, ...] = ("dw", "int_mm", "int_mm_t", "f32", "f32_chunked", "f64")
     linear: tuple[str, ...] = ("f32", "int_mm", "f64")
     code_dtypes: tuple[str, ...] = ("qint8", "qint16", "qint32")
     measure_from_opt: int = 2

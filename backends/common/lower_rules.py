@@ -140,10 +140,17 @@ def lower_conv(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: d
             attrs["output_padding"] = _plain(hp["output_padding"])
         attrs["engine"] = "f32" if bound <= 2**24 else "f64"
         return ValueRef(ctx.emit("conv_nd", inputs, attrs, consts, node.name, hint))
-    plain = attrs["groups"] == 1 and attrs["padding_mode"] == "zeros" and not isinstance(attrs["padding"], str)
+    zero_pad = attrs["padding_mode"] == "zeros" and not isinstance(attrs["padding"], str)
+    plain = attrs["groups"] == 1 and zero_pad
+    c_out, c_per_group, kh, kw = m.weight.shape
+    depthwise = zero_pad and c_per_group == 1 and attrs["groups"] == c_out == xv.shape[1] and not m.has_add
     cands = []
     for e in ctx.policy.conv2d:
-        if e in ("int_mm", "int_mm_t") and int8 and plain and bound < 2**31:
+        if e == "dw":
+            # kh * kw <= 1024 keeps the torch fallback (float32) exact: sums below 1024 * 128 * 128 = 2**24
+            if depthwise and int8 and attrs["out_dtype"] in ("qint8", "qint16") and kh * kw <= 1024:
+                cands.append(e)
+        elif e in ("int_mm", "int_mm_t") and int8 and plain and bound < 2**31:
             cands.append(e)
         elif e == "f32" and bound <= 2**24:
             cands.append(e)
@@ -156,6 +163,13 @@ def lower_conv(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: d
             cands.append(e)
     if len(cands) > 1 and "f64" in cands:
         cands.remove("f64")  # the fallback only: about 2x float32 and 5-10x _int_mm wherever another is exact
+    # the int8 engines requantize in one native pass; the float engines' float64 requantization alone
+    # costs more than their conv (docs/backends.md "Kernel choices"): not worth timing, and on a
+    # loaded machine a timing can pick them by accident
+    if "dw" in cands:
+        cands = ["dw"]
+    elif any(e in cands for e in ("int_mm", "int_mm_t")):
+        cands = [e for e in cands if e in ("int_mm", "int_mm_t")]
     chosen = ctx.choose_engine("conv2d", inputs, attrs, consts, cands, node.name)
     if chosen["engine"] != "f32_chunked":
         chosen.pop("chunks", None)

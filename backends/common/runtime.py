@@ -86,10 +86,20 @@ class CompiledModel:
                         env[name] = val
                     for v in free:
                         env.pop(v, None)
-                return _build(self.program.outputs, env)
+                result = _build(self.program.outputs, env)
+                return _detach_owned(result, self._owned())
         finally:
             if self.num_threads is not None and prev != self.num_threads:
                 torch.set_num_threads(prev)
+
+    def _owned(self) -> set[int]:
+        """Storages of the buffers kernels reuse from call to call (``state.owned_buffers()``)."""
+        ptrs: set[int] = set()
+        for _, _, state, _ in self._steps:
+            owned = getattr(state, "owned_buffers", None)
+            if owned is not None:
+                ptrs.update(b.untyped_storage().data_ptr() for b in owned())
+        return ptrs
 
     def _where(self) -> str:
         return f" '{self.source}'" if self.source else ""
@@ -113,3 +123,14 @@ def _build(o: Any, env: dict[str, Any]) -> Any:
     if isinstance(o, tuple):
         return tuple(_build(x, env) for x in o)
     return [_build(x, env) for x in o]
+
+
+def _detach_owned(o: Any, owned: set[int]) -> Any:
+    """``o`` with every tensor that lives in a kernel's reused buffer copied out (the next call overwrites it)."""
+    if isinstance(o, torch.Tensor):
+        return o.clone() if owned and o.untyped_storage().data_ptr() in owned else o
+    if isinstance(o, tuple):
+        return tuple(_detach_owned(x, owned) for x in o)
+    if isinstance(o, list):
+        return [_detach_owned(x, owned) for x in o]
+    return o

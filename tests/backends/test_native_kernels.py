@@ -9,16 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from bitexact_models import digits_net, fx_converted
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 import qir
 from backends.common.integer_rules import fused_add_int
 from backends.common.kernels import conv as conv_mod
 from backends.common.kernels import native
 from qir.ir.numerics import requantize
-from qir.quantization import compile_model
+from qir.quantization import QuantStub, compile_model
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"native kernels unavailable: {native.status()}")
 
@@ -179,3 +181,76 @@ def test_torch_paths_without_the_library_stay_exact(tmp_path: Path, monkeypatch:
         want = converted(x)
     assert torch.equal(with_native(x), want)
     assert torch.equal(without(x), want)
+
+
+class _Codes(nn.Module):
+    """QuantStub -> depthwise conv -> 1x1 conv + ReLU, no DeQuantStub: the program returns the codes of a
+    kernel's reused output buffer."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.dw = nn.Conv2d(c, c, 3, padding=1, groups=c)
+        self.pw = nn.Conv2d(c, c, 1)
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.pw(self.dw(self.quant(x))))
+
+
+@pytest.mark.parametrize("with_native", [True, False])
+def test_outputs_from_reused_buffers_survive_the_next_call(with_native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also the depthwise engine's torch path (float32) when there is no library."""
+    shape = (2, 8, 10, 10)
+    converted = fx_converted(_Codes(), shape, "bayes", batches=2)
+    if not with_native:
+        monkeypatch.setattr(native, "library", lambda: None)
+    compiled = compile_model(converted, [torch.randn(*shape)], march="bayes", opt=1, check=False)
+    assert {i.attrs.get("engine") for i in compiled.program.instructions if i.op == "conv2d"} >= {"dw"}
+    g = torch.Generator().manual_seed(3)
+    x1, x2 = torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
+    first = compiled(x1)
+    second = compiled(x2)
+    with torch.no_grad():
+        assert torch.equal(first, converted(x1))
+        assert torch.equal(second, converted(x2))
+
+
+@st.composite
+def _dw_case(draw: st.DrawFn) -> dict:
+    c = draw(st.integers(1, 20))
+    kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    padding = (draw(st.integers(0, kh)), draw(st.integers(0, kw)))
+    h = draw(st.integers(dilation[0] * (kh - 1) + 1 - 2 * padding[0], 14).filter(lambda v: v >= 1))
+    w = draw(st.integers(max(1, dilation[1] * (kw - 1) + 1 - 2 * padding[1]), 14))
+    seed = draw(st.integers(0, 2**16))
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "x": _codes(draw, (draw(st.integers(1, 3)), c, h, w), -128, 127, seed).to(torch.int8),
+        "w": _codes(draw, (c, 1, kh, kw), -128, 127, seed + 1).to(torch.int8),
+        "stride": stride,
+        "padding": padding,
+        "dilation": dilation,
+        "mult": torch.randint(0, 32768, (c,), generator=g),
+        "shift": torch.randint(0, 32, (c,), generator=g),
+        "bias": torch.randint(-(2**20), 2**20, (c,), generator=g),
+        "relu6": torch.randint(0, 128, (c,), generator=g),
+        "act": draw(st.sampled_from([None, "relu", "relu6"])),
+        "out": draw(st.sampled_from(["qint8", "qint16"])),
+        "nhwc": draw(st.booleans()),
+    }
+
+
+@settings(max_examples=100, deadline=None)
+@given(c=_dw_case())
+def test_depthwise_rows_equal_float64_conv_and_the_int64_rule(c: dict) -> None:
+    fr = _params(c)
+    assert fr is not None
+    x = c["x"].contiguous(memory_format=torch.channels_last) if c["nhwc"] else c["x"]
+    attrs = {"stride": list(c["stride"]), "padding": list(c["padding"]), "dilation": list(c["dilation"])}
+    w = c["w"][:, 0].permute(1, 2, 0).contiguous()
+    got = conv_mod._dw_native(x, w, fr, attrs)
+    acc = F.conv2d(c["x"].double(), c["w"].double(), None, c["stride"], c["padding"], c["dilation"], c["x"].shape[1])
+    assert torch.equal(got, _reference(acc.to(torch.int64).permute(0, 2, 3, 1), c))

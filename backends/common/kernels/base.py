@@ -13,6 +13,7 @@ kernels use the int64 path.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ __all__ = [
     "register_kernel",
     "requant_i64",
     "sat_to",
+    "scratch",
 ]
 
 #: |accumulator| below this keeps the float64 requantization exact (|acc| * 32767 < 2**52).
@@ -135,3 +137,22 @@ def requant_i64(acc: torch.Tensor, multiplier: torch.Tensor, shift: torch.Tensor
         m, s = m.reshape(()), s.reshape(())
     half = torch.where(s > 0, torch.ones_like(s) << (s - 1).clamp(min=0), torch.zeros_like(s))
     return torch.bitwise_right_shift(a * m + half, s)
+
+
+_SCRATCH = threading.local()
+
+
+def scratch(tag: tuple[Any, ...], shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero-initialised buffer kept per thread for ``(tag, shape, dtype)`` and handed out again on
+    the next request with the same key: for values that live only inside one kernel call (im2col
+    columns, accumulators). Fresh large allocations are page-faulted in on every call, which costs
+    more than a thin layer's arithmetic. Callers that rely on regions they never write staying zero
+    (padding) put what decides those regions into ``tag``."""
+    pool: dict[tuple[Any, ...], torch.Tensor] | None = getattr(_SCRATCH, "pool", None)
+    if pool is None:
+        pool = _SCRATCH.pool = {}
+    key = (tag, tuple(shape), dtype)
+    buf = pool.get(key)
+    if buf is None:
+        buf = pool[key] = torch.zeros(shape, dtype=dtype)
+    return buf

@@ -6,6 +6,9 @@ Engines (chosen per layer by the lowering, docs/backends.md "Kernel choices"):
 * ``int_mm`` / ``int_mm_t``: int8 im2col (NHWC, K padded to a multiple of 8) times the
   int8 weight with ``torch._int_mm`` (int32 accumulation, exact while |acc| < 2**31); ``_t``
   keeps the weight column-major.
+* ``dw``: depthwise conv (one int8 filter per channel) with int32 accumulation and the
+  requantization fused, one native pass (``native.c``); without the native library, float32
+  (exact: the lowering offers it only for ``kh * kw <= 1024``, so every sum stays below 2**24).
 * ``f32``: float32 conv / linear; exact while every partial sum stays below 2**24, which
   the lowering proves per layer from ``max|x| * max_c sum|w_c|``.
 * ``f32_chunked``: float32 over input-channel chunks that each keep that bound, summed in float64.
@@ -22,13 +25,13 @@ import torch
 import torch.nn.functional as F
 
 from backends.common.kernels import native
-from backends.common.kernels.base import RequantF64, qbounds, register_kernel, requant_i64, sat_to
+from backends.common.kernels.base import RequantF64, qbounds, register_kernel, requant_i64, sat_to, scratch
 from backends.common.program import Instruction
 
 __all__ = ["ConvState", "conv_engines", "linear_engines"]
 
 _CODE_DTYPES = {"qint8": torch.int8, "qint16": torch.int16, "qint32": torch.int32}
-CONV2D_ENGINES = ("int_mm", "int_mm_t", "f32", "f32_chunked", "f64")
+CONV2D_ENGINES = ("dw", "int_mm", "int_mm_t", "f32", "f32_chunked", "f64")
 LINEAR_ENGINES = ("int_mm", "f32", "f64")
 
 
@@ -55,6 +58,20 @@ class ConvState:
     n: int  # output channels
     fused: FusedRequant | None = None  # the one-pass native requantization, where it applies
     spaces: dict[tuple[int, tuple[int, ...]], torch.Tensor] = field(default_factory=dict)
+    outs: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = field(default_factory=dict)
+
+    def output(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """This instruction's output buffer, reused from call to call (the value of the previous call
+        is dead by then: the runtime copies any program output that lives in one, see ``owned_buffers``)."""
+        key = (tuple(shape), dtype)
+        buf = self.outs.get(key)
+        if buf is None:
+            self.outs.clear()  # one shape at a time: a new batch size replaces the old buffer
+            buf = self.outs[key] = torch.empty(shape, dtype=dtype)
+        return buf
+
+    def owned_buffers(self) -> list[torch.Tensor]:
+        return list(self.outs.values())
 
     def workspace(self, slot: int, like: torch.Tensor) -> torch.Tensor:
         """A float64 buffer shaped like ``like``, kept between calls: large fresh allocations are
@@ -182,9 +199,12 @@ def _fused_requant(inst: Instruction, consts: Mapping[str, torch.Tensor], n: int
     )
 
 
-def _fused_finish(acc: torch.Tensor, addend: torch.Tensor | None, fr: FusedRequant, rows: int) -> torch.Tensor:
+def _fused_finish(
+    acc: torch.Tensor, addend: torch.Tensor | None, fr: FusedRequant, rows: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Requantize the int32 ``acc`` (first ``rows`` rows; channels contiguous, rows ``acc.stride(0)``
-    apart) in one native pass; ``addend``: the fused add's other operand, (rows, C)."""
+    apart) in one native pass; ``addend``: the fused add's other operand, (rows, C); ``out``: where
+    to write the (rows, C) codes (a fresh tensor when None)."""
     lib = fr.lib
     n = fr.n
     if acc.dtype != torch.int32 or acc.dim() != 2 or acc.shape[1] != n or acc.stride(1) != 1:
@@ -192,7 +212,10 @@ def _fused_finish(acc: torch.Tensor, addend: torch.Tensor | None, fr: FusedRequa
             f"native requantization takes int32 (rows, {n}) with contiguous channels, "
             f"got {acc.dtype} {tuple(acc.shape)}"
         )
-    out = torch.empty((rows, n), dtype=fr.out_dtype)
+    if out is None:
+        out = torch.empty((rows, n), dtype=fr.out_dtype)
+    if out.shape != (rows, n) or out.dtype != fr.out_dtype or not out.is_contiguous():
+        raise ValueError(f"native requantization: output must be contiguous {fr.out_dtype} ({rows}, {n})")
     tag = "i8" if fr.out_dtype == torch.int8 else "i16"
     p = native.ptr
     lda = int(acc.stride(0))
@@ -208,7 +231,8 @@ def _fused_finish(acc: torch.Tensor, addend: torch.Tensor | None, fr: FusedRequa
         am, ah, ash, ep = fr.add
         args = (p(acc), lda, n, p(addend), p(fr.bias), p(fr.mult), p(fr.half), p(fr.shift), am, ah, ash, ep)
         args = (*args, p(fr.lo_i), p(fr.hi_i))
-    native.run_rows(lambda r0, r1: fn(*args, p(out), r0, r1), rows, rows * n)
+    dst = p(out)
+    native.run_rows(lambda r0, r1: fn(*args, dst, r0, r1), rows, rows * n)
     return out
 
 
@@ -219,7 +243,11 @@ def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> ConvState
     c_out = int(w.shape[0]) if a["kind"] != "conv_transpose2d" else int(consts[inst.consts["bias"]].numel())
     k = int(w[0].numel())
     chunks: list[tuple[int, int, torch.Tensor]] = []
-    if engine in ("int_mm", "int_mm_t"):
+    if engine == "dw":
+        # (KH, KW, C) for the native loop; the float32 (C, 1, KH, KW) filter for the torch path
+        weight = w[:, 0].permute(1, 2, 0).contiguous()
+        chunks = [(0, c_out, w.to(torch.float32))]
+    elif engine in ("int_mm", "int_mm_t"):
         # (K, N) int8 with K = kh*kw*C (NHWC order) and K, N padded to multiples of 8 (torch._int_mm)
         flat = w.permute(0, 2, 3, 1).reshape(c_out, k) if w.dim() == 4 else w.reshape(c_out, k)
         kp, np_ = -(-k // 8) * 8, -(-c_out // 8) * 8
@@ -251,7 +279,7 @@ def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> ConvState
         chunks=chunks,
         k=k,
         n=c_out,
-        fused=_fused_requant(inst, consts, c_out) if engine in ("int_mm", "int_mm_t") else None,
+        fused=_fused_requant(inst, consts, c_out) if engine in ("dw", "int_mm", "int_mm_t") else None,
     )
 
 
@@ -270,7 +298,8 @@ def _im2col(
     ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     xh = x.permute(0, 2, 3, 1)
     if ph or pw:
-        xp = x.new_zeros((n, h + 2 * ph, w + 2 * pw, c))
+        # the border stays zero: only the interior is ever written
+        xp = scratch(("im2col_pad", ph, pw), (n, h + 2 * ph, w + 2 * pw, c), x.dtype)
         xp[:, ph : ph + h, pw : pw + w] = xh
     else:
         xp = xh.contiguous()
@@ -281,7 +310,8 @@ def _im2col(
     rows = max(m, 17)  # torch._int_mm needs more than 16 rows
     if kp == k and rows == m:
         return view.reshape(m, k), oh, ow
-    cols = x.new_zeros((rows, kp))
+    # rows past m and columns past k stay zero: k and m are in the key
+    cols = scratch(("im2col", k, m), (rows, kp), x.dtype)
     cols[:m].view(n, oh, ow, kp)[..., :k].unflatten(-1, (kh, kw, c)).copy_(view)
     return cols, oh, ow
 
@@ -297,9 +327,13 @@ def _acc_conv2d(x: torch.Tensor, st: ConvState, a: Mapping[str, Any]) -> torch.T
         kh, kw = int(a["kernel_size"][0]), int(a["kernel_size"][1])
         cols, oh, ow = _im2col(x, kh, kw, stride, padding, dilation, int(st.weight.shape[0]))
         m = x.shape[0] * oh * ow
-        out = torch._int_mm(cols, st.weight)[:m, : st.n]
-        # int32 stays int32: the requantizing addcmul promotes to float64 on the fly (one pass fewer)
-        return out.reshape(x.shape[0], oh, ow, st.n)
+        # the accumulator never leaves this call (requantization reads it), so it can live in scratch
+        acc = torch._int_mm(cols, st.weight, out=scratch(("acc",), (cols.shape[0], st.weight.shape[1]), torch.int32))
+        return acc[:m, : st.n].reshape(x.shape[0], oh, ow, st.n)
+    if engine == "dw":  # the torch path (no native library): float32, exact for kh * kw <= 1024
+        xf = x.to(torch.float32, memory_format=torch.channels_last)
+        wf = st.chunks[0][2]
+        return F.conv2d(xf, wf, None, stride, padding, dilation, groups).permute(0, 2, 3, 1).to(torch.float64)
     if engine == "f32":
         xf = x.to(torch.float32, memory_format=torch.channels_last)
         return F.conv2d(xf, st.weight, None, stride, padding, dilation, groups).permute(0, 2, 3, 1).to(torch.float64)
@@ -313,6 +347,35 @@ def _acc_conv2d(x: torch.Tensor, st: ConvState, a: Mapping[str, Any]) -> torch.T
         return total.permute(0, 2, 3, 1)
     y = F.conv2d(x.to(torch.float64), st.weight, None, stride, padding, dilation, groups)
     return y.permute(0, 2, 3, 1)
+
+
+def _dw_native(
+    x: torch.Tensor, w: torch.Tensor, fr: FusedRequant, a: Mapping[str, Any], st: ConvState | None = None
+) -> torch.Tensor:
+    """Depthwise conv + requantization in one native pass: int8 NCHW ``x`` (any memory format) ->
+    codes (N, OH, OW, C), written into ``st``'s output buffer when given."""
+    if x.dtype != torch.int8:
+        raise TypeError(f"depthwise conv: input codes must be int8, got {x.dtype}")
+    nb, c, h, wd = x.shape
+    kh, kw = int(w.shape[0]), int(w.shape[1])
+    (sh, sw), (ph, pw), (dh, dw) = a["stride"], a["padding"], a["dilation"]
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    xh = x.permute(0, 2, 3, 1).contiguous()  # free when x already lives in NHWC (the previous conv's output)
+    out = (
+        st.output((nb, oh, ow, c), fr.out_dtype) if st is not None else torch.empty((nb, oh, ow, c), dtype=fr.out_dtype)
+    )
+    fn = fr.lib.qir_dw_rows_i8 if fr.out_dtype == torch.int8 else fr.lib.qir_dw_rows_i16
+    p = native.ptr
+    geometry = (p(xh), h, wd, c, p(w), kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)
+    args = (*geometry, p(fr.scale), p(fr.offset), p(fr.lo), p(fr.hi), p(out))
+
+    def rows(r0: int, r1: int) -> None:
+        if fn(*args, r0, r1) != 0:
+            raise MemoryError("depthwise conv: out of memory for a row of accumulators")
+
+    native.run_rows(rows, nb * oh, nb * oh * ow * c)
+    return out
 
 
 def _finish(
@@ -381,11 +444,14 @@ def _finish_i64(
 def conv2d(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
     """``act(requant(conv(x, w) + b))`` or, with ``has_add``, the fused conv + add rule; NCHW in and out."""
     x = args[0]
+    if inst.attrs["engine"] == "dw" and st.fused is not None:
+        return [_dw_native(x, st.weight, st.fused, inst.attrs, st).permute(0, 3, 1, 2)]
     acc = _acc_conv2d(x, st, inst.attrs)
     addend = args[1].permute(0, 2, 3, 1) if len(args) > 1 else None
     if st.fused is not None:
         nb, oh, ow, c = acc.shape
-        out = _fused_finish(acc.flatten(0, 2), addend, st.fused, nb * oh * ow)
+        rows = nb * oh * ow
+        out = _fused_finish(acc.flatten(0, 2), addend, st.fused, rows, st.output((rows, c), st.fused.out_dtype))
         return [out.view(nb, oh, ow, c).permute(0, 3, 1, 2)]
     return [_finish(acc, addend, st, inst.attrs, -1).permute(0, 3, 1, 2)]
 
@@ -425,13 +491,16 @@ def linear(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
         m = x2.shape[0]
         kp = int(st.weight.shape[0])
         if m <= 16 or kp != x2.shape[1]:
-            buf = x2.new_zeros((max(m, 17), kp))
+            buf = scratch(("linear_rows", m, x2.shape[1]), (max(m, 17), kp), x2.dtype)
             buf[:m, : x2.shape[1]] = x2
             x2 = buf
-        acc = torch._int_mm(x2.contiguous(), st.weight)[:m, : st.n]
+        x2 = x2.contiguous()
+        acc = torch._int_mm(x2, st.weight, out=scratch(("acc",), (x2.shape[0], st.weight.shape[1]), torch.int32))
+        acc = acc[:m, : st.n]
         if st.fused is not None:
             addend = args[1].reshape(m, st.n) if len(args) > 1 else None
-            return [_fused_finish(acc, addend, st.fused, m).reshape(*lead, st.n)]
+            out = _fused_finish(acc, addend, st.fused, m, st.output((m, st.n), st.fused.out_dtype))
+            return [out.reshape(*lead, st.n)]
     elif engine == "f32":
         acc = F.linear(x2.to(torch.float32), st.weight).to(torch.float64)
     else:
