@@ -159,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
             f.write("\n".join(lines) + "\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"size": args.size, "batch": args.batch, "march": "bayes", "rows": rows}, f, indent=1)
+            # an exact match has infinite SQNR: JSON has no infinity, so it is written as null
+            clean = [{k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in r.items()} for r in rows]
+            json.dump({"size": args.size, "batch": args.batch, "march": "bayes", "rows": clean}, f, indent=1)
     return 0
 
 
