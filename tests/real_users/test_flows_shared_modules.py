@@ -278,3 +278,40 @@ def test_eager_mode_refuses_a_dequant_stub_shared_by_differently_scaled_outputs(
     qat.eval()
     with pytest.raises(ConvertError, match=r"module 'dequant' is called at several places.*in eager mode, use one"):
         convert(qat)
+
+
+def test_an_lstm_cell_unrolled_over_time_steps() -> None:
+    class Unrolled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.quant = QuantStub()
+            self.quant_h = QuantStub()
+            self.quant_c = QuantStub()
+            self.cell = nn.LSTMCell(4, 6)
+            self.dequant = DeQuantStub()
+
+        def forward(
+            self, x0: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, h: torch.Tensor, c: torch.Tensor
+        ) -> list[torch.Tensor]:
+            h, c = self.quant_h(h), self.quant_c(c)
+            outs = []
+            for x in (x0, x1, x2):
+                h, c = self.cell(self.quant(x), (h, c))
+                outs.append(self.dequant(h))
+            return outs
+
+    xs = [torch.randn(2, 4) * s for s in (1.0, 3.0, 9.0)] + [torch.zeros(2, 6), torch.zeros(2, 6)]
+    calib = prepare_qat_fx(Unrolled(), CALIB).eval()
+    with torch.no_grad():
+        calib(*xs)
+    qat = prepare_qat_fx(calib, QAT)
+    assert len(list(qat.parameters())) == 4  # one cell's weights and biases for every step
+    assert qat.cell_call2.weight_ih_fake_quant is qat.cell.weight_ih_fake_quant
+    assert float(qat.quant_call2.activation_post_process.scale) > 5 * float(qat.quant.activation_post_process.scale)
+    qat.eval()
+    set_fake_quantize(qat, "validation")
+    quantized = convert_fx(qat)
+    got = quantized(*xs)
+    compiled = compile_model(quantized, xs)
+    for a, b in zip(compiled(*xs), got, strict=True):
+        assert torch.equal(a, b)
