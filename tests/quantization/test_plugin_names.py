@@ -183,3 +183,25 @@ def test_fuse_conv_shared_modules_names_a_missing_module() -> None:
     fused = q.fuse_conv_shared_modules(seq, ["0", "1"])  # one group without the outer list
     assert isinstance(fused[0], nn.Identity) and isinstance(fused[1], nn.Conv2d)
     assert isinstance(seq[1], nn.BatchNorm2d)  # not inplace: the input is unchanged
+
+
+def test_a_qtensor_of_codes_enters_a_model_at_its_real_values() -> None:
+    from qir.qtensor import QTensor
+
+    torch.manual_seed(0)
+    with march_scope(March.BAYES):
+        model = nn.Sequential(QuantStub(scale=1 / 64), nn.Conv2d(2, 2, 1), DeQuantStub())
+        qat = prepare_qat_fx(model, {"": get_default_qat_qconfig()})
+        for _ in range(2):
+            qat(torch.rand(1, 2, 3, 3))
+        q.set_fake_quantize(qat, "validation")
+        converted = convert_fx(qat)
+    x = torch.rand(1, 2, 3, 3)
+    codes = torch.floor(x * 64 + 0.5).to(torch.int8)
+    as_qtensor = QTensor(codes, 1 / 64, qint8)
+    # the plugin's multi-subnet input: codes at the stub's own scale pass through the quantized stub
+    assert torch.equal(converted(as_qtensor), converted(codes.float() / 64))
+    # the QAT stub fake-quantizes the QTensor's real values, not its codes
+    assert torch.equal(qat(as_qtensor), qat(codes.float() / 64))
+    with pytest.raises(ValueError, match=r"QTensor of qint8 codes at scale \[0\.5\] but quantizes to qint8"):
+        converted(QTensor(codes, 0.5, qint8))

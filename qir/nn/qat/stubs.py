@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from qir.nn.qat._base import QATModule, make_activation_fq, resolve_qconfig
+from qir.qtensor import QTensor
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.qconfig import QConfig
 from qir.quantization.stubs import QuantStub as FloatQuantStub
@@ -31,6 +32,8 @@ class QuantStub(QATModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         assert self.activation_post_process is not None
+        if isinstance(x, QTensor):  # a QTensor of codes means its real values, not the codes
+            x = x.dequantize()
         return self.activation_post_process(x)
 
     @classmethod

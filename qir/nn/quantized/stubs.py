@@ -12,6 +12,7 @@ from backends.common import numerics
 from qir.nn.qat.stubs import DeQuantStub as QATDeQuantStub
 from qir.nn.qat.stubs import QuantStub as QATQuantStub
 from qir.nn.quantized._base import QuantizedModule, check_qat, output_fq
+from qir.qtensor import QTensor
 
 __all__ = ["DeQuantStub", "QuantStub"]
 
@@ -23,10 +24,25 @@ class QuantStub(QuantizedModule):
     num_inputs: ClassVar[int] = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not x.is_floating_point():
-            raise TypeError(f"QuantStub takes a float tensor, got {x.dtype}")
         assert self.dtype is not None
+        if isinstance(x, QTensor) and x.is_quantized:
+            return self._codes_of(x)
+        if not x.is_floating_point():
+            raise TypeError(f"QuantStub takes a float tensor (or a QTensor of codes at its scale), got {x.dtype}")
         return numerics.quantize(x, self.scale, self.dtype)
+
+    def _codes_of(self, x: QTensor) -> torch.Tensor:
+        """The plugin's multi-subnet input: codes already at this stub's scale and dtype pass through."""
+        assert self.dtype is not None
+        same_scale = x.q_per_channel_axis() == -1 and torch.equal(
+            x.q_scale().to(torch.float32), self.scale.reshape(-1).to(x.q_scale().device)
+        )
+        if not same_scale or x.qdtype != self.dtype.name:
+            raise ValueError(
+                f"QuantStub got a QTensor of {x.qdtype} codes at scale {x.q_scale().tolist()} but quantizes to "
+                f"{self.dtype.name} at scale {self.scale.reshape(-1).tolist()}; pass x.dequantize() to requantize"
+            )
+        return x.int_repr()
 
     @classmethod
     def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any] = (), march: Any = None) -> QuantStub:
