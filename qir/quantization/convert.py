@@ -49,6 +49,7 @@ from qir.quantization.scale_ops import (
     pair_item,
 )
 from qir.quantization.stubs import DeQuantStub as FloatDeQuantStub
+from qir.quantization.wrapped_self import follow_training
 from qir.utils.fx_helper import wrapped_original
 
 __all__ = [
@@ -564,7 +565,7 @@ def convert_fx(
         emitted, _ = run_on_module(gm, pipe, example_inputs, "convert")
         if emitted is not None:
             gm = emitted
-    return gm
+    return follow_training(gm)
 
 
 def _integer_twin(qat_model: nn.Module) -> nn.Module:

@@ -43,6 +43,7 @@ from qir.quantization.qat_classes import qat_class_for
 from qir.quantization.qconfig import QConfig, get_default_calib_qconfig, get_default_qat_qconfig, qconfig_kind
 from qir.quantization.qconfig_dict import QConfigSpec, parse_qconfig_dict
 from qir.quantization.shared_calls import retie_after_load, split_call_sites, tie_to
+from qir.quantization.wrapped_self import follow_training
 
 __all__ = ["PREPARE_RECORD_KEY", "PrepareRecord", "prepare_qat_fx", "qat_class_for", "require_march"]
 
@@ -255,6 +256,7 @@ def _prepare_float(
         float_model=float_copy, march=march, kind=kind, hybrid=hybrid, cpu=dict(cpu), call_sites=sites
     )
     gm.train(model.training)
+    follow_training(gm)
     return install_exact_validation(gm)
 
 

@@ -290,3 +290,36 @@ def test_eager_convert_refuses_wrapped_function_on_codes() -> None:
     qat(torch.randn(2, 3, 8, 8))
     with pytest.raises(ConvertError, match=r"seg_post_process receives quantized tensors.*DeQuantStub"):
         convert(qat)
+
+
+class TrainingBranch(nn.Module):
+    """Seed 001's RetinaNet pattern: the wrapped post-process branches on ``self.training``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[str, torch.Tensor]:
+        return self._post_process(self.conv(self.quant(x)))
+
+    @fx_wrap()
+    def _post_process(self, y: torch.Tensor) -> tuple[str, torch.Tensor]:
+        if self.training:
+            return "loss", y.square().mean()
+        return "decode", y.sigmoid()
+
+
+def test_wrapped_method_sees_the_model_training_mode() -> None:
+    x = torch.randn(2, 3, 4, 4)
+    prepared = prepare_qat_fx(TrainingBranch(), {"": get_default_qat_qconfig()})
+    prepared.train()
+    assert prepared(x)[0] == "loss"
+    prepared.eval()
+    assert prepared(x)[0] == "decode"
+    twin = copy.deepcopy(prepared).train()  # a copy shares the bound module: each call sets the mode first
+    assert twin(x)[0] == "loss" and prepared(x)[0] == "decode"
+    converted = convert_fx(prepared)
+    assert converted(x)[0] == "decode"
+    converted.train()
+    assert converted(x)[0] == "loss"

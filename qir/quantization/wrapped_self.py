@@ -1,0 +1,56 @@
+"""``self`` of an ``fx_helper.wrap``-ed method follows the model's training mode.
+
+A wrapped method is recorded bound to the traced copy of the user's module (its class, its
+attributes, its other methods), which is not a submodule of the prepared or converted
+GraphModule; ``model.train()`` / ``model.eval()`` would not reach it, and the seed's RetinaNet
+branches on ``self.training`` inside its wrapped ``_post_process``. A forward pre-hook on the
+GraphModule sets the bound modules' mode to the model's before each call.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch.fx
+from torch import nn
+
+from qir.utils.fx_helper import wrapped_original
+
+__all__ = ["follow_training", "wrapped_selves"]
+
+
+def wrapped_selves(gm: torch.fx.GraphModule) -> list[nn.Module]:
+    """The modules ``gm``'s wrapped method calls are bound to (each once)."""
+    found: dict[int, nn.Module] = {}
+    for n in gm.graph.nodes:
+        t = n.target
+        if n.op == "call_function" and isinstance(t, types.MethodType) and wrapped_original(t) is not None:
+            if isinstance(t.__self__, nn.Module):
+                found.setdefault(id(t.__self__), t.__self__)
+    return list(found.values())
+
+
+def _sync_training(gm: nn.Module, args: Any) -> None:
+    if not isinstance(gm, torch.fx.GraphModule):
+        return
+    for m in wrapped_selves(gm):
+        if m.training != gm.training:
+            m.train(gm.training)
+
+
+def _copied(copy: torch.fx.GraphModule) -> None:
+    follow_training(copy)  # GraphModule's deepcopy drops forward hooks
+
+
+def follow_training(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Register the mode-following hook on ``gm`` when it calls wrapped methods (once), and
+    again on every deep copy of it."""
+    if not wrapped_selves(gm):
+        return gm
+    if _sync_training not in gm._forward_pre_hooks.values():
+        gm.register_forward_pre_hook(_sync_training)
+    register = getattr(gm, "_register_deepcopy_hook", None)
+    if register is not None and _copied not in gm.__dict__.get("_deepcopy_hooks", []):
+        register(_copied)
+    return gm
