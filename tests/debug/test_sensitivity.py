@@ -67,3 +67,30 @@ def test_auto_int16_on_bernoulli2_has_no_int16_outputs(digits: Digits) -> None:
     res = auto_int16(digits.float_model, digits.x_train, digits.x_test, target=0.9999999, march="bernoulli2")
     assert not res.met and res.promoted == [] and res.candidates == []
     assert all("qint16" in why for why in res.illegal.values()), res.illegal
+
+
+def test_auto_int16_stops_at_the_bound_when_no_promotion_can_meet_the_target(digits: Digits) -> None:
+    res = auto_int16(digits.float_model, digits.x_train, digits.x_test, target=0.99999999, march="bayes")
+    assert not res.met and res.promoted == [] and res.bound is not None
+    assert res.before < res.bound < 0.99999999
+    assert [len(p) for p, _ in res.steps] == [len(res.candidates)]  # one step: all candidates at once
+    assert "short of the target" in res.summary()
+
+
+def test_all_on_sensitivity_matches_fake_quant_in_validation_state(digits: Digits) -> None:
+    from qir.quantization.fake_quantize import float_fake_quant
+
+    rep = layer_sensitivity(digits.calibrated, digits.x_test)
+    with torch.no_grad(), float_fake_quant():
+        ref = digits.calibrated(digits.x_test)
+    from qir.quantization import set_fake_quantize
+    from qir.quantization.debug import cosine
+
+    work = copy.deepcopy(digits.calibrated)
+    set_fake_quantize(work, "calibration")  # observers on, fake quant off: the float reference
+    for fq in work.modules():
+        if isinstance(fq, FakeQuantize):
+            fq.disable_observer()
+    with torch.no_grad():
+        float_out = work(digits.x_test)
+    assert rep.all_quantized == pytest.approx(cosine(float_out, ref), abs=1e-12)

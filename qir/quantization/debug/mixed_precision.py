@@ -21,7 +21,7 @@ from torch import nn
 from qir.quantization.debug.metrics import Metric, metric
 from qir.quantization.debug.sensitivity import _output, as_batches, layer_sensitivity, quantized_layers
 from qir.quantization.debug.taps import frozen
-from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.fake_quantize import FakeQuantize, float_fake_quant
 
 __all__ = ["MixedPrecisionResult", "auto_int16"]
 
@@ -40,6 +40,8 @@ class MixedPrecisionResult:
     candidates: list[str]
     illegal: dict[str, str]
     steps: list[tuple[list[str], float]] = field(default_factory=list)
+    #: With every candidate promoted, when even that misses the target (then nothing is promoted).
+    bound: float | None = None
     base_qconfig: Any = None
     int16_qconfig: Any = None
 
@@ -63,6 +65,12 @@ class MixedPrecisionResult:
             f"{self.before:.6g} -> {self.after:.6g} with {len(self.promoted)} of {len(self.candidates)} "
             f"candidate layer(s) promoted: {', '.join(self.promoted) or '(none)'}"
         ]
+        if self.bound is not None:
+            lines.append(
+                f"  all {len(self.candidates)} candidates at qint16 give {self.bound:.6g}, short of the target: the "
+                "rest of the error is in layers that cannot be promoted (listed below) or in the int8 weights; "
+                "see layer_sensitivity"
+            )
         for name, why in self.illegal.items():
             lines.append(f"  not a candidate: {name}: {why}")
         for promoted, value in self.steps:
@@ -121,9 +129,11 @@ def auto_int16(
 ) -> MixedPrecisionResult:
     """Promote the fewest layers to a qint16 output until the output ``metric`` vs float meets ``target``.
 
-    Greedy, then pruned: layers are tried in order of how much the model improves when each
-    alone stays float (:func:`layer_sensitivity`), each added while the target is not met;
-    then every promoted layer whose removal still meets the target is removed. Candidates
+    First the bound: every candidate promoted at once; when even that misses the target,
+    nothing is promoted and ``bound`` says how far it got. Otherwise greedy, then pruned:
+    layers are tried in order of how much the model improves when each alone stays float
+    (:func:`layer_sensitivity`), each added while the target is not met; then every promoted
+    layer whose removal still meets the target is removed. Candidates
     are the layers with a qint8 output fake quant (not a fixed scale) that the march can
     run as qint16. ``qconfig`` / ``int16_qconfig`` default to the calibration qconfigs
     (qint8 / qint16 activations). The float model is not changed.
@@ -145,7 +155,7 @@ def auto_int16(
         if promoted:
             qd["module_name"] = dict.fromkeys(promoted, wide)
         model = _prepare_calibrated(float_model, qd, calib, march)
-        with frozen(model):
+        with frozen(model), float_fake_quant():  # the arithmetic layer_sensitivity ranks with
             return m.fn(ref, _output(model, evals)), model
 
     before, model0 = score([])
@@ -181,6 +191,14 @@ def auto_int16(
         int16_qconfig=wide,
     )
     if result.met or not legal:
+        return result
+    # The bound: every candidate promoted at once. When even that misses the target, the
+    # remaining error sits in layers that cannot be promoted (or in the int8 weights): say
+    # so after one step instead of trying the candidates one by one.
+    everything, model_all = score(legal)
+    result.steps.append((list(legal), everything))
+    if not _meets(m, everything, target) and _legal(model_all, calib[0], march) is None:
+        result.bound = everything
         return result
     gain = layer_sensitivity(model0, evals, m, layers=legal)
     order = sorted(gain.layers, key=lambda r: -r.only_float if m.higher_is_better else r.only_float)

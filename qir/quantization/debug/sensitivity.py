@@ -18,7 +18,7 @@ from torch import nn
 
 from qir.quantization.debug.metrics import Metric, metric
 from qir.quantization.debug.taps import as_inputs, frozen, model_stage
-from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.fake_quantize import FakeQuantize, float_fake_quant
 
 __all__ = ["LayerSensitivity", "SensitivityReport", "layer_sensitivity", "quantized_layers"]
 
@@ -124,7 +124,9 @@ def layer_sensitivity(
     mods = dict(work.named_modules())
 
     def run(enabled: set[int]) -> torch.Tensor:
-        with frozen(work):  # eval, observers off; then the switches for this experiment
+        # float_fake_quant: with every fake quant on, a model in validation state would run its
+        # integer twin instead; all experiments must run the same (fake-quant) arithmetic.
+        with frozen(work), float_fake_quant():  # eval, observers off; then this experiment's switches
             for fq in every:
                 fq.fake_quant_enabled = id(fq) in enabled
             return _output(work, batches)
