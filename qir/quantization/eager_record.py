@@ -355,7 +355,8 @@ def convert_recorded(root: nn.Module, march: Any, mapping: Mapping[type, type] |
             if not same:
                 raise error(
                     f"module '{path}' is called at several places with different input scales; a quantized module "
-                    "has fixed input scales: use one module instance per call site"
+                    "has fixed input scales. prepare_qat_fx gives every call site its own module (docs/qconfig.md, "
+                    "'Modules called at several places'); in eager mode, use one module instance per call site"
                 )
         return first
 

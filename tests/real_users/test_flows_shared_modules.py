@@ -255,7 +255,8 @@ def test_a_name_taken_by_the_user_is_a_clear_error() -> None:
         prepare_qat_fx(Taken(), QAT)
 
 
-def test_eager_mode_refuses_a_dequant_stub_shared_by_differently_scaled_outputs() -> None:
+@pytest.mark.parametrize("traceable", [True, False], ids=["traced", "recorded"])
+def test_eager_mode_refuses_a_dequant_stub_shared_by_differently_scaled_outputs(traceable: bool) -> None:
     from qir.quantization import convert, prepare_qat
     from qir.quantization.convert import ConvertError
 
@@ -269,6 +270,8 @@ def test_eager_mode_refuses_a_dequant_stub_shared_by_differently_scaled_outputs(
 
         def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             x = self.quant(x)
+            if not traceable and bool(torch.rand(1) < 0):  # data-dependent: fx cannot trace it
+                raise AssertionError("unreachable")
             return self.dequant(self.cls(x)), self.dequant(self.reg(x))
 
     model = TwoOutputs()
