@@ -508,6 +508,10 @@ def boundary_kind(entry: Any) -> str | None:
     return None
 
 
+def _holds_tensor(t: Type) -> bool:
+    return isinstance(t, TensorType) or (isinstance(t, SequenceType) and any(_holds_tensor(e) for e in t.elements))
+
+
 def compute_domains(graph: Graph, boundaries: dict[Node, str], assumed: str) -> Domains:
     """Propagate float / quantized through ``graph`` given the boundary nodes."""
     dom = Domains(assumed, outputs=frozenset(graph.output_values))
@@ -523,7 +527,9 @@ def compute_domains(graph: Graph, boundaries: dict[Node, str], assumed: str) -> 
             dom.quantized[node] = True  # weights are quantized with whatever uses them
         else:
             data = [v for v in node.operands if not (isinstance(v, Node) and isinstance(v.op, Constant))]
-            dom.quantized[node] = any(dom.quantized.get(v, False) for v in data)
+            # sizes read from a quantized tensor (x.shape[0], w // 2) are ints, not codes: a tensor
+            # built from them (torch.arange(w), torch.zeros(b, c)) is float, outside the region
+            dom.quantized[node] = _holds_tensor(node.type) and any(dom.quantized.get(v, False) for v in data)
     return dom
 
 

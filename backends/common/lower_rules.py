@@ -615,8 +615,30 @@ def fn_shape(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs
     return shape_call(ctx, node, _SHAPE_FUNCTIONS[target], args, kwargs)
 
 
+#: torch constructors of tensors from sizes -> their float32 shape functions
+_BUILDERS: dict[Any, str] = {torch.zeros: "zeros", torch.ones: "ones", torch.arange: "arange"}
+
+
+def fn_build(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    """``torch.zeros(b, c)``, ``torch.ones(...)``, ``torch.arange(w)`` from sizes: float32 tensors
+    (before a QuantStub, e.g. coordinates), built at run time from the run-time sizes."""
+    extra = {k: v for k, v in kwargs.items() if not (k == "dtype" and v in (None, torch.float32))}
+    extra = {k: v for k, v in extra.items() if not (k in ("device", "requires_grad", "layout") and not v)}
+    if extra:
+        raise LoweringError(
+            f"node '{node.name}': {target.__name__}(...) with {', '.join(f'{k}={v}' for k, v in extra.items())} "
+            "has no compiled form; only float32 tensors are built from sizes (add .float() or drop dtype=)"
+        )
+    return shape_call(ctx, node, _BUILDERS[target], args)
+
+
 def fn_arith(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    if any(_is_tensor(ctx, a) for a in args):
+    tensors = [ctx.values[a.name] for a in args if _is_tensor(ctx, a)]
+    if tensors and all(t.dtype == torch.float32 for t in tensors):
+        # float32 values built from sizes before a QuantStub (torch.arange(w) + offset): the same
+        # torch op as the converted model runs, so the artifact stays bit-exact
+        return shape_call(ctx, node, _INT_ARITH[target], args)
+    if tensors:
         raise LoweringError(
             f"node '{node.name}': {target.__name__} on tensors has no integer form here; "
             "quantized arithmetic goes through FloatFunctional (prepare_qat_fx generates it)"
@@ -660,6 +682,8 @@ for _t in _SHAPE_FUNCTIONS:
     register_function_rule(_t, fn_shape)
 for _t in _INT_ARITH:
     register_function_rule(_t, fn_arith)
+for _t in _BUILDERS:
+    register_function_rule(_t, fn_build)
 for _t in (torch.relu, F.relu):
     register_function_rule(_t, fn_relu)
 register_function_rule(relu6_codes, fn_relu6_codes)

@@ -119,7 +119,9 @@ def ff_method_for(n: Node) -> str | None:
     if isinstance(op, BinaryOp):
         if getattr(op, "rounding_mode", None) is not None:
             return None
-        if op.other is None:
+        if op.other is None:  # two operands: both must be tensors (``x * (1.0 / w)`` is not)
+            if not all(isinstance(v.type, TensorType) for v in n.operands):
+                return None
             return _TWO_TENSOR.get(name)
         if isinstance(op.other, (int, float)) and not isinstance(op.other, bool) and not isinstance(op.other, Ref):
             return _SCALAR.get(name)
@@ -147,12 +149,27 @@ def _torch_target(n: Node) -> Any:
 MODULE_FUNCTIONALS = frozenset({"avg_pool2d", "adaptive_avg_pool2d"})
 
 
+def built_from_sizes(g: Graph) -> set[str]:
+    """Names of the tensors computed from sizes alone (``torch.arange(w)``, ``torch.zeros((b, 1, h, w))``
+    and what is computed only from those): float values like a model input, never quantized
+    by a generated module (a QuantStub quantizes them where the user puts one)."""
+    built: set[str] = set()
+    for n in g.nodes:
+        module_call = isinstance(n.op, Call) and n.op.kind == "module"
+        if not isinstance(n.type, TensorType) or isinstance(n.op, Constant) or module_call or n.scope is not None:
+            continue
+        if all(v.name in built or not isinstance(v.type, TensorType) for v in n.operands):
+            built.add(n.name)
+    return built
+
+
 def _replace_functionals(
     g: Graph, owners: Mapping[str, str], methods: frozenset[str], alloc: NameAllocator, record: FuseRecord
 ) -> None:
     ff_cls = float_functional_class()
+    built = built_from_sizes(g)
     for n in g.nodes:
-        if n.scope is not None or isinstance(n.op, (Call, Constant)):
+        if n.scope is not None or isinstance(n.op, (Call, Constant)) or n.name in built:
             continue
         if (
             methods is ALL_FUNCTIONALS

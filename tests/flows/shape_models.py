@@ -110,11 +110,31 @@ class FPNTopDownNearest(FPNTopDown):
         super().__init__("nearest")
 
 
+class CoordHead(nn.Module):
+    """CoordConv-style head: x positions built from sizes (``torch.arange(w)``, ``torch.zeros((b, 1, h, 1))``)
+    in float, quantized by their own QuantStub, concatenated to the features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.quant_pos = QuantStub()
+        self.dequant = DeQuantStub()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Conv2d(5, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.conv(self.quant(x))
+        b, _, h, w = f.shape
+        pos = torch.arange(w, dtype=torch.float32).view(1, 1, 1, w).expand(b, 1, h, w) + torch.zeros((b, 1, h, 1))
+        return self.dequant(self.head(torch.cat([f, self.quant_pos(pos)], 1)))
+
+
 #: name -> (model class, input shape, marches where every op is legal)
 SHAPE_MODELS: dict[str, tuple[type[nn.Module], tuple[int, ...], tuple[str, ...]]] = {
     "attention": (HeadsAttention, (8, 6, 16), ("bayes",)),
     "fpn_bilinear": (FPNTopDown, (8, 3, 10, 14), ("bayes", "bernoulli2")),
     "fpn_nearest": (FPNTopDownNearest, (8, 3, 10, 14), ("bayes", "bernoulli2")),
+    "coord_head": (CoordHead, (8, 3, 8, 10), ("bayes", "bernoulli2")),
     "crop": (HalfCrop, (8, 3, 8, 8), ("bayes", "bernoulli2")),
     "flatten_head": (FlattenHead, (8, 3, 8, 8), ("bayes",)),
     "size_queries": (SizeQueries, (8, 4, 6, 6), ("bayes",)),

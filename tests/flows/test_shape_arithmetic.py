@@ -157,3 +157,17 @@ def test_run_time_resize_size_is_checked_by_the_artifact(tmp_path: Path) -> None
     assert run(x, like).shape == (2, 4, 9, 11)
     with pytest.raises(RuntimeError, match=r"compiled for output size 9x11, asked for \(10, 11\)"):
         run(x, torch.randn(1, 1, 10, 11))
+
+
+def test_tensors_built_from_sizes_are_bounded() -> None:
+    """The artifact's zeros / ones / arange take sizes from run time or the file: bounded."""
+    from backends.common.kernels.shape import MAX_BUILT_ELEMENTS, SHAPE_FUNCTIONS
+
+    assert SHAPE_FUNCTIONS["zeros"]((2, 3)).shape == (2, 3)
+    assert torch.equal(SHAPE_FUNCTIONS["arange"](4), torch.arange(4, dtype=torch.float32))
+    with pytest.raises(ValueError, match="elements"):
+        SHAPE_FUNCTIONS["ones"](2**15, 2**15)
+    with pytest.raises(ValueError, match="elements"):
+        SHAPE_FUNCTIONS["arange"](0, MAX_BUILT_ELEMENTS + 1)
+    with pytest.raises(ValueError, match="non-negative int"):
+        SHAPE_FUNCTIONS["zeros"]((2, -1))

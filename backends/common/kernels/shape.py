@@ -3,6 +3,7 @@ torch functions called by name, never code from the artifact), plus cat / stack 
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -52,7 +53,36 @@ SHAPE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "floordiv": operator.floordiv,
     "mod": operator.mod,
     "len": len,
+    # float32 tensors built from sizes (positions before a QuantStub: torch.arange(w))
+    "zeros": lambda *size: torch.zeros(*_bounded(size), dtype=torch.float32),
+    "ones": lambda *size: torch.ones(*_bounded(size), dtype=torch.float32),
+    "arange": lambda *a: torch.arange(*_bounded_range(a), dtype=torch.float32),
 }
+
+#: the most elements a tensor built from sizes may have (a size is a run-time value or a number
+#: from the artifact file: never allocate without a bound)
+MAX_BUILT_ELEMENTS = 2**28
+
+
+def _bounded(size: tuple[Any, ...]) -> tuple[Any, ...]:
+    dims = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+    n = 1
+    for d in dims:
+        if not isinstance(d, int) or d < 0:
+            raise ValueError(f"a tensor built from sizes needs non-negative int dimensions, got {dims!r}")
+        n *= d
+    if n > MAX_BUILT_ELEMENTS:
+        raise ValueError(f"a tensor built from sizes {dims!r} would have {n} elements (limit {MAX_BUILT_ELEMENTS})")
+    return dims
+
+
+def _bounded_range(a: tuple[Any, ...]) -> tuple[Any, ...]:
+    if not a or len(a) > 3 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in a):
+        raise ValueError(f"arange takes 1 to 3 finite numbers, got {a!r}")
+    start, end, step = (0, a[0], 1) if len(a) == 1 else (a[0], a[1], a[2] if len(a) == 3 else 1)
+    if step == 0 or (end - start) / step > MAX_BUILT_ELEMENTS:
+        raise ValueError(f"arange{a!r} is empty-stepped or has more than {MAX_BUILT_ELEMENTS} elements")
+    return a
 
 
 def _resolve(v: Any, env: dict[str, Any]) -> Any:
