@@ -42,7 +42,8 @@ from backends.common.artifact_header import (
     check_tensor_table,
 )
 from backends.common.artifact_json import JSONLimitError, loads_strict
-from backends.common.kernels.base import kernel_names
+from backends.common.kernels.base import get_kernel, kernel_names
+from backends.common.kernels.schema import SchemaError
 from backends.common.program import CONST_DTYPES, Program, ProgramError
 from passes.legality_registry import available_marches
 
@@ -72,8 +73,14 @@ def _raw(t: torch.Tensor) -> bytes:
 
 
 def write_program(program: Program, path: str | os.PathLike[str]) -> Path:
-    """Write ``program`` to ``path`` (atomically: a temporary file renamed into place)."""
+    """Write ``program`` to ``path`` (atomically: a temporary file renamed into place). The program
+    is checked against the same kernel schemas the loader applies, so qir never writes a file it
+    would refuse to read."""
     program.validate()
+    try:
+        check_kernel_schemas(program)
+    except HeaderError as e:
+        raise ArtifactError(f"{path}: not written: {e.field}: {e.rule}") from None
     table: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     offset = 0
@@ -147,9 +154,26 @@ def read_program(path: str | os.PathLike[str]) -> Program:
     except HeaderError as e:
         raise ArtifactError(f"{p}: header field {e.field}: {e.rule}") from None
     try:
-        return Program.from_header(header["program"], constants)
+        prog = Program.from_header(header["program"], constants)
     except ProgramError as e:
         raise ArtifactError(f"{p}: invalid program: {e}") from None
+    try:
+        check_kernel_schemas(prog)
+    except HeaderError as e:
+        raise ArtifactError(f"{p}: header field {e.field}: {e.rule}") from None
+    return prog
+
+
+def check_kernel_schemas(program: Program) -> None:
+    """Every instruction against its kernel's declared schema (inputs, attributes, constants);
+    :class:`HeaderError` naming ``program.instructions[i].<field>``."""
+    for i, inst in enumerate(program.instructions):
+        try:
+            get_kernel(inst.op).schema.check(inst, program.constants)
+        except SchemaError as e:
+            raise HeaderError(
+                f"program.instructions[{i}].{e.field}", f"{e.rule} ({inst.op} for '{inst.source}')"
+            ) from None
 
 
 def _tensor(t: TensorEntry, body: bytes, start: int) -> torch.Tensor:

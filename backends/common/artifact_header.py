@@ -187,6 +187,20 @@ def check_program_header(h: Any, marches: Iterable[str], kernels: Iterable[str],
     _outputs(h["outputs"], "program.outputs")
     if "meta" in h:
         _expect(h["meta"], dict, "program.meta", "an object")
+        if "input_shapes" in h["meta"]:
+            shapes = h["meta"]["input_shapes"]
+            f = "program.meta.input_shapes"
+            _expect(shapes, list, f, "an array with one shape per input")
+            if len(shapes) != len(ins):
+                raise HeaderError(f, f"has {len(shapes)} entries for {len(ins)} input(s)")
+            for i, s in enumerate(shapes):
+                if s is None:
+                    continue
+                _expect(s, list, f"{f}[{i}]", "an array of integers or null")
+                if len(s) > MAX_RANK:
+                    raise HeaderError(f"{f}[{i}]", f"rank {len(s)} is over the limit of {MAX_RANK}")
+                for j, d in enumerate(s):
+                    _int_in(d, f"{f}[{i}][{j}]", 0, MAX_DIM)
     _expect(h["instructions"], list, "program.instructions", "an array")
     ops, consts = set(kernels), set(tensors)
     for i, d in enumerate(h["instructions"]):

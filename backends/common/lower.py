@@ -27,6 +27,7 @@ import torch.fx
 from torch import nn
 
 from backends.common.kernels.base import F64_EXACT_ACC, get_kernel
+from backends.common.kernels.schema import SchemaError
 from backends.common.program import Instruction, Program, ValueRef
 
 __all__ = [
@@ -180,6 +181,10 @@ class LowerContext:
         """Append one instruction, run it on the example values, return its output name."""
         out = self.fresh(hint or op)
         inst = Instruction(op, tuple(inputs), (out,), dict(attrs), dict(consts), source)
+        try:  # the schema the artifact loader checks: the compiler writes nothing it would refuse
+            get_kernel(op).schema.check(inst, self.constants)
+        except SchemaError as e:
+            raise LoweringError(f"{op} for '{source}': {e.field}: {e.rule}") from None
         self.values[out] = self.run(inst)[0]
         self.instructions.append(inst)
         return out

@@ -69,6 +69,8 @@ class Instruction:
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> Instruction:
+        if not isinstance(d.get("attrs"), dict) or set(d["attrs"]) in ({"$v"}, {"$slice"}, {"$ellipsis"}, {"$tuple"}):
+            raise ProgramError(f"instruction attrs must be an object of named attributes, got {d.get('attrs')!r:.80}")
         try:
             return Instruction(
                 op=str(d["op"]),
@@ -169,7 +171,12 @@ class Program:
                         f"instruction {i} ({inst.op}, from '{inst.source}') names constant '{c}' "
                         f"({role}) that the program does not hold"
                     )
-            defined.update(inst.outputs)
+            for v in inst.outputs:
+                if v in defined:
+                    raise ProgramError(
+                        f"instruction {i} ({inst.op}, from '{inst.source}') binds '{v}', which is already defined"
+                    )
+                defined.add(v)
         for v in refs_in(_outputs_as_refs(self.outputs)):
             if v not in defined:
                 raise ProgramError(f"program output '{v}' is never defined")

@@ -17,7 +17,12 @@ import torch
 from backends.common.kernels.base import get_kernel
 from backends.common.program import Instruction, Program, refs_in
 
-__all__ = ["CompiledModel", "DEFAULT_THREADS"]
+__all__ = ["DEFAULT_THREADS", "CompiledModel", "InputError"]
+
+
+class InputError(ValueError):
+    """A call's inputs do not match what the program was compiled for (the message names the input)."""
+
 
 #: Intra-op threads a compiled model runs with unless told otherwise.
 DEFAULT_THREADS = 2
@@ -64,6 +69,7 @@ class CompiledModel:
         names = self.program.inputs
         if len(inputs) != len(names):
             raise TypeError(f"compiled model{self._where()} takes {len(names)} input(s), got {len(inputs)}")
+        self._check_inputs(inputs)
         with self._lock:  # kernels keep per-instruction work buffers: one call at a time
             return self._call(inputs)
 
@@ -100,6 +106,27 @@ class CompiledModel:
             if owned is not None:
                 ptrs.update(b.untyped_storage().data_ptr() for b in owned())
         return ptrs
+
+    def _check_inputs(self, inputs: tuple[Any, ...]) -> None:
+        """Each input a tensor of the compiled rank whose sizes equal the compiled ones in all
+        dimensions but at most one: the batch, wherever the model keeps it (dim 0 for NCHW, dim 1
+        for sequence-first inputs)."""
+        declared = self.program.meta.get("input_shapes")
+        if not isinstance(declared, list):
+            return  # a file from before input shapes were recorded
+        for i, (x, want) in enumerate(zip(inputs, declared, strict=False)):
+            if want is None:
+                continue
+            if not isinstance(x, torch.Tensor):
+                raise InputError(
+                    f"compiled model{self._where()}: input {i} must be a tensor of shape {want}, got {type(x).__name__}"
+                )
+            got = list(x.shape)
+            if len(got) != len(want) or sum(g != w for g, w in zip(got, want, strict=True)) > 1:
+                raise InputError(
+                    f"compiled model{self._where()}: input {i} has shape {got}; it was compiled for {want} "
+                    "(only the batch dimension may differ): compile again for this shape"
+                )
 
     def _where(self) -> str:
         return f" '{self.source}'" if self.source else ""

@@ -213,6 +213,8 @@ def compile_model(
         {
             "name": name or type(root).__name__,
             "input_source": sources or ["ddr"] * len(inputs),
+            # checked on every call: a program lowered for one input size is only exact at that size
+            "input_shapes": [list(x.shape) if isinstance(x, torch.Tensor) else None for x in inputs],
             "torch": torch.__version__,
         }
     )

@@ -236,3 +236,109 @@ def test_malformed_value_reference(forge: Forge) -> None:
         _instr(h, "shape_fn")["attrs"]["args"] = [{"$slice": [1]}]
 
     _refused(forge(edit), "invalid program", "[start, stop, step]")
+
+
+# ----------------------------------------------------------------------------- kernel schemas, wiring
+
+
+def _conv(h: dict[str, Any]) -> dict[str, Any]:
+    return _instr(h, "conv2d")
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (
+            lambda h: _conv(h)["attrs"].update(kernel_size=[10**6, 10**6]),
+            ("attrs.kernel_size", "not an integer in [1, 4096]"),
+        ),
+        (lambda h: _conv(h)["attrs"].update(kernel_size=[5, 5]), ("kernel_size [5, 5] differs from the weight's",)),
+        (lambda h: _conv(h)["attrs"].update(stride=[0, 1]), ("attrs.stride", "entry 0")),
+        (lambda h: _conv(h)["attrs"].update(engine="gpu"), ("attrs.engine", "'gpu' is not one of")),
+        (lambda h: _conv(h)["attrs"].update(bogus=1), ("attrs.bogus", "conv2d has no attribute 'bogus'")),
+        (lambda h: _conv(h)["attrs"].pop("groups"), ("attrs.groups", "needs attribute 'groups'")),
+        (lambda h: _conv(h)["attrs"].update(has_add=True), ("has_add needs the addend",)),
+        (lambda h: _conv(h)["consts"].pop("bias"), ("consts.bias", "needs constant 'bias'")),
+        (lambda h: _conv(h)["outputs"].append("%extra"), ("outputs", "exactly 1 output")),
+        (lambda h: _conv(h)["inputs"].clear(), ("inputs", "takes 1 to 2 input(s), got 0")),
+        (lambda h: _instr(h, "maxpool2d")["attrs"].update(kernel_size=-2), ("maxpool2d", "kernel_size")),
+        (lambda h: _instr(h, "quantize")["attrs"].update(dtype="qint64"), ("attrs.dtype", "'qint64'")),
+        (lambda h: _instr(h, "dequantize")["attrs"].update(axis=10**6), ("attrs.axis", "outside")),
+        (lambda h: _instr(h, "shape_fn")["attrs"].update(fn="system"), ("attrs.fn", "'system' is not one of")),
+        (lambda h: _instr(h, "shape_fn")["attrs"]["args"].append({"a": 1}), ("attrs.args", "holds an object")),
+        (lambda h: _instr(h, "shape_fn")["attrs"]["args"].append(2**40), ("attrs.args", "outside")),
+        (
+            lambda h: _instr(h, "shape_fn")["attrs"]["args"].append({"$v": h["program"]["inputs"][0]}),
+            ("not inputs of this instruction",),
+        ),
+    ],
+)
+def test_kernel_schema(forge: Forge, edit: Callable[[dict[str, Any]], Any], words: tuple[str, ...]) -> None:
+    msg = _refused(forge(edit), *words)
+    assert "header field program.instructions[" in msg or "invalid program" in msg, msg
+
+
+def test_a_value_bound_twice(forge: Forge) -> None:
+    def edit(h: dict[str, Any]) -> None:
+        ins = h["program"]["instructions"]
+        ins[2]["outputs"] = list(ins[1]["outputs"])
+
+    _refused(forge(edit), "invalid program", "already defined")
+
+
+def test_every_kernel_declares_a_schema() -> None:
+    from backends.common.kernels import get_kernel, kernel_names
+    from backends.common.kernels.schema import KernelSchema
+
+    names = kernel_names()
+    assert len(names) >= 40
+    assert all(isinstance(get_kernel(n).schema, KernelSchema) for n in names)
+
+
+def test_the_writer_checks_the_same_schema(good: tuple[dict[str, Any], bytes], tmp_path: Path) -> None:
+    """write_program refuses what the loader would refuse: one declaration on both sides."""
+    from backends.common.artifact import read_program, write_program
+
+    path = tmp_path / "ok.hbm"
+    path.write_bytes(_assemble(json.dumps(good[0]).encode(), good[1]))
+    prog = read_program(path)
+    i = next(k for k, inst in enumerate(prog.instructions) if inst.op == "conv2d")
+    inst = prog.instructions[i]
+    prog.instructions[i] = type(inst)(inst.op, inst.inputs, inst.outputs, {**inst.attrs, "groups": 0}, inst.consts)
+    with pytest.raises(ArtifactError, match=r"not written: program\.instructions\[\d+\]\.attrs\.groups: 0 is outside"):
+        write_program(prog, tmp_path / "bad.hbm")
+    assert not (tmp_path / "bad.hbm").exists()
+
+
+# ----------------------------------------------------------------------------- the fuzzer, briefly
+
+
+def test_fuzzer_finds_no_bug_at_load(tmp_path: Path) -> None:
+    """200 seeded mutations of real artifacts (benchmarks/fuzz_artifact.py, run in its own process
+    under an address-space limit): every file the loader accepts or refuses is classified, and no
+    load ends in anything but ArtifactError."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "fuzz.json"
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fuzz_artifact", "--cases", "200", "--seed", "0", "--json", str(out)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )
+    assert out.exists(), proc.stdout + proc.stderr
+    counts = json.loads(out.read_text())["counts"]
+    assert sum(counts.values()) == 200
+    assert counts.get("refused at load (ArtifactError)", 0) > 50, counts
+    assert counts.get("loads and runs", 0) > 10, counts
+    load_bugs = {c: n for c, n in counts.items() if c.startswith("load:")}
+    assert not load_bugs, (load_bugs, proc.stdout)
+
+
+@pytest.mark.parametrize("attrs", [{"$v": "x"}, {"$tuple": [1]}])
+def test_attrs_that_decode_to_a_special_form(forge: Forge, attrs: dict[str, Any]) -> None:
+    _refused(forge(lambda h: _instr(h, "maxpool2d").update(attrs=attrs)), "invalid program", "attrs must be an object")

@@ -13,10 +13,32 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import register_kernel
+from backends.common.kernels.schema import MAX_COUNT, Attr, Const, KernelSchema, integer
 from backends.common.program import Instruction
 
 
-@register_kernel("anchors")
+def _shapes_check(v: Any) -> str | None:
+    """``[[N, H, W], [H, W], ...]``: the image batch shape, then each feature map's size."""
+    if not isinstance(v, list) or not 1 <= len(v) <= 64:
+        return "must be a list of 1 to 64 shapes"
+    for i, s in enumerate(v):
+        n = 3 if i == 0 else 2
+        if not (isinstance(s, list) and len(s) == n and all(isinstance(d, int) and 0 <= d <= MAX_COUNT for d in s)):
+            return f"entry {i} must be {n} integers in [0, {MAX_COUNT}]"
+    return None
+
+
+@register_kernel(
+    "anchors",
+    schema=KernelSchema(
+        inputs=(1, 64),
+        attrs={
+            "shapes": Attr(_shapes_check, "list of [N, H, W] then [H, W] per feature map"),
+            "images": integer(0, MAX_COUNT),
+        },
+        consts={"anchors": Const(("float32",), (2, 2))},
+    ),
+)
 def anchors(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     """``args``: the image batch, then the feature maps; returns ``[anchors] * images``."""
     a = inst.attrs

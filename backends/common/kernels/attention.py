@@ -9,7 +9,46 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import qbounds, register_kernel, sat_to
+from backends.common.kernels.schema import (
+    INT_DTYPES,
+    MAX_COUNT,
+    MAX_EXTENT,
+    MULT,
+    OUT_DTYPE,
+    SHIFT,
+    Attr,
+    Const,
+    KernelSchema,
+    floating,
+    integer,
+)
 from backends.common.program import Instruction
+
+_ROLES = ("attn_mask", "key_padding_mask")
+
+
+def _roles_check(v: Any) -> str | None:
+    if not isinstance(v, list) or len(v) > 2 or len(set(v)) != len(v) or any(r not in _ROLES for r in v):
+        return f"must list distinct mask roles among {', '.join(_ROLES)}"
+    return None
+
+
+def _roles_match(inst: Instruction, consts: Mapping[str, torch.Tensor] | None) -> str | None:
+    roles = list(inst.attrs["inputs"])
+    if len(roles) != len(inst.inputs):
+        return f"inputs names {len(roles)} mask role(s) for {len(inst.inputs)} input(s)"
+    if set(roles) & set(inst.consts) or not (roles or inst.consts):
+        return "each mask comes from one input or one constant, and there is at least one"
+    return None
+
+
+_MASK_ATTRS = {
+    "inputs": Attr(_roles_check, "list of mask roles"),
+    "heads": integer(1, MAX_EXTENT),
+    "lq": integer(1, MAX_COUNT),
+    "lk": integer(1, MAX_COUNT),
+}
+_MASK_CONSTS = {r: Const(("uint8", "float32"), (1, 3), required=False) for r in _ROLES}
 
 #: additive codes beyond this saturate any qint8 score anyway
 _CODE_LIMIT = 512
@@ -36,7 +75,10 @@ def _shaped(inst: Instruction, masks: dict[str, torch.Tensor]) -> list[torch.Ten
     return out
 
 
-@register_kernel("attention_masked")
+@register_kernel(
+    "attention_masked",
+    schema=KernelSchema(inputs=(0, 2), attrs=_MASK_ATTRS, consts=_MASK_CONSTS, extra=_roles_match),
+)
 def attention_masked(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     """True where an entry is excluded: True in a bool mask, ``-inf`` in a float one."""
     masked: torch.Tensor | None = None
@@ -47,7 +89,12 @@ def attention_masked(inst: Instruction, args: list[Any], state: Mapping[str, tor
     return [masked]
 
 
-@register_kernel("attention_mask_codes")
+@register_kernel(
+    "attention_mask_codes",
+    schema=KernelSchema(
+        inputs=(0, 2), attrs={**_MASK_ATTRS, "scale": floating(1e-30, 1e30)}, consts=_MASK_CONSTS, extra=_roles_match
+    ),
+)
 def attention_mask_codes(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     """The finite float masks summed, as codes ``floor(a / s + 1/2)`` (float64, exact tie test) at ``scale``."""
     total: torch.Tensor | None = None
@@ -63,7 +110,14 @@ def attention_mask_codes(inst: Instruction, args: list[Any], state: Mapping[str,
     return [codes.clamp(-_CODE_LIMIT, _CODE_LIMIT).to(torch.int64)]
 
 
-@register_kernel("masked_softmax")
+@register_kernel(
+    "masked_softmax",
+    schema=KernelSchema(
+        inputs=(2, 2),
+        attrs={"multiplier": MULT, "shift": SHIFT, "out_dtype": OUT_DTYPE},
+        consts={"table": Const(INT_DTYPES, (1, 1))},
+    ),
+)
 def masked_softmax(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     """``softmax`` over the last dim with ``masked`` entries excluded (output 0); a fully masked row is 0."""
     a = inst.attrs

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from backends.common.kernels.schema import KernelSchema
 from backends.common.program import Instruction
 
 __all__ = [
@@ -68,18 +69,20 @@ class Kernel:
     op: str
     run: RunFn
     prepare: PrepareFn
+    schema: KernelSchema
 
 
 _KERNELS: dict[str, Kernel] = {}
 
 
-def register_kernel(op: str, prepare: PrepareFn | None = None) -> Callable[[RunFn], RunFn]:
-    """Decorator: ``fn`` runs instructions whose ``op`` is ``op``."""
+def register_kernel(op: str, prepare: PrepareFn | None = None, *, schema: KernelSchema) -> Callable[[RunFn], RunFn]:
+    """Decorator: ``fn`` runs instructions whose ``op`` is ``op``; ``schema`` declares what it reads
+    (inputs, attributes, constants), checked when a program is lowered and when a file is loaded."""
 
     def deco(fn: RunFn) -> RunFn:
         if op in _KERNELS:
             raise ValueError(f"kernel '{op}' is registered twice")
-        _KERNELS[op] = Kernel(op, fn, prepare or _default_prepare)
+        _KERNELS[op] = Kernel(op, fn, prepare or _default_prepare, schema)
         return fn
 
     return deco

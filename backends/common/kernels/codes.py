@@ -13,17 +13,41 @@ import torch.nn.functional as F
 
 from backends.common.comparisons import COMPARISONS  # the operators QAT evaluates: one table
 from backends.common.kernels.base import register_kernel
+from backends.common.kernels.schema import (
+    CODE_BOUND,
+    MAX_EXTENT,
+    KernelSchema,
+    boolean,
+    integer,
+    ints,
+    one_of,
+    optional,
+)
 from backends.common.program import Instruction
 
 
-@register_kernel("abs")
+@register_kernel(
+    "abs",
+    schema=KernelSchema(),
+)
 def abs_(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """``min(|x|, qmax)`` in the input's dtype (``|-128|`` saturates to 127 for qint8)."""
     x = args[0]
     return [x.to(torch.int64).abs().clamp_(max=torch.iinfo(x.dtype).max).to(x.dtype)]
 
 
-@register_kernel("compare")
+@register_kernel(
+    "compare",
+    schema=KernelSchema(
+        inputs=(1, 2),
+        attrs={
+            "op": one_of(*sorted(COMPARISONS), required=False),
+            "lo": optional(CODE_BOUND, required=False),
+            "hi": optional(CODE_BOUND, required=False),
+            "negate": boolean(required=False),
+        },
+    ),
+)
 def compare(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """One input: ``lo <= x <= hi`` (attrs ``lo`` / ``hi``, None = unbounded; negated when
     ``negate``), on int64 so bounds outside the dtype's range are exact. Two inputs on one
@@ -40,7 +64,16 @@ def compare(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     return [~inside if a.get("negate") else inside]
 
 
-@register_kernel("pad")
+@register_kernel(
+    "pad",
+    schema=KernelSchema(
+        attrs={
+            "mode": one_of("constant", "reflect", "replicate", "circular"),
+            "pad": ints(0, MAX_EXTENT, (2, 6)),
+            "value": integer(-(2**31), 2**31 - 1, required=False),
+        }
+    ),
+)
 def pad(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """``F.pad`` of codes: ``pad`` (last dimension first), ``mode``; constant mode pads the code ``value``."""
     a = inst.attrs

@@ -26,6 +26,18 @@ import torch.nn.functional as F
 
 from backends.common.kernels import native
 from backends.common.kernels.base import RequantF64, qbounds, register_kernel, requant_i64, sat_to, scratch
+from backends.common.kernels.schema import (
+    INT_DTYPES,
+    MAX_EXTENT,
+    OUT_DTYPE,
+    Attr,
+    Const,
+    KernelSchema,
+    boolean,
+    integer,
+    ints,
+    one_of,
+)
 from backends.common.program import Instruction
 
 __all__ = ["ConvState", "conv_engines", "linear_engines"]
@@ -440,7 +452,106 @@ def _finish_i64(
     return sat_to(out, out_dtype)
 
 
-@register_kernel("conv2d", prepare=_prepare)
+def _timings_check(v: Any) -> str | None:
+    ok = isinstance(v, dict) and len(v) <= 8
+    ok = ok and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in v.values())
+    return None if ok else "must map engine names to non-negative times"
+
+
+def _chunks_check(v: Any) -> str | None:
+    ok = isinstance(v, list) and 1 <= len(v) <= 4096
+    ok = ok and all(
+        isinstance(c, list)
+        and len(c) == 2
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in c)
+        and 0 <= c[0] < c[1] <= 2**20
+        for c in v
+    )
+    return None if ok else "must be 1 to 4096 [start, stop) input-channel ranges"
+
+
+def _conv_extra(inst: Instruction, consts: Mapping[str, torch.Tensor] | None) -> str | None:
+    a = inst.attrs
+    fused = ("add_multiplier", "add_shift", "extra_bits")
+    if a.get("has_add"):
+        if len(inst.inputs) != 2 or any(k not in a for k in fused):
+            return "has_add needs the addend as a second input and add_multiplier, add_shift, extra_bits"
+    elif len(inst.inputs) != 1 or any(k in a for k in fused):
+        return "without has_add there is one input and no add_multiplier / add_shift / extra_bits"
+    if (a.get("engine") == "f32_chunked") != ("chunks" in a):
+        return "the f32_chunked engine needs chunks, and only it has them"
+    if consts is None or any(inst.consts[r] not in consts for r in _CONV_CONSTS):
+        return None
+    w, b = consts[inst.consts["weight"]], consts[inst.consts["bias"]]
+    c_out = int(b.numel()) if a["kind"] == "conv_transpose2d" else int(w.shape[0])
+    spatial = {"linear": 0, "conv1d": 1, "conv2d": 2, "conv3d": 3, "conv_transpose2d": 2}[str(a["kind"])]
+    if w.dim() != 2 + spatial:
+        return f"a {a['kind']} weight has rank {2 + spatial}, the constant has rank {w.dim()}"
+    if "kernel_size" in a and list(w.shape[2:]) != list(a["kernel_size"]):
+        return f"kernel_size {a['kernel_size']} differs from the weight's {list(w.shape[2:])}"
+    if b.numel() != c_out:
+        return f"the bias has {b.numel()} entries for {c_out} output channel(s)"
+    for role in ("multiplier", "shift", "relu6_bound"):
+        if consts[inst.consts[role]].numel() not in (1, c_out):
+            return f"{role} has {consts[inst.consts[role]].numel()} entries for {c_out} output channel(s)"
+    for key in ("stride", "dilation", "padding"):
+        v = a.get(key)
+        if spatial and isinstance(v, list) and len(v) != spatial:
+            return f"{key} has {len(v)} entries for a {spatial}-d kernel"
+    return None
+
+
+_COMMON_ATTRS = {
+    "kind": one_of("conv1d", "conv2d", "conv3d", "conv_transpose2d", "linear"),
+    "out_dtype": OUT_DTYPE,
+    "act": one_of(None, "relu", "relu6"),
+    "has_add": boolean(),
+    "add_multiplier": integer(-(2**32), 2**32, required=False),
+    "add_shift": integer(0, 63, required=False),
+    "extra_bits": integer(0, 30, required=False),
+    "requant": one_of("f64", "i64"),
+    "timings_us": Attr(_timings_check, "engine -> microseconds", required=False),
+}
+_SPATIAL = {
+    "stride": ints(1, MAX_EXTENT, (1, 3), scalar=True),
+    "dilation": ints(1, MAX_EXTENT, (1, 3), scalar=True),
+    "groups": integer(1, 2**20),
+    "padding_mode": one_of("zeros", "reflect", "replicate", "circular"),
+    "reversed_padding": ints(0, MAX_EXTENT, (2, 6)),
+    "kernel_size": ints(1, MAX_EXTENT, (1, 3)),
+}
+_CONV2D_ATTRS = {
+    **_COMMON_ATTRS,
+    **_SPATIAL,
+    "padding": ints(0, MAX_EXTENT, 2),
+    "engine": one_of(*CONV2D_ENGINES),
+    "chunks": Attr(_chunks_check, "input-channel ranges", required=False),
+}
+_CONV_ND_ATTRS = {
+    **_COMMON_ATTRS,
+    **_SPATIAL,
+    "padding": Attr(
+        lambda v: None if v in ("same", "valid") else ints(0, MAX_EXTENT, (1, 3), scalar=True).check(v),
+        "'same', 'valid' or pad widths",
+    ),
+    "output_padding": ints(0, MAX_EXTENT, (1, 3), scalar=True, required=False),
+    "engine": one_of("f32", "f64"),
+}
+_LINEAR_ATTRS = {**_COMMON_ATTRS, "engine": one_of(*LINEAR_ENGINES)}
+_CONV_CONSTS = {
+    "weight": Const(("int8", "int16"), (2, 5)),
+    "bias": Const(INT_DTYPES, (1, 1)),
+    "multiplier": Const(INT_DTYPES, (0, 1)),
+    "shift": Const(INT_DTYPES, (0, 1)),
+    "relu6_bound": Const(INT_DTYPES, (0, 1)),
+}
+
+
+@register_kernel(
+    "conv2d",
+    prepare=_prepare,
+    schema=KernelSchema(inputs=(1, 2), attrs=_CONV2D_ATTRS, consts=_CONV_CONSTS, extra=_conv_extra),
+)
 def conv2d(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
     """``act(requant(conv(x, w) + b))`` or, with ``has_add``, the fused conv + add rule; NCHW in and out."""
     x = args[0]
@@ -456,7 +567,11 @@ def conv2d(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
     return [_finish(acc, addend, st, inst.attrs, -1).permute(0, 3, 1, 2)]
 
 
-@register_kernel("conv_nd", prepare=_prepare)
+@register_kernel(
+    "conv_nd",
+    prepare=_prepare,
+    schema=KernelSchema(inputs=(1, 2), attrs=_CONV_ND_ATTRS, consts=_CONV_CONSTS, extra=_conv_extra),
+)
 def conv_nd(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
     """Conv1d / Conv3d / ConvTranspose2d on the f32 or f64 engine (channels on axis 1)."""
     a = inst.attrs
@@ -480,7 +595,11 @@ def conv_nd(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
     return [_finish(y.to(torch.float64), addend, st, a, 1)]
 
 
-@register_kernel("linear", prepare=_prepare)
+@register_kernel(
+    "linear",
+    prepare=_prepare,
+    schema=KernelSchema(inputs=(1, 2), attrs=_LINEAR_ATTRS, consts=_CONV_CONSTS, extra=_conv_extra),
+)
 def linear(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
     """``act(requant(x @ w.T + b))`` over the last axis (any leading shape)."""
     x = args[0]

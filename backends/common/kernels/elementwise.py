@@ -13,6 +13,20 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import RequantF64, qbounds, register_kernel, sat_to
+from backends.common.kernels.schema import (
+    CODE_BOUND,
+    CODE_BOUND_OPT,
+    INT_DTYPES,
+    MULT,
+    OUT_DTYPE,
+    SHIFT,
+    Const,
+    KernelSchema,
+    boolean,
+    integer,
+    optional,
+    text,
+)
 from backends.common.program import Instruction
 
 
@@ -25,7 +39,24 @@ def _operand(v: Any, like: torch.Tensor) -> torch.Tensor:
     return v.to(torch.float64) if isinstance(v, torch.Tensor) else torch.full_like(like, float(v), dtype=torch.float64)
 
 
-@register_kernel("add", prepare=_prep_rq)
+@register_kernel(
+    "add",
+    prepare=_prep_rq,
+    schema=KernelSchema(
+        inputs=(1, 2),
+        attrs={
+            "swap": boolean(),
+            "add_shift": SHIFT,
+            "qscale": MULT,
+            "multiplier": MULT,
+            "shift": SHIFT,
+            "out_dtype": OUT_DTYPE,
+            "negate_y": boolean(required=False),
+            "relu": boolean(required=False),
+            "y_code": CODE_BOUND_OPT,
+        },
+    ),
+)
 def add(inst: Instruction, args: list[Any], rq: RequantF64) -> list[Any]:
     """``sat(requant((a << k) + b * qscale))``; ``b`` negated for ``sub``; ``y_code`` replaces ``y`` for
     ``add_scalar``; operands exchanged when ``swap`` (the larger-scaled one is shifted)."""
@@ -44,7 +75,13 @@ def add(inst: Instruction, args: list[Any], rq: RequantF64) -> list[Any]:
     return [sat_to(out, str(a["out_dtype"]))]
 
 
-@register_kernel("mul", prepare=_prep_rq)
+@register_kernel(
+    "mul",
+    prepare=_prep_rq,
+    schema=KernelSchema(
+        inputs=(1, 2), attrs={"multiplier": MULT, "shift": SHIFT, "out_dtype": OUT_DTYPE, "y_code": CODE_BOUND_OPT}
+    ),
+)
 def mul(inst: Instruction, args: list[Any], rq: RequantF64) -> list[Any]:
     """``sat(requant(x * y))`` (``y_code`` for a scalar operand); qint32 output keeps the product."""
     a = inst.attrs
@@ -57,7 +94,13 @@ def mul(inst: Instruction, args: list[Any], rq: RequantF64) -> list[Any]:
     return [sat_to(rq.apply(acc).clamp_(lo, hi), dt)]
 
 
-@register_kernel("rescale", prepare=_prep_rq)
+@register_kernel(
+    "rescale",
+    prepare=_prep_rq,
+    schema=KernelSchema(
+        attrs={"multiplier": MULT, "shift": SHIFT, "out_dtype": OUT_DTYPE, "copy": boolean(required=False)}
+    ),
+)
 def rescale(inst: Instruction, args: list[Any], rq: RequantF64) -> list[Any]:
     """Codes at one scale to another (``copy``: equal scales, saturation only)."""
     a = inst.attrs
@@ -69,12 +112,18 @@ def rescale(inst: Instruction, args: list[Any], rq: RequantF64) -> list[Any]:
     return [sat_to(rq.apply(x.to(torch.float64)).clamp_(lo, hi), dt)]
 
 
-@register_kernel("zeros_like")
+@register_kernel(
+    "zeros_like",
+    schema=KernelSchema(attrs={"out_dtype": OUT_DTYPE}),
+)
 def zeros_like(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     return [sat_to(torch.zeros(args[0].shape, dtype=torch.int64), str(inst.attrs["out_dtype"]))]
 
 
-@register_kernel("clamp")
+@register_kernel(
+    "clamp",
+    schema=KernelSchema(attrs={"min": optional(CODE_BOUND), "max": optional(CODE_BOUND)}),
+)
 def clamp(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """``clamp(x, min, max)`` on codes (ReLU: min 0; ReLU6: max round(6 / s)); the dtype is kept."""
     x = args[0]
@@ -84,7 +133,10 @@ def clamp(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     return [x.clamp(lo, hi)]
 
 
-@register_kernel("lut")
+@register_kernel(
+    "lut",
+    schema=KernelSchema(attrs={"what": text(64, required=False)}, consts={"table": Const(INT_DTYPES, (1, 1))}),
+)
 def lut(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     """``table[q + 128]`` for qint8 ``q`` (a 256-entry table)."""
     x = args[0]
@@ -94,7 +146,10 @@ def lut(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -
     return [table[x.to(torch.int64) + 128]]
 
 
-@register_kernel("div")
+@register_kernel(
+    "div",
+    schema=KernelSchema(inputs=(2, 2), attrs={"multiplier": MULT, "shift": integer(0, 31), "out_dtype": OUT_DTYPE}),
+)
 def div(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """``sat(floor(x*M / (y << s) + 1/2))`` exactly in int64; ``y == 0`` saturates to the sign of x."""
     a = inst.attrs
@@ -112,11 +167,17 @@ def div(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     return [sat_to(torch.where(zero, sign, q), dt)]
 
 
-@register_kernel("maximum")
+@register_kernel(
+    "maximum",
+    schema=KernelSchema(inputs=(2, 2)),
+)
 def maximum(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     return [torch.maximum(args[0], args[1])]
 
 
-@register_kernel("minimum")
+@register_kernel(
+    "minimum",
+    schema=KernelSchema(inputs=(2, 2)),
+)
 def minimum(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     return [torch.minimum(args[0], args[1])]

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import qbounds, register_kernel, requant_i64, sat_to
+from backends.common.kernels.schema import INT_DTYPES, OUT_DTYPE, Const, KernelSchema, integer
 from backends.common.program import Instruction
 
 
@@ -29,7 +30,24 @@ def _isqrt(n: torch.Tensor) -> torch.Tensor:
     return r
 
 
-@register_kernel("layer_norm")
+@register_kernel(
+    "layer_norm",
+    schema=KernelSchema(
+        attrs={
+            "ndims": integer(1, 8),
+            "z_bits": integer(0, 30),
+            "extra_bits": integer(1, 30),
+            "eps_bits": integer(0, 15),
+            "eps_term": integer(0, 2**62),
+            "out_dtype": OUT_DTYPE,
+        },
+        consts={
+            "multiplier": Const(INT_DTYPES, (1, 1)),
+            "shift": Const(INT_DTYPES, (1, 1)),
+            "bias": Const(INT_DTYPES, (1, 1)),
+        },
+    ),
+)
 def layer_norm(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     a = inst.attrs
     x = args[0]

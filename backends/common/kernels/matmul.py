@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import RequantF64, qbounds, register_kernel, sat_to
+from backends.common.kernels.schema import MULT_OPT, OUT_DTYPE, SHIFT_OPT, KernelSchema
 from backends.common.program import Instruction
 
 
@@ -15,7 +16,10 @@ def _amax(t: torch.Tensor) -> int:
     return 128 if t.dtype == torch.int8 else 32768
 
 
-@register_kernel("matmul")
+@register_kernel(
+    "matmul",
+    schema=KernelSchema(inputs=(2, 2), attrs={"multiplier": MULT_OPT, "shift": SHIFT_OPT, "out_dtype": OUT_DTYPE}),
+)
 def matmul(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     a = inst.attrs
     x, y = args

@@ -14,14 +14,50 @@ import torch
 import torch.nn.functional as F
 
 from backends.common.kernels.base import RequantF64, qbounds, register_kernel, sat_to
+from backends.common.kernels.schema import (
+    MAX_COUNT,
+    MAX_EXTENT,
+    MAX_INDEX,
+    MULT,
+    OUT_DTYPE,
+    PAIR_PAD,
+    PAIR_POS,
+    SHIFT,
+    Attr,
+    Const,
+    KernelSchema,
+    boolean,
+    integer,
+    ints,
+    optional,
+)
 from backends.common.program import Instruction
+
+_WINDOW_CONSTS = {"multipliers": Const(("int64",), (1, 1)), "shifts": Const(("int64",), (1, 1))}
+
+
+def _output_size_check(v: Any) -> str | None:
+    ok = isinstance(v, list) and len(v) == 2
+    ok = ok and all(d is None or (isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= MAX_EXTENT) for d in v)
+    return None if ok else f"must be [H, W], each null or an integer in [1, {MAX_EXTENT}]"
 
 
 def _sum_dtype(x: torch.Tensor, window: int) -> torch.dtype:
     return torch.float32 if x.dtype == torch.int8 and window * 128 < 2**24 else torch.float64
 
 
-@register_kernel("maxpool2d")
+@register_kernel(
+    "maxpool2d",
+    schema=KernelSchema(
+        attrs={
+            "kernel_size": PAIR_POS,
+            "stride": optional(PAIR_POS),
+            "padding": PAIR_PAD,
+            "dilation": PAIR_POS,
+            "ceil_mode": boolean(),
+        }
+    ),
+)
 def maxpool2d(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """Max over each window in float32, which holds every code exactly (torch's integer max pool
     refuses inputs whose depth * height * width exceeds the code dtype's maximum)."""
@@ -78,7 +114,21 @@ def _window_requant(
     return sat_to(torch.addcmul(hf, sums.to(torch.float64), sc).floor_().clamp_(lo, hi), out_dtype)
 
 
-@register_kernel("avgpool2d")
+@register_kernel(
+    "avgpool2d",
+    schema=KernelSchema(
+        attrs={
+            "kernel_size": ints(1, MAX_EXTENT, 2),
+            "stride": ints(1, MAX_EXTENT, 2),
+            "padding": ints(0, MAX_EXTENT, 2),
+            "ceil_mode": boolean(),
+            "count_include_pad": boolean(),
+            "divisor_override": optional(integer(1, MAX_COUNT)),
+            "out_dtype": OUT_DTYPE,
+        },
+        consts=_WINDOW_CONSTS,
+    ),
+)
 def avgpool2d(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     a = inst.attrs
     x = args[0]
@@ -94,7 +144,13 @@ def adaptive_bounds(size: int, out: int) -> tuple[torch.Tensor, torch.Tensor]:
     return (i * size) // out, -((-(i + 1) * size) // out)
 
 
-@register_kernel("adaptive_avgpool2d")
+@register_kernel(
+    "adaptive_avgpool2d",
+    schema=KernelSchema(
+        attrs={"output_size": Attr(_output_size_check, "[H or null, W or null]"), "out_dtype": OUT_DTYPE},
+        consts=_WINDOW_CONSTS,
+    ),
+)
 def adaptive_avgpool2d(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     a = inst.attrs
     x = args[0]
@@ -118,7 +174,19 @@ def adaptive_avgpool2d(inst: Instruction, args: list[Any], state: Mapping[str, t
     return [_window_requant(sums, count, state["multipliers"], state["shifts"], str(a["out_dtype"]), inst.source)]
 
 
-@register_kernel("reduce_sum")
+@register_kernel(
+    "reduce_sum",
+    schema=KernelSchema(
+        attrs={
+            "dims": optional(ints(-MAX_INDEX, MAX_INDEX, (1, 8))),
+            "keepdim": boolean(),
+            "n": optional(integer(1, 2**40), required=False),
+            "multiplier": MULT,
+            "shift": SHIFT,
+            "out_dtype": OUT_DTYPE,
+        }
+    ),
+)
 def reduce_sum(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """Exact int64 sum over ``dims`` (all when None), requantized; ``n`` pins the mean's element count."""
     a = inst.attrs

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import RequantF64, qbounds, register_kernel, sat_to
+from backends.common.kernels.schema import INT_DTYPES, MULT, OUT_DTYPE, SHIFT, Const, KernelSchema
 from backends.common.program import Instruction
 
 
@@ -21,7 +22,14 @@ def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> tuple[Req
     return pos, RequantF64(consts[inst.consts["neg_multiplier"]], consts[inst.consts["neg_shift"]])
 
 
-@register_kernel("prelu", prepare=_prepare)
+@register_kernel(
+    "prelu",
+    prepare=_prepare,
+    schema=KernelSchema(
+        attrs={"pos_multiplier": MULT, "pos_shift": SHIFT, "out_dtype": OUT_DTYPE},
+        consts={"neg_multiplier": Const(INT_DTYPES, (0, 1)), "neg_shift": Const(INT_DTYPES, (0, 1))},
+    ),
+)
 def prelu(inst: Instruction, args: list[Any], state: tuple[RequantF64, RequantF64]) -> list[Any]:
     """``sat(floor(q * M/2**s + 2**(s-1)/2**s))`` with the positive or the channel's negative ``(M, s)``."""
     pos, neg = state

@@ -12,12 +12,16 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import qbounds, register_kernel
+from backends.common.kernels.schema import DIM, OUT_DTYPE, Const, KernelSchema, floating, optional
 from backends.common.program import Instruction
 
 _TORCH = {"qint8": torch.int8, "qint16": torch.int16, "qint32": torch.int32}
 
 
-@register_kernel("quantize")
+@register_kernel(
+    "quantize",
+    schema=KernelSchema(attrs={"scale": floating(1e-30, 1e30), "dtype": OUT_DTYPE}),
+)
 def quantize(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """``sat(floor(x / s + 1/2))``: one IEEE division (float32; float64 for float64 input or qint32),
     the half-up tie decided on the exact fraction ``v - floor(v)``."""
@@ -39,7 +43,11 @@ def _prepare_dequant(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> t
     return consts[inst.consts["scale"]].to(torch.float32).reshape(-1)
 
 
-@register_kernel("dequantize", prepare=_prepare_dequant)
+@register_kernel(
+    "dequantize",
+    prepare=_prepare_dequant,
+    schema=KernelSchema(attrs={"axis": optional(DIM)}, consts={"scale": Const(("float32",), (0, 1))}),
+)
 def dequantize(inst: Instruction, args: list[Any], state: torch.Tensor) -> list[Any]:
     """``float32(q) * s`` (per channel along ``axis`` when the scale has several entries)."""
     x = args[0]

@@ -9,7 +9,16 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import qbounds, register_kernel, requant_i64, sat_to
+from backends.common.kernels.schema import MAX_COUNT, MULT, OUT_DTYPE, SHIFT, Const, KernelSchema, ints
 from backends.common.program import Instruction
+
+_BILINEAR_CONSTS = (
+    "hi0",
+    "hi1",
+    "wi0",
+    "wi1",
+    *(f"{a}{i}_{b}" for a in ("hw", "ww") for i in (0, 1) for b in (12, 15)),
+)
 
 
 def _check_size(inst: Instruction, args: list[Any]) -> None:
@@ -27,14 +36,36 @@ def _check_size(inst: Instruction, args: list[Any]) -> None:
             raise ValueError(f"{inst.op} ({inst.source}): compiled for output size {oh}x{ow}, asked for {got}")
 
 
-@register_kernel("resize_nearest")
+@register_kernel(
+    "resize_nearest",
+    schema=KernelSchema(
+        inputs=(1, 2),  # the second: a run-time output size, checked against out_size
+        attrs={"in_size": ints(1, MAX_COUNT, 2), "out_size": ints(1, MAX_COUNT, 2, required=False)},
+        consts={"rows": Const(("int64",), (1, 1)), "cols": Const(("int64",), (1, 1))},
+    ),
+)
 def resize_nearest(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     x = args[0]
     _check_size(inst, args)
     return [x.index_select(-2, state["rows"]).index_select(-1, state["cols"])]
 
 
-@register_kernel("resize_bilinear")
+@register_kernel(
+    "resize_bilinear",
+    schema=KernelSchema(
+        inputs=(1, 2),
+        attrs={
+            "in_size": ints(1, MAX_COUNT, 2),
+            "out_size": ints(1, MAX_COUNT, 2, required=False),
+            "multiplier12": MULT,
+            "shift12": SHIFT,
+            "multiplier15": MULT,
+            "shift15": SHIFT,
+            "out_dtype": OUT_DTYPE,
+        },
+        consts={k: Const(("int64",), (1, 1)) for k in _BILINEAR_CONSTS},
+    ),
+)
 def resize_bilinear(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     """``acc = sum w_y * w_x * q`` in int64, then one requantization (int64: with int16 input
     ``|acc * M|`` reaches 2**60, beyond float64's exact range)."""

@@ -24,7 +24,55 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import qbounds, register_kernel, requant_i64, sat_to
+from backends.common.kernels.schema import (
+    MAX_COUNT,
+    MAX_EXTENT,
+    MULT,
+    MULT_OPT,
+    OUT_DTYPE,
+    SHIFT,
+    SHIFT_OPT,
+    Attr,
+    KernelSchema,
+    boolean,
+    floating,
+    integer,
+    ints,
+    one_of,
+)
 from backends.common.program import Instruction
+
+_ROI_ATTRS = {
+    "output_size": ints(1, MAX_EXTENT, 2),
+    "sampling_ratio": integer(-1, 64),
+    "bits": integer(0, 30),
+    "mean_bits": integer(0, 30),
+    "out_dtype": OUT_DTYPE,
+}
+
+
+def _scales_check(v: Any) -> str | None:
+    ok = isinstance(v, list) and 1 <= len(v) <= 64
+    ok = ok and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 1e-6 <= x <= 1e6 for x in v)
+    return None if ok else "must be 1 to 64 numbers in [1e-06, 1e6]"
+
+
+def _sizes_check(v: Any) -> str | None:
+    ok = isinstance(v, list) and 1 <= len(v) <= 64
+    ok = ok and all(
+        isinstance(s, list) and len(s) == 2 and all(isinstance(d, int) and 1 <= d <= MAX_COUNT for d in s) for s in v
+    )
+    return None if ok else f"must be 1 to 64 [H, W] pairs of integers in [1, {MAX_COUNT}]"
+
+
+def _levels_match(inst: Instruction, consts: Mapping[str, torch.Tensor] | None) -> str | None:
+    a = inst.attrs
+    n = len(a["spatial_scales"])
+    if not len(a["feature_sizes"]) == len(a["multipliers"]) == len(a["shifts"]) == n:
+        return "spatial_scales, feature_sizes, multipliers and shifts must have one entry per level"
+    if len(inst.inputs) < 1 + n:
+        return f"takes the levels, then {n} feature map(s), then the boxes; got {len(inst.inputs)} input(s)"
+    return None
 
 
 def _coords(g: torch.Tensor, m: int, s: int, off: int) -> torch.Tensor:
@@ -52,7 +100,24 @@ def _axis(
     return taps
 
 
-@register_kernel("grid_sample")
+@register_kernel(
+    "grid_sample",
+    schema=KernelSchema(
+        inputs=(2, 2),
+        attrs={
+            "in_size": ints(1, MAX_COUNT, 2),
+            "bits": integer(0, 30),
+            "mode": one_of("bilinear", "nearest"),
+            "padding_mode": one_of("zeros", "border"),
+            "coord_x": ints(-(2**62), 2**62, 3),
+            "coord_y": ints(-(2**62), 2**62, 3),
+            "out_dtype": OUT_DTYPE,
+            "multiplier": MULT_OPT,
+            "shift": SHIFT_OPT,
+            "align_corners": boolean(required=False),
+        },
+    ),
+)
 def grid_sample(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     x, grid = args
     a = inst.attrs
@@ -145,7 +210,20 @@ def _requant_sat(acc: torch.Tensor, multiplier: int, shift: int, dt: str) -> tor
     return sat_to(res.clamp_(lo, hi), dt)
 
 
-@register_kernel("roi_align")
+@register_kernel(
+    "roi_align",
+    schema=KernelSchema(
+        inputs=(2, 1025),
+        attrs={
+            **_ROI_ATTRS,
+            "spatial_scale": floating(1e-6, 1e6),
+            "aligned": boolean(),
+            "box_list": boolean(),
+            "multiplier": MULT,
+            "shift": SHIFT,
+        },
+    ),
+)
 def roi_align(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     """Per RoI and output bin: exact int64 sum of tap products, exact rounded mean, one requantization."""
     a = inst.attrs
@@ -155,7 +233,19 @@ def roi_align(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tens
     return [_requant_sat(out, int(a["multiplier"]), int(a["shift"]), str(a["out_dtype"]))]
 
 
-@register_kernel("roi_levels")
+@register_kernel(
+    "roi_levels",
+    schema=KernelSchema(
+        inputs=(0, 1024),
+        attrs={
+            "k_min": integer(0, 64),
+            "k_max": integer(0, 64),
+            "canonical_scale": integer(1, 2**20),
+            "canonical_level": integer(0, 64),
+            "eps": floating(0.0, 1.0),
+        },
+    ),
+)
 def roi_levels(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     """Level index of every box at run time, in float on the float boxes (torchvision's LevelMapper, FPN eq. 1)."""
     a = inst.attrs
@@ -167,7 +257,20 @@ def roi_levels(inst: Instruction, args: list[Any], state: Mapping[str, torch.Ten
     return [torch.clamp(lvl, min=k_min, max=k_max).to(torch.int64) - k_min]
 
 
-@register_kernel("multi_scale_roi_align")
+@register_kernel(
+    "multi_scale_roi_align",
+    schema=KernelSchema(
+        inputs=(1, 2048),
+        attrs={
+            **_ROI_ATTRS,
+            "spatial_scales": Attr(_scales_check, "list of positive numbers"),
+            "feature_sizes": Attr(_sizes_check, "list of [H, W]"),
+            "multipliers": ints(-(2**32), 2**32, (1, 64)),
+            "shifts": ints(0, 63, (1, 64)),
+        },
+        extra=_levels_match,
+    ),
+)
 def multi_scale_roi_align(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     """``args``: levels, one feature map per level, the boxes per image. Rows of each level gathered,
     pooled as ``roi_align`` on that level's codes, requantized to the output scale, scattered back."""

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import register_kernel
-from backends.common.program import Instruction, ValueRef
+from backends.common.kernels.schema import KernelSchema, json_tree, one_of
+from backends.common.program import Instruction, ValueRef, refs_in
 
 #: name in the Program -> the function it calls (receiver first for tensor methods).
 SHAPE_FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -99,7 +100,20 @@ def _resolve(v: Any, env: dict[str, Any]) -> Any:
     return v
 
 
-@register_kernel("shape_fn")
+def _refs_are_inputs(inst: Instruction, consts: Any) -> str | None:
+    """Arguments name values through ``{"$v": name}``: only this instruction's inputs are in scope."""
+    missing = sorted(set(refs_in([inst.attrs.get("args"), inst.attrs.get("kwargs")])) - set(inst.inputs))
+    return f"arguments refer to {missing[:3]}, which are not inputs of this instruction" if missing else None
+
+
+@register_kernel(
+    "shape_fn",
+    schema=KernelSchema(
+        extra=_refs_are_inputs,
+        inputs=(0, 64),
+        attrs={"fn": one_of(*SHAPE_FUNCTIONS), "args": json_tree(), "kwargs": json_tree(required=False, top=dict)},
+    ),
+)
 def shape_fn(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """``fn(*args, **kwargs)`` for ``fn`` in :data:`SHAPE_FUNCTIONS`; ``args`` refer to values by name."""
     name = str(inst.attrs["fn"])

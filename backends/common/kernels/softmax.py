@@ -8,10 +8,17 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import qbounds, register_kernel, sat_to
+from backends.common.kernels.schema import DIM, INT_DTYPES, MULT, OUT_DTYPE, SHIFT, Const, KernelSchema
 from backends.common.program import Instruction
 
 
-@register_kernel("softmax")
+@register_kernel(
+    "softmax",
+    schema=KernelSchema(
+        attrs={"dim": DIM, "multiplier": MULT, "shift": SHIFT, "out_dtype": OUT_DTYPE},
+        consts={"table": Const(INT_DTYPES, (1, 1))},
+    ),
+)
 def softmax(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     """``floor((2 e M + S 2**k) / (2 S 2**k))`` with ``e = table[q - max(q) + 255]``, ``S = sum(e)`` along ``dim``."""
     a = inst.attrs
