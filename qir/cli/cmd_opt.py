@@ -76,7 +76,10 @@ def run(args: argparse.Namespace) -> int:
                 "run without --no-verify to see which pass broke it"
             ) from None
     if args.output:
-        Path(args.output).write_text(out)
+        try:
+            Path(args.output).write_text(out)
+        except OSError as e:
+            raise UserError(f"cannot write -o '{args.output}': {e.strerror or e}") from None
     else:
         sys.stdout.write(out if out.endswith("\n") else out + "\n")
     if timing is not None:

@@ -68,8 +68,12 @@ def run(args: argparse.Namespace) -> int:
     from qir.quantization import load_compiled
 
     path = Path(args.artifact)
+    if path.is_dir():
+        raise UserError(f"artifact '{path}' is a directory, not a compiled model file")
     if not path.is_file():
         raise UserError(f"artifact '{path}' does not exist (make one with qir compile)")
+    if args.threads < 1:
+        raise UserError(f"--threads must be at least 1, got {args.threads}")
     try:
         compiled = load_compiled(path, num_threads=args.threads)
     except ArtifactError as e:
@@ -80,11 +84,14 @@ def run(args: argparse.Namespace) -> int:
     arrays = _load_inputs(args.input)
     if len(arrays) != len(names):
         raise UserError(f"artifact '{path}' takes {len(names)} input(s), --input gave {len(arrays)} array(s)")
+    for f, a in zip(args.input * len(arrays) if len(args.input) == 1 else args.input, arrays, strict=False):
+        if a.dtype.kind not in "biuf":  # bool, ints, floats; not complex, strings or records
+            raise UserError(f"--input '{f}' holds {a.dtype} values: give real numbers (float32 preferred)")
     inputs = [torch.from_numpy(np.ascontiguousarray(a)).float() for a in arrays]
     t0 = time.perf_counter()
     try:
         out = compiled(*inputs)
-    except (RuntimeError, TypeError, ValueError) as e:
+    except (RuntimeError, TypeError, ValueError) as e:  # InputError (a ValueError): the compiled shape
         shapes = ", ".join(str(tuple(a.shape)) for a in arrays)
         raise UserError(f"the artifact cannot run on input(s) of shape {shapes}: {str(e).splitlines()[0]}") from None
     secs = time.perf_counter() - t0

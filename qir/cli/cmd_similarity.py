@@ -52,6 +52,11 @@ def run(args: argparse.Namespace) -> int:
     from qir.quantization.debug import featuremap_similarity
 
     a, b = _pair(args.pair)
+    if args.threshold is not None and not -1.0 <= args.threshold <= 1.0:  # also refuses nan
+        raise UserError(f"--threshold {args.threshold}: a cosine similarity lies in [-1, 1]")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out '{out}' is a file: give a folder for similarity.txt / .json / .png")
     prep = flow.prepare(args)
     stages = {"float": prep.float_model, "prepared": prep.prepared, "converted": prep.model}
     missing = [s for s in (a, b) if stages[s] is None]
@@ -68,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
             )
     except ImportError as e:
         raise UserError(str(e)) from None
+    except OSError as e:
+        raise UserError(f"cannot write to --out '{args.out}': {e.strerror or e}") from None
     except (ValueError, TypeError, RuntimeError) as e:
         raise UserError(f"cannot compare {a} and {b}: {e}") from None
     print(f"qir similarity: {args.model} ({flow.kind_note(prep.kind)}), march {prep.march}, {a} vs {b}")

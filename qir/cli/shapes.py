@@ -12,9 +12,10 @@ MAX_INPUT_ELEMENTS = 2**28
 
 def parse_shape(text: str) -> tuple[int, ...]:
     """``"1,3,224,224"`` (or ``1x3x224x224``) -> ``(1, 3, 224, 224)``; UserError naming the option otherwise."""
-    parts = [p.strip() for p in text.replace("x", ",").replace("X", ",").split(",") if p.strip()]
+    parts = [p.strip() for p in text.replace("x", ",").replace("X", ",").split(",")]
     try:
-        dims = tuple(int(p) for p in parts)
+        # every field a plain decimal (no empty field, sign, exponent or 5,000-digit number)
+        dims = tuple(int(p) if p.isdigit() and len(p) <= 12 else int("?") for p in parts)
     except ValueError:
         dims = ()
     if not dims or any(d <= 0 for d in dims):
