@@ -44,7 +44,7 @@ def test_each_problem_is_found_and_named() -> None:
     assert ("unfused", "conv -> bn") in kinds and ("unfused", "conv2 -> relu2") in kinds
     assert ("float-fallback", "bn") in kinds
     assert ("illegal-qconfig", "bn") in kinds and not rep.ok
-    assert "give each call site its own module instance" in rep.table()
+    assert "untied copy of the weights" in rep.table()  # its second call fused with the add
 
 
 def test_int16_output_refused_on_bernoulli2_accepted_on_bayes(digits: Digits, tmp_path: Path) -> None:
@@ -79,3 +79,22 @@ def test_find_bad_case_finds_planted_samples(digits: Digits) -> None:
     assert sorted(c.index for c in by_l2) == planted and by_l2[0].value >= by_l2[-1].value
     with pytest.raises(ValueError, match="top_k"):
         find_bad_case(digits.float_model, digits.converted, x, top_k=0)
+
+
+class SharedUnfused(nn.Module):
+    """One conv applied twice in a row: nothing to fuse it with, so both calls keep its weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.conv(self.conv(self.quant(x))))
+
+
+def test_shared_module_kept_shared_is_a_milder_finding() -> None:
+    rep = check_qconfig(SharedUnfused().eval(), torch.rand(2, 4, 4, 4), {"": get_default_qat_qconfig()}, march="bayes")
+    shared = rep.of_kind("shared-module")
+    assert [f.where for f in shared] == ["conv"] and "weights stay shared" in shared[0].message
+    assert rep.ok

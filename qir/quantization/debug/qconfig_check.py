@@ -2,9 +2,8 @@
 
 Findings (each names the node or module, and the fix):
 
-- ``shared-module``: one module called at several sites (counted on the float model when
-  given): its calls share one output fake quant, or one call is fused into a new module
-  with an untied copy of the weights;
+- ``shared-module``: one module called at several sites of the float model (when given);
+  worst when prepare fused one call into a new module with an untied copy of the weights;
 - ``unfused``: a conv / linear whose batch norm, ReLU or add stayed a separate op;
 - ``float-fallback``: a module left as a torch float module (no QAT form, or qconfig None);
 - ``illegal-qconfig``: the trial conversion refuses a layer's qconfig on the march (e.g. a
@@ -86,18 +85,27 @@ def _layer_rows(model: nn.Module) -> list[tuple[str, str, str, str, str]]:
     return rows
 
 
-def _shared(counts: Counter[str]) -> list[Finding]:
-    return [
-        Finding(
-            "shared-module",
-            name,
-            f"called at {k} sites: prepare gives the calls one output fake quant (one scale for {k} different "
-            "tensors), or fuses one call with its neighbour into a new module with an untied copy of the weights; "
-            "give each call site its own module instance",
-        )
-        for name, k in counts.items()
-        if k > 1
-    ]
+def _shared(counts: Counter[str], prepared: fx.GraphModule) -> list[Finding]:
+    """Modules called at several sites; a call that prepare fused into another module is named."""
+    sites = Counter(str(n.target) for n in prepared.graph.nodes if n.op == "call_module")
+    out = []
+    for name, k in counts.items():
+        if k < 2:
+            continue
+        kept = sites.get(name, 0) + sum(v for t, v in sites.items() if t.startswith(f"{name}_call"))
+        if kept < k:
+            msg = (
+                f"called at {k} sites, but only {kept} still call it after prepare: a call fused with its "
+                "neighbour (conv + bn / add / relu) became a new module with an untied copy of the weights, which "
+                "trains apart from the others; give each call site its own module, or keep the shared one unfused"
+            )
+        else:
+            msg = (
+                f"called at {k} sites: each call gets its own output observer and the weights stay shared; "
+                "check that one weight quantization suits every call"
+            )
+        out.append(Finding("shared-module", name, msg))
+    return out
 
 
 def _float_call_counts(model: nn.Module, args: tuple[Any, ...]) -> Counter[str]:
@@ -214,9 +222,7 @@ def check_qconfig(
         raise TypeError(f"check_qconfig reads prepare_qat_fx's GraphModule; got {type(prepared).__name__}")
     report = QConfigReport(march_name, _layer_rows(prepared))
     if qconfig_dict is not None:
-        report.findings += _shared(_float_call_counts(model, args))
-    else:
-        report.findings += _shared(Counter(str(n.target) for n in prepared.graph.nodes if n.op == "call_module"))
+        report.findings += _shared(_float_call_counts(model, args), prepared)
     report.findings += _graph_findings(prepared)
     report.findings += _trial_conversion(prepared, args, march_name)
     if out_dir is not None:
