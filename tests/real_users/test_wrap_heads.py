@@ -32,6 +32,7 @@ from qir.quantization import (
     set_fake_quantize,
 )
 from qir.quantization.convert import ConvertError
+from qir.quantization.fake_quantize import float_fake_quant
 from qir.utils.fx_helper import wrap as fx_wrap
 
 
@@ -66,8 +67,9 @@ class RetinaHead(nn.Module):
 
 
 class RetinaNet(nn.Module):
-    """Backbone, FPN levels P3 and P4 (P4 = max pool of P3, as torchvision's LastLevelMaxPool),
-    the shared head, and a wrapped post-process: anchors, box decoding, sigmoid + threshold, top-k."""
+    """Backbone, FPN levels P3 and P4 (P4 a strided conv of P3, as RetinaNet's P6 / P7: its own
+    scale), the head shared by both levels (torchvision's RetinaNet head: conv + ReLU tower, no
+    norm), and a wrapped post-process: anchors, box decoding, sigmoid + threshold, top-k."""
 
     strides = (4, 8)
 
@@ -82,7 +84,7 @@ class RetinaNet(nn.Module):
             nn.BatchNorm2d(8),
             nn.ReLU(),
         )
-        self.p4 = nn.MaxPool2d(2)
+        self.p4 = nn.Sequential(nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.ReLU())
         self.head = RetinaHead()
 
     def forward(self, img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -143,32 +145,35 @@ def test_retinanet_wrapped_post_process_converts_and_runs() -> None:
     x = torch.randn(8, 3, 32, 32)
     boxes_q, scores_q, labels_q = converted(x)
     seen_q = list(SEEN)
-    boxes_f, scores_f, labels_f = qat(x)
-    seen_f = list(SEEN)
-
-    # the wrapped method receives float32 tensors: codes * scale, one generated stub per head output
+    # the wrapped method receives float32 tensors: codes * scale, one generated stub per head
+    # output (each level has its own scale: the head is shared, its observers are per call site)
     assert all(t.dtype == torch.float32 for t in seen_q)
     scales = _head_scales(converted)
-    assert len(scales) == 4
-    # the head outputs it receives are the QAT model's within the requantization bound
-    # (1 LSB per requantizing op; backbone conv, tower conv and the cls / reg conv: 3 in a row)
-    cls_scale = converted.get_submodule("head.cls").scale
-    reg_scale = converted.get_submodule("head.reg").scale
-    for got, want, scale in zip(seen_q, seen_f, [cls_scale, cls_scale, reg_scale, reg_scale], strict=True):
+    assert len({float(s.reshape(-1)[0]) for s in scales}) == 4
+
+    # the QAT model in validation state runs its integer twin: the same inputs, the same results
+    boxes_v, scores_v, labels_v = qat(x)
+    assert all(torch.equal(a, b) for a, b in zip(seen_q, SEEN, strict=True))
+    assert torch.equal(boxes_q, boxes_v) and torch.equal(scores_q, scores_v) and torch.equal(labels_q, labels_v)
+
+    # against the float fake-quant simulation: the requantization bound, 1 LSB per requantizing
+    # op (backbone conv, tower conv and the cls / reg conv: 3 in a row)
+    with float_fake_quant():
+        boxes_f, scores_f, labels_f = qat(x)
+    seen_f = list(SEEN)
+    for got, want, scale in zip(seen_q, seen_f, scales, strict=True):
         assert _lsb_diff(got, want, scale) <= 3  # measured: at most 1
-        assert (got == want).float().mean() >= 0.9  # measured: 95 to 99 %
+        assert (got == want).float().mean() >= 0.9  # measured: 95 to 99.9 % over 4 seeds
     # and the decoded results follow: same top-k scores up to the threshold's and the LSBs' effect
     assert (scores_q - scores_f).abs().max() <= 0.05
-    assert (labels_q == labels_f).float().mean() >= 0.85  # measured: 0.90 to 1.0 over 5 seeds
-    same = (labels_q == labels_f) & ((scores_q - scores_f).abs() < 1e-3)
-    assert same.float().mean() >= 0.8
+    assert (labels_q == labels_f).float().mean() >= 0.85  # measured: 0.96 to 1.0 over 4 seeds
     assert boxes_q.shape == boxes_f.shape == (8, 20, 4)
     # for the same anchor, 1 LSB d of a regression output moves a corner by at most d * anchor size
     # (32 at most) for the centre plus half the size change, anchor * e^4 * d; near-tied scores can
     # pick another anchor, so most (not all) kept boxes are within that
-    lsb = float(reg_scale.reshape(-1)[0])
+    lsb = max(float(s.reshape(-1)[0]) for s in scales[2:])
     close = (boxes_q - boxes_f).abs().amax(-1) <= 32 * lsb * (1 + math.exp(4) / 2) + 1e-4
-    assert close.float().mean() >= 0.75  # measured: 0.82 to 0.94 over 4 seeds
+    assert close.float().mean() >= 0.75  # measured: 0.89 to 0.95 over 4 seeds
 
 
 def test_retinanet_check_and_compile() -> None:
