@@ -126,3 +126,9 @@ __all__ += ["perf_model", "visualize_model"]
 from qir.quantization.pipelines import STAGES, default_pipeline  # noqa: E402
 
 __all__ += ["STAGES", "default_pipeline"]
+
+# -- validation runs the integer twin (docs/semantics.md "Validation is the deployed model") -------
+from qir.quantization.exact_validation import QATGraphModule, set_exact_validation  # noqa: E402
+from qir.quantization.fake_quantize import float_fake_quant  # noqa: E402
+
+__all__ += ["QATGraphModule", "float_fake_quant", "set_exact_validation"]

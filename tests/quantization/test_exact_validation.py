@@ -149,3 +149,10 @@ def test_a_model_convert_refuses_warns_and_keeps_the_simulation() -> None:
         y = qat(x)
     set_exact_validation(qat, False)
     assert torch.equal(y, qat(x))
+
+
+def test_the_switches_are_public() -> None:
+    import qir.quantization as q
+
+    assert q.set_exact_validation is set_exact_validation and q.float_fake_quant is float_fake_quant
+    assert q.QATGraphModule is QATGraphModule
