@@ -342,3 +342,24 @@ def test_fuzzer_finds_no_bug_at_load(tmp_path: Path) -> None:
 @pytest.mark.parametrize("attrs", [{"$v": "x"}, {"$tuple": [1]}])
 def test_attrs_that_decode_to_a_special_form(forge: Forge, attrs: dict[str, Any]) -> None:
     _refused(forge(lambda h: _instr(h, "maxpool2d").update(attrs=attrs)), "invalid program", "attrs must be an object")
+
+
+@pytest.mark.parametrize(
+    ("fn", "args"),
+    [("repeat", [20000, 10000]), ("repeat", [[1, 1, 2**20, 2**20]]), ("expand", [2**20, 2**20, -1, -1])],
+)
+def test_growing_layout_functions_are_bounded_before_allocating(
+    forge: Forge, fn: str, args: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forged repeat / expand is refused by its size before torch allocates anything."""
+
+    def edit(h: dict[str, Any]) -> None:
+        d = _instr(h, "shape_fn")
+        d["attrs"] = {"fn": fn, "args": [{"$v": d["inputs"][0]}, *args], "kwargs": {}}
+
+    run = qir.load_compiled(forge(edit))
+    calls: list[Any] = []
+    monkeypatch.setattr(torch.Tensor, "repeat", lambda *a: calls.append(a))  # must never be reached
+    with pytest.raises(RuntimeError, match=rf"shape_fn for 'flatten' failed: {fn}.* elements \(limit 268435456\)"):
+        run(torch.zeros(1, 1, 28, 28))
+    assert not calls

@@ -28,10 +28,10 @@ SHAPE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "split": torch.split,
     "chunk": torch.chunk,
     "unbind": torch.unbind,
-    "expand": torch.Tensor.expand,
+    "expand": lambda x, *size: torch.Tensor.expand(x, *_grown(x, "expand", size, multiply=False)),
     "expand_as": torch.Tensor.expand_as,
-    "repeat": torch.Tensor.repeat,
-    "tile": torch.tile,
+    "repeat": lambda x, *reps: torch.Tensor.repeat(x, *_grown(x, "repeat", reps, multiply=True)),
+    "tile": lambda x, reps: torch.tile(x, _grown(x, "tile", (reps,), multiply=True)),
     "flip": torch.flip,
     "roll": torch.roll,
     "view_as": torch.Tensor.view_as,
@@ -84,6 +84,33 @@ def _bounded_range(a: tuple[Any, ...]) -> tuple[Any, ...]:
     if step == 0 or (end - start) / step > MAX_BUILT_ELEMENTS:
         raise ValueError(f"arange{a!r} is empty-stepped or has more than {MAX_BUILT_ELEMENTS} elements")
     return a
+
+
+def _grown(x: Any, fn: str, args: tuple[Any, ...], multiply: bool) -> tuple[Any, ...]:
+    """The sizes of ``repeat`` / ``tile`` (``multiply``: factors of the input's sizes) or ``expand``
+    (target sizes, -1 keeps one), checked before the call: the result (a copy, or a view that the
+    next kernel copies) may have at most MAX_BUILT_ELEMENTS elements."""
+    dims = tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+    if not isinstance(x, torch.Tensor) or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        raise ValueError(f"{fn} takes a tensor and integer sizes, got {dims!r}")
+    shape = list(x.shape)
+    if multiply:
+        if any(d < 0 for d in dims):
+            raise ValueError(f"{fn}{dims!r}: repetitions must be non-negative")
+        shape = [1] * (len(dims) - len(shape)) + shape
+        reps = [1] * (len(shape) - len(dims)) + list(dims)
+        out = [a * b for a, b in zip(shape, reps, strict=True)]
+    else:
+        out = [
+            s if d == -1 and i >= len(dims) - len(shape) else d
+            for i, (d, s) in enumerate(zip(dims, [1] * (len(dims) - len(shape)) + shape, strict=False))
+        ]
+    n = math.prod(max(d, 0) for d in out)
+    if n > MAX_BUILT_ELEMENTS:
+        raise ValueError(
+            f"{fn}{dims!r} of a {list(x.shape)} tensor would have {n} elements (limit {MAX_BUILT_ELEMENTS})"
+        )
+    return dims
 
 
 def _resolve(v: Any, env: dict[str, Any]) -> Any:
