@@ -254,3 +254,25 @@ def test_depthwise_rows_equal_float64_conv_and_the_int64_rule(c: dict) -> None:
     got = conv_mod._dw_native(x, w, fr, attrs)
     acc = F.conv2d(c["x"].double(), c["w"].double(), None, c["stride"], c["padding"], c["dilation"], c["x"].shape[1])
     assert torch.equal(got, _reference(acc.to(torch.int64).permute(0, 2, 3, 1), c))
+
+
+@settings(max_examples=100, deadline=None)
+@given(c=_dw_case(), extra=st.sampled_from([0, 8]))
+def test_native_im2col_equals_the_strided_copy(c: dict, extra: int) -> None:
+    x = c["x"].contiguous(memory_format=torch.channels_last) if c["nhwc"] else c["x"]
+    kh, kw = c["w"].shape[2:]
+    k = kh * kw * x.shape[1]
+    kp = -(-k // 8) * 8 + extra
+    geometry = (kh, kw, list(c["stride"]), list(c["padding"]), list(c["dilation"]), kp)
+    got, oh, ow = conv_mod._im2col(x, *geometry)
+    got = got.clone()  # scratch: the torch path below may hand out the same buffer
+    real = native.library
+    try:
+        native.library = lambda: None  # type: ignore[assignment]
+        want, oh2, ow2 = conv_mod._im2col(x, *geometry)
+    finally:
+        native.library = real  # type: ignore[assignment]
+    m = x.shape[0] * oh * ow
+    assert (oh, ow) == (oh2, ow2)
+    assert torch.equal(got[:m, :k], want[:m, :k])
+    assert not bool(got[:, k:].any()) and not bool(got[m:].any())  # the padding _int_mm reads stays zero

@@ -308,6 +308,22 @@ def _im2col(
     dh, dw = dilation
     oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    k, m = kh * kw * c, n * oh * ow
+    if k > kp or oh < 1 or ow < 1:
+        raise ValueError(
+            f"conv input of shape {tuple(x.shape)} does not fit the layer ({kh}x{kw} kernel over at most "
+            f"{kp // (kh * kw)} input channels): pass the input shape the model was compiled for"
+        )
+    lib = native.library()
+    copy_free = kh == kw == 1 and sh == sw == 1 and not (ph or pw) and kp == k and m > 16
+    if lib is not None and x.dtype == torch.int8 and not copy_free:
+        # one pass from NHWC codes into the columns, padding included (no zero-padded copy of x)
+        xh = x.permute(0, 2, 3, 1).contiguous()
+        cols = scratch(("im2col", k, m), (max(m, 17), kp), x.dtype)
+        p = native.ptr
+        args = (p(xh), h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, p(cols), kp)
+        native.run_rows(lambda r0, r1: lib.qir_im2col_i8(*args, r0, r1), n * oh, m * k)
+        return cols, oh, ow
     xh = x.permute(0, 2, 3, 1)
     if ph or pw:
         # the border stays zero: only the interior is ever written
@@ -317,8 +333,6 @@ def _im2col(
         xp = xh.contiguous()
     s0, s1, s2, s3 = xp.stride()
     view = xp.as_strided((n, oh, ow, kh, kw, c), (s0, s1 * sh, s2 * sw, s1 * dh, s2 * dw, s3))
-    k = kh * kw * c
-    m = n * oh * ow
     rows = max(m, 17)  # torch._int_mm needs more than 16 rows
     if kp == k and rows == m:
         return view.reshape(m, k), oh, ow
@@ -337,6 +351,11 @@ def _acc_conv2d(x: torch.Tensor, st: ConvState, a: Mapping[str, Any]) -> torch.T
         padding = [0, 0]
     if engine in ("int_mm", "int_mm_t"):
         kh, kw = int(a["kernel_size"][0]), int(a["kernel_size"][1])
+        if x.shape[1] * kh * kw != st.k:
+            raise ValueError(
+                f"conv input has {x.shape[1]} channels, the layer {st.k // (kh * kw)}: "
+                "pass the input shape the model was compiled for"
+            )
         cols, oh, ow = _im2col(x, kh, kw, stride, padding, dilation, int(st.weight.shape[0]))
         m = x.shape[0] * oh * ow
         # the accumulator never leaves this call (requantization reads it), so it can live in scratch
@@ -370,9 +389,13 @@ def _dw_native(
         raise TypeError(f"depthwise conv: input codes must be int8, got {x.dtype}")
     nb, c, h, wd = x.shape
     kh, kw = int(w.shape[0]), int(w.shape[1])
+    if c != w.shape[2]:
+        raise ValueError(f"depthwise conv: input has {c} channels, the layer {int(w.shape[2])}")
     (sh, sw), (ph, pw), (dh, dw) = a["stride"], a["padding"], a["dilation"]
     oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if oh < 1 or ow < 1:
+        raise ValueError(f"depthwise conv: input {h}x{wd} is smaller than the {kh}x{kw} kernel's reach")
     xh = x.permute(0, 2, 3, 1).contiguous()  # free when x already lives in NHWC (the previous conv's output)
     out = (
         st.output((nb, oh, ow, c), fr.out_dtype) if st is not None else torch.empty((nb, oh, ow, c), dtype=fr.out_dtype)

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define CLAMP(v, lo, hi) ((v) < (lo) ? (lo) : ((v) > (hi) ? (hi) : (v)))
 
@@ -107,3 +108,28 @@ FUSED_ADD_ROWS(qir_fused_add_rows_i16_i16, int16_t, int16_t)
 
 DW_ROWS(qir_dw_rows_i8, int8_t)
 DW_ROWS(qir_dw_rows_i16, int16_t)
+
+/* im2col for the int8 matrix-product conv: NHWC x -> cols[(n, oy, ox), (i, j, c)], zero where the
+ * window reaches into the padding; row stride ldc (>= KH*KW*C; the columns past that are left as
+ * they are). Rows of this call are (n, oy) pairs. */
+void qir_im2col_i8(const int8_t *restrict x, int64_t h, int64_t w, int64_t c, int64_t kh, int64_t kw,
+                   int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t oh,
+                   int64_t ow, int8_t *restrict cols, int64_t ldc, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t b = r / oh, y = r % oh;
+        const int8_t *xb = x + b * h * w * c;
+        for (int64_t xo = 0; xo < ow; ++xo) {
+            int8_t *dst = cols + (r * ow + xo) * ldc;
+            for (int64_t i = 0; i < kh; ++i) {
+                const int64_t yi = y * sh - ph + i * dh;
+                for (int64_t j = 0; j < kw; ++j, dst += c) {
+                    const int64_t xi = xo * sw - pw + j * dw;
+                    if (yi < 0 || yi >= h || xi < 0 || xi >= w)
+                        memset(dst, 0, (size_t)c);
+                    else
+                        memcpy(dst, xb + (yi * w + xi) * c, (size_t)c);
+                }
+            }
+        }
+    }
+}

@@ -1,5 +1,5 @@
-"""Fused native kernels (``native.c``): requantization, the fused conv + add rule and the
-depthwise conv, each one pass over memory, built with the system C compiler on first use.
+"""Fused native kernels (``native.c``): requantization, the fused conv + add rule, the
+depthwise conv and im2col, each one pass over memory, built with the system C compiler on first use.
 
 Torch's elementwise ops make one pass over the tensor per operation; requantizing an int32
 accumulator exactly takes five or six of them in float64 (cast, multiply-add, floor, clamp,
@@ -60,6 +60,8 @@ _SIGNATURES: dict[str, list[type]] = {
     },
     # x, h, w, c, wt, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, scale, offset, lo, hi, out, r0, r1
     **{f"qir_dw_rows_{t}": [_P, *[_I64] * 3, _P, *[_I64] * 10, *[_P] * 5, _I64, _I64] for t in ("i8", "i16")},
+    # x, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols, ldc, r0, r1
+    "qir_im2col_i8": [_P, *[_I64] * 13, _P, _I64, _I64, _I64],
 }
 
 
