@@ -1,5 +1,6 @@
-"""Latency of a compiled resnet18 (Bayes) beside the float model in eager torch and torch.ao's
-x86 int8 model, in one run, 224x224, batch 1 and 8, a fixed number of threads.
+"""Latency of compiled torchvision models (Bayes) beside the float model in eager torch and torch.ao's
+x86 int8 model, in one run: resnet18, mobilenet_v2 and resnet50 (``--models``), 224x224, batch 1
+and 8 (``--batches``), a fixed number of threads.
 
 Also times onnxruntime (CPU provider, the same thread count) on two exports:
 
@@ -16,13 +17,14 @@ onnxruntime rewrites QDQ graphs into its int8 kernels where its patterns match; 
 ``onnxruntime.optimized_ops`` counts the op types of each session's optimized graph
 (``QLinearConv`` = an int8 conv kernel, ``Conv``/``FusedConv`` = a float one).
 
-Each ONNX model is exported once per batch size (static shapes).
+Each ONNX model is exported once per batch size (static shapes); ``--no-onnx`` leaves them out.
 
-    /work/tvenv/bin/python benchmarks/compiled_latency.py --out compiled_latency.json [--png out.png]
+    PYTHONPATH=. /work/tvenv/bin/python benchmarks/compiled_latency.py --out compiled_latency.json [--png out.png]
 
-Prints a table with ratios (compiled / float eager; below 1.0 means faster) and writes
-JSON (and a bar chart with ``--png``; needs matplotlib). Weights are random (no download);
-calibration uses a few random batches.
+Prints a table with ratios (to float eager, and qir compiled / torch.ao int8; below 1.0 means
+faster), whether the native kernels are in use, and the load average, and writes JSON (and bar
+charts with ``--png``; needs matplotlib). Weights are random (no download); calibration uses a
+few random batches. Each model's compiled output is asserted equal to its converted model's.
 """
 
 from __future__ import annotations
@@ -228,86 +230,78 @@ def plot(results: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = results["rows"]
-    cols = [(k, label) for k, label in COLUMNS if any(k in r for r in rows)]
-    fig, axes = plt.subplots(1, len(rows), figsize=(6 * len(rows), 5))
-    for ax, r in zip(axes if len(rows) > 1 else [axes], rows, strict=True):
+    models = results["models"]
+    panels = [(name, r) for name, m in models.items() for r in m["rows"]]
+    ncols = max(len(m["rows"]) for m in models.values())
+    fig, axes = plt.subplots(len(models), ncols, figsize=(6 * ncols, 4.2 * len(models)), squeeze=False)
+    for i, (name, r) in enumerate(panels):
+        ax = axes[i // ncols][i % ncols]
+        cols = [(k, label) for k, label in COLUMNS if k in r]
         f = r["float_eager"]["median_ms"]
-        names = [label for k, label in cols if k in r]
-        vals = [r[k]["median_ms"] for k, _ in cols if k in r]
-        bars = ax.bar(names, vals, color=[f"C{i}" for i in range(len(vals))])
+        vals = [r[k]["median_ms"] for k, _ in cols]
+        bars = ax.bar([label for _, label in cols], vals, color=[f"C{j}" for j in range(len(vals))])
         for b, v in zip(bars, vals, strict=True):
             ax.annotate(
-                f"{v:.1f} ms\n{v / f:.2f}x", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=8
+                f"{v:.1f} ms\n{v / f:.2f}x", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=7
             )
-        ax.set_title(f"batch {r['batch']}")
+        qa = r.get("ratio_compiled_over_ao")
+        ax.set_title(f"{name}, batch {r['batch']}" + (f" (qir / torch.ao int8 = {qa:.2f})" if qa else ""), fontsize=9)
         ax.set_ylabel("latency, median (ms)")
-        ax.set_ylim(0, max(vals) * 1.25)
-        ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+        ax.set_ylim(0, max(vals) * 1.3)
+        ax.tick_params(axis="x", labelrotation=20, labelsize=7)
     fig.suptitle(
-        f"{results['model']}: latency, {results['threads']} threads, median of {results['repeats']} "
-        f"(ratio = / float eager); torch {results['torch']}; shared noisy machine",
+        f"latency, {results['threads']} threads, median of {results['repeats']} (ratio = / float eager); "
+        f"torch {results['torch']}; shared machine, load average {results['load_average']}",
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--calib", type=int, default=3)
-    ap.add_argument("--opt", type=int, default=2)
-    ap.add_argument("--out", default="compiled_latency.json")
-    ap.add_argument("--png", default=None, help="write a bar chart here (needs matplotlib)")
-    args = ap.parse_args()
+def run_model(name: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     import torchvision
 
     torch.manual_seed(0)
-    body = torchvision.models.resnet18().eval()
+    body = getattr(torchvision.models, name)().eval()
     compiled, converted, prepared, compile_s = build_compiled(body, args.calib, args.opt)
     ao = build_ao_x86(body, args.calib)
     torch.set_num_threads(args.threads)
     compiled.num_threads = args.threads
-    results: dict[str, Any] = {
-        "model": "torchvision resnet18 (random weights), 224x224",
-        "threads": args.threads,
-        "repeats": args.repeats,
-        "torch": torch.__version__,
-        "machine": platform.processor() or platform.machine(),
+    out: dict[str, Any] = {
+        "model": f"torchvision {name} (random weights), 224x224",
         "compile_seconds": round(compile_s, 2),
         "rows": [],
         "engines": {},
         "ao_x86": ao if isinstance(ao, str) else "ok",
+        "onnxruntime": {"optimized_ops": {}},
     }
     for inst in compiled.program.instructions:
         eng = inst.attrs.get("engine")
         if eng:
-            results["engines"][eng] = results["engines"].get(eng, 0) + 1
-    print(f"compiled in {compile_s:.1f} s; engines per layer: {results['engines']}")
-    tmp = tempfile.mkdtemp(prefix="qir-bench-")
-    results["onnxruntime"] = {"optimized_ops": {}}
-    ops = results["onnxruntime"]["optimized_ops"]
-    for batch in (1, 8):
+            out["engines"][eng] = out["engines"].get(eng, 0) + 1
+    print(f"{name}: compiled in {compile_s:.1f} s; engines per layer: {out['engines']}")
+    ops = out["onnxruntime"]["optimized_ops"]
+    for batch in args.batches:
         x = torch.randn(batch, 3, 224, 224)
-        float_path = os.path.join(tmp, f"float_b{batch}.onnx")
-        ort_fns = {"ort_float": build_ort(body, x, float_path, args.threads, "float", ops=ops)[0]}
-        ort_fns["ort_int8_qdq"], results["ort_int8_source"] = build_ort(
-            prepared, x, os.path.join(tmp, f"qdq_b{batch}.onnx"), args.threads, "qdq", ops=ops
-        )
-        if not isinstance(ort_fns["ort_float"], str):
-            ort_fns["ort_int8_static"] = build_ort(
-                None,
-                x,
-                os.path.join(tmp, f"static_b{batch}.onnx"),
-                args.threads,
-                "static",
-                float_path,
-                args.calib,
-                ops=ops,
-            )[0]
+        ort_fns: dict[str, Callable[[], Any] | str] = {}
+        if args.onnx:
+            float_path = os.path.join(tmp, f"{name}_float_b{batch}.onnx")
+            ort_fns["ort_float"] = build_ort(body, x, float_path, args.threads, "float", ops=ops)[0]
+            ort_fns["ort_int8_qdq"], out["ort_int8_source"] = build_ort(
+                prepared, x, os.path.join(tmp, f"{name}_qdq_b{batch}.onnx"), args.threads, "qdq", ops=ops
+            )
+            if not isinstance(ort_fns["ort_float"], str):
+                ort_fns["ort_int8_static"] = build_ort(
+                    None,
+                    x,
+                    os.path.join(tmp, f"{name}_static_b{batch}.onnx"),
+                    args.threads,
+                    "static",
+                    float_path,
+                    args.calib,
+                    ops=ops,
+                )[0]
         torch.set_num_threads(args.threads)
         with torch.no_grad():
             row: dict[str, Any] = {"batch": batch}
@@ -318,7 +312,7 @@ def main() -> None:
             if not isinstance(ao, str):
                 fns["ao_x86_int8"] = functools.partial(ao, x)
             for k, fn in ort_fns.items():
-                results["onnxruntime"][f"{k}_b{batch}"] = fn if isinstance(fn, str) else "ok"
+                out["onnxruntime"][f"{k}_b{batch}"] = fn if isinstance(fn, str) else "ok"
                 if isinstance(fn, str):
                     print(fn)
                 else:
@@ -326,42 +320,74 @@ def main() -> None:
             row.update(_time_interleaved(fns, args.repeats))
             slow: dict[str, Callable[[], Any]] = {"qir_converted_torch": functools.partial(converted, x)}
             row.update(_time_interleaved(slow, max(2, args.repeats // 4), 1))
-            assert torch.equal(compiled(x), converted(x)), "compiled output differs from the converted model"
+            assert torch.equal(compiled(x), converted(x)), f"{name}: compiled output differs from the converted model"
             row["bit_exact"] = True
         f = row["float_eager"]["median_ms"]
         row["ratio_compiled_over_float"] = round(row["qir_compiled"]["median_ms"] / f, 3)
         if "ao_x86_int8" in row:
             row["ratio_ao_over_float"] = round(row["ao_x86_int8"]["median_ms"] / f, 3)
+            row["ratio_compiled_over_ao"] = round(row["qir_compiled"]["median_ms"] / row["ao_x86_int8"]["median_ms"], 3)
         for k in ("ort_float", "ort_int8_qdq", "ort_int8_static"):
             if k in row:
                 row[f"ratio_{k}_over_float"] = round(row[k]["median_ms"] / f, 3)
-        results["rows"].append(row)
-    print(
-        f"{'batch':>5} {'float eager':>12} {'qir compiled':>13} {'ao x86 int8':>12} {'converted':>10} "
-        f"{'compiled/float':>15} {'ao/float':>9}"
+        out["rows"].append(row)
+        qa = row.get("ratio_compiled_over_ao", float("nan"))
+        print(f"  batch {batch}: qir {row['qir_compiled']['median_ms']:.1f} ms, qir / torch.ao int8 {qa:.2f}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--models", default="resnet18,mobilenet_v2,resnet50", help="torchvision model names, comma-separated"
     )
-    for r in results["rows"]:
-        ao_ms = r.get("ao_x86_int8", {}).get("median_ms", float("nan"))
-        print(
-            f"{r['batch']:>5} {r['float_eager']['median_ms']:>10.1f}ms {r['qir_compiled']['median_ms']:>11.1f}ms "
-            f"{ao_ms:>10.1f}ms {r['qir_converted_torch']['median_ms']:>8.0f}ms "
-            f"{r['ratio_compiled_over_float']:>15.3f} {r.get('ratio_ao_over_float', float('nan')):>9.3f}"
-        )
-    print(f"\n{'batch':>5} " + " ".join(f"{label:>18}" for _, label in COLUMNS) + "   (median ms; ratio / float eager)")
-    for r in results["rows"]:
-        f = r["float_eager"]["median_ms"]
-        cells = [
-            f"{r[k]['median_ms']:>8.1f}ms {r[k]['median_ms'] / f:>6.2f}x" if k in r else f"{'n/a':>18}"
-            for k, _ in COLUMNS
-        ]
-        print(f"{r['batch']:>5} " + " ".join(cells))
-    print("\nonnxruntime's optimized graphs, batch 1 (int8 conv kernels = QLinearConv; float = Conv/FusedConv):")
-    for key, counts in ops.items():
-        if key.endswith("_b1"):
-            convs = {k: v for k, v in counts.items() if "Conv" in k or k in ("QLinearMatMul", "Gemm", "MatMul")}
-            print(f"  {key[:-3]:>7}: {convs}")
-    if isinstance(ao, str):
-        print(ao)
+    ap.add_argument("--batches", default="1,8", help="batch sizes, comma-separated")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--calib", type=int, default=3)
+    ap.add_argument("--opt", type=int, default=2)
+    ap.add_argument("--no-onnx", dest="onnx", action="store_false", help="leave out the onnxruntime columns")
+    ap.add_argument("--out", default="compiled_latency.json")
+    ap.add_argument("--png", default=None, help="write a bar chart here (needs matplotlib)")
+    args = ap.parse_args()
+    args.batches = [int(b) for b in args.batches.split(",")]
+    from backends.common.kernels import native
+
+    results: dict[str, Any] = {
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "native_kernels": native.status(),
+        "load_average": round(os.getloadavg()[0], 1),
+        "models": {},
+    }
+    print(results["native_kernels"])
+    tmp = tempfile.mkdtemp(prefix="qir-bench-")
+    for name in args.models.split(","):
+        results["models"][name] = run_model(name, args, tmp)
+    results["load_average_end"] = round(os.getloadavg()[0], 1)
+    labels = [label for _, label in COLUMNS]
+    print(f"\n{'model':>13} {'batch':>5} " + " ".join(f"{lb:>18}" for lb in labels) + f" {'qir/ao':>7}")
+    for name, m in results["models"].items():
+        for r in m["rows"]:
+            f = r["float_eager"]["median_ms"]
+            cells = [
+                f"{r[k]['median_ms']:>8.1f}ms {r[k]['median_ms'] / f:>6.2f}x" if k in r else f"{'n/a':>18}"
+                for k, _ in COLUMNS
+            ]
+            qa = r.get("ratio_compiled_over_ao", float("nan"))
+            print(f"{name:>13} {r['batch']:>5} " + " ".join(cells) + f" {qa:>7.2f}")
+    print("(median ms; ratio / float eager; qir/ao = qir compiled / torch.ao x86 int8)")
+    for name, m in results["models"].items():
+        ops = m["onnxruntime"]["optimized_ops"]
+        if ops:
+            print(f"\nonnxruntime's optimized graphs of {name}, batch {args.batches[0]} (QLinearConv = int8 conv):")
+        for key, counts in ops.items():
+            if key.endswith(f"_b{args.batches[0]}"):
+                convs = {k: v for k, v in counts.items() if "Conv" in k or k in ("QLinearMatMul", "Gemm", "MatMul")}
+                print(f"  {key.rsplit('_', 1)[0]:>7}: {convs}")
+    print(f"load average {results['load_average']} at the start, {results['load_average_end']} at the end")
     with open(args.out, "w") as fh:
         json.dump(results, fh, indent=2)
     print(f"wrote {args.out}")
