@@ -22,6 +22,7 @@ from qir.quantization import (
     prepare_qat_fx,
     set_fake_quantize,
 )
+from qir.quantization.convert import ConvertError
 from qir.quantization.exact_validation import QATGraphModule, set_exact_validation
 from qir.quantization.fake_quantize import float_fake_quant
 
@@ -65,10 +66,17 @@ def test_validation_is_the_converted_model(spec: list, head: str, march: str, se
     qat = _trained(randomize_bn(chain(spec, 3, head), seed), shape, march, seed)
     x = torch.randn(*shape)
     with march_scope(march):
-        assert torch.equal(qat(x), convert_fx(qat)(x))
+        try:
+            converted = convert_fx(qat)
+        except ConvertError:  # e.g. a requantization ratio Bernoulli2 cannot express
+            with pytest.warns(RuntimeWarning, match="convert_fx failed"):
+                qat(x)  # validation says it fell back to the simulation
+            return
+    assert torch.equal(qat(x), converted(x))
 
 
 def test_validation_is_the_artifact_and_the_float_simulation_is_not(tmp_path: Path) -> None:
+    torch.manual_seed(0)  # on a small net the two can agree on some draws: fix the draw
     shape = (8, 1, 28, 28)
     qat = _trained(digits_net(), shape, steps=2)
     x = torch.randn(*shape)
