@@ -413,10 +413,19 @@ def acc_bound(weight: torch.Tensor, x: torch.Tensor, out_axis: int = 0) -> tuple
     return amax * wsum, amax
 
 
-def requant_mode(bound: int, bias: torch.Tensor) -> str:
-    """``f64`` when the float64 requantization is provably exact for this accumulator bound."""
+def requant_mode(
+    bound: int, bias: torch.Tensor, multiplier: torch.Tensor | None = None, shift: torch.Tensor | None = None
+) -> str:
+    """``f64`` when the float64 requantization is provably exact for this accumulator bound:
+    ``(bound + |b|) * M < 2**52`` and ``shift <= 52`` (so ``2**(shift-1)`` adds exactly). Without
+    ``multiplier`` / ``shift``, ``M <= 32767`` and small shifts are assumed (``F64_EXACT_ACC``); the
+    fused conv + add's 31-bit multipliers need them passed."""
     b = int(bias.to(torch.int64).abs().max()) if bias.numel() else 0
-    return "f64" if bound + b < F64_EXACT_ACC else "i64"
+    if multiplier is None:
+        return "f64" if bound + b < F64_EXACT_ACC else "i64"
+    m = int(multiplier.to(torch.int64).max()) if multiplier.numel() else 0
+    s = int(shift.to(torch.int64).max()) if shift is not None and shift.numel() else 0
+    return "f64" if (bound + b) * m < 2**52 and s <= 52 else "i64"
 
 
 def f32_scale(v: Any) -> float:

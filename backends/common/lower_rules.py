@@ -105,7 +105,9 @@ def lower_conv(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: d
         "relu6_bound": ctx.const(f"{hint}.relu6_bound", m.relu6_bound),
     }
     bound, amax = acc_bound(m.weight, xv, out_axis=1 if kind == "conv_transpose2d" else 0)
-    attrs["requant"] = requant_mode(bound, m.bias)
+    attrs["requant"] = requant_mode(bound, m.bias, m.multiplier, m.shift)
+    if m.has_add and int(m.add_shift) > 52:
+        attrs["requant"] = "i64"  # the addend's 2**(shift-1) would not add exactly in float64
     int8 = xv.dtype == torch.int8 and m.weight.dtype == torch.int8
     hp = m.hp
     if kind == "linear":

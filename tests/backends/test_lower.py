@@ -168,3 +168,16 @@ def test_program_validation_names_the_problem() -> None:
     bad = Program("bayes", ["x"], "y", [Instruction("lut", ("x",), ("y",), {}, {"table": "t"}, "exp")], {})
     with pytest.raises(ProgramError, match="names constant 't'"):
         bad.validate()
+
+
+def test_float64_requantization_only_where_exact() -> None:
+    """The fused conv + add's 31-bit multipliers shrink the accumulator range the float64 path takes."""
+    from backends.common.lower import requant_mode
+
+    zero = torch.zeros(4, dtype=torch.int32)
+    assert requant_mode(2**30, zero) == "f64"  # M <= 32767 assumed: 2**30 * 2**15 < 2**52
+    assert requant_mode(2**30, zero, torch.tensor([32767]), torch.tensor([24])) == "f64"
+    assert requant_mode(2**25, zero, torch.tensor([2**31 - 1]), torch.tensor([33])) == "i64"
+    assert requant_mode(2**20, zero, torch.tensor([2**30]), torch.tensor([33])) == "f64"
+    assert requant_mode(2**20, zero, torch.tensor([2**30]), torch.tensor([60])) == "i64"
+    assert requant_mode(2**20, torch.tensor([2**23]), torch.tensor([2**30]), torch.tensor([33])) == "i64"
