@@ -130,16 +130,6 @@ class MSEObserver(HistogramObserver):
     candidate amax values (bin edges) are scored per batch.
     """
 
-    def __init__(
-        self,
-        bins: int = 2048,
-        dtype: DTypeLike = "qint8",
-        ch_axis: int | None = None,
-        eps: float = MIN_SCALE,
-        sync_ranks: bool = True,
-    ) -> None:
-        super().__init__(bins=bins, dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks)
-
     def _amax_from_histogram(self) -> torch.Tensor:
         return mse_amax(self.histogram, float(self.hist_range), scale_denominator(self.dtype), self.qmax)
 
@@ -151,16 +141,6 @@ class KLObserver(HistogramObserver):
     qint8; for qint16 the default 2048 bins are fewer than the levels and the observer keeps
     the full range (as :class:`~qir.quantization.observer.MinMaxObserver` would).
     """
-
-    def __init__(
-        self,
-        bins: int = 2048,
-        dtype: DTypeLike = "qint8",
-        ch_axis: int | None = None,
-        eps: float = MIN_SCALE,
-        sync_ranks: bool = True,
-    ) -> None:
-        super().__init__(bins=bins, dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks)
 
     def _amax_from_histogram(self) -> torch.Tensor:
         return kl_amax(self.histogram, float(self.hist_range), scale_denominator(self.dtype), self.qmax)
