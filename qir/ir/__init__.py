@@ -6,6 +6,7 @@ from qir.ir.graph import Argument, Graph, Node, Value
 from qir.ir.interpreter import Interpreter, run_graph
 from qir.ir.op import (
     OP_REGISTRY,
+    CannotInfer,
     Commutative,
     Elementwise,
     HasWeight,
@@ -30,6 +31,7 @@ from qir.ir.verifier import VerifyError, verify
 __all__ = [
     "OP_REGISTRY",
     "Argument",
+    "CannotInfer",
     "Commutative",
     "DType",
     "Elementwise",

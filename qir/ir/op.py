@@ -32,6 +32,12 @@ class IRError(Exception):
     """A malformed graph or op. The message names the node at fault."""
 
 
+class CannotInfer(IRError):
+    """An op cannot infer its result type from operand types alone (opaque calls, scalar
+    operands): the declared type stands. Any other :class:`IRError` from ``infer_type``
+    means the operands are wrong, and :func:`~qir.ir.verify` reports it."""
+
+
 # --------------------------------------------------------------------------- traits
 
 
@@ -172,7 +178,7 @@ class Op:
             args = [_meta(t) for t in operand_types]
             out = self.compute(*args)
         except NotImplementedError:
-            raise IRError(f"op {self.name!r}: cannot infer the result type of {operand_types}") from None
+            raise CannotInfer(f"op {self.name!r}: cannot infer the result type of {operand_types}") from None
         return _meta_type(out)
 
     def verify(self, operand_types: Sequence[Type]) -> None:

@@ -1,10 +1,23 @@
-"""Graph well-formedness: acyclic, definitions before uses, consistent types, valid ops."""
+"""Graph well-formedness: acyclic, definitions before uses, consistent types, valid ops.
+
+The promise: a graph :func:`verify` accepts runs under :func:`~qir.ir.run_graph` on inputs
+of its declared types (benchmarks/fuzz_ir.py checks it on mutated real graphs). So besides
+structure, the verifier checks what torch would otherwise reject at run time: each node's
+declared type against what its op infers (tensors, and tuples / lists element by element),
+operand kinds and dtypes (:mod:`qir.ir.operand_rules`), input defaults against their
+declared types, and opaque calls of allowlisted torch functions on meta tensors.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+
 from qir.ir.graph import Argument, Graph, Node, Value
-from qir.ir.op import IRError
-from qir.ir.types import TensorType, Type
+from qir.ir.op import CannotInfer, IRError, Pure
+from qir.ir.operand_rules import STAND_INS, check_operands, result_type, run_on_meta, same_type, value_matches
+from qir.ir.types import ObjectType, ScalarType, SequenceType, TensorType, Type
 
 
 class VerifyError(IRError):
@@ -27,16 +40,22 @@ def verify(graph: Graph, check_types: bool = True) -> None:
 
     Checks: unique names, every operand defined earlier in the same graph (which also
     rules out cycles), use lists consistent with operands, op arity and per-op rules,
-    constants bound, output values defined, and (``check_types``) that each node's
-    declared type matches what its op infers where the op can infer it.
+    constants bound (shape and dtype as declared), input defaults of their declared
+    types, output values defined, and (``check_types``) that each node's declared type
+    matches what its op infers where the op can infer it, operand kinds and dtypes the
+    op's torch kernel needs, and opaque calls of allowlisted torch functions on meta
+    tensors.
     """
     defined: set[Value] = set()
     names: set[str] = set()
+    known: dict[Value, Any] = {}  # scalars fixed by static shapes (x.shape[0]): exact meta checks
     for a in graph.inputs:
         if not isinstance(a, Argument):
             raise _fail(a, "graph input is not an Argument")
         if a.name in names:
             raise _fail(a, "name defined twice")
+        if a.has_default and not value_matches(a.default, a.type):
+            raise _fail(a, f"default {a.default!r} is not a value of the declared type {a.type}")
         names.add(a.name)
         defined.add(a)
     count = 0
@@ -60,15 +79,20 @@ def verify(graph: Graph, check_types: bool = True) -> None:
             n.op.verify([v.type for v in n.operands])
         except IRError as e:
             raise _fail(n, str(e)) from None
+        except Exception as e:  # an attribute of the wrong kind (axis=0.0) trips the op's own checks
+            raise _fail(n, f"op {n.op.name!r} rejects its attributes: {type(e).__name__}: {e}") from None
         if n.op.name == "constant":
             key = n.op.key  # type: ignore[attr-defined]
             if key not in graph.constants:
                 raise _fail(n, f"constant {key!r} has no tensor in graph.constants")
             t = graph.constants[key]
-            if isinstance(n.type, TensorType) and tuple(t.shape) != n.type.shape:
-                raise _fail(n, f"constant {key!r} has shape {tuple(t.shape)}, declared {n.type}")
+            if isinstance(n.type, TensorType):
+                if tuple(t.shape) != n.type.shape:
+                    raise _fail(n, f"constant {key!r} has shape {tuple(t.shape)}, declared {n.type}")
+                if t.dtype != n.type.dtype.to_torch():
+                    raise _fail(n, f"constant {key!r} has dtype {t.dtype}, declared {n.type}")
         elif check_types:
-            _check_type(n)
+            _check_type(n, known)
         defined.add(n)
     if count != len(graph):
         raise VerifyError(f"graph @{graph.name}: node count {len(graph)} disagrees with the list ({count})")
@@ -77,14 +101,103 @@ def verify(graph: Graph, check_types: bool = True) -> None:
             raise _fail(v, "graph output is not defined in the graph")
 
 
-def _check_type(n: Node) -> None:
+def _check_type(n: Node, known: dict[Value, Any]) -> None:
+    operand_types = [v.type for v in n.operands]
     try:
-        inferred: Type = n.op.infer_type([v.type for v in n.operands])
-    except (IRError, NotImplementedError):
-        return  # ops that cannot infer (opaque calls, data-dependent) keep their declared type
+        check_operands(n.op, operand_types)
+    except IRError as e:
+        raise _fail(n, str(e)) from None
+    try:
+        inferred: Type = n.op.infer_type(operand_types)
+    except (CannotInfer, NotImplementedError):
+        _check_on_meta(n, known)  # opaque calls, scalar operands: the declared type stands unless wrong
+        return
+    except IRError as e:
+        raise _fail(n, str(e)) from None
     except Exception as e:  # torch rejected the operand shapes on meta tensors
         raise _fail(n, f"op {n.op.name!r} rejects its operand types: {type(e).__name__}: {e}") from None
-    declared = n.type
+    mismatch = _mismatch(n.type, inferred)
+    if mismatch is not None:
+        raise _fail(n, f"declared type {n.type} but op {n.op.name!r} gives {inferred}{mismatch}")
+    if n.op.has_trait(Pure) and isinstance(n.type, (ScalarType, SequenceType)):
+        _record_known(n, known)
+
+
+def _operand_values(n: Node, known: dict[Value, Any]) -> tuple[list[Any], bool] | None:
+    """Meta tensors / known scalars / stand-ins for the operands, and whether all are exact."""
+    values: list[Any] = []
+    exact = True
+    for v in n.operands:
+        t = v.type
+        if isinstance(t, TensorType):
+            values.append(torch.empty(t.shape, dtype=t.dtype.to_torch(), device="meta"))
+        elif v in known:
+            values.append(known[v])
+        elif isinstance(t, ScalarType):
+            values.append(STAND_INS[t.kind])
+            exact = False
+        else:
+            return None
+    return values, exact
+
+
+def _record_known(n: Node, known: dict[Value, Any]) -> None:
+    got = _operand_values(n, known)
+    if got is None or not got[1]:
+        return
+    try:
+        with torch.device("meta"):
+            out = n.op.compute(*got[0])
+    except Exception:  # not computable from metadata: stays unknown
+        return
+    if isinstance(out, (bool, int, float, torch.Size)) or (
+        isinstance(out, tuple) and all(isinstance(o, (bool, int, float)) for o in out)
+    ):
+        known[n] = out
+
+
+def _check_on_meta(n: Node, known: dict[Value, Any]) -> None:
+    got = _operand_values(n, known)
+    if got is None:
+        return
+    values, exact = got
+    try:
+        ran, out = run_on_meta(n.op, values, exact)
+    except IRError as e:
+        raise _fail(n, str(e)) from None
+    if not ran:
+        return
+    if (
+        isinstance(n.type, (TensorType, ScalarType))
+        and isinstance(out, (torch.Tensor, bool, int, float))
+        and isinstance(n.type, TensorType) != isinstance(out, torch.Tensor)
+    ):  # whether a result is a tensor or a Python number follows from operand kinds alone
+        raise _fail(n, f"declared type {n.type} but op {n.op.name!r} gives a {type(out).__name__}")
+    if not exact:
+        return
+    t = result_type(out)
+    if t is not None and not same_type(n.type, t):
+        raise _fail(n, f"declared type {n.type} but op {n.op.name!r} gives {t}")
+    if isinstance(out, (bool, int, float, torch.Size)) and n.op.has_trait(Pure):
+        known[n] = out
+
+
+def _mismatch(declared: Type, inferred: Type, path: str = "") -> str | None:
+    """Where ``declared`` and ``inferred`` disagree ('' for the whole value), or None."""
     if isinstance(declared, TensorType) and isinstance(inferred, TensorType):
         if declared.shape != inferred.shape or declared.dtype.to_torch() != inferred.dtype.to_torch():
-            raise _fail(n, f"declared type {declared} but op {n.op.name!r} gives {inferred}")
+            return f" (at {path})" if path else ""
+        return None
+    if isinstance(declared, SequenceType) and isinstance(inferred, SequenceType):
+        if len(declared.elements) != len(inferred.elements):
+            return f" ({len(declared.elements)} elements declared, {len(inferred.elements)} produced)"
+        for i, (d, t) in enumerate(zip(declared.elements, inferred.elements, strict=True)):
+            m = _mismatch(d, t, f"{path}[{i}]")
+            if m is not None:
+                return m or f" (at {path}[{i}])"
+        return None
+    if isinstance(declared, TensorType) != isinstance(inferred, TensorType) and not isinstance(
+        declared if isinstance(inferred, TensorType) else inferred, ObjectType
+    ):
+        return f" (at {path})" if path else ""  # a tensor where the op gives a tuple or a scalar, or back
+    return None

@@ -9,7 +9,7 @@ import attrs
 import torch
 
 from qir.ir.call_targets import resolve_call_target
-from qir.ir.op import IRError, Op, Opaque, Pure, Trait, Transparent, register_op, resolve
+from qir.ir.op import CannotInfer, IRError, Op, Opaque, Pure, Ref, Trait, Transparent, register_op, resolve
 from qir.ir.types import DType, ObjectType, SequenceType, TensorType, Type, type_of
 
 
@@ -54,7 +54,7 @@ class Constant(Op):
             raise IRError(f"constant {self.key!r} has no tensor bound in the graph") from None
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
-        raise IRError(f"constant {self.key!r}: its type comes from its tensor; use Graph.add_constant")
+        raise CannotInfer(f"constant {self.key!r}: its type comes from its tensor; use Graph.add_constant")
 
 
 def resolve_target(target: str, objects: dict[str, Any]) -> Any:
@@ -101,7 +101,15 @@ class Call(Op):
         return resolve_target(self.target, ctx.objects)(*args, **kwargs)
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
-        raise IRError(f"opaque call {self.target!r}: result type must be given (it cannot be inferred)")
+        raise CannotInfer(f"opaque call {self.target!r}: result type must be given (it cannot be inferred)")
+
+    def verify_(self, operand_types: Sequence[Type]) -> None:
+        if self.kind == "method" and not (isinstance(self.args, (tuple, list)) and self.args):
+            raise IRError(f"method call {self.target!r} needs its receiver as args[0]")
+        if not isinstance(self.args, (tuple, list)) or not isinstance(self.kwargs, dict):
+            raise IRError(f"call {self.target!r}: args must be a tuple and kwargs a dict")
+        if any(not isinstance(k, str) for k in self.kwargs):
+            raise IRError(f"call {self.target!r}: kwargs keys must be strings")
 
 
 @register_op
@@ -118,6 +126,11 @@ class GetItem(Op):
 
     def compute(self, x: Any, *rest: Any) -> Any:
         return x[resolve(self.index, (x, *rest))]
+
+    def verify_(self, operand_types: Sequence[Type]) -> None:
+        idx = self.index
+        if isinstance(operand_types[0], SequenceType) and not isinstance(idx, (int, slice, Ref)):
+            raise IRError(f"getitem: a {operand_types[0]} takes an int or slice index, got {idx!r}")
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
         t = operand_types[0]
