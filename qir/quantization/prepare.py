@@ -172,8 +172,10 @@ def _swap(
     # every call site of a module called at several places gets its own output observer
     sites = split_call_sites(gm, [p for p, _, _, _ in plan])
     chosen: dict[str, QConfig] = {}
+    shared: dict[tuple[int, tuple[int, ...], tuple[int, ...]], nn.Parameter] = {}
     for path, m, cls, qc in plan:
         qat = cls.from_float(m, qc)  # type: ignore[attr-defined]
+        _tie_shared_parameters(m, qat, shared)
         record.remap.key_map.update(_key_map(path, m, qat))
         set_submodule(gm, path, qat)
         chosen[path] = qc
@@ -186,6 +188,27 @@ def _swap(
         gm.recompile()
         gm.register_load_state_dict_post_hook(retie_after_load)
     return kind, chosen, sites
+
+
+def _tie_shared_parameters(
+    float_mod: nn.Module, qat: nn.Module, shared: dict[tuple[int, tuple[int, ...], tuple[int, ...]], nn.Parameter]
+) -> None:
+    """Keep weights shared: a float tensor two swapped modules hold (a conv called at two sites,
+    one of which fused with an add into a ConvAdd) becomes one QAT Parameter they both hold.
+
+    ``from_float`` copies tensors so that the user's model is never aliased; within the prepared
+    copy, sharing must survive or the copies train apart."""
+    qat_params = dict(qat.named_parameters(remove_duplicate=False))
+    for fname, ft in float_mod.named_parameters(remove_duplicate=False):
+        qname = fname if fname in qat_params else fname.split(".", 1)[-1]
+        mine = qat_params.get(qname)
+        if mine is None or mine.shape != ft.shape:
+            continue
+        key = (ft.data_ptr(), tuple(ft.shape), tuple(ft.stride()))
+        owner = shared.setdefault(key, mine)
+        if owner is not mine:
+            parent, _, leaf = qname.rpartition(".")
+            setattr(qat.get_submodule(parent) if parent else qat, leaf, owner)
 
 
 def _carry_scales(src: nn.Module, dst: nn.Module) -> None:

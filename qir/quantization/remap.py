@@ -43,12 +43,20 @@ class StateDictRemap:
     key_map: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        live: set[str] | None = None
         for r in self.remaps:
             w_key = prefix + r.conv_prefix + "weight"
-            if w_key not in state_dict:
-                continue
-            weight = state_dict.pop(w_key)
-            bias = state_dict.pop(prefix + r.conv_prefix + "bias", None)
+            new_w = prefix + r.new_prefix + "weight"
+            if w_key not in state_dict or (new_w != w_key and new_w in state_dict):
+                continue  # not a float checkpoint's key, or already in the fused layout
+            if live is None:
+                live = set(module.state_dict(keep_vars=True))
+            # a conv still called unfused elsewhere (shared by two call sites) keeps its own key:
+            # the fused site gets a copy of the value instead of taking the key away
+            keep = new_w != w_key and r.conv_prefix + "weight" in live
+            b_key = prefix + r.conv_prefix + "bias"
+            weight = state_dict[w_key] if keep else state_dict.pop(w_key)
+            bias = state_dict.get(b_key) if keep else state_dict.pop(b_key, None)
             if r.bn_prefix is not None:
                 bn = {
                     k: state_dict.pop(prefix + r.bn_prefix + k)
