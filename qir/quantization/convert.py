@@ -47,6 +47,7 @@ from qir.quantization.scale_ops import (
     is_nearest,
     module_self,
     pair_item,
+    same_scales,
 )
 from qir.quantization.stubs import DeQuantStub as FloatDeQuantStub
 from qir.quantization.wrapped_self import follow_training
@@ -124,10 +125,7 @@ class ScalePlan:
             return []
         first = sites[0]
         for other in sites[1:]:
-            same = len(other) == len(first) and all(
-                a.shape == b.shape and bool(torch.equal(a, b)) for a, b in zip(first, other, strict=True)
-            )
-            if not same:
+            if not same_scales(first, other):
                 raise ConvertError(
                     f"module '{path}' is called at several places with different input scales "
                     f"({[s.tolist() for s in first]} vs {[s.tolist() for s in other]}); a quantized module has "

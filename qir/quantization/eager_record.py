@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from qir.quantization.scale_ops import same_scales
+
 __all__ = ["convert_recorded", "functional_call", "has_records", "install", "uninstall"]
 
 #: tensor attribute: the producing QAT module's path and output index
@@ -349,10 +351,7 @@ def convert_recorded(root: nn.Module, march: Any, mapping: Mapping[type, type] |
             return []
         first = per_site[0]
         for other in per_site[1:]:
-            same = len(other) == len(first) and all(
-                a.shape == b.shape and bool(torch.equal(a, b)) for a, b in zip(first, other, strict=True)
-            )
-            if not same:
+            if not same_scales(first, other):
                 raise error(
                     f"module '{path}' is called at several places with different input scales; a quantized module "
                     "has fixed input scales. prepare_qat_fx gives every call site its own module (docs/qconfig.md, "

@@ -15,6 +15,7 @@ some return indices or booleans, which are exact values and carry no scale.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
+    "same_scales",
     "CODE_OPS",
     "PRESERVING_FUNCTIONS",
     "PRESERVING_METHODS",
@@ -149,6 +151,11 @@ CODE_OPS: dict[str, str] = {
     "argmin": INDEX,
     **dict.fromkeys(("eq", "ne", "gt", "ge", "lt", "le"), BOOL),
 }
+
+
+def same_scales(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
+    """Whether two call sites of one module see the same input scales (one quantized module can serve both)."""
+    return len(a) == len(b) and all(x.shape == y.shape and bool(torch.equal(x, y)) for x, y in zip(a, b, strict=True))
 
 
 def is_nearest(n: torch.fx.Node) -> bool:
