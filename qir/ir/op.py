@@ -69,6 +69,10 @@ class HasWeight(Trait):
     """Operand 1 is a weight tensor (conv, linear, ...); operand 2 an optional bias."""
 
 
+class SameDtypeOperands(Trait):
+    """Float operands must share one dtype: the torch kernel does not promote (f32 @ f64 fails)."""
+
+
 class Quantization(Trait):
     """Quantize / dequantize boundaries and fake quant."""
 
@@ -219,6 +223,8 @@ class ModuleOp(Op):
 
     #: torch module classes this op is created from (front end) and emitted as.
     module_types: ClassVar[tuple[type, ...]] = ()
+    #: state roles sized by the input's channel dimension (dim 1): batch norm's statistics
+    channel_state: ClassVar[tuple[str, ...]] = ()
 
     def num_inputs(self) -> int:
         """Leading data operands (the rest are parameters)."""

@@ -24,14 +24,11 @@ from typing import Any
 import torch
 
 from qir.ir.call_targets import builtin_call_target, method_allowed
-from qir.ir.op import Elementwise, HasWeight, IRError, ModuleOp, Op, Quantization, resolve
+from qir.ir.op import Elementwise, HasWeight, IRError, ModuleOp, Op, Quantization, SameDtypeOperands, resolve
 from qir.ir.types import ObjectType, ScalarType, SequenceType, TensorType, Type
 
 #: module-op state roles that are counters, not float tensors
 _COUNTER_ROLES = frozenset({"num_batches_tracked"})
-
-#: ops whose torch kernels do not promote: float operands must share one dtype (f32 @ f64 fails)
-SAME_DTYPE_OPS = frozenset({"matmul", "einsum"})
 
 
 def check_operands(op: Op, operand_types: Sequence[Type]) -> None:
@@ -54,7 +51,7 @@ def check_operands(op: Op, operand_types: Sequence[Type]) -> None:
                 )
     if isinstance(op, ModuleOp):
         _check_param_shapes(op, x, op.module_params(operand_types))
-    if op.name in SAME_DTYPE_OPS:
+    if op.has_trait(SameDtypeOperands):
         dtypes = {t.dtype for t in operand_types if isinstance(t, TensorType)}
         if len(dtypes) > 1 and any(d.is_float for d in dtypes):
             raise IRError(
@@ -75,13 +72,14 @@ def _check_param_shapes(op: ModuleOp, x: TensorType, params: Sequence[Type]) -> 
     if op.has_trait(HasWeight) and "bias" in p and "weight" in p and p["weight"].rank >= 2:
         w = p["weight"]
         groups = getattr(op, "groups", 1)
-        out = w.shape[1] * groups if op.name.startswith("conv_transpose") else w.shape[0]
+        axis = getattr(op, "out_channel_axis", 0)
+        out = w.shape[axis] * (groups if axis else 1)
         if p["bias"].shape != (out,):
             raise IRError(f"op {op.name!r}: bias is {p['bias']} but the weight {w} gives {out} output channels")
-    if op.name == "batch_norm" and x.rank >= 2:
-        for role in ("weight", "bias", "running_mean", "running_var"):
+    if x.rank >= 2:
+        for role in op.channel_state:
             if role in p and p[role].shape != (x.shape[1],):
-                raise IRError(f"op 'batch_norm': {role} is {p[role]} but the input has {x.shape[1]} channels")
+                raise IRError(f"op {op.name!r}: {role} is {p[role]} but the input has {x.shape[1]} channels")
 
 
 def _meta_value(t: Type) -> Any:

@@ -105,7 +105,7 @@ def _run_pipeline(
         return None
     subject = copy.deepcopy(root).eval() if root.training else root  # check and lower what is deployed
     ctx = PassContext(options={"march": march})
-    emitted, _ = run_on_module(subject, pipe, inputs, "compile", ctx)
+    emitted, _ = run_on_module(subject, pipe, inputs, ctx)
     result = ctx.options.get(RESULT_KEY)
     if check and result is not None:
         report = check_mod.report_from_result(result)

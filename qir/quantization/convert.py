@@ -560,7 +560,7 @@ def convert_fx(
     gm.meta.pop(PREPARE_RECORD_KEY, None)
     uninstall_exact_validation(gm)
     if len(pipe):
-        emitted, _ = run_on_module(gm, pipe, example_inputs, "convert")
+        emitted, _ = run_on_module(gm, pipe, example_inputs)
         if emitted is not None:
             gm = emitted
     return follow_training(gm)

@@ -80,7 +80,7 @@ def resolve_pipeline(stage: str, pipeline: PipelineArg | None, march: Any = None
         ) from None
 
 
-def run_on_module(module: Any, pipeline: Pipeline, example_inputs: Any, stage: str, ctx: Any = None) -> tuple[Any, Any]:
+def run_on_module(module: Any, pipeline: Pipeline, example_inputs: Any, ctx: Any = None) -> tuple[Any, Any]:
     """Trace ``module`` (an ``nn.Module``, in eval mode) to IR and run ``pipeline`` on it.
 
     Returns ``(emitted, result)``: ``emitted`` is a GraphModule of the rewritten graph when

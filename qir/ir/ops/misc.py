@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qir.ir.op import IRError, ModuleOp, Op, Pure, ShapePreserving, Trait, Transparent, register_op
+from qir.ir.op import IRError, ModuleOp, Op, Pure, SameDtypeOperands, ShapePreserving, Trait, Transparent, register_op
 from qir.ir.ops.core import EvalContext
 from qir.ir.ops.torchop import TorchOp
 
@@ -94,7 +94,7 @@ class Matmul(TorchOp):
     """``a @ b``, ``torch.matmul`` / ``mm`` / ``bmm``, ``Tensor.matmul``, ``FloatFunctional.matmul``."""
 
     name: ClassVar[str] = "matmul"
-    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure})
+    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure, SameDtypeOperands})
     arity: ClassVar[tuple[int, int | None]] = (2, 2)
     operand_names: ClassVar[tuple[str, ...]] = ("input", "other")
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.matmul, operator.matmul, torch.mm, torch.bmm)
@@ -127,7 +127,7 @@ class Einsum(Op):
     """``torch.einsum(equation, *operands)``: all operands are tensors."""
 
     name: ClassVar[str] = "einsum"
-    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure})
+    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure, SameDtypeOperands})
     arity: ClassVar[tuple[int, int | None]] = (1, None)
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.einsum,)
 

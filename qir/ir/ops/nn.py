@@ -62,6 +62,8 @@ class WeightedOp(ModuleOp):
 
     traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure, HasWeight})
     operand_names: ClassVar[tuple[str, ...]] = ("input", "weight", "bias", "addend")
+    #: the weight axis that counts output channels (per group); 1 for transposed convs
+    out_channel_axis: ClassVar[int] = 0
 
     def param_roles(self) -> tuple[str, ...]:
         return ("weight", "bias") if self.bias else ("weight",)  # type: ignore[attr-defined]
@@ -246,6 +248,7 @@ class ConvTransposeNd(WeightedOp):
     """``nn.ConvTransposeNd`` (+ fused add / activation)."""
 
     dims: ClassVar[int] = 2
+    out_channel_axis: ClassVar[int] = 1
 
     stride: tuple[int, ...] = attrs.field(converter=tuple)
     padding: tuple[int, ...] = attrs.field(converter=tuple)
@@ -371,6 +374,7 @@ class BatchNorm(ModuleOp):
     """
 
     name: ClassVar[str] = "batch_norm"
+    channel_state: ClassVar[tuple[str, ...]] = ("weight", "bias", "running_mean", "running_var")
     traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure})
     operand_names: ClassVar[tuple[str, ...]] = ("input",)
     module_types: ClassVar[tuple[type, ...]] = tuple(_BN_CLASSES.values())
