@@ -16,9 +16,10 @@ nesting), then
 
 Outcomes: ``parse-error`` and ``verify-error`` are correct refusals, ``ran`` is a graph
 that verified and ran, ``no-inputs`` a verified graph whose inputs have no random
-generator (objects); every other class is a bug: an exception other than ParseError at
-parse time or other than VerifyError in verify, ``verified-but-run-failed`` (a verifier
-gap), ``memory`` (an allocation over the address-space limit, set with
+generator (objects), ``unbound-module`` a verified graph that calls a module the text
+cannot carry, refused by ``run_graph`` before any node runs; every other class is a bug:
+an exception other than ParseError at parse time or other than VerifyError in verify,
+``verified-but-run-failed`` (a verifier gap), ``memory`` (an allocation over the address-space limit, set with
 ``resource.setrlimit(RLIMIT_AS)`` to the process size plus ``--mem-gib``), ``timeout``.
 Bugs are printed with the first mutated text that produced them.
 
@@ -48,12 +49,23 @@ import torch
 from torch import nn
 
 from qir.frontend import trace
-from qir.ir import OP_REGISTRY, Graph, ParseError, TensorType, VerifyError, parse_graph, print_graph, run_graph, verify
+from qir.ir import (
+    OP_REGISTRY,
+    Graph,
+    ParseError,
+    TensorType,
+    UnboundModuleError,
+    VerifyError,
+    parse_graph,
+    print_graph,
+    run_graph,
+    verify,
+)
 from qir.ir.types import DType
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
-OK_CLASSES = ("parse-error", "verify-error", "ran", "no-inputs")
+OK_CLASSES = ("parse-error", "verify-error", "ran", "no-inputs", "unbound-module")
 MAX_CONSTANT_BYTES = 64 * 2**20
 
 
@@ -387,6 +399,8 @@ def run_case(text: str, seed: int, timeout: float = 0.0) -> tuple[str, str]:
             stage = "run"
             try:
                 run_graph(graph, *inputs)
+            except UnboundModuleError as e:
+                return "unbound-module", str(e)
             except MemoryError:
                 raise
             except Exception as e:

@@ -3,7 +3,7 @@
 from qir.ir import ops  # noqa: F401  (registers built-in ops)
 from qir.ir.call_targets import register_call_method, register_call_target
 from qir.ir.graph import Argument, Graph, Node, Value
-from qir.ir.interpreter import Interpreter, run_graph
+from qir.ir.interpreter import Interpreter, UnboundModuleError, check_bound, run_graph, unbound_modules
 from qir.ir.op import (
     OP_REGISTRY,
     CannotInfer,
@@ -57,14 +57,17 @@ __all__ = [
     "Trait",
     "Transparent",
     "Type",
+    "UnboundModuleError",
     "Value",
     "VerifyError",
+    "check_bound",
     "get_op_class",
     "register_call_method",
     "register_call_target",
     "register_op",
     "run_graph",
     "type_of",
+    "unbound_modules",
     "verify",
     "ParseError",
     "parse_graph",

@@ -44,7 +44,9 @@ def verify(graph: Graph, check_types: bool = True) -> None:
     types, output values defined, and (``check_types``) that each node's declared type
     matches what its op infers where the op can infer it, operand kinds and dtypes the
     op's torch kernel needs, and opaque calls of allowlisted torch functions on meta
-    tensors.
+    tensors. Module calls need not be bound (IR text carries no modules): a verified graph
+    runs once they are, and ``run_graph`` refuses an unbound one before any node runs
+    (:func:`qir.ir.interpreter.check_bound`).
     """
     defined: set[Value] = set()
     names: set[str] = set()
