@@ -15,6 +15,10 @@ other users, is already fused (``add``/``act``), its weight or bias is not a con
 used only by it, the stats are not constants, the channel counts or layouts disagree,
 or the graph was traced in training mode (batch statistics; ``force=True`` folds the
 running statistics anyway).
+
+A conv module called at several places, each call followed by the same batch norm module
+(one conv+BN tower applied to every FPN level), reads one weight constant from every call
+site: :func:`fold_shared_sites` folds it once and rewrites every site, before the rule runs.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from passes.rewrite import (
     rebuild,
 )
 from qir.ir import Graph, Node, TensorType, Value
+from qir.ir.ops.core import Constant
 from qir.ir.ops.nn import BatchNorm, ConvNd, ConvTransposeNd, Linear
 
 #: Op classes whose output channels a batch norm can be folded into.
@@ -86,19 +91,32 @@ def _channel_axis_is_1(conv_node: Node, weight: torch.Tensor) -> bool:
     return t.rank == weight.dim()  # batched (N, C, *spatial)
 
 
-def _fold(graph: Graph, bn: Node, conv: Node, force: bool) -> Value | None:
+@attrs.frozen
+class _FoldPlan:
+    """What folding one batch norm into a conv's constants needs (checked, not yet applied)."""
+
+    w_node: Node
+    weight: torch.Tensor
+    bias: tuple[Node, torch.Tensor] | None
+    stats: dict[str, torch.Tensor]
+
+
+def _plan(graph: Graph, bn: Node, conv: Node, force: bool, weight_users: int) -> _FoldPlan | None:
+    """The fold of ``bn`` into ``conv``, or None when it must not happen. The conv's weight
+    (and bias) constants must be read by exactly ``weight_users`` nodes (1, or every call
+    site of a shared conv, which :func:`fold_shared_sites` checks)."""
     if graph.training and not force:
         return None
     op = conv.op
     assert isinstance(op, FOLDABLE) and isinstance(bn.op, BatchNorm)
     w_const = constant_of(graph, conv.operands[1])
-    if w_const is None or w_const[0].num_uses != 1:
+    if w_const is None or w_const[0].num_uses != weight_users:
         return None  # computed or shared weight: folding would change other users
     w_node, weight = w_const
     b_const = None
     if op.bias:
         b_const = constant_of(graph, conv.operands[2])
-        if b_const is None or b_const[0].num_uses != 1:
+        if b_const is None or b_const[0].num_uses != weight_users:
             return None
     stats: dict[str, torch.Tensor] = {}
     for role in bn.op.param_roles():
@@ -115,35 +133,119 @@ def _fold(graph: Graph, bn: Node, conv: Node, force: bool) -> Value | None:
         return None
     if not _channel_axis_is_1(conv, weight) or not weight.is_floating_point():
         return None
+    return _FoldPlan(w_node, weight, b_const, stats)
 
+
+def _apply_plan(graph: Graph, plan: _FoldPlan, conv_op: ConvNd | ConvTransposeNd | Linear, eps: float) -> Node:
+    """Write the folded weight and bias into the constants; returns the bias constant node."""
     new_w, new_b = fold_batch_norm(
-        op,
-        weight,
-        b_const[1] if b_const else None,
-        stats["running_mean"],
-        stats["running_var"],
-        stats.get("weight"),
-        stats.get("bias"),
-        bn.op.eps,
+        conv_op,
+        plan.weight,
+        plan.bias[1] if plan.bias else None,
+        plan.stats["running_mean"],
+        plan.stats["running_var"],
+        plan.stats.get("weight"),
+        plan.stats.get("bias"),
+        eps,
     )
+    w_node = plan.w_node
     # the weight constant node stays (same key, name, shape); only its tensor changes
-    graph.constants[w_node.op.key] = like(weight, new_w)  # type: ignore[attr-defined]
-    if b_const is not None:
-        b_node = b_const[0]
-        graph.constants[b_node.op.key] = like(b_const[1], new_b)  # type: ignore[attr-defined]
-    else:
-        wkey: str = w_node.op.key  # type: ignore[attr-defined]
-        prefix, dot, last = wkey.rpartition(".")
-        key = free_constant_key(graph, f"{prefix}{dot}bias" if last == "weight" else f"{wkey}_bias")
-        b_node = add_constant_after(graph, w_node, key, like(weight, new_b), "parameter", w_node.scope)
+    graph.constants[w_node.op.key] = like(plan.weight, new_w)  # type: ignore[attr-defined]
+    if plan.bias is not None:
+        b_node = plan.bias[0]
+        graph.constants[b_node.op.key] = like(plan.bias[1], new_b)  # type: ignore[attr-defined]
+        return b_node
+    wkey: str = w_node.op.key  # type: ignore[attr-defined]
+    prefix, dot, last = wkey.rpartition(".")
+    key = free_constant_key(graph, f"{prefix}{dot}bias" if last == "weight" else f"{wkey}_bias")
+    return add_constant_after(graph, w_node, key, like(plan.weight, new_b), "parameter", w_node.scope)
+
+
+def _fold(graph: Graph, bn: Node, conv: Node, force: bool) -> Value | None:
+    plan = _plan(graph, bn, conv, force, weight_users=1)
+    if plan is None:
+        return None
+    op = conv.op
+    assert isinstance(op, FOLDABLE) and isinstance(bn.op, BatchNorm)
+    b_node = _apply_plan(graph, plan, op, bn.op.eps)
     return rebuild(
         graph,
         conv,
         attrs.evolve(op, bias=True),
-        (conv.operands[0], w_node, b_node),
+        (conv.operands[0], plan.w_node, b_node),
         before=bn,
         fused=(FusedFrom("bn", bn.op.name, bn.name, bn.scope),),
     )
+
+
+def _shared_sites(w_node: Node) -> list[tuple[Node, Node]] | None:
+    """``[(conv, bn)]`` when every reader of ``w_node`` is a call of one conv module followed
+    by a call of one batch norm module: a conv+BN tower applied at several places (a detection
+    head on every FPN level). Else None."""
+    sites: list[tuple[Node, Node]] = []
+    for conv in w_node.users:
+        op = conv.op
+        if not isinstance(op, FOLDABLE) or op.add or op.act is not None or conv.operands[1] is not w_node:
+            return None
+        users = conv.users
+        if conv.num_uses != 1 or len(users) != 1:
+            return None
+        bn = users[0]
+        if not isinstance(bn.op, BatchNorm) or not bn.op.track_running_stats or bn.operands[0] is not conv:
+            return None
+        sites.append((conv, bn))
+    if len(sites) < 2 or w_node.num_uses != len(sites):
+        return None
+    conv0, bn0 = sites[0]
+    for conv, bn in sites[1:]:
+        # the same module: the same op, parameters and batch norm state at every call site
+        if conv.op != conv0.op or conv.operands[1:] != conv0.operands[1:] or conv.scope != conv0.scope:
+            return None
+        if bn.op != bn0.op or bn.operands[1:] != bn0.operands[1:] or bn.scope != bn0.scope:
+            return None
+    return sites
+
+
+def fold_shared_sites(graph: Graph, force: bool = False) -> int:
+    """Fold batch norms into convs called at several places, each call followed by the same
+    batch norm module (one conv+BN tower applied to every FPN level): the fold is the same
+    at every call site, so the shared weight and bias are folded once and every site becomes
+    one conv reading them. The per-node rule cannot do this (it declines shared weights).
+
+    Returns the number of call sites rewritten."""
+    rewritten = 0
+    for w_node in [n for n in graph.nodes if isinstance(n.op, Constant)]:
+        if w_node.graph is None or w_node.num_uses < 2:
+            continue
+        sites = _shared_sites(w_node)
+        if sites is None:
+            continue
+        conv0, bn0 = sites[0]
+        plan = _plan(graph, bn0, conv0, force, weight_users=len(sites))
+        if plan is None:
+            continue
+        op = conv0.op
+        assert isinstance(op, FOLDABLE) and isinstance(bn0.op, BatchNorm)
+        b_node = _apply_plan(graph, plan, op, bn0.op.eps)
+        bn_inputs = {v for v in bn0.operands[1:] if isinstance(v, Node)}
+        for conv, bn in sites:
+            new = rebuild(
+                graph,
+                conv,
+                attrs.evolve(op, bias=True),
+                (conv.operands[0], plan.w_node, b_node),
+                before=bn,
+                fused=(FusedFrom("bn", bn.op.name, bn.name, bn.scope),),
+            )
+            bn.replace_all_uses_with(new)
+            graph.erase_node(bn)
+            graph.erase_node(conv)
+            rewritten += 1
+        for c in bn_inputs:
+            if c.graph is not None and not c.num_uses:
+                graph.erase_node(c)
+        graph.prune_constants()
+    return rewritten
 
 
 def bn_pattern() -> OpPattern:
@@ -169,8 +271,10 @@ class AbsorbBatchNorm(Pass):
     force: bool = False
 
     def apply(self, ctx: PassContext, graph: Graph) -> bool:
+        shared = fold_shared_sites(graph, self.force)
         stats = apply_rewrites(graph, [absorb_bn_rule(self.force)])
         r = stats.rules["absorb-bn"]
         ctx.count("absorb-bn.matched", r.matched)
         ctx.count("absorb-bn.applied", r.applied)
-        return stats.changed
+        ctx.count("absorb-bn.shared_sites", shared)
+        return stats.changed or shared > 0

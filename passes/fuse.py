@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import attrs
 
-from passes.absorb_bn import absorb_bn_rule
+from passes.absorb_bn import absorb_bn_rule, fold_shared_sites
 from passes.base import Pass, PassContext, register_pass
 from passes.patterns import Match, OpPattern, P
 from passes.rewrite import FusedFrom, Rule, apply_rewrites, rebuild
@@ -96,9 +96,12 @@ class Fuse(Pass):
     force_bn: bool = False
 
     def apply(self, ctx: PassContext, graph: Graph) -> bool:
+        # a conv+BN called at several places folds once for all its call sites first
+        shared = fold_shared_sites(graph, self.force_bn) if self.absorb_bn else 0
+        ctx.count("fuse.absorb-bn.shared_sites", shared)
         rules = ([absorb_bn_rule(self.force_bn)] if self.absorb_bn else []) + fuse_rules()
         stats = apply_rewrites(graph, rules)
         for name, r in stats.rules.items():
             ctx.count(f"fuse.{name}.matched", r.matched)
             ctx.count(f"fuse.{name}.applied", r.applied)
-        return stats.changed
+        return stats.changed or shared > 0

@@ -232,6 +232,7 @@ def _place_fused(
     Returns the original module paths the fusion consumed (they become Identity)."""
     consumed: set[str] = set()
     renames: dict[str, str] = {}
+    remapped: set[tuple[str, str]] = set()
     for n in g.nodes:
         if not isinstance(n.op, FUSABLE):
             continue
@@ -255,15 +256,17 @@ def _place_fused(
             if isinstance(c, Node) and isinstance(c.op, Constant):
                 _rekey(c, new_prefix + role, renames)
         n.scope = path
-        record.remap.remaps.append(
-            KeyRemap(
-                conv_prefix=f"{conv_path}.",
-                new_prefix=new_prefix,
-                conv_op=n.op,
-                bn_prefix=f"{bn.scope}." if bn is not None and bn.scope else None,
-                bn_eps=_bn_eps(n, bn),
+        if (conv_path, new_prefix) not in remapped:  # a module called at several places: one remap
+            remapped.add((conv_path, new_prefix))
+            record.remap.remaps.append(
+                KeyRemap(
+                    conv_prefix=f"{conv_path}.",
+                    new_prefix=new_prefix,
+                    conv_op=n.op,
+                    bn_prefix=f"{bn.scope}." if bn is not None and bn.scope else None,
+                    bn_eps=_bn_eps(n, bn),
+                )
             )
-        )
         sources = [conv_path] + [f.scope for f in fused if f.scope and f.scope != path]
         record.sources[path] = list(dict.fromkeys(sources))
         if conv_path in module_types:

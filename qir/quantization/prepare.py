@@ -42,7 +42,7 @@ from qir.quantization.pipelines import PipelineArg, resolve_pipeline
 from qir.quantization.qat_classes import qat_class_for
 from qir.quantization.qconfig import QConfig, get_default_calib_qconfig, get_default_qat_qconfig, qconfig_kind
 from qir.quantization.qconfig_dict import QConfigSpec, parse_qconfig_dict
-from qir.quantization.shared_calls import retie_after_load, split_call_sites, tie_to
+from qir.quantization.shared_calls import call_sites, retie_after_load, split_call_sites, tie_to
 from qir.quantization.wrapped_self import follow_training
 
 __all__ = ["PREPARE_RECORD_KEY", "PrepareRecord", "prepare_qat_fx", "qat_class_for", "require_march"]
@@ -211,6 +211,42 @@ def _tie_shared_parameters(
             setattr(qat.get_submodule(parent) if parent else qat, leaf, owner)
 
 
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def check_shared_batch_norms(gm: torch.fx.GraphModule, keep_float: Collection[str] = ()) -> None:
+    """Refuse a batch norm left unfolded behind a conv called at several places.
+
+    Fusion folds a batch norm into the conv's weight; a conv shared by call sites followed by
+    *different* batch norms (one per FPN level), or by a batch norm after some calls only,
+    has no one folded weight, and the batch norm
+    alone has no quantized form, so convert would fail later with advice that does not help.
+    """
+    sites = call_sites(gm)
+    for n in gm.graph.nodes:
+        if n.op != "call_module" or str(n.target) in keep_float:
+            continue
+        if not isinstance(gm.get_submodule(str(n.target)), _BATCH_NORMS) or not n.args:
+            continue
+        src = n.args[0]
+        if not isinstance(src, torch.fx.Node) or src.op != "call_module":
+            continue
+        conv = str(src.target)
+        calls = sites.get(conv, [])
+        if len(calls) < 2:
+            continue
+        norms = [str(u.target) for c in calls for u in c.users if u.op == "call_module"]
+        raise ValueError(
+            f"module '{conv}' is called at {len(calls)} places, and what follows its calls "
+            f"({', '.join(repr(b) for b in dict.fromkeys(norms))}) is not one batch norm module after every call: "
+            "a batch norm folds into the conv's weight, "
+            f"so '{n.target}' cannot fold into a weight the other call sites share, and a batch norm alone has "
+            "no quantized form. Give each call site its own conv (copy.deepcopy), or share one batch norm "
+            "module with the conv; eager mode's fuse_conv_shared_modules copies the conv per batch norm as "
+            "the plugin does"
+        )
+
+
 def _carry_scales(src: nn.Module, dst: nn.Module) -> None:
     """Start ``dst``'s fake quants from ``src``'s (calibrated) scales; copy other matching state."""
     src_fq = {n: m for n, m in src.named_modules() if isinstance(m, FakeQuantize)}
@@ -267,6 +303,7 @@ def _prepare_float(
         pipeline=pipeline,
     )
     check_cpu_calls(gm, cpu)
+    check_shared_batch_norms(gm, cpu)
     for path, target in swapped.items():
         record.generated[path] = target
         record.sources[path] = [path]

@@ -30,17 +30,17 @@ from qir.ir.ops.nn import (
 from qir.testing.patterns import assert_pattern_maximal
 
 
-def _bn_params(g: Graph, c: int, affine: bool, gen: torch.Generator) -> list[Value]:
+def _bn_params(g: Graph, c: int, affine: bool, gen: torch.Generator, bn: str = "bn") -> list[Value]:
     out: list[Value] = []
     if affine:
         out += [
-            g.add_constant("bn.weight", torch.rand(c, generator=gen) + 0.5, scope="bn"),
-            g.add_constant("bn.bias", torch.randn(c, generator=gen), scope="bn"),
+            g.add_constant(f"{bn}.weight", torch.rand(c, generator=gen) + 0.5, scope=bn),
+            g.add_constant(f"{bn}.bias", torch.randn(c, generator=gen), scope=bn),
         ]
     out += [
-        g.add_constant("bn.running_mean", torch.randn(c, generator=gen), "buffer", scope="bn"),
-        g.add_constant("bn.running_var", torch.rand(c, generator=gen) + 0.1, "buffer", scope="bn"),
-        g.add_constant("bn.num_batches_tracked", torch.tensor(5), "buffer", scope="bn"),
+        g.add_constant(f"{bn}.running_mean", torch.randn(c, generator=gen), "buffer", scope=bn),
+        g.add_constant(f"{bn}.running_var", torch.rand(c, generator=gen) + 0.1, "buffer", scope=bn),
+        g.add_constant(f"{bn}.num_batches_tracked", torch.tensor(5), "buffer", scope=bn),
     ]
     return out
 
@@ -245,3 +245,49 @@ def test_absorb_preserves_outputs(g: Graph, seed: int) -> None:
         conv = m.node("conv")
         assert conv.operands[1].num_uses > 1 or (conv.attrs["bias"] and conv.operands[2].num_uses > 1)
     assert_pattern_maximal(bn_pattern(), g)
+
+
+def _tower(sites: int, *, bias: bool, same_bn: bool = True) -> Graph:
+    """One conv + batch norm module pair called at ``sites`` places (a head over FPN levels)."""
+    gen = torch.Generator().manual_seed(3)
+    g = Graph("m")
+    xs = [g.add_input(f"x{i}", TensorType((1, 3, 5, 5))) for i in range(sites)]
+    w = g.add_constant("conv.weight", torch.randn(4, 3, 3, 3, generator=gen), scope="conv")
+    conv_ops: list[Value] = [w]
+    if bias:
+        conv_ops.append(g.add_constant("conv.bias", torch.randn(4, generator=gen), scope="conv"))
+    stats = _bn_params(g, 4, True, gen)
+    outs: list[Value] = []
+    for i, x in enumerate(xs):
+        c = g.add_node(Conv2d(bias=bias, padding=(1, 1)), [x, *conv_ops], scope="conv", name=f"conv{i}")
+        scope = "bn"
+        if not same_bn and i == sites - 1:  # the last site has a batch norm of its own
+            scope = "last_bn"
+            stats = _bn_params(g, 4, True, gen, scope)
+        outs.append(g.add_node(BatchNorm(), [c, *stats], scope=scope, name=f"bn{i}"))
+    g.set_output(tuple(outs))
+    verify(g)
+    return g
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_conv_bn_pair_called_at_several_places_folds_once(bias: bool) -> None:
+    g = _tower(3, bias=bias)
+    xs = [torch.randn(1, 3, 5, 5) for _ in range(3)]
+    ctx = PassContext()
+    after = g.copy()
+    AbsorbBatchNorm().apply(ctx, after)
+    verify(after)
+    assert [n.op.name for n in after.nodes if n.op.name != "constant"] == ["conv2d"] * 3
+    assert sorted(after.constants) == ["conv.bias", "conv.weight"]  # one folded weight for every site
+    convs = [n for n in after.nodes if n.op.name == "conv2d"]
+    assert all(c.operands[1] is convs[0].operands[1] and c.operands[2] is convs[0].operands[2] for c in convs)
+    assert [fused_from(c)[0].scope for c in convs] == ["bn"] * 3
+    for a, b in zip(run_graph(after, *xs), run_graph(g, *xs), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_shared_conv_followed_by_different_batch_norms_does_not_fold() -> None:
+    g = _tower(2, bias=True, same_bn=False)
+    after = _absorb(g)
+    assert [n.op.name for n in after.nodes if n.op.name != "constant"].count("batch_norm") == 2

@@ -38,7 +38,10 @@ class FlowResult:
 
 
 def _flat(out: Any) -> list[torch.Tensor]:
-    return list(out) if isinstance(out, (tuple, list)) else [out]
+    """The tensors of a model's output, nested lists and tuples flattened in order."""
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _flat(o)]
+    return [out]
 
 
 def fx_flow(
