@@ -29,6 +29,7 @@ from qir.quantization.observer import (
     MovingAveragePerTensorMinMaxObserver,
     ObserverBase,
     PercentileObserver,
+    nonfinite_report,
 )
 from qir.quantization.observer_search import KLObserver, MixObserver, MSEObserver
 from qir.quantization.qconfig import (
@@ -85,6 +86,7 @@ __all__ = [
     "get_default_qat_out_qconfig",
     "get_default_qat_qconfig",
     "get_default_qconfig",
+    "nonfinite_report",
     "qconfig_kind",
     "set_fake_quantize",
 ]

@@ -34,6 +34,7 @@ from qir.quantization.observer import (
     ObserverBase,
     check_init_kwargs,
     keep_buffer_dtypes,
+    warn_nonfinite,
 )
 
 __all__ = [
@@ -391,10 +392,15 @@ def float_fake_quant_active() -> bool:
 
 
 def set_fake_quantize(model: _N, state: FakeQuantState | str) -> _N:
-    """Put every :class:`FakeQuantize` of ``model`` in ``state`` (QAT, CALIBRATION, VALIDATION), in place."""
+    """Put every :class:`FakeQuantize` of ``model`` in ``state`` (QAT, CALIBRATION, VALIDATION), in place.
+
+    Also warns, once per observer, about observers that skipped batches holding NaN or Inf
+    (:func:`~qir.quantization.observer.warn_nonfinite`).
+    """
     st = FakeQuantState.parse(state)
     for fq in _fake_quants(model):
         fq.set_state(st)
+    warn_nonfinite(model)
     return model
 
 

@@ -10,12 +10,16 @@ The hot path (``forward``) is tensor ops only, no host syncs, except
 on the host once per batch. Under ``torch.distributed`` every observer reduces its batch
 statistics across ranks (MIN/MAX, histogram SUM) so all ranks keep identical scales; each
 rank must then run the same observers in the same order, as DDP training does.
+
+A batch holding NaN or Inf never changes an observer's range (``nonfinite=``, see
+:class:`ObserverBase`): it is skipped and counted in ``nonfinite_batches``, or raises.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -27,6 +31,7 @@ from backends.common.numerics import MIN_SCALE, DTypeLike, observable_qdtype, sc
 from qir.ir.types import DType
 
 __all__ = [
+    "NONFINITE_MODES",
     "FixedScaleObserver",
     "HistogramObserver",
     "MinMaxObserver",
@@ -36,6 +41,8 @@ __all__ = [
     "MovingAveragePerTensorMinMaxObserver",
     "ObserverBase",
     "PercentileObserver",
+    "nonfinite_report",
+    "warn_nonfinite",
 ]
 
 M = TypeVar("M", bound=nn.Module)
@@ -117,6 +124,19 @@ def keep_buffer_dtypes(module: nn.Module, dtypes: Mapping[str, torch.dtype]) -> 
 _ALL_STATISTICS: set[str] = set()
 
 
+#: What an observer does with a batch holding NaN or Inf (``nonfinite=``): see :class:`ObserverBase`.
+NONFINITE_MODES = ("skip", "raise")
+
+
+def _check_nonfinite(mode: str) -> str:
+    if mode not in NONFINITE_MODES:
+        raise ValueError(
+            f"nonfinite={mode!r} is not a mode; valid: 'skip' (leave the range unchanged, count the batch, "
+            "warn once) or 'raise' (a ValueError at the batch)"
+        )
+    return mode
+
+
 def _ddp_world() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -128,11 +148,27 @@ class ObserverBase(nn.Module):
     batch (they start empty) and resized when a state dict with a different size loads.
     An observer that has seen nothing has ``min_val > max_val`` (``+inf``/``-inf``) and
     ``scale == 1``.
+
+    ``nonfinite``: what a batch holding NaN or Inf does. Its min and max would be NaN or
+    infinite and stay in a running range for good (a moving average never forgets a NaN),
+    so such a batch never updates the statistics. ``"skip"`` (the default) leaves the
+    range as it was, adds one to ``nonfinite_batches`` (a non-persistent int64 buffer:
+    checkpoints keep their keys) and warns once per observer; ``"raise"`` raises a
+    ``ValueError`` at the batch. Skip is the default because one bad batch (an augmentation
+    dividing by zero, an Inf in a label-free image) should not end a long calibration or
+    QAT run, while the count keeps it visible (:func:`nonfinite_report`,
+    ``check_qconfig``). The test costs no extra pass over the data: min and max propagate
+    NaN and Inf. Under DDP a rank's non-finite batch is left out of the cross-rank reduction,
+    so every rank still keeps the same range. The warning needs a host read of a flag: the
+    histogram observers (which read the host per batch anyway) and "raise" mode read it at
+    the batch; the min-max observers only count on the device, so QAT steps never sync, and
+    their warning comes from :func:`warn_nonfinite` (which ``set_fake_quantize`` calls).
     """
 
     min_val: torch.Tensor
     max_val: torch.Tensor
     scale: torch.Tensor
+    nonfinite_batches: torch.Tensor
     #: Buffers whose length follows the channel count.
     _sized_buffers: ClassVar[tuple[str, ...]] = ("min_val", "max_val", "scale")
     #: Buffers this observer keeps besides min/max/scale (a histogram...). Every class's are
@@ -145,12 +181,22 @@ class ObserverBase(nn.Module):
         "scale": torch.float32,
         "histogram": torch.float64,
         "hist_range": torch.float32,
+        "nonfinite_batches": torch.int64,
     }
 
     def __init__(
-        self, dtype: DTypeLike = "qint8", ch_axis: int | None = None, eps: float = MIN_SCALE, sync_ranks: bool = True
+        self,
+        dtype: DTypeLike = "qint8",
+        ch_axis: int | None = None,
+        eps: float = MIN_SCALE,
+        sync_ranks: bool = True,
+        nonfinite: str = "skip",
     ) -> None:
         super().__init__()
+        self.nonfinite = _check_nonfinite(nonfinite)
+        self._warned_nonfinite = False
+        #: whether the last batch was finite on this rank, when read on the host (None: not read)
+        self._local_finite: bool | None = None
         self.dtype: DType = observable_qdtype(dtype)
         self.qmin, self.qmax = self.dtype.qrange
         if not (eps > 0.0 and math.isfinite(eps)):
@@ -162,6 +208,7 @@ class ObserverBase(nn.Module):
         self.register_buffer("min_val", torch.full((n,), math.inf))
         self.register_buffer("max_val", torch.full((n,), -math.inf))
         self.register_buffer("scale", torch.ones(n))
+        self.register_buffer("nonfinite_batches", torch.zeros((), dtype=torch.int64), persistent=False)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -183,8 +230,13 @@ class ObserverBase(nn.Module):
 
     # -- statistics -----------------------------------------------------------------------
 
-    def _batch_min_max(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This batch's min and max (per tensor: shape (1,); per channel: (C,)), reduced over ranks."""
+    def _batch_min_max(self, x: torch.Tensor, host_check: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """This batch's min and max (per tensor: shape (1,); per channel: (C,)), reduced over ranks.
+
+        A batch holding NaN or Inf counts as empty (``+inf``, ``-inf``), which every combine
+        rule ignores (see ``nonfinite``). ``host_check``: read the finiteness flag on the host
+        whatever the device (the caller syncs anyway).
+        """
         x = x.detach()
         if x.numel() == 0:
             # Still take part in the collective (e.g. a rank with no RoIs this step): an empty
@@ -207,12 +259,48 @@ class ObserverBase(nn.Module):
             else:
                 lo, hi = x.clone(), x.clone()
         lo, hi = lo.to(torch.float32), hi.to(torch.float32)
+        if x.numel() != 0:
+            lo, hi = self._drop_nonfinite(x, lo, hi, host_check)
         if self.sync_ranks and _ddp_world():
             # One collective: MAX of (-min, max) gives MIN of min and MAX of max.
             both = torch.cat([-lo, hi])
             dist.all_reduce(both, op=dist.ReduceOp.MAX)
             lo, hi = -both[: lo.numel()], both[lo.numel() :]
         return lo, hi
+
+    def _drop_nonfinite(
+        self, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, host_check: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lo, hi)``, or an empty range when the batch holds NaN or Inf (counted; raised in "raise" mode)."""
+        # min / max propagate NaN and are infinite exactly when the batch holds an Inf, so the
+        # batch's own reductions tell, with no further pass over x.
+        finite = torch.isfinite(lo).all() & torch.isfinite(hi).all()
+        self.nonfinite_batches.add_((~finite).to(torch.int64))
+        self._local_finite = None
+        if self.nonfinite == "raise" or host_check:
+            self._local_finite = bool(finite)
+            if not self._local_finite:
+                self._on_nonfinite(x)
+        return torch.where(finite, lo, math.inf), torch.where(finite, hi, -math.inf)
+
+    def _on_nonfinite(self, x: torch.Tensor) -> None:
+        nan = int(torch.isnan(x).sum())
+        inf = int(torch.isinf(x).sum())
+        what = f"a batch of shape {tuple(x.shape)} with {nan} NaN and {inf} Inf value(s)"
+        if self.nonfinite == "raise":
+            raise ValueError(
+                f"{type(self).__name__} ({self.dtype.name}) saw {what} (nonfinite='raise'): clean the data, "
+                "or pass nonfinite='skip' to leave the range unchanged and count such batches"
+            )
+        if not self._warned_nonfinite:
+            self._warned_nonfinite = True
+            warnings.warn(
+                f"{type(self).__name__} ({self.dtype.name}) skipped {what}: its range is unchanged; "
+                "later ones are counted silently in nonfinite_batches (qir.quantization.nonfinite_report lists "
+                "them; nonfinite='raise' stops at the first)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def _ensure_size(self, n: int) -> None:
         cur = self.min_val.numel()
@@ -306,7 +394,8 @@ class ObserverBase(nn.Module):
 
     def extra_repr(self) -> str:
         axis = f", ch_axis={self.ch_axis}" if self.ch_axis is not None else ""
-        return f"dtype={self.dtype.name}{axis}"
+        mode = f", nonfinite={self.nonfinite!r}" if self.nonfinite != "skip" else ""
+        return f"dtype={self.dtype.name}{axis}{mode}"
 
 
 def _check_averaging_constant(c: float) -> float:
@@ -325,8 +414,9 @@ class _MovingAverage(ObserverBase):
         ch_axis: int | None = None,
         eps: float = MIN_SCALE,
         sync_ranks: bool = True,
+        nonfinite: str = "skip",
     ) -> None:
-        super().__init__(dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks)
+        super().__init__(dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks, nonfinite=nonfinite)
         self.averaging_constant = _check_averaging_constant(averaging_constant)
 
     def _combine(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
@@ -357,9 +447,12 @@ class MovingAveragePerTensorMinMaxObserver(_MovingAverage):
         ch_axis: int | None = None,
         eps: float = MIN_SCALE,
         sync_ranks: bool = True,
+        nonfinite: str = "skip",
     ) -> None:
         del ch_axis  # per tensor by construction
-        super().__init__(averaging_constant, dtype=dtype, ch_axis=None, eps=eps, sync_ranks=sync_ranks)
+        super().__init__(
+            averaging_constant, dtype=dtype, ch_axis=None, eps=eps, sync_ranks=sync_ranks, nonfinite=nonfinite
+        )
 
 
 class MovingAveragePerChannelMinMaxObserver(_MovingAverage):
@@ -372,19 +465,27 @@ class MovingAveragePerChannelMinMaxObserver(_MovingAverage):
         ch_axis: int = 0,
         eps: float = MIN_SCALE,
         sync_ranks: bool = True,
+        nonfinite: str = "skip",
     ) -> None:
         if ch_axis is None:
             raise ValueError("MovingAveragePerChannelMinMaxObserver needs an integer ch_axis (weights use 0)")
-        super().__init__(averaging_constant, dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks)
+        super().__init__(
+            averaging_constant, dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks, nonfinite=nonfinite
+        )
 
 
 class MinMaxObserver(ObserverBase):
     """Running min and max over every batch seen; per tensor (``ch_axis=None``) or per channel."""
 
     def __init__(
-        self, dtype: DTypeLike = "qint8", ch_axis: int | None = None, eps: float = MIN_SCALE, sync_ranks: bool = True
+        self,
+        dtype: DTypeLike = "qint8",
+        ch_axis: int | None = None,
+        eps: float = MIN_SCALE,
+        sync_ranks: bool = True,
+        nonfinite: str = "skip",
     ) -> None:
-        super().__init__(dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks)
+        super().__init__(dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks, nonfinite=nonfinite)
 
     def _combine(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
         self.min_val.copy_(torch.minimum(self.min_val, lo))
@@ -413,9 +514,10 @@ class HistogramObserver(ObserverBase):
         ch_axis: int | None = None,
         eps: float = MIN_SCALE,
         sync_ranks: bool = True,
+        nonfinite: str = "skip",
     ) -> None:
         del ch_axis
-        super().__init__(dtype=dtype, ch_axis=None, eps=eps, sync_ranks=sync_ranks)
+        super().__init__(dtype=dtype, ch_axis=None, eps=eps, sync_ranks=sync_ranks, nonfinite=nonfinite)
         if bins < 2 or bins % 2:
             raise ValueError(f"bins must be an even number >= 2 (the range grows by merging pairs), got {bins}")
         self.bins = int(bins)
@@ -427,8 +529,8 @@ class HistogramObserver(ObserverBase):
         self.max_val.copy_(torch.maximum(self.max_val, hi))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lo, hi = self._batch_min_max(x)  # already reduced across ranks: identical ranges everywhere
-        if bool(lo > hi):  # empty on every rank
+        lo, hi = self._batch_min_max(x, host_check=True)  # reduced across ranks: identical ranges everywhere
+        if bool(lo > hi):  # empty (or non-finite) on every rank
             return x
         self._combine(lo, hi)
         batch_amax = float(torch.maximum(-lo, hi).clamp_min(0.0))
@@ -440,7 +542,10 @@ class HistogramObserver(ObserverBase):
             self.histogram.copy_(torch.cat([merged, torch.zeros_like(merged)]))
             rng *= 2.0
         self.hist_range.fill_(rng)
-        h = torch.histc(x.detach().abs().to(torch.float32), bins=self.bins, min=0.0, max=rng).to(torch.float64)
+        if self._local_finite is False:  # this rank's batch was skipped; the others' still count
+            h = torch.zeros_like(self.histogram)
+        else:
+            h = torch.histc(x.detach().abs().to(torch.float32), bins=self.bins, min=0.0, max=rng).to(torch.float64)
         if self.sync_ranks and _ddp_world():
             dist.all_reduce(h, op=dist.ReduceOp.SUM)
         self.histogram.add_(h)
@@ -489,10 +594,11 @@ class PercentileObserver(HistogramObserver):
         ch_axis: int | None = None,
         eps: float = MIN_SCALE,
         sync_ranks: bool = True,
+        nonfinite: str = "skip",
     ) -> None:
         if not 0.0 < percentile <= 100.0:
             raise ValueError(f"percentile must be in (0, 100], got {percentile}")
-        super().__init__(bins=bins, dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks)
+        super().__init__(bins=bins, dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks, nonfinite=nonfinite)
         self.percentile = float(percentile)
 
     def _amax_from_histogram(self) -> torch.Tensor:
@@ -515,9 +621,10 @@ class FixedScaleObserver(ObserverBase):
         ch_axis: int | None = None,
         eps: float = MIN_SCALE,
         sync_ranks: bool = True,
+        nonfinite: str = "skip",
     ) -> None:
         del ch_axis
-        super().__init__(dtype=dtype, ch_axis=None, eps=eps, sync_ranks=sync_ranks)
+        super().__init__(dtype=dtype, ch_axis=None, eps=eps, sync_ranks=sync_ranks, nonfinite=nonfinite)
         value = float(scale.detach().reshape(-1)[0]) if isinstance(scale, torch.Tensor) else float(scale)
         if isinstance(scale, torch.Tensor) and scale.numel() != 1:
             raise ValueError(f"a fixed scale is per tensor: one value, got {scale.numel()}")
@@ -536,3 +643,45 @@ class FixedScaleObserver(ObserverBase):
 
 #: The plugin's name for the per-tensor moving-average observer.
 MovingAverageMinMaxObserver = MovingAveragePerTensorMinMaxObserver
+
+
+def warn_nonfinite(model: nn.Module) -> None:
+    """One warning naming the observers of ``model`` that skipped non-finite batches and have not said so.
+
+    Each observer warns once in its life (here or at the batch); ``set_fake_quantize`` calls
+    this, so switching a model to validation after calibration or QAT tells. One host read
+    per observer.
+    """
+    quiet = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, ObserverBase) and not mod._warned_nonfinite:
+            n = int(mod.nonfinite_batches)
+            if n:
+                mod._warned_nonfinite = True
+                quiet[name or type(mod).__name__] = n
+    if quiet:
+        listed = ", ".join(f"{k} ({v})" for k, v in quiet.items())
+        warnings.warn(
+            f"{len(quiet)} observer(s) skipped batches holding NaN or Inf, their ranges unchanged: {listed}; "
+            "qir.quantization.nonfinite_report lists them, nonfinite='raise' stops at the first",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def nonfinite_report(model: nn.Module) -> dict[str, int]:
+    """Observers of ``model`` that skipped batches holding NaN or Inf: ``{module path: batches}``.
+
+    Reads each observer's ``nonfinite_batches`` counter (one host read each); observers that
+    skipped nothing are left out, so an empty dict means every batch seen was finite. The
+    counters are not saved in state dicts: they describe this process's data.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"nonfinite_report needs an nn.Module, got {type(model).__name__}")
+    out = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, ObserverBase):
+            n = int(mod.nonfinite_batches)
+            if n:
+                out[name] = n
+    return out

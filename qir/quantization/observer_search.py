@@ -164,6 +164,7 @@ class MixObserver(HistogramObserver):
         ch_axis: int | None = None,
         eps: float = MIN_SCALE,
         sync_ranks: bool = True,
+        nonfinite: str = "skip",
     ) -> None:
         methods = tuple(methods)
         bad = [m for m in methods if m not in MIX_METHODS]
@@ -171,7 +172,7 @@ class MixObserver(HistogramObserver):
             raise ValueError(f"MixObserver methods must be a non-empty subset of {MIX_METHODS}, got {methods}")
         if not 0.0 < percentile <= 100.0:
             raise ValueError(f"percentile must be in (0, 100], got {percentile}")
-        super().__init__(bins=bins, dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks)
+        super().__init__(bins=bins, dtype=dtype, ch_axis=ch_axis, eps=eps, sync_ranks=sync_ranks, nonfinite=nonfinite)
         self.methods = methods
         self.percentile = float(percentile)
         self.choice: str | None = None

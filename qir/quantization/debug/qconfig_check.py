@@ -8,7 +8,10 @@ Findings (each names the node or module, and the fix):
 - ``float-fallback``: a module left as a torch float module (no QAT form, or qconfig None);
 - ``illegal-qconfig``: the trial conversion refuses a layer's qconfig on the march (e.g. a
   qint16 output the march cannot produce);
-- ``illegal-op``: ``check_model`` on the converted model finds a rule the table breaks.
+- ``illegal-op``: ``check_model`` on the converted model finds a rule the table breaks;
+- ``non-finite``: an observer of a prepared model skipped batches holding NaN or Inf
+  (:func:`~qir.quantization.observer.nonfinite_report`): its range comes from the other
+  batches only; find the bad data.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from torch import fx, nn
 from qir.quantization.debug.sensitivity import quantized_layers
 from qir.quantization.debug.taps import as_inputs, frozen, model_stage
 from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.observer import nonfinite_report
 from qir.quantization.qat_classes import qat_class_for
 
 __all__ = ["Finding", "QConfigReport", "check_qconfig"]
@@ -162,6 +166,19 @@ def _graph_findings(model: fx.GraphModule) -> list[Finding]:
     return out
 
 
+def _nonfinite_findings(model: nn.Module) -> list[Finding]:
+    return [
+        Finding(
+            "non-finite",
+            name,
+            f"skipped {n} batch(es) holding NaN or Inf, so its range comes from the other batches only; "
+            "find the bad inputs (qir.quantization.debug.find_bad_case, or torch.isfinite on the data), or set "
+            "nonfinite='raise' in the qconfig's observer arguments to stop at the first",
+        )
+        for name, n in nonfinite_report(model).items()
+    ]
+
+
 def _trial_conversion(model: nn.Module, args: tuple[Any, ...], march: str) -> list[Finding]:
     from qir.march import march_scope
     from qir.quantization import check_model, convert_fx, set_fake_quantize
@@ -224,6 +241,7 @@ def check_qconfig(
     if qconfig_dict is not None:
         report.findings += _shared(_float_call_counts(model, args), prepared)
     report.findings += _graph_findings(prepared)
+    report.findings += _nonfinite_findings(prepared)
     report.findings += _trial_conversion(prepared, args, march_name)
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
