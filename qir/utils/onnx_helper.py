@@ -24,8 +24,13 @@ from torch import nn
 from qir.ir.types import DType
 from qir.quantization.fake_quantize import FakeQuantize, float_fake_quant
 from qir.utils.onnx.model_copy import export_copy
+from qir.utils.onnx.ort_layout import ort_fusable_layout
 
-__all__ = ["DEFAULT_OPSET", "MIN_OPSET", "export_to_onnx"]
+__all__ = ["DEFAULT_OPSET", "LAYOUTS", "MIN_OPSET", "export_to_onnx"]
+
+#: ``qdq_layout`` values: "fake_quant" (default) writes one Q/DQ pair per fake quant, as the model
+#: has them; "onnxruntime" rewrites them into what onnxruntime fuses into integer kernels.
+LAYOUTS = ("fake_quant", "onnxruntime")
 
 #: The lowest opset with int16 QuantizeLinear/DequantizeLinear (int8 alone works from MIN_OPSET).
 DEFAULT_OPSET = 21
@@ -195,6 +200,7 @@ def export_to_onnx(
     keep_initializers_as_inputs: bool | None = None,
     custom_opsets: Mapping[str, int] | None = None,
     enable_onnx_checker: bool = True,
+    qdq_layout: str = "fake_quant",
 ) -> None:
     """Export a float, calibration or QAT ``model`` to ONNX at ``f`` (a path or a binary file object).
 
@@ -209,6 +215,12 @@ def export_to_onnx(
     onnxscript's graph optimizer (fake-quant pairs are kept). ``training`` must be None/EVAL,
     ``operator_export_type`` None/ONNX/ONNX_FALLTHROUGH, ``custom_opsets`` empty.
     ``enable_onnx_checker`` runs ``onnx.checker.check_model`` on the result.
+
+    ``qdq_layout="fake_quant"`` (the default) writes each fake quant as its own Q/DQ pair.
+    ``qdq_layout="onnxruntime"`` stores weights as int8 initializers and conv / linear biases as
+    int32 at ``s_in * s_w`` (qir's integer bias), and places Q/DQ so onnxruntime fuses convs and
+    adds into ``QLinearConv`` / ``QLinearAdd``. It computes what qir's converted model computes
+    except at a fused conv + add, which gets one extra rounding (docs/onnx.md).
     """
     _require_onnx()
     import onnx
@@ -216,6 +228,8 @@ def export_to_onnx(
     if not isinstance(model, nn.Module):
         raise TypeError(f"export_to_onnx needs an nn.Module, got {type(model).__name__}")
     _check_mode_args(training, operator_export_type, custom_opsets)
+    if qdq_layout not in LAYOUTS:
+        raise ValueError(f"qdq_layout={qdq_layout!r} is not one of {', '.join(map(repr, LAYOUTS))}")
     opset = _check_opset_args(opset_version, model)
     pos, kwargs = _split_args(args)
     dup = export_copy(model, pos, kwargs)
@@ -243,6 +257,8 @@ def export_to_onnx(
             f"torch's ONNX exporter could not convert this model to opset {opset} (it stayed at {got}); "
             f"use opset_version >= 18"
         )
+    if qdq_layout == "onnxruntime":
+        ort_fusable_layout(program.model)
     _strip_default_attributes(program.model)
     path = _save(program, f, export_params, bool(keep_initializers_as_inputs))
     if enable_onnx_checker:
