@@ -4,8 +4,9 @@ then bias, requantization (optionally fused with an add), and the ReLU / ReLU6 c
 Engines (chosen per layer by the lowering, docs/backends.md "Kernel choices"):
 
 * ``int_mm`` / ``int_mm_t``: int8 im2col (NHWC, K padded to a multiple of 8) times the
-  int8 weight with ``torch._int_mm`` (int32 accumulation, exact while |acc| < 2**31); ``_t``
-  keeps the weight column-major.
+  int8 weight with int32 accumulation (exact while |acc| < 2**31): on CPUs with AVX-512 VNNI
+  the native product with the requantization fused (``native.c`` ``qir_gemm_vnni``), else
+  ``torch._int_mm`` (``_t`` keeps the weight column-major) then one native requantization pass.
 * ``dw``: depthwise conv (one int8 filter per channel) with int32 accumulation and the
   requantization fused, one native pass (``native.c``); without the native library, float32
   (exact: the lowering offers it only for ``kh * kw <= 1024``, so every sum stays below 2**24).
@@ -17,6 +18,7 @@ Engines (chosen per layer by the lowering, docs/backends.md "Kernel choices"):
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +71,7 @@ class ConvState:
     k: int  # unpadded reduction length (int_mm)
     n: int  # output channels
     fused: FusedRequant | None = None  # the one-pass native requantization, where it applies
+    vnni: tuple[torch.Tensor, torch.Tensor] | None = None  # native.pack_vnni's panels and column sums
     spaces: dict[tuple[int, tuple[int, ...]], torch.Tensor] = field(default_factory=dict)
     outs: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = field(default_factory=dict)
 
@@ -281,6 +284,10 @@ def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> ConvState
         add_rq = RequantF64(torch.tensor(int(a["add_multiplier"])), torch.tensor(int(a["add_shift"])))
     rq = RequantF64(consts[inst.consts["multiplier"]], consts[inst.consts["shift"]])
     scale, half = (rq.scale, rq.half) if rq.scale.numel() == c_out else (rq.scale.expand(c_out), rq.half.expand(c_out))
+    fused = _fused_requant(inst, consts, c_out) if engine in ("dw", "int_mm", "int_mm_t") else None
+    vnni = None
+    if fused is not None and engine in ("int_mm", "int_mm_t") and native.has_vnni():
+        vnni = native.pack_vnni(weight[:k, :c_out], int(weight.shape[0]))
     return ConvState(
         weight=weight,
         bias=bias.to(torch.float64) if a.get("requant", "f64") == "f64" else bias,
@@ -291,7 +298,8 @@ def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> ConvState
         chunks=chunks,
         k=k,
         n=c_out,
-        fused=_fused_requant(inst, consts, c_out) if engine in ("dw", "int_mm", "int_mm_t") else None,
+        fused=fused,
+        vnni=vnni,
     )
 
 
@@ -378,6 +386,101 @@ def _acc_conv2d(x: torch.Tensor, st: ConvState, a: Mapping[str, Any]) -> torch.T
         return total.permute(0, 2, 3, 1)
     y = F.conv2d(x.to(torch.float64), st.weight, None, stride, padding, dilation, groups)
     return y.permute(0, 2, 3, 1)
+
+
+def _epilogue(fr: FusedRequant, m: int, addend: torch.Tensor | None, out: torch.Tensor) -> Any:
+    """``native.Epilogue`` for ``m`` rows of ``fr``'s requantization into ``out``; checks every size
+    the C side will index with (each per-channel array holds ``fr.n`` values, ``out`` and the
+    addend (m, n)), and returns the structure with the tensors it points into (keep both alive)."""
+    n = fr.n
+    arrays = (fr.scale, fr.offset, fr.lo, fr.hi, fr.bias, fr.mult, fr.half, fr.shift, fr.lo_i, fr.hi_i)
+    assert all(t.is_contiguous() and t.numel() == n for t in arrays), "per-channel requantization arrays"
+    if out.shape != (m, n) or out.dtype != fr.out_dtype or not out.is_contiguous():
+        raise ValueError(f"native requantization: output must be contiguous {fr.out_dtype} ({m}, {n})")
+    p = native.ptr
+    e = native.Epilogue(kind=1, out_bits=8 if fr.out_dtype == torch.int8 else 16, n=n, out=p(out))
+    e.scale, e.offset, e.lo, e.hi = p(fr.scale), p(fr.offset), p(fr.lo), p(fr.hi)
+    if fr.add is not None:
+        if addend is None or addend.dtype not in (torch.int8, torch.int16):
+            raise TypeError(f"fused add: addend codes must be int8 or int16, got {getattr(addend, 'dtype', None)}")
+        addend = addend.reshape(m, n).contiguous()
+        e.kind, e.add_bits, e.addend = 2, 8 if addend.dtype == torch.int8 else 16, p(addend)
+        e.bias, e.mult, e.half, e.shift = p(fr.bias), p(fr.mult), p(fr.half), p(fr.shift)
+        e.add_mult, e.add_half, e.add_shift, e.p = fr.add
+        e.lo_i, e.hi_i = p(fr.lo_i), p(fr.hi_i)
+    return e, addend
+
+
+def _gemm_vnni(a: torch.Tensor, m: int, st: ConvState, addend: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    """Codes (m, n) = requantize(a[:m] @ w) in one native pass (``qir_gemm_vnni``): ``a`` int8 with
+    contiguous rows of at least the packed reduction length; writes ``out``."""
+    assert st.vnni is not None and st.fused is not None
+    panels, comp = st.vnni
+    nblocks, kq = int(panels.shape[0]), int(panels.shape[1])
+    # the sizes qir_gemm_vnni indexes with: a[i * lda + 4 kq - 1] for i < m, panels and comp whole
+    if a.dtype != torch.int8 or a.dim() != 2 or a.stride(1) != 1 or a.shape[0] < m or a.shape[1] < 4 * kq:
+        raise ValueError(
+            f"int8 matrix product: the columns must be int8 (>= {m}, >= {4 * kq}) with contiguous rows, "
+            f"got {a.dtype} {tuple(a.shape)}"
+        )
+    assert a.stride(0) >= 4 * kq and panels.is_contiguous() and panels.shape[2:] == (16, 4)
+    assert comp.is_contiguous() and comp.numel() == nblocks * 16 and st.fused.n <= nblocks * 16
+    lib = st.fused.lib
+    e, keep = _epilogue(st.fused, m, addend, out)
+    p = native.ptr
+    args = (p(a), int(a.stride(0)), p(panels), kq, nblocks, p(comp), ctypes.byref(e))
+
+    def rows(r0: int, r1: int) -> None:
+        if lib.qir_gemm_vnni(*args, r0, r1) != 0:
+            raise MemoryError("int8 matrix product: out of memory for a chunk of accumulators")
+
+    native.run_rows(rows, m, m * st.n * max(1, kq // 16))
+    del keep
+    return out
+
+
+def _conv_vnni(x: torch.Tensor, st: ConvState, a: Mapping[str, Any], addend: torch.Tensor | None) -> torch.Tensor:
+    """The int8 conv with the requantization fused, one native pass per chunk of output pixels
+    (``qir_conv_vnni``: im2col into a cached buffer, VNNI product, epilogue); 1x1 stride-1 convs
+    multiply the NHWC codes in place. Returns codes (N, OH, OW, C_out) in ``st``'s output buffer."""
+    assert st.vnni is not None and st.fused is not None
+    if x.dtype != torch.int8 or x.dim() != 4:
+        raise TypeError(f"int8 conv: input codes must be int8 (N, C, H, W), got {x.dtype} {tuple(x.shape)}")
+    kh, kw = int(a["kernel_size"][0]), int(a["kernel_size"][1])
+    nb, c, h, w = (int(d) for d in x.shape)
+    if c * kh * kw != st.k:
+        raise ValueError(
+            f"conv input has {c} channels, the layer {st.k // (kh * kw)}: "
+            "pass the input shape the model was compiled for"
+        )
+    (sh, sw), (ph, pw), (dh, dw) = a["stride"], a["padding"], a["dilation"]
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if oh < 1 or ow < 1:
+        raise ValueError(f"conv: input {h}x{w} is smaller than the {kh}x{kw} kernel's reach")
+    m = nb * oh * ow
+    xh = x.permute(0, 2, 3, 1).contiguous()  # free when x already lives in NHWC (the previous conv's output)
+    out = st.output((m, st.n), st.fused.out_dtype)
+    panels, comp = st.vnni
+    nblocks, kq = int(panels.shape[0]), int(panels.shape[1])
+    if kh == kw == 1 and sh == sw == 1 and ph == pw == 0 and c == 4 * kq:
+        return _gemm_vnni(xh.view(m, c), m, st, addend, out).view(nb, oh, ow, st.n)
+    # qir_conv_vnni reads x[n][yi][xi][0:c] for n < nb and (yi, xi) it checks against (h, w), and writes
+    # kh * kw * c column bytes per row of 4 kq: both bounded here
+    assert xh.is_contiguous() and xh.numel() == nb * h * w * c and st.k <= 4 * kq
+    assert panels.is_contiguous() and comp.numel() == nblocks * 16 and st.fused.n <= nblocks * 16
+    lib = st.fused.lib
+    e, keep = _epilogue(st.fused, m, addend, out)
+    p = native.ptr
+    args = (p(xh), h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, p(panels), kq, nblocks, p(comp), ctypes.byref(e))
+
+    def rows(r0: int, r1: int) -> None:
+        if lib.qir_conv_vnni(*args, r0, r1) != 0:
+            raise MemoryError("int8 conv: out of memory for a chunk of columns and accumulators")
+
+    native.run_rows(rows, m, m * st.n * max(1, kq // 16))
+    del keep
+    return out.view(nb, oh, ow, st.n)
 
 
 def _dw_native(
@@ -580,6 +683,9 @@ def conv2d(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
     x = args[0]
     if inst.attrs["engine"] == "dw" and st.fused is not None:
         return [_dw_native(x, st.weight, st.fused, inst.attrs, st).permute(0, 3, 1, 2)]
+    if st.vnni is not None and st.fused is not None:
+        addend = args[1].permute(0, 2, 3, 1) if len(args) > 1 else None
+        return [_conv_vnni(x, st, inst.attrs, addend).permute(0, 3, 1, 2)]
     acc = _acc_conv2d(x, st, inst.attrs)
     addend = args[1].permute(0, 2, 3, 1) if len(args) > 1 else None
     if st.fused is not None:
@@ -637,6 +743,10 @@ def linear(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
             buf[:m, : x2.shape[1]] = x2
             x2 = buf
         x2 = x2.contiguous()
+        if st.vnni is not None and st.fused is not None:
+            addend = args[1].reshape(m, st.n) if len(args) > 1 else None
+            out = _gemm_vnni(x2, m, st, addend, st.output((m, st.n), st.fused.out_dtype))
+            return [out.reshape(*lead, st.n)]
         acc = torch._int_mm(x2, st.weight, out=scratch(("acc",), (x2.shape[0], st.weight.shape[1]), torch.int32))
         acc = acc[:m, : st.n]
         if st.fused is not None:

@@ -11,6 +11,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define QIR_VNNI 1
+#else
+#define QIR_VNNI 0
+#endif
+
+/* What this build holds: bit 0 = the AVX-512 VNNI matrix product (qir_gemm_vnni). */
+int qir_caps(void) { return QIR_VNNI; }
+
 #define CLAMP(v, lo, hi) ((v) < (lo) ? (lo) : ((v) > (hi) ? (hi) : (v)))
 
 /* out[r, c] = clamp(((acc[r, c] + bias[c]) * mult[c] + 2**(shift[c]-1)) >> shift[c], lo[c], hi[c]),
@@ -109,27 +119,309 @@ FUSED_ADD_ROWS(qir_fused_add_rows_i16_i16, int16_t, int16_t)
 DW_ROWS(qir_dw_rows_i8, int8_t)
 DW_ROWS(qir_dw_rows_i16, int16_t)
 
-/* im2col for the int8 matrix-product conv: NHWC x -> cols[(n, oy, ox), (i, j, c)], zero where the
- * window reaches into the padding; row stride ldc (>= KH*KW*C; the columns past that are left as
- * they are). Rows of this call are (n, oy) pairs. */
+/* Copy n int8 codes (n small: one window row of a conv), each xor'ed with flip (0, or 0x80 for the
+ * unsigned operand of the VNNI product: a + 128). */
+static inline void copy_codes(int8_t *restrict dst, const int8_t *restrict src, int64_t n, uint8_t flip) {
+#if QIR_VNNI
+    /* masked loads and stores touch only the bytes the mask selects: no read past src + n */
+    const __m512i f = _mm512_set1_epi8((char)flip);
+    while (n > 0) {
+        const int64_t k = n < 64 ? n : 64;
+        const __mmask64 m = k == 64 ? ~(__mmask64)0 : (((__mmask64)1 << k) - 1);
+        _mm512_mask_storeu_epi8(dst, m, _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, src), f));
+        dst += k, src += k, n -= k;
+    }
+#else
+    for (int64_t t = 0; t < n; ++t) dst[t] = (int8_t)((uint8_t)src[t] ^ flip);
+#endif
+}
+
+/* The geometry of a conv over NHWC codes (one struct so the per-pixel helpers take one argument). */
+typedef struct {
+    int64_t h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow;
+} qir_geom;
+
+/* One im2col row: output pixel m = (n, oy, ox) -> dst[(i, j, c)] (KH*KW*C codes xor flip), zero (xor
+ * flip) where the window reaches into the padding. Reads only x[n][yi][xi][:] with (yi, xi) inside
+ * [0, h) x [0, w). */
+static inline void im2col_pixel(const int8_t *restrict x, const qir_geom *g, int64_t m, int8_t *restrict dst,
+                                uint8_t flip) {
+    const int64_t c = g->c, w = g->w, kw = g->kw;
+    const int64_t b = m / (g->oh * g->ow), rem = m % (g->oh * g->ow);
+    const int64_t y = rem / g->ow, xo = rem % g->ow;
+    const int8_t *xb = x + b * g->h * w * c;
+    const int64_t x0 = xo * g->sw - g->pw;
+    for (int64_t i = 0; i < g->kh; ++i, dst += kw * c) {
+        const int64_t yi = y * g->sh - g->ph + i * g->dh;
+        if (yi < 0 || yi >= g->h) {
+            memset(dst, flip, (size_t)(kw * c));
+            continue;
+        }
+        const int8_t *row = xb + yi * w * c;
+        if (g->dw == 1) {
+            /* the window row [x0, x0 + kw) is contiguous in NHWC: one copy of its inside part */
+            const int64_t j0 = x0 < 0 ? (-x0 < kw ? -x0 : kw) : 0;
+            const int64_t j1 = w - x0 < kw ? (w - x0 > j0 ? w - x0 : j0) : kw;
+            if (j0 > 0) memset(dst, flip, (size_t)(j0 * c));
+            if (j1 > j0) copy_codes(dst + j0 * c, row + (x0 + j0) * c, (j1 - j0) * c, flip);
+            if (j1 < kw) memset(dst + j1 * c, flip, (size_t)((kw - j1) * c));
+            continue;
+        }
+        for (int64_t j = 0; j < kw; ++j) {
+            const int64_t xi = x0 + j * g->dw;
+            if (xi < 0 || xi >= w)
+                memset(dst + j * c, flip, (size_t)c);
+            else
+                copy_codes(dst + j * c, row + xi * c, c, flip);
+        }
+    }
+}
+
+/* im2col for the int8 matrix-product conv: NHWC x -> cols[(n, oy, ox), (i, j, c)]; row stride ldc
+ * (>= KH*KW*C; the columns past that are left as they are). Rows of this call are (n, oy) pairs:
+ * writes stay inside rows [r0 * ow, r1 * ow) of cols. */
 void qir_im2col_i8(const int8_t *restrict x, int64_t h, int64_t w, int64_t c, int64_t kh, int64_t kw,
                    int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t oh,
                    int64_t ow, int8_t *restrict cols, int64_t ldc, int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-        const int64_t b = r / oh, y = r % oh;
-        const int8_t *xb = x + b * h * w * c;
-        for (int64_t xo = 0; xo < ow; ++xo) {
-            int8_t *dst = cols + (r * ow + xo) * ldc;
-            for (int64_t i = 0; i < kh; ++i) {
-                const int64_t yi = y * sh - ph + i * dh;
-                for (int64_t j = 0; j < kw; ++j, dst += c) {
-                    const int64_t xi = xo * sw - pw + j * dw;
-                    if (yi < 0 || yi >= h || xi < 0 || xi >= w)
-                        memset(dst, 0, (size_t)c);
-                    else
-                        memcpy(dst, xb + (yi * w + xi) * c, (size_t)c);
-                }
+    const qir_geom g = {h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow};
+    for (int64_t m = r0 * ow; m < r1 * ow; ++m) im2col_pixel(x, &g, m, cols + m * ldc, 0);
+}
+
+/* Max pool on NHWC codes: out[n, oy, ox, c] = max over the window's positions inside the input
+ * (padding never wins, as in torch). Rows of this call are (n, oy) pairs; the caller checks that
+ * every window holds at least one input position (torch's padding <= kernel / 2 rule). */
+#define MAXPOOL_ROWS(NAME, T)                                                                            \
+    void NAME(const T *restrict x, int64_t h, int64_t w, int64_t c, int64_t kh, int64_t kw, int64_t sh, \
+              int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t oh, int64_t ow,        \
+              T *restrict out, int64_t r0, int64_t r1) {                                                 \
+        for (int64_t r = r0; r < r1; ++r) {                                                              \
+            const int64_t b = r / oh, y = r % oh;                                                        \
+            const T *xb = x + b * h * w * c;                                                             \
+            for (int64_t xo = 0; xo < ow; ++xo) {                                                        \
+                T *o = out + (r * ow + xo) * c;                                                          \
+                int first = 1;                                                                           \
+                for (int64_t i = 0; i < kh; ++i) {                                                       \
+                    const int64_t yi = y * sh - ph + i * dh;                                             \
+                    if (yi < 0 || yi >= h) continue;                                                     \
+                    for (int64_t j = 0; j < kw; ++j) {                                                   \
+                        const int64_t xi = xo * sw - pw + j * dw;                                        \
+                        if (xi < 0 || xi >= w) continue;                                                 \
+                        const T *px = xb + (yi * w + xi) * c;                                            \
+                        if (first) {                                                                     \
+                            for (int64_t k = 0; k < c; ++k) o[k] = px[k];                                \
+                            first = 0;                                                                   \
+                        } else {                                                                         \
+                            for (int64_t k = 0; k < c; ++k) o[k] = px[k] > o[k] ? px[k] : o[k];          \
+                        }                                                                                \
+                    }                                                                                    \
+                }                                                                                        \
+                if (first)                                                                               \
+                    for (int64_t k = 0; k < c; ++k) o[k] = 0; /* unreachable under the caller's check */ \
+            }                                                                                            \
+        }                                                                                                \
+    }
+
+MAXPOOL_ROWS(qir_maxpool_rows_i8, int8_t)
+MAXPOOL_ROWS(qir_maxpool_rows_i16, int16_t)
+
+/* What follows the int32 accumulator of qir_gemm_vnni, per chunk of rows (see native.py's Epilogue). */
+typedef struct {
+    int64_t kind; /* 1: requantize (qir_requant_rows_*), 2: the fused conv + add (qir_fused_add_rows_*) */
+    int64_t out_bits, add_bits; /* 8 or 16 */
+    int64_t n;                  /* output channels */
+    const double *scale, *offset, *lo, *hi;
+    const void *addend;
+    const int64_t *bias, *mult, *half, *shift;
+    int64_t add_mult, add_half, add_shift, p;
+    const int64_t *lo_i, *hi_i;
+    void *out;
+} qir_epilogue;
+
+static void epilogue_rows(const qir_epilogue *e, const int32_t *acc, int64_t lda, int64_t m0, int64_t m1) {
+    const int64_t n = e->n, rows = m1 - m0;
+    char *out = (char *)e->out + m0 * n * (e->out_bits / 8);
+    if (e->kind == 1) {
+        if (e->out_bits == 8)
+            qir_requant_rows_i8(acc, lda, n, e->scale, e->offset, e->lo, e->hi, (int8_t *)out, 0, rows);
+        else
+            qir_requant_rows_i16(acc, lda, n, e->scale, e->offset, e->lo, e->hi, (int16_t *)out, 0, rows);
+        return;
+    }
+    const char *add = (const char *)e->addend + m0 * n * (e->add_bits / 8);
+#define QIR_FA(F, AT, OT)                                                                                 \
+    F(acc, lda, n, (const AT *)add, e->bias, e->mult, e->half, e->shift, e->add_mult, e->add_half, e->add_shift, \
+      e->p, e->lo_i, e->hi_i, (OT *)out, 0, rows)
+    if (e->add_bits == 8 && e->out_bits == 8) QIR_FA(qir_fused_add_rows_i8_i8, int8_t, int8_t);
+    else if (e->add_bits == 8) QIR_FA(qir_fused_add_rows_i8_i16, int8_t, int16_t);
+    else if (e->out_bits == 8) QIR_FA(qir_fused_add_rows_i16_i8, int16_t, int8_t);
+    else QIR_FA(qir_fused_add_rows_i16_i16, int16_t, int16_t);
+#undef QIR_FA
+}
+
+#if QIR_VNNI
+/* One tile of the int8 matrix product: MR rows of a times NB panels of 16 columns, over the whole
+ * reduction (kq groups of 4). vpdpbusd multiplies unsigned by signed bytes, so a holds each code
+ * flipped to a + 128 (xor 0x80, done by the caller's copy into its chunk buffer) and 128 * sum_k b[k, n]
+ * (comp) is subtracted at the end: exact in int32 arithmetic modulo 2**32, so exact whenever the
+ * true sum fits int32 (the lowering's bound).
+ * Reads a[i * lda + 4q + t] (t < 4, q < kq: the caller checks lda >= 4 kq) and bp[(j kq + q) 64 + 0..63]. */
+/* acc += a (unsigned bytes) . b (signed bytes), four per int32 lane. Inline asm rather than
+ * _mm512_dpbusd_epi32: gcc 12 copies the intrinsic's accumulator through a spare register on every
+ * call and then spills the 24 accumulators of a tile to the stack (three times slower). */
+#define QIR_DPBUSD(acc, ua, sb) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(ua), "vm"(sb))
+#define QIR_ROW_DECL(i)                                                                              \
+    __m512i c##i##0 = k0, c##i##1 = k1, c##i##2 = k2, c##i##3 = k3;                                  \
+    if (MR > i && q0) {                                                                              \
+        c##i##0 = _mm512_loadu_si512((const void *)(c + i * ldc));                                   \
+        if (NB > 1) c##i##1 = _mm512_loadu_si512((const void *)(c + i * ldc + 16));                  \
+        if (NB > 2) c##i##2 = _mm512_loadu_si512((const void *)(c + i * ldc + 32));                  \
+        if (NB > 3) c##i##3 = _mm512_loadu_si512((const void *)(c + i * ldc + 48));                  \
+    }
+#define QIR_ROW_STEP(i)                                                                              \
+    if (MR > i) {                                                                                    \
+        int32_t av;                                                                                  \
+        memcpy(&av, a + i * lda + 4 * q, 4);                                                         \
+        const __m512i ab = _mm512_set1_epi32(av);                                                    \
+        QIR_DPBUSD(c##i##0, ab, b0);                                              \
+        if (NB > 1) QIR_DPBUSD(c##i##1, ab, b1);                                  \
+        if (NB > 2) QIR_DPBUSD(c##i##2, ab, b2);                                  \
+        if (NB > 3) QIR_DPBUSD(c##i##3, ab, b3);                                  \
+    }
+#define QIR_ROW_STORE(i)                                                                             \
+    if (MR > i) {                                                                                    \
+        _mm512_storeu_si512((void *)(c + i * ldc), c##i##0);                                         \
+        if (NB > 1) _mm512_storeu_si512((void *)(c + i * ldc + 16), c##i##1);                        \
+        if (NB > 2) _mm512_storeu_si512((void *)(c + i * ldc + 32), c##i##2);                        \
+        if (NB > 3) _mm512_storeu_si512((void *)(c + i * ldc + 48), c##i##3);                        \
+    }
+
+static inline __attribute__((always_inline)) void vnni_tile(const int8_t *a, int64_t lda, const int8_t *bp,
+                                                            int64_t kq, int64_t q0, int64_t q1,
+                                                            const int32_t *comp, int32_t *c, int64_t ldc,
+                                                            const int MR, const int NB) {
+    const __m512i z = _mm512_setzero_si512();
+    /* the first slice of the reduction starts from -comp, the others from the partial sums in c */
+    const __m512i k0 = q0 ? z : _mm512_sub_epi32(z, _mm512_loadu_si512((const void *)comp));
+    const __m512i k1 = q0 || NB < 2 ? z : _mm512_sub_epi32(z, _mm512_loadu_si512((const void *)(comp + 16)));
+    const __m512i k2 = q0 || NB < 3 ? z : _mm512_sub_epi32(z, _mm512_loadu_si512((const void *)(comp + 32)));
+    const __m512i k3 = q0 || NB < 4 ? z : _mm512_sub_epi32(z, _mm512_loadu_si512((const void *)(comp + 48)));
+    QIR_ROW_DECL(0) QIR_ROW_DECL(1) QIR_ROW_DECL(2) QIR_ROW_DECL(3) QIR_ROW_DECL(4) QIR_ROW_DECL(5)
+    const int8_t *p0 = bp, *p1 = bp + kq * 64, *p2 = bp + 2 * kq * 64, *p3 = bp + 3 * kq * 64;
+    for (int64_t q = q0; q < q1; ++q) {
+        const __m512i b0 = _mm512_loadu_si512((const void *)(p0 + q * 64));
+        const __m512i b1 = NB > 1 ? _mm512_loadu_si512((const void *)(p1 + q * 64)) : z;
+        const __m512i b2 = NB > 2 ? _mm512_loadu_si512((const void *)(p2 + q * 64)) : z;
+        const __m512i b3 = NB > 3 ? _mm512_loadu_si512((const void *)(p3 + q * 64)) : z;
+        QIR_ROW_STEP(0) QIR_ROW_STEP(1) QIR_ROW_STEP(2) QIR_ROW_STEP(3) QIR_ROW_STEP(4) QIR_ROW_STEP(5)
+    }
+    QIR_ROW_STORE(0) QIR_ROW_STORE(1) QIR_ROW_STORE(2) QIR_ROW_STORE(3) QIR_ROW_STORE(4) QIR_ROW_STORE(5)
+}
+#undef QIR_ROW_DECL
+#undef QIR_ROW_STEP
+#undef QIR_ROW_STORE
+
+#define QIR_TILE_CASE(M, N) \
+    case (M) * 8 + (N): vnni_tile(a, lda, bp, kq, q0, q1, comp, c, ldc, M, N); break;
+static void vnni_tile_any(const int8_t *a, int64_t lda, const int8_t *bp, int64_t kq, int64_t q0, int64_t q1,
+                          const int32_t *comp, int32_t *c, int64_t ldc, int mr, int nb) {
+    switch (mr * 8 + nb) {
+        QIR_TILE_CASE(6, 4) QIR_TILE_CASE(6, 3) QIR_TILE_CASE(6, 2) QIR_TILE_CASE(6, 1)
+        QIR_TILE_CASE(5, 4) QIR_TILE_CASE(5, 3) QIR_TILE_CASE(5, 2) QIR_TILE_CASE(5, 1)
+        QIR_TILE_CASE(4, 4) QIR_TILE_CASE(4, 3) QIR_TILE_CASE(4, 2) QIR_TILE_CASE(4, 1)
+        QIR_TILE_CASE(3, 4) QIR_TILE_CASE(3, 3) QIR_TILE_CASE(3, 2) QIR_TILE_CASE(3, 1)
+        QIR_TILE_CASE(2, 4) QIR_TILE_CASE(2, 3) QIR_TILE_CASE(2, 2) QIR_TILE_CASE(2, 1)
+        QIR_TILE_CASE(1, 4) QIR_TILE_CASE(1, 3) QIR_TILE_CASE(1, 2) QIR_TILE_CASE(1, 1)
+        default: break;
+    }
+}
+#undef QIR_TILE_CASE
+#endif
+
+#if QIR_VNNI
+/* Rows of a chunk of the product (ua: mr_total rows of 4 kq unsigned bytes): the reduction in
+ * slices of 256 bytes so that one slice of four weight panels (16 KiB) stays in L1 across all
+ * the chunk's tiles; the partial sums wait in acc (rows * nblocks * 16 int32, in L2). */
+static void vnni_chunk(const int8_t *ua, int64_t rows, const int8_t *bp, int64_t kq, int64_t nblocks,
+                       const int32_t *comp, int32_t *acc) {
+    const int64_t lda = 4 * kq, ldc = nblocks * 16;
+    for (int64_t q0 = 0; q0 < kq; q0 += 64) {
+        const int64_t q1 = q0 + 64 < kq ? q0 + 64 : kq;
+        for (int64_t j = 0; j < nblocks; j += 4) {
+            const int nb = (int)(nblocks - j < 4 ? nblocks - j : 4);
+            for (int64_t m = 0; m < rows; m += 6) {
+                const int mr = (int)(rows - m < 6 ? rows - m : 6);
+                vnni_tile_any(ua + m * lda, lda, bp + j * kq * 64, kq, q0, q1, comp + j * 16, acc + m * ldc + j * 16,
+                              ldc, mr, nb);
             }
         }
     }
+}
+
+/* Rows per chunk: its unsigned codes and its int32 sums each within about 128 KiB (L2). */
+static int64_t chunk_rows(int64_t kq, int64_t nblocks) {
+    const int64_t by_a = 128 * 1024 / (4 * kq), by_c = 128 * 1024 / (64 * nblocks);
+    int64_t mc = (by_a < by_c ? by_a : by_c) / 6 * 6;
+    return mc < 6 ? 6 : (mc > 240 ? 240 : mc);
+}
+#endif
+
+/* codes = epilogue(a @ b) for rows [r0, r1) of a (int8, row stride lda >= 4 kq), b packed by
+ * native.py's pack_vnni into nblocks panels of (kq, 16, 4) bytes, comp = 128 * column sums of b
+ * (nblocks * 16 int32). Rows go in chunks whose int32 accumulators (a malloc'ed chunk x nblocks * 16
+ * buffer) stay in cache until the epilogue requantizes them; within a chunk, panels go in groups
+ * that fit in L2 so each is read from memory once per chunk. Returns 1 without the VNNI build or
+ * on allocation failure, else 0. */
+int qir_gemm_vnni(const int8_t *a, int64_t lda, const int8_t *bp, int64_t kq, int64_t nblocks,
+                  const int32_t *comp, const qir_epilogue *e, int64_t r0, int64_t r1) {
+#if QIR_VNNI
+    const int64_t mc = chunk_rows(kq, nblocks);
+    int32_t *acc = (int32_t *)malloc(sizeof(int32_t) * (size_t)(mc * nblocks * 16));
+    int8_t *ua = (int8_t *)malloc((size_t)(mc * 4 * kq));
+    if (!acc || !ua) {
+        free(acc), free(ua);
+        return 1;
+    }
+    for (int64_t m0 = r0; m0 < r1; m0 += mc) {
+        const int64_t m1 = m0 + mc < r1 ? m0 + mc : r1;
+        for (int64_t m = m0; m < m1; ++m) copy_codes(ua + (m - m0) * 4 * kq, a + m * lda, 4 * kq, 0x80);
+        vnni_chunk(ua, m1 - m0, bp, kq, nblocks, comp, acc);
+        epilogue_rows(e, acc, nblocks * 16, m0, m1);
+    }
+    free(acc), free(ua);
+    return 0;
+#else
+    (void)a, (void)lda, (void)bp, (void)kq, (void)nblocks, (void)comp, (void)e, (void)r0, (void)r1;
+    return 1;
+#endif
+}
+
+/* The int8 conv as one native pass per chunk of output pixels: im2col of the chunk into a cached
+ * buffer (chunk x 4 kq bytes, the columns past KH*KW*C zero), its matrix product with the packed
+ * weight, then the epilogue; the columns never go through memory. Rows are output pixels
+ * (n, oy, ox) in [r0, r1). Same packing, exactness and returns as qir_gemm_vnni. */
+int qir_conv_vnni(const int8_t *x, int64_t h, int64_t w, int64_t c, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                  int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t oh, int64_t ow, const int8_t *bp, int64_t kq,
+                  int64_t nblocks, const int32_t *comp, const qir_epilogue *e, int64_t r0, int64_t r1) {
+#if QIR_VNNI
+    const qir_geom g = {h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow};
+    const int64_t mc = chunk_rows(kq, nblocks);
+    int8_t *cols = (int8_t *)calloc((size_t)(mc * 4 * kq), 1);
+    int32_t *acc = (int32_t *)malloc(sizeof(int32_t) * (size_t)(mc * nblocks * 16));
+    if (!cols || !acc) {
+        free(cols), free(acc);
+        return 1;
+    }
+    for (int64_t m0 = r0; m0 < r1; m0 += mc) {
+        const int64_t m1 = m0 + mc < r1 ? m0 + mc : r1;
+        for (int64_t m = m0; m < m1; ++m) im2col_pixel(x, &g, m, cols + (m - m0) * 4 * kq, 0x80);
+        vnni_chunk(cols, m1 - m0, bp, kq, nblocks, comp, acc);
+        epilogue_rows(e, acc, nblocks * 16, m0, m1);
+    }
+    free(cols), free(acc);
+    return 0;
+#else
+    (void)x, (void)h, (void)w, (void)c, (void)kh, (void)kw, (void)sh, (void)sw, (void)ph, (void)pw, (void)dh, (void)dw;
+    (void)oh, (void)ow, (void)bp, (void)kq, (void)nblocks, (void)comp, (void)e, (void)r0, (void)r1;
+    return 1;
+#endif
 }

@@ -1,5 +1,6 @@
 """Fused native kernels (``native.c``): requantization, the fused conv + add rule, the
-depthwise conv and im2col, each one pass over memory, built with the system C compiler on first use.
+depthwise conv, im2col, max pool and (on CPUs with AVX-512 VNNI) the int8 matrix product with
+the requantization fused, each one pass over memory, built with the system C compiler on first use.
 
 Torch's elementwise ops make one pass over the tensor per operation; requantizing an int32
 accumulator exactly takes five or six of them in float64 (cast, multiply-add, floor, clamp,
@@ -15,6 +16,10 @@ reference). :func:`status` says which and why.
 
 ctypes releases the GIL during a call, so :func:`run_rows` splits the rows of one call
 across ``torch.get_num_threads()`` Python threads.
+
+Memory safety: the C functions trust the sizes they are given. Every caller checks them against
+the tensors first, in Python (the ``_check_*`` helpers here and in the kernels); docs/security.md
+lists what each function reads and writes.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["library", "ptr", "run_rows", "status"]
+__all__ = ["Epilogue", "has_vnni", "library", "pack_vnni", "ptr", "run_rows", "status"]
 
 _SRC = Path(__file__).with_name("native.c")
 # -fno-trapping-math -fno-math-errno let floor() vectorise; neither changes an IEEE result (no fast-math)
@@ -62,7 +67,30 @@ _SIGNATURES: dict[str, list[type]] = {
     **{f"qir_dw_rows_{t}": [_P, *[_I64] * 3, _P, *[_I64] * 10, *[_P] * 5, _I64, _I64] for t in ("i8", "i16")},
     # x, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols, ldc, r0, r1
     "qir_im2col_i8": [_P, *[_I64] * 13, _P, _I64, _I64, _I64],
+    # x, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, out, r0, r1
+    **{f"qir_maxpool_rows_{t}": [_P, *[_I64] * 13, _P, _I64, _I64] for t in ("i8", "i16")},
+    # a, lda, bp, kq, nblocks, comp, epilogue, r0, r1
+    "qir_gemm_vnni": [_P, _I64, _P, _I64, _I64, _P, _P, _I64, _I64],
+    # x, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, bp, kq, nblocks, comp, epilogue, r0, r1
+    "qir_conv_vnni": [_P, *[_I64] * 13, _P, _I64, _I64, _P, _P, _I64, _I64],
+    "qir_caps": [],
 }
+_RETURNS_INT = ("qir_dw_", "qir_gemm_vnni", "qir_conv_vnni", "qir_caps")
+
+
+class Epilogue(ctypes.Structure):
+    """``qir_epilogue`` in native.c: what follows ``qir_gemm_vnni``'s int32 accumulator (pointers are
+    ``data_ptr()`` s of tensors the caller keeps alive during the call)."""
+
+    _fields_ = [
+        ("kind", _I64),  # 1: requantize, 2: the fused conv + add
+        ("out_bits", _I64),
+        ("add_bits", _I64),
+        ("n", _I64),
+        *[(f, _P) for f in ("scale", "offset", "lo", "hi", "addend", "bias", "mult", "half", "shift")],
+        *[(f, _I64) for f in ("add_mult", "add_half", "add_shift", "p")],
+        *[(f, _P) for f in ("lo_i", "hi_i", "out")],
+    ]
 
 
 def _cpu_key() -> str:
@@ -107,7 +135,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     for name, args in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes = args
-        fn.restype = ctypes.c_int if name.startswith("qir_dw") else None
+        fn.restype = ctypes.c_int if name.startswith(_RETURNS_INT) else None
     return lib, f"native kernels from {so}"
 
 
@@ -126,6 +154,27 @@ def status() -> str:
     library()
     assert _status is not None
     return _status
+
+
+def has_vnni() -> bool:
+    """Whether the loaded library holds the AVX-512 VNNI matrix product (built for a CPU that has it)."""
+    lib = library()
+    return lib is not None and bool(lib.qir_caps() & 1)
+
+
+def pack_vnni(b: torch.Tensor, k_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``b`` (K, N) int8 as ``qir_gemm_vnni`` reads it: ``ceil(N/16)`` panels of (kq, 16, 4) bytes with
+    ``kq = ceil(k_rows/4)`` (rows past K and columns past N zero), and ``128 * column sums`` (int32,
+    one per padded column) that undo the kernel's a + 128 flip."""
+    k, n = b.shape
+    if b.dtype != torch.int8 or k > k_rows:
+        raise ValueError(f"pack_vnni: takes int8 (K, N) with K <= {k_rows}, got {b.dtype} {tuple(b.shape)}")
+    kq, nb = -(-k_rows // 4), -(-n // 16)
+    full = torch.zeros(kq * 4, nb * 16, dtype=torch.int8)
+    full[:k, :n] = b
+    panels = full.view(kq, 4, nb, 16).permute(2, 0, 3, 1).contiguous()
+    comp = (full.to(torch.int32).sum(0) * 128).to(torch.int32).contiguous()
+    return panels, comp
 
 
 def ptr(t: torch.Tensor) -> int:

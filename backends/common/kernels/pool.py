@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from backends.common.kernels import native
 from backends.common.kernels.base import RequantF64, qbounds, register_kernel, sat_to
 from backends.common.kernels.schema import (
     MAX_COUNT,
@@ -59,14 +60,60 @@ def _sum_dtype(x: torch.Tensor, window: int) -> torch.dtype:
     ),
 )
 def maxpool2d(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
-    """Max over each window in float32, which holds every code exactly (torch's integer max pool
-    refuses inputs whose depth * height * width exceeds the code dtype's maximum)."""
+    """Max over each window: one native pass over NHWC codes where the library is built, else in
+    float32, which holds every code exactly (torch's integer max pool refuses inputs whose
+    depth * height * width exceeds the code dtype's maximum)."""
     a = inst.attrs
     x = args[0]
+    y_native = _maxpool_native(x, a)
+    if y_native is not None:
+        return [y_native]
     y = F.max_pool2d(
         x.to(torch.float32), a["kernel_size"], a["stride"], a["padding"], a["dilation"], bool(a["ceil_mode"])
     )
     return [y.to(x.dtype)]
+
+
+def _pool_out_len(size: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
+    """torch's pooling output length (dilation included); a last window that would start in the
+    right padding is dropped."""
+    span = size + 2 * p - d * (k - 1) - 1
+    out = (span + ((s - 1) if ceil else 0)) // s + 1
+    if ceil and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _maxpool_native(x: torch.Tensor, a: Mapping[str, Any]) -> torch.Tensor | None:
+    """``qir_maxpool_rows_*`` on int8 / int16 NCHW ``x`` (any memory format), as an NCHW view of NHWC
+    codes; None where it does not apply (no library, another dtype or rank, a window that could
+    hold padding only, which torch's float path answers with -inf)."""
+    lib = native.library()
+    if lib is None or x.dtype not in (torch.int8, torch.int16) or x.dim() != 4:
+        return None
+    (kh, kw), (ph, pw), (dh, dw) = _pair(a["kernel_size"]), _pair(a["padding"]), _pair(a["dilation"])
+    sh, sw = _pair(a["stride"] if a["stride"] is not None else a["kernel_size"])
+    ceil = bool(a["ceil_mode"])
+    # torch's rule (padding at most half the kernel) keeps a real input position in every window
+    if 2 * ph > kh or 2 * pw > kw or dh != 1 or dw != 1:
+        return None
+    nb, c, h, w = (int(d) for d in x.shape)
+    oh, ow = _pool_out_len(h, kh, sh, ph, dh, ceil), _pool_out_len(w, kw, sw, pw, dw, ceil)
+    if oh < 1 or ow < 1:
+        return None
+    xh = x.permute(0, 2, 3, 1).contiguous()
+    out = torch.empty((nb, oh, ow, c), dtype=x.dtype)
+    # the C loop reads x[n][yi][xi][:] only for (yi, xi) it checks against (h, w) and writes rows [r0, r1) of out
+    assert xh.numel() == nb * h * w * c and out.is_contiguous()
+    fn = lib.qir_maxpool_rows_i8 if x.dtype == torch.int8 else lib.qir_maxpool_rows_i16
+    p = native.ptr
+    args = (p(xh), h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, p(out))
+    native.run_rows(lambda r0, r1: fn(*args, r0, r1), nb * oh, nb * oh * ow * c)
+    return out.permute(0, 3, 1, 2)
 
 
 def _out_len(size: int, k: int, s: int, p: int, ceil: bool) -> int:
