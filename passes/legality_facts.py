@@ -30,10 +30,11 @@ import torch
 from torch import nn
 
 from qir.ir.graph import Graph, Node, Value
-from qir.ir.op import OP_REGISTRY, ModuleOp, Op, Transparent, resolve
+from qir.ir.op import OP_REGISTRY, ModuleOp, Op, Transparent, registry_version, resolve
 from qir.ir.ops.attention import MultiheadAttention
 from qir.ir.ops.core import Call, Constant, GetAttr, GetItem
 from qir.ir.ops.elementwise import Add, BinaryOp, Relu, Relu6
+from qir.ir.ops.integer import IntegerModuleOp
 from qir.ir.ops.nn import BatchNorm, ConvNd, ConvTransposeNd, Linear, WeightedOp
 from qir.ir.ops.norm import LayerNorm
 from qir.ir.ops.pool import AdaptivePool, AvgPoolNd, MaxPoolNd
@@ -195,13 +196,13 @@ _BY_MODULE: tuple[int, dict[type, type[ModuleOp]]] = (-1, {})
 def _module_op_classes() -> dict[type, type[ModuleOp]]:
     """Module class -> the registered op built from it (rebuilt when the registry grows)."""
     global _BY_MODULE
-    if _BY_MODULE[0] != len(OP_REGISTRY):
+    if _BY_MODULE[0] != registry_version():
         out: dict[type, type[ModuleOp]] = {}
         for cls in OP_REGISTRY.values():
             if issubclass(cls, ModuleOp):
                 for t in cls.module_types:
                     out.setdefault(t, cls)
-        _BY_MODULE = (len(OP_REGISTRY), out)
+        _BY_MODULE = (registry_version(), out)
     return _BY_MODULE[1]
 
 
@@ -322,6 +323,8 @@ def subject_of(node: Node, graph: Graph) -> Subject:
         if viewed is not None:
             return Subject(node, viewed, FORM_FUNCTION, spelling, tensors, Params())
         return Subject(node, None, FORM_OPAQUE, spelling, tensors, Params())
+    if isinstance(op, IntegerModuleOp):
+        return _integer_subject(node, op, spelling)
     if "float_functional" in node.meta:
         form = FORM_FLOAT_FUNCTIONAL
     elif isinstance(op, ModuleOp) and node.scope is not None:
@@ -336,6 +339,24 @@ def subject_of(node: Node, graph: Graph) -> Subject:
         return Subject(node, op, form, spelling, inputs, Params())
     tensors = tuple(v for v in node.operands if isinstance(v.type, TensorType))
     return Subject(node, op, form, spelling, tensors, Params())
+
+
+def _integer_subject(node: Node, op: IntegerModuleOp, spelling: str | None) -> Subject:
+    """An integer layer is checked as the float op its rows describe (``qconv`` as ``nn.Conv2d``)."""
+    fop = op.float_op()
+    ins = tuple(v for v in op.module_inputs(node.operands) if isinstance(v, Value))
+    state = dict(zip(op.param_roles(), op.module_params(node.operands), strict=False))
+    w, b = state.get("weight"), state.get("bias")
+    params = Params(
+        w.type if w is not None and isinstance(w.type, TensorType) else None,
+        b.type if b is not None and isinstance(b.type, TensorType) else None,
+    )
+    if fop is None:
+        return Subject(node, None, FORM_OPAQUE, spelling, ins, params)
+    addend = ins[1] if bool(getattr(fop, "add", False)) and len(ins) > 1 else None
+    inputs = ins[:1] if addend is not None else ins
+    row_class = fop.module_types[0] if isinstance(fop, ModuleOp) and fop.module_types else None
+    return Subject(node, fop, FORM_MODULE, spelling, inputs, params, addend, row_class)
 
 
 def _module_class_of(subject: Subject) -> type | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from qir.ir.op import OP_REGISTRY, ModuleOp, Op
+from qir.ir.op import OP_REGISTRY, ModuleOp, Op, registry_version
 from qir.ir.ops.core import GetAttr, GetItem
 
 
@@ -25,7 +25,7 @@ class OpTables:
     def __init__(self) -> None:
         import qir.ir.ops  # noqa: F401  (registers the built-in ops)
 
-        self.size = len(OP_REGISTRY)
+        self.size = registry_version()
         self.by_function: dict[int, type[Op]] = {}
         self.by_function_name: dict[str, type[Op]] = {}
         self.by_method: dict[str, type[Op]] = {}
@@ -58,7 +58,7 @@ _TABLES: OpTables | None = None
 
 def tables() -> OpTables:
     global _TABLES
-    if _TABLES is None or _TABLES.size != len(OP_REGISTRY):
+    if _TABLES is None or _TABLES.size != registry_version():
         _TABLES = OpTables()
     return _TABLES
 

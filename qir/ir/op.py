@@ -258,6 +258,18 @@ class ModuleOp(Op):
 # --------------------------------------------------------------------------- registry
 
 OP_REGISTRY: dict[str, type[Op]] = {}
+_VERSION = [0]
+
+
+def registry_version() -> int:
+    """Changes whenever an op is registered or an op gains a spelling (module class): caches
+    of spelling -> op maps compare it to know when to rebuild."""
+    return _VERSION[0]
+
+
+def bump_registry_version() -> None:
+    _VERSION[0] += 1
+
 
 OpT = TypeVar("OpT", bound=type[Op])
 
@@ -269,6 +281,7 @@ def register_op(cls: OpT) -> OpT:
     if cls.name in OP_REGISTRY and OP_REGISTRY[cls.name] is not cls:
         raise ValueError(f"op name {cls.name!r} is taken by {OP_REGISTRY[cls.name].__qualname__}")
     OP_REGISTRY[cls.name] = cls
+    bump_registry_version()
     return cls
 
 

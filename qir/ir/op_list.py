@@ -26,7 +26,9 @@ def _cell(items: list[str]) -> str:
 def _row(name: str, cls: type[Op]) -> str:
     module = cls.__module__.removeprefix("qir.ir.ops.")
     traits = sorted(t.__name__ for t in getattr(cls, "traits", ()))
-    modules = [m.__name__ for m in getattr(cls, "module_types", ())]
+    # integer ops get their module classes from the library that defines them (when imported)
+    late = [] if getattr(cls, "state_roles", None) is None else ["integer modules of qir.nn.quantized"]
+    modules = late or [m.__name__ for m in getattr(cls, "module_types", ())]
     methods = [m for m in getattr(cls, "methods", ()) if isinstance(m, str)]
     return f"| `{name}` | `{module}.{cls.__name__}` | {', '.join(traits)} | {_cell(modules)} | {_cell(methods)} |"
 

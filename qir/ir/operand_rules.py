@@ -59,8 +59,9 @@ def check_operands(op: Op, operand_types: Sequence[Type]) -> None:
                 f"{', '.join(sorted(d.value for d in dtypes))}"
             )
     if op.has_trait(Elementwise) and not op.has_trait(Quantization):
-        kinds = {t.dtype.is_quantized for t in operand_types if isinstance(t, TensorType)}
-        if len(kinds) > 1:
+        dts = [t.dtype for t in operand_types if isinstance(t, TensorType)]
+        # codes typed by their layer (qi8) meet codes read from a buffer (i8): both integers
+        if any(d.is_quantized for d in dts) and any(d.is_float for d in dts):
             raise IRError(f"op {op.name!r} mixes quantized and float tensors: {', '.join(map(str, operand_types))}")
 
 

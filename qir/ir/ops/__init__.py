@@ -1,3 +1,17 @@
 """Built-in op kinds. Importing this package registers them all."""
 
-from qir.ir.ops import activation, attention, core, elementwise, misc, nn, norm, pool, quant, reduce, shape, vision  # noqa: F401
+from qir.ir.ops import (  # noqa: F401
+    activation,
+    attention,
+    core,
+    elementwise,
+    integer,
+    misc,
+    nn,
+    norm,
+    pool,
+    quant,
+    reduce,
+    shape,
+    vision,
+)

@@ -278,3 +278,55 @@ LinearReLU6: type[QuantizedConvBase]
 LinearAdd: type[QuantizedConvBase]
 LinearAddReLU: type[QuantizedConvBase]
 LinearAddReLU6: type[QuantizedConvBase]
+
+
+# ----------------------------------------------------------------------------- the IR's qconv op
+
+_IR_KIND = {"conv1d": "Conv1d", "conv2d": "Conv2d", "conv3d": "Conv3d", "conv_transpose2d": "ConvTranspose2d"}
+_IR_KIND["linear"] = "Linear"
+
+
+def _from_qconv(op: Any, tensors: dict[str, torch.Tensor]) -> QuantizedConvBase:
+    """The integer module a ``qconv`` op stands for, holding ``tensors`` (emit and evaluation)."""
+    kind = _IR_KIND[op.kind]
+    matches = [c for c in QUANTIZED_CONV_CLASSES.values() if (c.kind, c.has_add, c.act) == (kind, op.add, op.act)]
+    if not matches:
+        raise ValueError(f"qconv: no quantized {kind} class with add={op.add} act={op.act!r}")
+    cls = matches[0]
+    m = cls()
+    m.hp = {
+        "stride": op.stride,
+        "padding": op.padding,
+        "dilation": op.dilation,
+        "groups": op.groups,
+        "output_padding": op.output_padding,
+        "padding_mode": op.padding_mode,
+        "reversed_padding": op.reversed_padding,
+    }
+    m.num_input_scales = len(op.in_scales)
+    for i, s in enumerate(op.in_scales):
+        m.register_buffer(f"input_scale_{i}", torch.tensor([s], dtype=torch.float32))
+    for role in ("weight", "bias", "multiplier", "shift", "relu6_bound"):
+        m.register_buffer(role, tensors[role])
+    m.dtype = op.out.dtype
+    scale = torch.tensor(op.out.scale, dtype=torch.float32)
+    if op.out.axis is not None:  # a qint32 accumulator's per-channel scale, shaped to broadcast
+        scale = scale.reshape([len(op.out.scale)] + [1] * m._out_ndim_after_channel())
+    m.register_buffer("scale", scale)
+    w_axis = 1 if kind == "ConvTranspose2d" else 0
+    w_abs = m.weight.to(torch.int64).abs().transpose(0, w_axis)
+    m.weight_l1_max = int(w_abs.reshape(w_abs.shape[0], -1).sum(dim=1).max()) if m.weight.numel() else 0
+    m.march = op.march
+    if op.add:
+        m.add_multiplier, m.add_shift, m.extra_bits = op.add_multiplier, op.add_shift, op.extra_bits
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import QConv, register_integer_module
+
+    for cls in QUANTIZED_CONV_CLASSES.values():
+        register_integer_module(QConv, cls, _from_qconv)
+
+
+_register_ir()

@@ -1,0 +1,245 @@
+"""Integer ops: what a converted (integer) model computes, one op per integer layer kind.
+
+A converted model's layers are integer modules (``qir.nn.quantized``): code tensors in,
+code tensors out, with fixed scales, integer weights, int32 biases and requantization
+multipliers / shifts. The front end turns each such module call into one of these ops, so
+passes and the per-march lowering read integer layers as IR, never as torch modules:
+
+* the op's **attributes** are the layer's plain data (conv hyper-parameters, the fused
+  add's multiplier and shift, the march it was converted for), its input scales, and the
+  output's :class:`~qir.ir.types.QuantSpec` (``out``: dtype and scale(s), per channel for a
+  high-precision qint32 output);
+* its **integer state** (weights, bias, multiplier, shift, tables) arrives as trailing
+  ``constant`` operands named by :meth:`~qir.ir.op.ModuleOp.param_roles`, so the state-dict
+  keys survive and passes can rewrite them like any other value;
+* the node's result type carries ``out`` (``tensor<1x8x4x4xqi8, QuantSpec(...)>``).
+
+The IR names no module package (``qir.ir`` sits below ``qir.nn``): the layer that defines the
+integer modules registers, per op, the module classes it is built from and a builder that
+rebuilds a module from the op (:func:`register_integer_module`). Evaluating an integer op
+runs that rebuilt module, so the interpreter, emit and the lowering's reference agree with
+the converted model by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+from qir.ir.op import IRError, ModuleOp, Op, Pure, Trait, bump_registry_version, register_op
+from qir.ir.ops import nn as float_ops
+from qir.ir.types import DType, QuantSpec, TensorType, Type
+
+__all__ = [
+    "IntegerModuleOp",
+    "QConv",
+    "integer_module_builder",
+    "register_integer_module",
+]
+
+Builder = Callable[["IntegerModuleOp", dict[str, torch.Tensor]], Any]
+
+#: op name -> builder(op, tensors) -> integer module; filled by the module library on import
+_BUILDERS: dict[str, Builder] = {}
+
+
+def register_integer_module(op_cls: type[IntegerModuleOp], module_cls: type, builder: Builder) -> None:
+    """Build ``op_cls`` from modules of ``module_cls`` (front end) and rebuild modules with ``builder``.
+
+    Called by the layer that defines the integer modules (``qir.nn.quantized``) for each of
+    its classes; the IR itself imports none of them.
+    """
+    if module_cls not in op_cls.module_types:
+        op_cls.module_types = (*op_cls.module_types, module_cls)
+    _BUILDERS[op_cls.name] = builder
+    bump_registry_version()
+
+
+def integer_module_builder(name: str) -> Builder:
+    try:
+        return _BUILDERS[name]
+    except KeyError:
+        raise IRError(
+            f"op {name!r}: no integer module builder registered; importing qir.nn.quantized registers qir's "
+            "(qir.ir.ops.integer.register_integer_module)"
+        ) from None
+
+
+def _floats(v: Any) -> tuple[float, ...]:
+    return tuple(float(x) for x in v)
+
+
+def _opt_ints(v: Any) -> tuple[int, ...] | None:
+    if v is None:
+        return None
+    if isinstance(v, int):
+        return (v,)
+    return tuple(int(x) for x in v)
+
+
+def _padding(v: Any) -> Any:
+    return v if v is None or isinstance(v, str) else _opt_ints(v)
+
+
+@attrs.frozen
+class IntegerModuleOp(ModuleOp):
+    """Base of the integer layer ops: an ``out`` spec, input scales, integer state operands."""
+
+    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure})
+    #: the integer state tensors, in operand order after the inputs (the module's buffer names)
+    state_roles: ClassVar[tuple[str, ...]] = ()
+
+    def param_roles(self) -> tuple[str, ...]:
+        return self.state_roles
+
+    def to_module(self, tensors: dict[str, torch.Tensor]) -> Any:
+        return integer_module_builder(self.name)(self, tensors)
+
+    def evaluate(self, ctx: Any, operands: Sequence[Any]) -> Any:
+        roles = self.param_roles()
+        params = self.module_params(operands)
+        module = self.to_module(dict(zip(roles, params, strict=True)))
+        return module(*self.module_inputs(operands))
+
+    def float_op(self) -> Op | None:
+        """The float op the operator tables describe this layer as (legality checks read its
+        rows and facts), or None when the tables have no row for it."""
+        return None
+
+    def result_type(self, shape: Sequence[int]) -> TensorType:
+        """The result type at ``shape``: the ``out`` spec's dtype, the spec attached."""
+        out: QuantSpec = self.out  # type: ignore[attr-defined]
+        return TensorType(tuple(shape), out.dtype, out)
+
+    def compute(self, *operands: Any) -> Any:
+        # no meta-tensor reference: the result type cannot be inferred (CannotInfer), the front end
+        # types it from the example run with ``result_type``
+        raise NotImplementedError(f"op {self.name!r} runs as its integer module (evaluate), not on meta tensors")
+
+    def verify_(self, operand_types: Sequence[Type]) -> None:
+        n = self.num_inputs() + len(self.param_roles())
+        if len(operand_types) != n:
+            raise IRError(
+                f"op {self.name!r} takes {n} operands ({self.num_inputs()} inputs + {self.param_roles()}), "
+                f"got {len(operand_types)}"
+            )
+        for role, t in zip(self.param_roles(), operand_types[self.num_inputs() :], strict=True):
+            if not isinstance(t, TensorType):
+                raise IRError(f"op {self.name!r}: state operand {role} must be a tensor, got {t}")
+
+
+_KINDS = ("conv1d", "conv2d", "conv3d", "conv_transpose2d", "linear")
+_ACTS = (None, "relu", "relu6")
+
+
+@register_op
+@attrs.frozen
+class QConv(IntegerModuleOp):
+    """An integer conv / linear (+ fused add, + ReLU / ReLU6): int32 accumulation, int32 bias
+    at ``s_in * s_w``, per-channel integer requantization to ``out`` (or the qint32 accumulator
+    itself when ``out`` is qint32). Operands: ``input[, addend], weight, bias, multiplier,
+    shift, relu6_bound`` (docs/semantics.md "Conv / linear")."""
+
+    name: ClassVar[str] = "qconv"
+    operand_names: ClassVar[tuple[str, ...]] = ("input", "addend")
+    state_roles: ClassVar[tuple[str, ...]] = ("weight", "bias", "multiplier", "shift", "relu6_bound")
+
+    kind: str
+    out: QuantSpec
+    in_scales: tuple[float, ...] = attrs.field(converter=_floats)
+    march: str
+    stride: tuple[int, ...] | None = attrs.field(default=None, converter=_opt_ints)
+    padding: Any = attrs.field(default=None, converter=_padding)
+    dilation: tuple[int, ...] | None = attrs.field(default=None, converter=_opt_ints)
+    groups: int = 1
+    output_padding: tuple[int, ...] | None = attrs.field(default=None, converter=_opt_ints)
+    padding_mode: str = "zeros"
+    reversed_padding: tuple[int, ...] | None = attrs.field(default=None, converter=_opt_ints)
+    add: bool = False
+    act: str | None = None
+    add_multiplier: int = 0
+    add_shift: int = 0
+    extra_bits: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise IRError(f"qconv: kind must be one of {_KINDS}, got {self.kind!r}")
+        if self.act not in _ACTS:
+            raise IRError(f"qconv: act must be one of {_ACTS}, got {self.act!r}")
+        if len(self.in_scales) != (2 if self.add else 1):
+            raise IRError(f"qconv: add={self.add} needs {2 if self.add else 1} input scale(s), got {self.in_scales}")
+        if self.add and self.out.dtype is DType.qint32:
+            raise IRError("qconv: a fused add has no qint32 (high-precision) output")
+
+    def num_inputs(self) -> int:
+        return 2 if self.add else 1
+
+    def verify_(self, operand_types: Sequence[Type]) -> None:
+        super().verify_(operand_types)
+        x = operand_types[0]
+        if isinstance(x, TensorType) and x.dtype.is_float:
+            raise IRError(f"qconv takes integer codes, got {x}; quantize the input first")
+        w = operand_types[self.num_inputs()]
+        if isinstance(w, TensorType) and w.dtype not in (DType.int8, DType.int16, DType.qint8, DType.qint16):
+            raise IRError(f"qconv: weight must hold int8 / int16 codes, got {w}")
+
+    def float_op(self) -> Op:
+        if self.kind == "linear":
+            return float_ops.Linear(bias=True, add=self.add, act=self.act)
+        if self.kind == "conv_transpose2d":
+            transposed: Any = float_ops.ConvTranspose2d
+            return transposed(
+                stride=self.stride or (1, 1),
+                padding=self.padding or (0, 0),
+                output_padding=self.output_padding or (0, 0),
+                dilation=self.dilation or (1, 1),
+                groups=self.groups,
+                bias=True,
+                add=self.add,
+                act=self.act,
+            )
+        cls: Any = {"conv1d": float_ops.Conv1d, "conv2d": float_ops.Conv2d, "conv3d": float_ops.Conv3d}[self.kind]
+        return cls(
+            stride=self.stride,
+            padding=self.padding,
+            dilation=self.dilation,
+            groups=self.groups,
+            padding_mode=self.padding_mode,
+            bias=True,
+            add=self.add,
+            act=self.act,
+        )
+
+    @classmethod
+    def from_module(cls, m: Any) -> QConv:
+        hp = m.hp
+        dtype: DType = m.dtype
+        scale = m.scale.detach().reshape(-1)
+        axis = None if scale.numel() == 1 else int(m.out_axis)
+        return cls(
+            kind={
+                "Conv1d": "conv1d",
+                "Conv2d": "conv2d",
+                "Conv3d": "conv3d",
+                "ConvTranspose2d": "conv_transpose2d",
+                "Linear": "linear",
+            }[m.kind],
+            out=QuantSpec(tuple(float(s) for s in scale.tolist()), dtype, axis),
+            in_scales=tuple(float(s.reshape(-1)[0]) for s in m.input_scales),
+            march=str(m.march),
+            stride=hp["stride"],
+            padding=hp["padding"],
+            dilation=hp["dilation"],
+            groups=int(hp["groups"] or 1),
+            output_padding=hp["output_padding"],
+            padding_mode=str(hp["padding_mode"]),
+            reversed_padding=hp["reversed_padding"],
+            add=bool(m.has_add),
+            act=m.act,
+            add_multiplier=int(getattr(m, "add_multiplier", 0)) if m.has_add else 0,
+            add_shift=int(getattr(m, "add_shift", 0)) if m.has_add else 0,
+            extra_bits=int(getattr(m, "extra_bits", 0)) if m.has_add else 0,
+        )
