@@ -6,7 +6,10 @@ Each rule is built only from numerics' primitives (``multiplier_shift``, ``requa
 * fused conv + add (:func:`fused_add_params`, :func:`fused_add_int`),
 * average pooling (:func:`avg_pool_params`),
 * bilinear interpolation weights (:func:`bilinear_taps`),
-* division (:func:`div_params`, :func:`div_int`).
+* division (:func:`div_params`, :func:`div_int`),
+* a tensor times / plus a number (:func:`scalar_operand`, :func:`mul_scalar_int`,
+  :func:`add_scalar_int`): the number may be known only at run time (``x * (1.0 / w)`` with
+  ``w`` from ``x.shape``), so the rule derives its parameters from the number on each call.
 
 Parameters are derived in float64 from float32 scales, like every numerics rule.
 """
@@ -19,9 +22,13 @@ import torch
 
 from backends.common.numerics import (
     DTypeLike,
+    add_int,
+    add_params,
+    conv_requant_params,
     multiplier_shift,
     qdtype,
     requant_limits,
+    requant_params,
     requantize,
     round_half_up,
     saturate,
@@ -32,7 +39,9 @@ __all__ = [
     "FUSED_ADD_MAX_EXTRA_BITS",
     "FUSED_ADD_MID_MAX_MULTIPLIER",
     "FUSED_ADD_MID_MAX_SHIFT",
+    "SCALAR_CODE",
     "FusedAddParams",
+    "add_scalar_int",
     "avg_pool_params",
     "bilinear_taps",
     "bilinear_weight_bits",
@@ -42,7 +51,9 @@ __all__ = [
     "f32",
     "fused_add_int",
     "fused_add_params",
+    "mul_scalar_int",
     "ratio_params",
+    "scalar_operand",
 ]
 
 #: Extra fraction bits of the fused-add intermediate (its scale is ``s_out / 2**p``, ``p <= 8``).
@@ -234,3 +245,50 @@ def div_int(x: torch.Tensor, y: torch.Tensor, multiplier: int, shift: int, out_d
     q = torch.div(2 * num + safe, 2 * safe, rounding_mode="floor")
     inf = torch.where(num > 0, hi, torch.where(num < 0, lo, 0)).to(torch.int64)
     return saturate(torch.where(zero, inf, q), qd)
+
+
+#: A number operand of add_scalar / mul_scalar is coded as ``±SCALAR_CODE`` at scale ``|c| / SCALAR_CODE``.
+SCALAR_CODE = 127
+
+
+def scalar_operand(c: float) -> tuple[int, float]:
+    """``(code, scale)`` of the nonzero number ``c`` as a quantized operand."""
+    return (SCALAR_CODE if c > 0 else -SCALAR_CODE), abs(float(c)) / SCALAR_CODE
+
+
+def _number(y: object, what: str) -> float:
+    if isinstance(y, bool) or not isinstance(y, (int, float)):
+        raise TypeError(f"{what}: the number operand must be an int or a float, got {type(y).__name__}")
+    v = float(y)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"{what}: the number operand is {v}; it has no quantized form")
+    return v
+
+
+def mul_scalar_int(
+    x: torch.Tensor, y: object, in_scale: float, out_scale: float, march: object, dtype: DTypeLike
+) -> torch.Tensor:
+    """``x * y`` for codes ``x`` at ``in_scale`` and a number ``y``, as codes at ``out_scale``:
+    the exact product with ``y``'s code, requantized like a conv's accumulator (0 gives zeros)."""
+    v = _number(y, "mul_scalar")
+    if v == 0.0:
+        return torch.zeros_like(x, dtype=qdtype(dtype).to_torch())
+    code, s_c = scalar_operand(v)
+    m, s = conv_requant_params(in_scale, s_c, out_scale, march, dtype)
+    return requantize(x.to(torch.int64) * code, m.reshape(()), s.reshape(()), dtype)
+
+
+def add_scalar_int(
+    x: torch.Tensor, y: object, in_scale: float, out_scale: float, march: object, dtype: DTypeLike
+) -> torch.Tensor:
+    """``x + y`` for codes ``x`` at ``in_scale`` and a number ``y``, as codes at ``out_scale``:
+    the add rule with ``y``'s code as the second operand (0 requantizes ``x`` alone)."""
+    v = _number(y, "add_scalar")
+    if v == 0.0:
+        if f32(in_scale) == f32(out_scale):
+            return saturate(x.to(torch.int64), dtype)
+        m, s = requant_params(in_scale, out_scale, march, dtype)
+        return requantize(x, m, s, dtype)
+    code, s_c = scalar_operand(v)
+    p = add_params(in_scale, s_c, out_scale, march, dtype)
+    return add_int(x, torch.full_like(x, code, dtype=torch.int64), p, dtype)

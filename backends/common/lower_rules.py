@@ -420,8 +420,22 @@ def ff_add(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[
     return _add(ctx, node, m, ins, m.per_tensor_input(1), extra)
 
 
+def _scalar_dynamic(ctx: LowerContext, node: Node, m: Any, op: str, x: Any, y: Any) -> ValueRef:
+    """A kernel that reads the number ``y`` at run time and derives its parameters from it."""
+    ref = y.name if isinstance(y, ValueRef) else shape_call(ctx, node, "identity", [y]).name
+    attrs = {
+        "in_scale": m.per_tensor_input(0),
+        "out_scale": float(m.scale.reshape(-1)[0]),
+        "march": m.march,
+        "out_dtype": _out_dtype(m, node),
+    }
+    return ValueRef(ctx.emit(op, [tensor_ref(x, node), ref], attrs, {}, node.name, op.removesuffix("_dynamic")))
+
+
 def ff_add_scalar(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
     b = bind(Q.QFunctional.add_scalar, args, kwargs)
+    if names_in(b["y"]):  # a number computed at run time (``x + w / 4``)
+        return _scalar_dynamic(ctx, node, m, "add_scalar_dynamic", b["x"], b["y"])
     y = float(b["y"])
     if y == 0.0:
         return ValueRef(_to_out(ctx, node, m, b["x"], 0))
@@ -450,6 +464,8 @@ def ff_mul(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[
 
 def ff_mul_scalar(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
     b = bind(Q.QFunctional.mul_scalar, args, kwargs)
+    if names_in(b["y"]):  # a number computed at run time (``x * (1.0 / w)``)
+        return _scalar_dynamic(ctx, node, m, "mul_scalar_dynamic", b["x"], b["y"])
     x = tensor_ref(b["x"], node)
     y = float(b["y"])
     if y == 0.0:
@@ -606,6 +622,8 @@ _INT_ARITH = {
     operator.mul: "mul",
     operator.floordiv: "floordiv",
     operator.mod: "mod",
+    operator.truediv: "truediv",
+    operator.pow: "pow",
 }
 
 

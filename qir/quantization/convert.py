@@ -145,6 +145,8 @@ def _undeclared_float_args(m: nn.Module, n: torch.fx.Node, env: Mapping[str, Sca
     """The arguments of call ``n`` of QAT module ``m`` that carry unquantized values and are not
     among ``m.float_inputs`` (positions in its ``forward``: RoIAlign's boxes, attention masks)."""
     allowed = set(getattr(m, "float_inputs", ()))
+    if n.op == "call_method" and n.target in ("add_scalar", "mul_scalar"):
+        allowed.add(1)  # FloatFunctional's number operand (computed at run time: ``x * (1.0 / w)``)
     args = n.args if n.op == "call_module" else n.args[1:]  # a method call's first argument is the module
     try:
         params = list(inspect.signature(m.forward).parameters) if n.op == "call_module" else []

@@ -38,7 +38,7 @@ from qir.ir.op import ModuleOp, Ref
 from qir.ir.ops.core import Call, Constant
 from qir.ir.ops.elementwise import BinaryOp
 from qir.ir.ops.nn import ConvNd, ConvTransposeNd, Linear
-from qir.ir.types import TensorType
+from qir.ir.types import ScalarType, TensorType
 from qir.quantization.fx_trace import build_ir, trace_fx
 from qir.quantization.names import NameAllocator
 from qir.quantization.pipelines import PipelineArg, resolve_pipeline
@@ -119,10 +119,11 @@ def ff_method_for(n: Node) -> str | None:
     if isinstance(op, BinaryOp):
         if getattr(op, "rounding_mode", None) is not None:
             return None
-        if op.other is None:  # two operands: both must be tensors (``x * (1.0 / w)`` is not)
-            if not all(isinstance(v.type, TensorType) for v in n.operands):
-                return None
-            return _TWO_TENSOR.get(name)
+        if op.other is None:
+            if all(isinstance(v.type, TensorType) for v in n.operands):
+                return _TWO_TENSOR.get(name)
+            # ``x * (1.0 / w)``, ``q * (d ** -0.5)``: a tensor and a number computed at run time
+            return _SCALAR.get(name) if run_time_scalar_operand(n) is not None else None
         if isinstance(op.other, (int, float)) and not isinstance(op.other, bool) and not isinstance(op.other, Ref):
             return _SCALAR.get(name)
         return None
@@ -136,6 +137,19 @@ def ff_method_for(n: Node) -> str | None:
             return None
         return _UNARY[name]
     return None
+
+
+def run_time_scalar_operand(n: Node) -> int | None:
+    """The index of the run-time number operand of a two-operand node whose other operand is
+    a tensor (``x * (1.0 / w)`` with ``w`` from ``x.shape``), else None."""
+    if len(n.operands) != 2:
+        return None
+    kinds = [isinstance(v.type, TensorType) for v in n.operands]
+    if kinds.count(True) != 1:
+        return None
+    i = kinds.index(False)
+    t = n.operands[i].type
+    return i if isinstance(t, ScalarType) and t.kind in ("int", "float") else None
 
 
 def _torch_target(n: Node) -> Any:
@@ -185,6 +199,9 @@ def _replace_functionals(
         method = ff_method_for(n)
         if method is None or method not in methods or not hasattr(ff_cls, method):
             continue
+        if method in _SCALAR.values() and run_time_scalar_operand(n) == 0:
+            # ``s * x``: the FloatFunctional takes the tensor first (add and mul commute)
+            n.set_operands((n.operands[1], n.operands[0]))
         path = alloc.new(owners.get(n.name, ""), method.removesuffix("_scalar"))
         n.scope = path
         n.meta["float_functional"] = method

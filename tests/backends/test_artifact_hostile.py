@@ -363,3 +363,17 @@ def test_growing_layout_functions_are_bounded_before_allocating(
     with pytest.raises(RuntimeError, match=rf"shape_fn for 'flatten' failed: {fn}.* elements \(limit 268435456\)"):
         run(torch.zeros(1, 1, 28, 28))
     assert not calls
+
+
+def test_a_forged_power_of_sizes_is_bounded(forge: Forge) -> None:
+    """``pow`` on sizes (``d ** -0.5``) computes ints of bounded size: a forged exponent is refused."""
+
+    def edit(h: dict[str, Any]) -> None:
+        d = _instr(h, "shape_fn")
+        d["attrs"] = {"fn": "pow", "args": [3, 2**30], "kwargs": {}}
+
+    run = qir.load_compiled(forge(edit))
+    with pytest.raises(
+        RuntimeError, match=r"shape_fn for 'flatten' failed: 3 \*\* 1073741824 would have more than 4096"
+    ):
+        run(torch.zeros(1, 1, 28, 28))

@@ -15,6 +15,7 @@ from backends.common.kernels import (  # noqa: F401
     quant,
     resize,
     sampling,
+    scalar,
     select,
     shape,
     softmax,

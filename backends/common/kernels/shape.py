@@ -53,6 +53,8 @@ SHAPE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "mul": operator.mul,
     "floordiv": operator.floordiv,
     "mod": operator.mod,
+    "truediv": operator.truediv,  # ``1.0 / w``: a number for mul_scalar_dynamic
+    "pow": lambda a, b: _bounded_pow(a, b),  # ``d ** -0.5``: attention's 1 / sqrt(head dim)
     "len": len,
     # float32 tensors built from sizes (positions before a QuantStub: torch.arange(w))
     "zeros": lambda *size: torch.zeros(*_bounded(size), dtype=torch.float32),
@@ -63,6 +65,18 @@ SHAPE_FUNCTIONS: dict[str, Callable[..., Any]] = {
 #: the most elements a tensor built from sizes may have (a size is a run-time value or a number
 #: from the artifact file: never allocate without a bound)
 MAX_BUILT_ELEMENTS = 2**28
+
+
+#: an int power's result has at most this many bits (an exponent from the artifact file must
+#: not make the runtime compute a number of unbounded size)
+MAX_POW_BITS = 4096
+
+
+def _bounded_pow(a: Any, b: Any) -> Any:
+    if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and b > 0:
+        if max(abs(a).bit_length(), 1) * b > MAX_POW_BITS:
+            raise ValueError(f"{a} ** {b} would have more than {MAX_POW_BITS} bits")
+    return operator.pow(a, b)  # float results overflow with an error, in bounded time
 
 
 def _bounded(size: tuple[Any, ...]) -> tuple[Any, ...]:

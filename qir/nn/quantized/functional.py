@@ -19,16 +19,21 @@ import torch
 from torch import nn
 
 from backends.common import numerics
-from backends.common.integer_rules import check_out_dtype, div_int, div_params, f32, ratio_params
+from backends.common.integer_rules import (
+    add_scalar_int,
+    check_out_dtype,
+    div_int,
+    div_params,
+    f32,
+    mul_scalar_int,
+    ratio_params,
+)
 from qir.ir.types import DType
 from qir.nn.modules.functional import Dims, FloatFunctional, _dims
 from qir.nn.qat.functional import FloatFunctional as QATFloatFunctional
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq, untraced
 
 __all__ = ["FloatFunctional", "QFunctional"]
-
-#: A scalar operand is coded as ``±127`` at scale ``|c| / 127``.
-_SCALAR_CODE = 127
 
 
 class QFunctional(QuantizedModule):
@@ -101,10 +106,6 @@ class QFunctional(QuantizedModule):
         m, s = self._cached((key,), lambda: numerics.conv_requant_params(s_a, s_b, self._out, self.march, dt))
         return numerics.requantize(acc, m.reshape(()), s.reshape(()), dt)
 
-    @staticmethod
-    def _scalar(c: float) -> tuple[int, float]:
-        return (_SCALAR_CODE if c > 0 else -_SCALAR_CODE), abs(float(c)) / _SCALAR_CODE
-
     # -- methods -----------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -120,19 +121,16 @@ class QFunctional(QuantizedModule):
         return self._add(x, y.to(torch.int64).neg(), self._in(1), "sub")
 
     def add_scalar(self, x: torch.Tensor, y: float) -> torch.Tensor:
-        if float(y) == 0.0:
-            return self._to_out(x, 0, "add_scalar")
-        code, s_c = self._scalar(y)
-        return self._add(x, torch.full_like(x, code, dtype=torch.int64), s_c, f"add_scalar:{float(y)!r}")
+        # ``y`` may be computed at run time (``x + w / 4`` with ``w`` from a shape): the rule
+        # derives its parameters from it on each call, as the compiled kernel does
+        return add_scalar_int(x, y, self._in(0), self._out, self.march, self._qdtype("add_scalar"))
 
     def mul(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self._product(x.to(torch.int64) * y.to(torch.int64), self._in(0), self._in(1), "mul")
 
     def mul_scalar(self, x: torch.Tensor, y: float) -> torch.Tensor:
-        if float(y) == 0.0:
-            return torch.zeros_like(x, dtype=self._qdtype("mul_scalar").to_torch())
-        code, s_c = self._scalar(y)
-        return self._product(x.to(torch.int64) * code, self._in(0), s_c, f"mul_scalar:{float(y)!r}")
+        # ``y`` may be computed at run time (``x * (1.0 / w)``): see add_scalar
+        return mul_scalar_int(x, y, self._in(0), self._out, self.march, self._qdtype("mul_scalar"))
 
     def div(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         dt = self._qdtype("div")
