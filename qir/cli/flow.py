@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import io
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,11 +98,12 @@ def _qconfig(name: str) -> Any:
         get_default_qat_qconfig,
     )
 
-    return {
+    table: dict[str, Callable[[], Any]] = {
         "calib": get_default_calib_qconfig,
         "qat": get_default_qat_qconfig,
         "qat16": lambda: get_default_qat_qconfig(dtype="qint16"),
-    }[name]()
+    }
+    return table[name]()
 
 
 def _calibrate(args: argparse.Namespace, model: nn.Module, shapes: list[tuple[int, ...]], prep: Prepared) -> None:

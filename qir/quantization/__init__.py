@@ -19,6 +19,7 @@ from qir.quantization.fake_quantize import (
     enable_observer,
     set_fake_quantize,
 )
+from qir.quantization.lsq import LSQFakeQuantize, PACTFakeQuantize
 from qir.quantization.observer import (
     FixedScaleObserver,
     HistogramObserver,
@@ -56,6 +57,7 @@ __all__ = [
     "FixedScaleObserver",
     "HistogramObserver",
     "KLObserver",
+    "LSQFakeQuantize",
     "MSEObserver",
     "MinMaxObserver",
     "MixObserver",
@@ -64,6 +66,7 @@ __all__ = [
     "MovingAveragePerChannelMinMaxObserver",
     "MovingAveragePerTensorMinMaxObserver",
     "ObserverBase",
+    "PACTFakeQuantize",
     "PercentileObserver",
     "QConfig",
     "QuantStub",

@@ -22,14 +22,13 @@ from qir.quantization.observer import (
     PercentileObserver,
 )
 from qir.quantization.observer_search import KLObserver, MixObserver, MSEObserver
-from qir.quantization.qconfig import DEFAULT_ACTIVATION_AVERAGING, QConfig, qconfig_kind
+from qir.quantization.qconfig import DEFAULT_ACTIVATION_AVERAGING, QAT_FAKE_QUANTS, QConfig, qconfig_kind
 
-__all__ = ["FAKE_QUANTS", "OBSERVERS", "get_default_qconfig"]
+__all__ = ["FAKE_QUANTS", "OBSERVERS", "fake_quant_class", "get_default_qconfig"]
 
-#: Fake-quant names: ``None`` observes only (a calibration qconfig).
-FAKE_QUANTS: dict[str | None, type[FakeQuantize]] = {"fake_quant": FakeQuantize, None: CalibFakeQuantize}
-#: Fake-quant names of the plugin that qir does not implement yet.
-_NOT_YET = {"lsq": "learnable-scale (LSQ) fake quant", "pact": "PACT fake quant"}
+#: Fake-quant names: ``None`` observes only (a calibration qconfig); "lsq" / "pact" learn the scale.
+FAKE_QUANTS: dict[str | None, type[FakeQuantize]] = {name: cls for name, cls in QAT_FAKE_QUANTS.items()}
+FAKE_QUANTS[None] = CalibFakeQuantize
 #: Per-tensor observer names (activations) and the observer's default arguments.
 OBSERVERS: dict[str, tuple[type, dict[str, Any]]] = {
     "min_max": (MovingAveragePerTensorMinMaxObserver, {"averaging_constant": DEFAULT_ACTIVATION_AVERAGING}),
@@ -45,11 +44,13 @@ WEIGHT_OBSERVERS: dict[str, tuple[type, dict[str, Any]]] = {
 }
 
 
-def _fake_quant_class(name: str | None, field: str) -> type[FakeQuantize]:
-    if name in _NOT_YET:
-        raise NotImplementedError(f"{field}={name!r}: qir has no {_NOT_YET[name]} yet; use 'fake_quant' or None")
+def fake_quant_class(name: str | None, field: str) -> type[FakeQuantize]:
+    """The fake-quant class a name stands for (:data:`FAKE_QUANTS`); ``field`` names the argument in errors."""
     if name not in FAKE_QUANTS:
-        raise ValueError(f"{field}={name!r} is not a fake quant; valid: 'fake_quant', None (observe only)")
+        raise ValueError(
+            f"{field}={name!r} is not a fake quant; valid: 'fake_quant', 'lsq' (learned step size), "
+            "'pact' (learned clipping), None (observe only)"
+        )
     return FAKE_QUANTS[name]
 
 
@@ -85,8 +86,10 @@ def get_default_qconfig(
 ) -> QConfig:
     """A :class:`QConfig` from names.
 
-    - ``*_fake_quant``: ``"fake_quant"`` (QAT: observe and fake-quantize) or ``None``
-      (calibration: observe only). Both must be of one kind.
+    - ``*_fake_quant``: ``"fake_quant"`` (QAT: observe and fake-quantize), ``"lsq"`` (QAT,
+      the scale a Parameter learned with the LSQ gradient, started by the observer),
+      ``"pact"`` (QAT, learned clipping) or ``None`` (calibration: observe only). Both must
+      be of one kind (the three QAT names mix).
     - ``activation_observer``: ``"min_max"`` (moving average, constant 0.01),
       ``"running_min_max"``, ``"percentile"``, ``"mse"``, ``"kl"`` or ``"mix"``.
     - ``weight_observer``: ``"min_max"`` (per channel along axis 0, current weights only).
@@ -94,8 +97,8 @@ def get_default_qconfig(
       ``{"dtype": "qint16"}`` or ``{"percentile": 99.9}``; not ``observer`` (name it instead).
       The dicts are not modified.
     """
-    act_cls = _fake_quant_class(activation_fake_quant, "activation_fake_quant")
-    w_cls = _fake_quant_class(weight_fake_quant, "weight_fake_quant")
+    act_cls = fake_quant_class(activation_fake_quant, "activation_fake_quant")
+    w_cls = fake_quant_class(weight_fake_quant, "weight_fake_quant")
     act_obs, act_kw = _observer(activation_observer, OBSERVERS, "activation_observer")
     w_obs, w_kw = _observer(weight_observer, WEIGHT_OBSERVERS, "weight_observer")
     act_kw.update(_check_qkwargs(activation_qkwargs, "activation_qkwargs"))

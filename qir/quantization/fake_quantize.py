@@ -235,10 +235,31 @@ class FakeQuantize(nn.Module):
     def _take_observer_scale(self) -> None:
         src = self.observer.scale
         if src.shape != self.scale.shape:  # per-channel buffers are sized on the first batch
-            self.scale = src.detach().clone()
-            self.zero_point = torch.zeros(src.shape, dtype=torch.int32, device=src.device)
+            self._replace_scale(src.detach().clone())
         else:
             self.scale.copy_(src)
+
+    def _replace_scale(self, scale: torch.Tensor) -> None:
+        """Make ``scale`` (any shape) this fake quant's scale, with a matching zero point.
+
+        Subclasses whose scale is a Parameter (:mod:`qir.quantization.lsq`) keep the Parameter
+        object, so an optimizer holding it still trains it.
+        """
+        self.scale = scale
+        self.zero_point = torch.zeros(scale.shape, dtype=torch.int32, device=scale.device)
+
+    @torch.no_grad()
+    def start_from_scale(self, scale: torch.Tensor, amax: torch.Tensor | None = None) -> FakeQuantize:
+        """Take ``scale`` exactly and set the observer's range to ``±amax`` (default: the one the
+        scale represents, ``scale * (qmax - qmin) / 2``), so a moving average continues from it; in place."""
+        scale = scale.detach().to(torch.float32)
+        amax = scale * scale_denominator(self.dtype) if amax is None else amax.detach()
+        obs = self.observer
+        obs.min_val = -amax.clone()
+        obs.max_val = amax.clone()
+        obs.scale = scale.clone()
+        self._replace_scale(scale.clone())
+        return self
 
     @property
     def has_fixed_scale(self) -> bool:
@@ -275,15 +296,7 @@ class FakeQuantize(nn.Module):
             )
         if self.has_fixed_scale:
             return self
-        scale = source.scale.detach().to(self.scale.device)
-        amax = scale * scale_denominator(self.dtype)
-        obs = self.observer
-        obs.min_val = -amax.clone()
-        obs.max_val = amax.clone()
-        obs.scale = scale.clone()
-        self.scale = scale.clone()
-        self.zero_point = torch.zeros(scale.shape, dtype=torch.int32, device=scale.device)
-        return self
+        return self.start_from_scale(source.scale.detach().to(self.scale.device))
 
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The current ``(scale, zero_point)`` buffers (copies)."""

@@ -264,14 +264,9 @@ def _carry_scales(src: nn.Module, dst: nn.Module) -> None:
                 continue
             if fq.ch_axis != old.ch_axis:
                 continue
+            # the same range in fq's dtype (a qint8 calibration may start a qint16 QAT fake quant)
             amax = old.scale.detach() * scale_denominator(old.dtype)
-            scale = amax / scale_denominator(fq.dtype)
-            fq.scale = scale.clone()
-            fq.zero_point = torch.zeros(scale.shape, dtype=torch.int32, device=scale.device)
-            obs = fq.observer
-            obs.min_val = -amax.clone()
-            obs.max_val = amax.clone()
-            obs.scale = scale.clone()
+            fq.start_from_scale(amax / scale_denominator(fq.dtype), amax)
 
 
 def _stub_qconfig(spec: QConfigSpec, kind: str) -> QConfig:

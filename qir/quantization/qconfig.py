@@ -17,6 +17,7 @@ from torch import nn
 
 from backends.common.numerics import DTypeLike, observable_qdtype
 from qir.quantization.fake_quantize import CalibFakeQuantize, FakeQuantize
+from qir.quantization.lsq import LSQFakeQuantize, PACTFakeQuantize
 from qir.quantization.observer import (
     ModuleFactory,
     MovingAveragePerChannelMinMaxObserver,
@@ -48,6 +49,12 @@ Factory = Callable[..., nn.Module]
 DEFAULT_ACTIVATION_AVERAGING = 0.01
 #: Percentile of |x| the default calibration qconfig keeps.
 DEFAULT_CALIB_PERCENTILE = 99.99
+#: QAT fake-quant names (``get_default_qat_qconfig(activation_fake_quant=...)``, ``get_default_qconfig``).
+QAT_FAKE_QUANTS: dict[str, type[FakeQuantize]] = {
+    "fake_quant": FakeQuantize,
+    "lsq": LSQFakeQuantize,
+    "pact": PACTFakeQuantize,
+}
 #: FakeQuantize's own arguments; the rest of a factory's keywords go to its observer.
 _FAKE_QUANT_ARGS = frozenset({"observer", "dtype", "ch_axis", "scale"})
 
@@ -165,17 +172,30 @@ def _weight_factory(
     return ModuleFactory(cls, **kw)
 
 
+def _qat_class(name: str, field: str) -> type[FakeQuantize]:
+    if name not in QAT_FAKE_QUANTS:
+        raise ValueError(f"{field}={name!r} is not a QAT fake quant; valid: {', '.join(QAT_FAKE_QUANTS)}")
+    return QAT_FAKE_QUANTS[name]
+
+
 def get_default_qat_qconfig(
     dtype: DTypeLike = "qint8",
     weight_dtype: DTypeLike = "qint8",
     activation_qkwargs: Mapping[str, Any] | None = None,
     weight_qkwargs: Mapping[str, Any] | None = None,
+    *,
+    activation_fake_quant: str = "fake_quant",
+    weight_fake_quant: str = "fake_quant",
 ) -> QConfig:
     """QAT: per-tensor moving-average activations (constant 0.01), per-channel (axis 0) weights.
 
     ``activation_qkwargs`` / ``weight_qkwargs`` override any ``FakeQuantize.with_args``
-    argument, including ``observer``.
+    argument, including ``observer``. ``activation_fake_quant`` / ``weight_fake_quant``:
+    ``"fake_quant"`` (the scale follows the observer), ``"lsq"`` (a learned scale, LSQ
+    gradient, started by the observer; :mod:`qir.quantization.lsq`) or ``"pact"``.
     """
+    act_cls = _qat_class(activation_fake_quant, "activation_fake_quant")
+    w_cls = _qat_class(weight_fake_quant, "weight_fake_quant")
     act = _merge(
         {
             "observer": MovingAveragePerTensorMinMaxObserver,
@@ -185,15 +205,19 @@ def get_default_qat_qconfig(
         activation_qkwargs,
         "activation_qkwargs",
     )
-    weight = _weight_factory(FakeQuantize, weight_dtype, weight_qkwargs)
-    return QConfig(activation=FakeQuantize.with_args(**act), weight=weight)
+    weight = _weight_factory(w_cls, weight_dtype, weight_qkwargs)
+    return QConfig(activation=ModuleFactory(act_cls, **act), weight=weight)
 
 
 def get_default_qat_out_qconfig(
-    weight_dtype: DTypeLike = "qint8", weight_qkwargs: Mapping[str, Any] | None = None
+    weight_dtype: DTypeLike = "qint8",
+    weight_qkwargs: Mapping[str, Any] | None = None,
+    *,
+    weight_fake_quant: str = "fake_quant",
 ) -> QConfig:
     """QAT for a last conv/linear: fake-quantized weights, no output fake quant (qint32 output)."""
-    return QConfig(activation=None, weight=_weight_factory(FakeQuantize, weight_dtype, weight_qkwargs))
+    w_cls = _qat_class(weight_fake_quant, "weight_fake_quant")
+    return QConfig(activation=None, weight=_weight_factory(w_cls, weight_dtype, weight_qkwargs))
 
 
 def get_default_calib_qconfig(

@@ -48,8 +48,8 @@ def test_bad_names_and_mixed_kinds_are_refused_with_the_fix() -> None:
         get_default_qconfig(activation_observer="entropy")
     with pytest.raises(ValueError, match="per channel"):
         get_default_qconfig(weight_observer="mse")
-    with pytest.raises(NotImplementedError, match="LSQ"):
-        get_default_qconfig(activation_fake_quant="lsq")
+    with pytest.raises(ValueError, match="valid: 'fake_quant', 'lsq'"):
+        get_default_qconfig(activation_fake_quant="learned")
     with pytest.raises(ValueError, match="QConfig mixes kinds"):
         get_default_qconfig(activation_fake_quant=None)
     with pytest.raises(ValueError, match="activation_observer="):
