@@ -344,7 +344,8 @@ def subject_of(node: Node, graph: Graph) -> Subject:
 def _integer_subject(node: Node, op: IntegerModuleOp, spelling: str | None) -> Subject:
     """An integer layer is checked as the float op its rows describe (``qconv`` as ``nn.Conv2d``)."""
     fop = op.float_op()
-    ins = tuple(v for v in op.module_inputs(node.operands) if isinstance(v, Value))
+    # tensor inputs only: a run-time size operand (resize) is not data the rows describe
+    ins = tuple(v for v in op.module_inputs(node.operands) if isinstance(v, Value) and isinstance(v.type, TensorType))
     state = dict(zip(op.param_roles(), op.module_params(node.operands), strict=False))
     w, b = state.get("weight"), state.get("bias")
     params = Params(
@@ -353,6 +354,8 @@ def _integer_subject(node: Node, op: IntegerModuleOp, spelling: str | None) -> S
     )
     if fop is None:
         return Subject(node, None, FORM_OPAQUE, spelling, ins, params)
+    if isinstance(fop, type):  # a module class the tables list (QuantStub): its row, no op facts
+        return Subject(node, None, FORM_MODULE, spelling, ins, params, row_class=fop)
     addend = ins[1] if bool(getattr(fop, "add", False)) and len(ins) > 1 else None
     inputs = ins[:1] if addend is not None else ins
     row_class = fop.module_types[0] if isinstance(fop, ModuleOp) and fop.module_types else None

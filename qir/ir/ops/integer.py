@@ -104,9 +104,10 @@ class IntegerModuleOp(ModuleOp):
         module = self.to_module(dict(zip(roles, params, strict=True)))
         return module(*self.module_inputs(operands))
 
-    def float_op(self) -> Op | None:
+    def float_op(self) -> Op | type | None:
         """The float op the operator tables describe this layer as (legality checks read its
-        rows and facts), or None when the tables have no row for it."""
+        rows and facts); a module class when the tables list the layer under a module no IR op
+        stands for (``QuantStub``: its row, no facts); None when the tables have no row for it."""
         return None
 
     def result_type(self, shape: Sequence[int]) -> TensorType:

@@ -81,3 +81,49 @@ class UnaryLUT(QuantizedModule):
 
     def extra_repr(self) -> str:
         return f"op={self.op_name}, {super().extra_repr()}"
+
+
+# ----------------------------------------------------------------------------- IR ops
+
+
+def _same_scale(m: QuantizedModule, op: Any) -> None:
+    """Input and output scale buffers of a scale-keeping module built from ``op``."""
+    m._set_scales([op.out.scale[0]], None, None)
+    m.register_buffer("scale", m.input_scale_0.clone())
+
+
+def _from_qrelu(op: Any, tensors: dict[str, torch.Tensor]) -> ReLU:
+    m = ReLU()
+    _same_scale(m, op)
+    return m
+
+
+def _from_qrelu6(op: Any, tensors: dict[str, torch.Tensor]) -> ReLU6:
+    m = ReLU6()
+    _same_scale(m, op)
+    m.bound = int(op.bound)
+    return m
+
+
+def _from_qlut(op: Any, tensors: dict[str, torch.Tensor]) -> UnaryLUT:
+    m = UnaryLUT()
+    m._set_scales(op.in_scales, op.out.scale[0], op.out.dtype)
+    m.op_name = op.function
+    m.register_buffer("table", tensors["table"])
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import register_integer_module
+    from qir.ir.ops.integer_codes import register_float_class
+    from qir.ir.ops.integer_elementwise import QLut, QRelu, QRelu6
+    from qir.nn.modules.unary import UNARY_MODULES
+
+    register_integer_module(QRelu, ReLU, _from_qrelu)
+    register_integer_module(QRelu6, ReLU6, _from_qrelu6)
+    register_integer_module(QLut, UnaryLUT, _from_qlut)
+    for name, cls in UNARY_MODULES.items():  # qir's own functions (Exp, Log, ...): checked as their module rows
+        register_float_class(name, cls)
+
+
+_register_ir()

@@ -107,3 +107,31 @@ class Interpolate(QuantizedModule):
         if params is not None:
             new.multiplier, new.shift = params
         return new
+
+
+# ----------------------------------------------------------------------------- IR ops
+
+
+def _from_qinterpolate(op: Any, tensors: dict[str, torch.Tensor]) -> Interpolate:
+    """The Interpolate a ``qinterpolate`` op stands for: nearest keeps the input's scale and
+    records no dtype; bilinear holds its output dtype, multiplier and shift."""
+    m = Interpolate()
+    m.size, m.scale_factor, m.mode = op.size, op.scale_factor, op.mode
+    m.align_corners, m.recompute_scale_factor = op.align_corners, op.recompute_scale_factor
+    if op.mode == "nearest":
+        m._set_scales(op.in_scales, None, None)
+        m.register_buffer("scale", m.input_scale_0.clone())
+    else:
+        m._set_scales(op.in_scales, op.out.scale[0], op.out.dtype)
+        m.multiplier, m.shift = int(op.multiplier), int(op.shift)
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import register_integer_module
+    from qir.ir.ops.integer_resize import QInterpolate
+
+    register_integer_module(QInterpolate, Interpolate, _from_qinterpolate)
+
+
+_register_ir()

@@ -56,3 +56,34 @@ class Div(QuantizedModule):
             new.per_tensor_input(0), new.per_tensor_input(1), float(new.scale[0]), mname
         )
         return new
+
+
+# ----------------------------------------------------------------------------- IR ops
+
+
+def _from_qidentity(op: Any, tensors: dict[str, torch.Tensor]) -> Identity:
+    m = Identity()
+    m._set_scales([op.out.scale[0]], None, None)
+    m.register_buffer("scale", m.input_scale_0.clone())
+    return m
+
+
+def _from_qdiv(op: Any, tensors: dict[str, torch.Tensor]) -> Div:
+    m = Div()
+    m._set_scales(op.in_scales, op.out.scale[0], op.out.dtype)
+    m.multiplier, m.shift = int(op.multiplier), int(op.shift)
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import register_integer_module
+    from qir.ir.ops.integer_codes import register_float_class
+    from qir.ir.ops.integer_elementwise import QDiv, QIdentity
+    from qir.nn.modules.binary import Div as FloatDiv
+
+    register_integer_module(QIdentity, Identity, _from_qidentity)
+    register_integer_module(QDiv, Div, _from_qdiv)
+    register_float_class("Div", FloatDiv)  # the tables list qir.nn.Div; no IR op stands for it
+
+
+_register_ir()

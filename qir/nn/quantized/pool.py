@@ -168,3 +168,44 @@ class AdaptiveAvgPool2d(QuantizedModule):
         check_out_dtype(new.march, fq.dtype, cls.__name__)
         new.output_size = getattr(qat, "output_size")  # noqa: B009
         return new
+
+
+# ----------------------------------------------------------------------------- IR ops
+
+
+def _from_qmax_pool2d(op: Any, tensors: dict[str, torch.Tensor]) -> MaxPool2d:
+    m = MaxPool2d()
+    m._set_scales([op.out.scale[0]], None, None)
+    m.register_buffer("scale", m.input_scale_0.clone())
+    m.kernel_size, m.stride, m.padding = op.kernel_size, op.stride, op.padding
+    m.dilation, m.ceil_mode = op.dilation, op.ceil_mode
+    return m
+
+
+def _from_qavg_pool2d(op: Any, tensors: dict[str, torch.Tensor]) -> AvgPool2d:
+    m = AvgPool2d()
+    m._set_scales(op.in_scales, op.out.scale[0], op.out.dtype)
+    m.kernel_size, m.stride, m.padding = op.kernel_size, op.stride, op.padding
+    m.ceil_mode, m.count_include_pad, m.divisor_override = op.ceil_mode, op.count_include_pad, op.divisor_override
+    m.register_buffer("multipliers", tensors["multipliers"])
+    m.register_buffer("shifts", tensors["shifts"])
+    return m
+
+
+def _from_qadaptive_avg_pool2d(op: Any, tensors: dict[str, torch.Tensor]) -> AdaptiveAvgPool2d:
+    m = AdaptiveAvgPool2d()
+    m._set_scales(op.in_scales, op.out.scale[0], op.out.dtype)
+    m.march, m.output_size = op.march, op.output_size
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import register_integer_module
+    from qir.ir.ops.integer_pool import QAdaptiveAvgPool2d, QAvgPool2d, QMaxPool2d
+
+    register_integer_module(QMaxPool2d, MaxPool2d, _from_qmax_pool2d)
+    register_integer_module(QAvgPool2d, AvgPool2d, _from_qavg_pool2d)
+    register_integer_module(QAdaptiveAvgPool2d, AdaptiveAvgPool2d, _from_qadaptive_avg_pool2d)
+
+
+_register_ir()

@@ -75,3 +75,37 @@ class DeQuantStub(QuantizedModule):
         # a per-channel scale is shaped to broadcast: its rank counts channel axis and the rest
         new.axis = None if new.scale.numel() == 1 else -new.scale.dim()
         return new
+
+
+# ----------------------------------------------------------------------------- IR ops
+
+
+def _from_qquant_stub(op: Any, tensors: dict[str, torch.Tensor]) -> QuantStub:
+    """The QuantStub a ``qquant_stub`` op stands for (emit and evaluation)."""
+    m = QuantStub()
+    m._set_scales([], torch.tensor(op.out.scale, dtype=torch.float32), op.out.dtype)
+    return m
+
+
+def _from_qdequant_stub(op: Any, tensors: dict[str, torch.Tensor]) -> DeQuantStub:
+    """The DeQuantStub a ``qdequant_stub`` op stands for: a per-channel scale is shaped to
+    broadcast from its (negative) axis, as ``from_qat`` stores it."""
+    m = DeQuantStub()
+    scale = torch.tensor(op.in_scales, dtype=torch.float32)
+    if op.axis is not None:
+        scale = scale.reshape([len(op.in_scales)] + [1] * (-op.axis - 1))
+    m._set_scales([scale], None, None)
+    m.register_buffer("scale", m.input_scale_0.clone())
+    m.axis = op.axis
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import register_integer_module
+    from qir.ir.ops.integer_stubs import QDequantStub, QQuantStub
+
+    register_integer_module(QQuantStub, QuantStub, _from_qquant_stub)
+    register_integer_module(QDequantStub, DeQuantStub, _from_qdequant_stub)
+
+
+_register_ir()
