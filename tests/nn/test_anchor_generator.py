@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -68,8 +69,25 @@ def test_float_module_matches_the_reference() -> None:
     assert torch.equal(m(torch.zeros(2, 3, 50, 66), codes)[0], out[0])  # shapes only
 
 
+@pytest.mark.parametrize(
+    ("args", "kwargs", "words"),
+    [
+        (([8, 16, 32],), {}, r"AnchorGenerator\(\[8, 16, 32\], \.\.\.\) is ambiguous.*feat_strides.*\(\(8,\), \(16,\)"),
+        (([8, 16, 32], [1.0]), {}, r"is ambiguous.*sizes=\(8, 16, 32\)"),
+        (([8, 16, 32], [1.0], [0.5, 1.0, 2.0]), {}, r"at most 2 positional arguments, got 3"),
+        (([8, 16, 32],), {"scales": [1.0], "ratios": [1.0]}, r"the plugin's argument\(s\) ratios, scales"),
+        ((), {"feat_strides": [8, 16]}, r"plugin's argument\(s\) feat_strides.*torchvision's AnchorGenerator\(sizes="),
+        ((((8,),),), {"sizes": ((8,),)}, r"sizes both by position and by keyword"),
+    ],
+)
+def test_calls_written_for_the_plugin_are_refused(args: tuple[Any, ...], kwargs: dict[str, Any], words: str) -> None:
+    with pytest.raises(TypeError, match=words) as e:
+        AnchorGenerator(*args, **kwargs)
+    assert "ambiguous" in str(e.value) or "both by position" in str(e.value) or "horizon_plugin_pytorch" in str(e.value)
+
+
 def test_single_level_forms() -> None:
-    m = AnchorGenerator((32, 64), (0.5, 2.0))  # flat sizes: one size per level
+    m = AnchorGenerator(sizes=(32, 64), aspect_ratios=(0.5, 2.0))  # flat sizes by keyword: one size per level
     assert m.sizes == ((32,), (64,)) and m.aspect_ratios == ((0.5, 2.0), (0.5, 2.0))
     with pytest.raises(ValueError, match=r"2 feature maps for 1 anchor levels|1 feature maps for 2 anchor levels"):
         m(torch.zeros(1, 3, 8, 8), [torch.zeros(1, 1, 4, 4)])

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["AnchorGenerator", "anchors_for_shapes", "cell_anchors", "image_batch_shape"]
+__all__ = ["PLUGIN_ARGUMENTS", "AnchorGenerator", "anchors_for_shapes", "cell_anchors", "image_batch_shape"]
 
 
 def cell_anchors(sizes: Sequence[float], aspect_ratios: Sequence[float]) -> torch.Tensor:
@@ -68,20 +68,76 @@ def anchors_for_shapes(
     return [all_levels.clone() for _ in range(n_images)]
 
 
+#: the keyword arguments of horizon_plugin_pytorch's own ``AnchorGenerator``, which qir does not implement
+PLUGIN_ARGUMENTS = frozenset(
+    {
+        "feat_strides",
+        "scales",
+        "ratios",
+        "base_sizes",
+        "anchor_wh_groups",
+        "legacy_bbox",
+        "round_anchor",
+        "feat_strides_bias",
+    }
+)
+
+_SIGNATURES = (
+    "qir.nn.AnchorGenerator is torchvision's AnchorGenerator(sizes=((128, 256, 512),), aspect_ratios=((0.5, 1.0, "
+    "2.0),)), called (images, feature_maps) and returning one (num anchors, 4) tensor per image; "
+    "horizon_plugin_pytorch's AnchorGenerator(feat_strides, scales=None, ratios=None, base_sizes=None, "
+    "anchor_wh_groups=None, legacy_bbox=False, round_anchor=False, feat_strides_bias=None), called "
+    "(feature_maps) and returning (N, A * 4, H, W) anchors per level, is a different module that qir does not provide"
+)
+
+
+def _nested(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and len(v) > 0 and all(isinstance(x, (list, tuple)) for x in v)
+
+
+def _parse(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """``(sizes, aspect_ratios)`` of a constructor call, refusing calls written for the plugin's
+    signature: its keywords, more than two positional arguments, or a flat list first (the
+    plugin's ``feat_strides`` or torchvision's one size per level: the same text, two meanings)."""
+    plugin = sorted(PLUGIN_ARGUMENTS & set(kwargs))
+    if plugin:
+        raise TypeError(f"AnchorGenerator got the plugin's argument(s) {', '.join(plugin)}: {_SIGNATURES}")
+    unknown = sorted(set(kwargs) - {"sizes", "aspect_ratios"})
+    if unknown:
+        raise TypeError(f"AnchorGenerator got unexpected argument(s) {', '.join(unknown)}: {_SIGNATURES}")
+    if len(args) > 2:
+        raise TypeError(f"AnchorGenerator takes at most 2 positional arguments, got {len(args)}: {_SIGNATURES}")
+    names = ("sizes", "aspect_ratios")
+    for name, value in zip(names, args, strict=False):
+        if name in kwargs:
+            raise TypeError(f"AnchorGenerator got {name} both by position and by keyword")
+        kwargs[name] = value
+    if args and not _nested(args[0]):
+        raise TypeError(
+            f"AnchorGenerator({args[0]!r}, ...) is ambiguous: a flat list first is the plugin's feat_strides or "
+            f"torchvision's sizes with one size per level. {_SIGNATURES}. For torchvision's meaning write the "
+            f"sizes nested, AnchorGenerator({tuple((s,) for s in args[0])!r}, ...), or by keyword, "
+            f"AnchorGenerator(sizes={tuple(args[0])!r}, ...)"
+        )
+    return kwargs.get("sizes", ((128, 256, 512),)), kwargs.get("aspect_ratios", ((0.5, 1.0, 2.0),))
+
+
 class AnchorGenerator(nn.Module):
     """``AnchorGenerator(sizes=((128, 256, 512),), aspect_ratios=((0.5, 1.0, 2.0),))(image_list, feature_maps)``.
 
     ``image_list``: torchvision's ``ImageList`` or the batched image tensor (N, C, H, W) (a graph
     input qir can trace); ``feature_maps``: one (N, C, H_l, W_l) tensor per level. Returns one float32
     (num anchors, 4) tensor per image, as torchvision does.
+
+    The plugin's own ``AnchorGenerator(feat_strides, scales, ratios, ...)`` is another module
+    (docs/migration.md): its keywords, and a flat list given as the first positional argument
+    (which both signatures accept with different meanings), raise ``TypeError`` naming both.
+    Flat sizes by keyword (``sizes=(32, 64)``: one size per level) are torchvision's.
     """
 
-    def __init__(
-        self,
-        sizes: Sequence[Any] = ((128, 256, 512),),
-        aspect_ratios: Sequence[Any] = ((0.5, 1.0, 2.0),),
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
+        sizes, aspect_ratios = _parse(args, dict(kwargs))
         if not isinstance(sizes[0], (list, tuple)):
             sizes = tuple((s,) for s in sizes)
         if not isinstance(aspect_ratios[0], (list, tuple)):
