@@ -8,6 +8,9 @@ plugin's unsigned and 4-bit dtypes (``quint8``, ``qint4``, ``quint4``) are refus
 
 from __future__ import annotations
 
+import dis
+import sys
+
 import attrs
 
 from qir.ir.numerics import DTypeLike, qdtype
@@ -56,9 +59,22 @@ def _refuse(name: str, exc: type[Exception]) -> None:
     )
 
 
+_IMPORT_FROM = dis.opmap["IMPORT_FROM"]
+
+
+def _caller_imports_from() -> bool:
+    """Whether the code that asked for the attribute is a ``from qir.dtype import name``.
+
+    ``from ... import`` turns an AttributeError into a bare "cannot import name" that loses the
+    reason, and ``hasattr`` / ``getattr(..., default)`` must see an AttributeError, so the one
+    exception type cannot serve both: the caller's current instruction tells them apart."""
+    frame = sys._getframe(2)  # 0: here, 1: __getattr__, 2: the code reading the attribute
+    code, i = frame.f_code.co_code, frame.f_lasti
+    return 0 <= i < len(code) and code[i] == _IMPORT_FROM
+
+
 def __getattr__(name: str) -> object:
     if name in _UNSUPPORTED:
-        # ImportError, not AttributeError: `from qir.dtype import quint8` turns an
-        # AttributeError into a bare "cannot import name" and loses the reason.
-        _refuse(name, ImportError)
+        # hasattr(qir.dtype, "quint8") is False; `from qir.dtype import quint8` says why
+        _refuse(name, ImportError if _caller_imports_from() else AttributeError)
     raise AttributeError(f"module 'qir.dtype' has no attribute {name!r}")

@@ -10,7 +10,8 @@ the user's code runs, which is what it means for a plain tensor.
 
 A ``QTensor`` is a ``torch.Tensor`` subclass holding either integer codes (``is_quantized``,
 ``real = code * scale``) or float values on the quantization grid, plus its scale, quantized
-dtype and channel axis. Torch operations on it act on the stored tensor and return plain
+dtype and channel axis. As in the plugin, ``.dtype`` is the quantized dtype (``"qint8"``); the
+stored tensor's torch dtype is ``.storage_dtype``. Torch operations on it act on the stored tensor and return plain
 tensors (as ``x.as_subclass(torch.Tensor)`` would): quantization parameters are never carried
 silently through arithmetic that changes them.
 """
@@ -90,10 +91,30 @@ class QTensor(torch.Tensor):
         """True when the stored values are integer codes (a converted model's), False for float values."""
         return not self._plain().is_floating_point()
 
+    # The plugin's QTensor.dtype is the quantized dtype (its code compares ``x.dtype == qint16``
+    # and passes ``x.dtype`` on as the output dtype); torch's C code reads the storage dtype
+    # directly, so shadowing the Python attribute changes only what user code sees.
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        """The quantized dtype, ``"qint8"`` / ``"qint16"`` / ``"qint32"`` (``qir.dtype.qint8``...), as the
+        plugin's ``QTensor.dtype``; the stored tensor's torch dtype is :attr:`storage_dtype`."""
+        return self._q_dtype.name
+
     @property
     def qdtype(self) -> str:
-        """The quantized dtype (``"qint8"``, ``"qint16"``, ``"qint32"``); ``.dtype`` is the storage's torch dtype."""
+        """Same as :attr:`dtype` (kept for code written against earlier qir)."""
         return self._q_dtype.name
+
+    @property
+    def qtype(self) -> str:
+        """Same as :attr:`dtype` (the plugin's other spelling)."""
+        return self._q_dtype.name
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        """The torch dtype of the stored tensor: int8 / int16 / int32 codes, or a float dtype for
+        fake-quantized values (``x.as_subclass(torch.Tensor).dtype``)."""
+        return self._plain().dtype
 
     # the plugin's QTensor returns tensors here (torch's per-tensor quantized tensors return numbers)
     def q_scale(self) -> torch.Tensor:  # type: ignore[override]

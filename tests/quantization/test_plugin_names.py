@@ -25,6 +25,10 @@ def test_unsigned_and_4bit_dtypes_are_refused_by_name() -> None:
         from qir.dtype import quint8  # noqa: F401
     with pytest.raises(ValueError, match="qint4 is not supported"):
         qinfo("qint4")
+    # feature tests (the toolkit's `if hasattr(dtype, "quint8")`) see a missing name, not an error
+    assert not hasattr(qir.dtype, "quint8") and getattr(qir.dtype, "qint4", None) is None
+    with pytest.raises(AttributeError, match=r"qir\.dtype\.quint4 is not supported by qir"):
+        qir.dtype.quint4  # noqa: B018
 
 
 def test_dtype_names_work_where_dtypes_are_asked_for() -> None:
@@ -94,7 +98,9 @@ def test_qtensor_carries_codes_and_their_scale() -> None:
     assert torch.equal(q.dequantize(), torch.tensor([-1.5, 2.5, 63.5]))
     assert torch.equal(q.int_repr(), torch.tensor([-3, 5, 127], dtype=torch.int8))
     assert float(q.q_scale()) == 0.5 and int(q.q_zero_point()) == 0 and q.q_per_channel_axis() == -1
-    assert q.qdtype == "qint8" and q.dtype == torch.int8  # .dtype is the storage's torch dtype
+    assert q.dtype == qint8 and q.qtype == q.qdtype == "qint8"  # the quantized dtype, as the plugin's
+    assert q.storage_dtype == torch.int8 and q.as_subclass(torch.Tensor).dtype == torch.int8
+    assert QTensor(torch.zeros(2), 0.5, "qint16").storage_dtype == torch.float32  # fake-quantized values
     plain = q.as_subclass(torch.Tensor)
     assert type(plain) is torch.Tensor and type(q + 1) is torch.Tensor  # ops drop the scale, never carry it
     again = copy.deepcopy(q)
