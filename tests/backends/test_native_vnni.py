@@ -244,3 +244,40 @@ def test_native_maxpool_equals_the_float_path(
     want = F.max_pool2d(x.float(), list(k), None if s is None else list(s), pad, 1, ceil).to(dtype)
     assert pool_mod._maxpool_native(x, attrs) is not None
     assert got.shape == want.shape and torch.equal(got, want)
+
+
+@needs_lib
+@settings(max_examples=80, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 9), st.integers(1, 9)),
+    scale=st.sampled_from([0.0078125, 0.01, 0.1, 1 / 3, 3.7, 1e-6]),
+    dtype=st.sampled_from(["qint8", "qint16"]),
+    kind=st.sampled_from(["normal", "ties", "huge", "channels_last", "nan", "inf"]),
+    seed=st.integers(0, 999),
+)
+def test_native_quantize_equals_the_torch_rule(
+    shape: tuple[int, int, int, int], scale: float, dtype: str, kind: str, seed: int
+) -> None:
+    """Ties at k + 1/2 (half up), saturation, any memory format; a NaN / Inf input goes to the torch path."""
+    from backends.common.kernels import quant as quant_mod
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * 50
+    if kind == "ties":
+        x = (torch.randint(-300, 300, shape, generator=g) + 0.5) * torch.tensor(scale, dtype=torch.float32)
+    elif kind == "huge":
+        x = x * 1e6
+    elif kind == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif kind in ("nan", "inf"):
+        x.view(-1)[seed % x.numel()] = float(kind)
+    inst = Instruction("quantize", ("x",), ("q",), {"scale": scale, "dtype": dtype})
+    got = quant_mod.quantize(inst, [x], None)[0]
+    real = native.library
+    try:
+        native.library = lambda: None  # type: ignore[assignment]
+        want = quant_mod.quantize(inst, [x], None)[0]
+    finally:
+        native.library = real  # type: ignore[assignment]
+    assert (quant_mod._quantize_native(x, scale, dtype) is None) == (kind in ("nan", "inf"))
+    assert got.dtype == want.dtype and torch.equal(got, want)

@@ -80,7 +80,7 @@ FUSED_ADD_ROWS(qir_fused_add_rows_i16_i16, int16_t, int16_t)
  * int32 accumulation (exact: |sum| <= KH*KW*128*128 < 2**31 for KH*KW < 2**17), then the double
  * requantization above (the caller checks its bound). Rows are (n, oh) pairs; one output row is OW*C values. */
 #define DW_ROWS(NAME, OUT_T)                                                                             \
-    int NAME(const int8_t *restrict x, int64_t h, int64_t w, int64_t c, const int8_t *restrict wt, int64_t kh, int64_t kw, \
+    static int NAME(const int8_t *restrict x, int64_t h, int64_t w, int64_t c, const int8_t *restrict wt, int64_t kh, int64_t kw, \
              int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t oh,          \
              int64_t ow, const double *restrict scale, const double *restrict offset,                     \
              const double *restrict lo, const double *restrict hi, OUT_T *restrict out, int64_t r0,       \
@@ -116,8 +116,99 @@ FUSED_ADD_ROWS(qir_fused_add_rows_i16_i16, int16_t, int16_t)
         return 0;                                                                                        \
     }
 
-DW_ROWS(qir_dw_rows_i8, int8_t)
-DW_ROWS(qir_dw_rows_i16, int16_t)
+DW_ROWS(dw_rows_generic_i8, int8_t)
+DW_ROWS(dw_rows_generic_i16, int16_t)
+
+#if QIR_VNNI
+/* The same depthwise conv with AVX-512: per output pixel, 64 channels at a time in four int32
+ * registers; each tap adds x * w with one vpdpwssd (int16 pairs: x sign-extended to 32 bits times
+ * w in the low half of a lane whose high half is zero, so the pair's second product is 0).
+ * Channels past c are masked off when loading x and zero in the widened weights. */
+#define QIR_DPWSSD(acc, a, b) __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b))
+#define DW_ROWS_AVX512(NAME, OUT_T)                                                                      \
+    static int NAME(const int8_t *restrict x, int64_t h, int64_t w, int64_t c, const int8_t *restrict wt,  \
+                    int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,     \
+                    int64_t dw, int64_t oh, int64_t ow, const double *restrict scale,                      \
+                    const double *restrict offset, const double *restrict lo, const double *restrict hi,   \
+                    OUT_T *restrict out, int64_t r0, int64_t r1) {                                         \
+        const int64_t cp = (c + 63) / 64 * 64;                                                             \
+        int32_t *w32 = (int32_t *)calloc((size_t)(kh * kw * cp), sizeof(int32_t));                        \
+        int32_t acc[64];                                                                                   \
+        if (!w32) return 1;                                                                                \
+        for (int64_t t = 0; t < kh * kw; ++t)                                                              \
+            for (int64_t k = 0; k < c; ++k) w32[t * cp + k] = (int32_t)(uint16_t)(int16_t)wt[t * c + k];  \
+        for (int64_t r = r0; r < r1; ++r) {                                                                \
+            const int64_t b = r / oh, y = r % oh;                                                          \
+            const int8_t *xb = x + b * h * w * c;                                                          \
+            int64_t i0 = 0, i1 = kh; /* the taps inside the input: [i0, i1) x [j0, j1) */                 \
+            while (i0 < kh && y * sh - ph + i0 * dh < 0) ++i0;                                             \
+            while (i1 > i0 && y * sh - ph + (i1 - 1) * dh >= h) --i1;                                      \
+            for (int64_t xo = 0; xo < ow; ++xo) {                                                          \
+                OUT_T *o = out + (r * ow + xo) * c;                                                        \
+                int64_t j0 = 0, j1 = kw;                                                                   \
+                while (j0 < kw && xo * sw - pw + j0 * dw < 0) ++j0;                                        \
+                while (j1 > j0 && xo * sw - pw + (j1 - 1) * dw >= w) --j1;                                 \
+                for (int64_t cb = 0; cb < c; cb += 64) {                                                   \
+                    const int64_t cn = c - cb < 64 ? c - cb : 64;                                          \
+                    const __mmask16 m0 = cn >= 16 ? 0xFFFF : (__mmask16)((1u << cn) - 1);                  \
+                    const __mmask16 m1 = cn >= 32 ? 0xFFFF : cn <= 16 ? 0 : (__mmask16)((1u << (cn - 16)) - 1); \
+                    const __mmask16 m2 = cn >= 48 ? 0xFFFF : cn <= 32 ? 0 : (__mmask16)((1u << (cn - 32)) - 1); \
+                    const __mmask16 m3 = cn >= 64 ? 0xFFFF : cn <= 48 ? 0 : (__mmask16)((1u << (cn - 48)) - 1); \
+                    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;                        \
+                    for (int64_t i = i0; i < i1; ++i) {                                                    \
+                        const int64_t yi = y * sh - ph + i * dh;                                           \
+                        for (int64_t j = j0; j < j1; ++j) {                                                \
+                            const int64_t xi = xo * sw - pw + j * dw;                                      \
+                            const int8_t *px = xb + (yi * w + xi) * c + cb;                                \
+                            const int32_t *pk = w32 + (i * kw + j) * cp + cb;                              \
+                            QIR_DPWSSD(a0, _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m0, px)),             \
+                                       _mm512_loadu_si512((const void *)pk));                              \
+                            if (cn > 16)                                                                   \
+                                QIR_DPWSSD(a1, _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m1, px + 16)),    \
+                                           _mm512_loadu_si512((const void *)(pk + 16)));                   \
+                            if (cn > 32)                                                                   \
+                                QIR_DPWSSD(a2, _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m2, px + 32)),    \
+                                           _mm512_loadu_si512((const void *)(pk + 32)));                   \
+                            if (cn > 48)                                                                   \
+                                QIR_DPWSSD(a3, _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m3, px + 48)),    \
+                                           _mm512_loadu_si512((const void *)(pk + 48)));                   \
+                        }                                                                                  \
+                    }                                                                                      \
+                    _mm512_storeu_si512((void *)acc, a0);                                                  \
+                    _mm512_storeu_si512((void *)(acc + 16), a1);                                           \
+                    _mm512_storeu_si512((void *)(acc + 32), a2);                                           \
+                    _mm512_storeu_si512((void *)(acc + 48), a3);                                           \
+                    for (int64_t k = 0; k < cn; ++k) {                                                     \
+                        double v = floor((double)acc[k] * scale[cb + k] + offset[cb + k]);                 \
+                        v = v < lo[cb + k] ? lo[cb + k] : v;                                               \
+                        v = v > hi[cb + k] ? hi[cb + k] : v;                                               \
+                        o[cb + k] = (OUT_T)(int32_t)v;                                                     \
+                    }                                                                                      \
+                }                                                                                          \
+            }                                                                                              \
+        }                                                                                                  \
+        free(w32);                                                                                         \
+        return 0;                                                                                          \
+    }
+DW_ROWS_AVX512(dw_rows_avx512_i8, int8_t)
+DW_ROWS_AVX512(dw_rows_avx512_i16, int16_t)
+#define QIR_DW_IMPL(t) dw_rows_avx512_##t
+#else
+#define QIR_DW_IMPL(t) dw_rows_generic_##t
+#endif
+
+/* The exported entry points (returns 1 when out of memory). */
+#define DW_EXPORT(T, OUT_T)                                                                               \
+    int qir_dw_rows_##T(const int8_t *x, int64_t h, int64_t w, int64_t c, const int8_t *wt, int64_t kh,    \
+                        int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, \
+                        int64_t oh, int64_t ow, const double *scale, const double *offset, const double *lo, \
+                        const double *hi, OUT_T *out, int64_t r0, int64_t r1) {                             \
+        if (0) (void)dw_rows_generic_##T; /* kept for builds without AVX-512 */                          \
+        return QIR_DW_IMPL(T)(x, h, w, c, wt, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, scale, offset, lo, hi,  \
+                              out, r0, r1);                                                                \
+    }
+DW_EXPORT(i8, int8_t)
+DW_EXPORT(i16, int16_t)
 
 /* Copy n int8 codes (n small: one window row of a conv), each xor'ed with flip (0, or 0x80 for the
  * unsigned operand of the VNNI product: a + 128). */
@@ -144,11 +235,9 @@ typedef struct {
 /* One im2col row: output pixel m = (n, oy, ox) -> dst[(i, j, c)] (KH*KW*C codes xor flip), zero (xor
  * flip) where the window reaches into the padding. Reads only x[n][yi][xi][:] with (yi, xi) inside
  * [0, h) x [0, w). */
-static inline void im2col_pixel(const int8_t *restrict x, const qir_geom *g, int64_t m, int8_t *restrict dst,
-                                uint8_t flip) {
+static inline void im2col_pixel(const int8_t *restrict x, const qir_geom *g, int64_t b, int64_t y, int64_t xo,
+                                int8_t *restrict dst, uint8_t flip) {
     const int64_t c = g->c, w = g->w, kw = g->kw;
-    const int64_t b = m / (g->oh * g->ow), rem = m % (g->oh * g->ow);
-    const int64_t y = rem / g->ow, xo = rem % g->ow;
     const int8_t *xb = x + b * g->h * w * c;
     const int64_t x0 = xo * g->sw - g->pw;
     for (int64_t i = 0; i < g->kh; ++i, dst += kw * c) {
@@ -177,6 +266,20 @@ static inline void im2col_pixel(const int8_t *restrict x, const qir_geom *g, int
     }
 }
 
+/* im2col rows for output pixels [m0, m1), row m at dst + (m - m0) * ld (one division for the first
+ * pixel's position, then counters: a division per pixel costs as much as a small window's copy). */
+static void im2col_range(const int8_t *restrict x, const qir_geom *g, int64_t m0, int64_t m1, int8_t *restrict dst,
+                         int64_t ld, uint8_t flip) {
+    int64_t b = m0 / (g->oh * g->ow), y = (m0 / g->ow) % g->oh, xo = m0 % g->ow;
+    for (int64_t m = m0; m < m1; ++m, dst += ld) {
+        im2col_pixel(x, g, b, y, xo, dst, flip);
+        if (++xo == g->ow) {
+            xo = 0;
+            if (++y == g->oh) y = 0, ++b;
+        }
+    }
+}
+
 /* im2col for the int8 matrix-product conv: NHWC x -> cols[(n, oy, ox), (i, j, c)]; row stride ldc
  * (>= KH*KW*C; the columns past that are left as they are). Rows of this call are (n, oy) pairs:
  * writes stay inside rows [r0 * ow, r1 * ow) of cols. */
@@ -184,7 +287,7 @@ void qir_im2col_i8(const int8_t *restrict x, int64_t h, int64_t w, int64_t c, in
                    int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t oh,
                    int64_t ow, int8_t *restrict cols, int64_t ldc, int64_t r0, int64_t r1) {
     const qir_geom g = {h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow};
-    for (int64_t m = r0 * ow; m < r1 * ow; ++m) im2col_pixel(x, &g, m, cols + m * ldc, 0);
+    im2col_range(x, &g, r0 * ow, r1 * ow, cols + r0 * ow * ldc, ldc, 0);
 }
 
 /* Max pool on NHWC codes: out[n, oy, ox, c] = max over the window's positions inside the input
@@ -413,7 +516,7 @@ int qir_conv_vnni(const int8_t *x, int64_t h, int64_t w, int64_t c, int64_t kh, 
     }
     for (int64_t m0 = r0; m0 < r1; m0 += mc) {
         const int64_t m1 = m0 + mc < r1 ? m0 + mc : r1;
-        for (int64_t m = m0; m < m1; ++m) im2col_pixel(x, &g, m, cols + (m - m0) * 4 * kq, 0x80);
+        im2col_range(x, &g, m0, m1, cols, 4 * kq, 0x80);
         vnni_chunk(cols, m1 - m0, bp, kq, nblocks, comp, acc);
         epilogue_rows(e, acc, nblocks * 16, m0, m1);
     }
@@ -425,3 +528,30 @@ int qir_conv_vnni(const int8_t *x, int64_t h, int64_t w, int64_t c, int64_t kh, 
     return 1;
 #endif
 }
+
+/* The quantize kernel on float32 NCHW x: codes = clamp(floor(v) + (v - floor(v) >= 0.5)) with
+ * v = x / scale, one IEEE float32 division (what quant.py computes with torch), written as NHWC
+ * (out[(n, p, ch)] for pixel p of hw). Planes (n, ch) in [r0, r1). Returns the number of non-finite
+ * inputs met (the caller then takes the torch path, whose NaN handling this does not copy). */
+#define QUANTIZE_PLANES(NAME, OUT_T, LO, HI)                                                             \
+    int64_t NAME(const float *restrict x, int64_t c, int64_t hw, float scale, OUT_T *restrict out,       \
+                 int64_t r0, int64_t r1) {                                                               \
+        int64_t bad = 0;                                                                                 \
+        for (int64_t r = r0; r < r1; ++r) {                                                              \
+            const int64_t b = r / c, ch = r % c;                                                         \
+            const float *xp = x + r * hw;                                                                \
+            OUT_T *o = out + b * hw * c + ch;                                                            \
+            for (int64_t p = 0; p < hw; ++p) {                                                           \
+                const float v = xp[p] / scale;                                                           \
+                bad += !isfinite(v);                                                                     \
+                float f = floorf(v);                                                                     \
+                f += (v - f >= 0.5f) ? 1.0f : 0.0f;                                                      \
+                f = f < (LO) ? (LO) : (f > (HI) ? (HI) : f);                                             \
+                o[p * c] = (OUT_T)(isfinite(f) ? (int32_t)f : 0);                                        \
+            }                                                                                            \
+        }                                                                                                \
+        return bad;                                                                                      \
+    }
+
+QUANTIZE_PLANES(qir_quantize_planes_i8, int8_t, -128.0f, 127.0f)
+QUANTIZE_PLANES(qir_quantize_planes_i16, int16_t, -32768.0f, 32767.0f)

@@ -74,6 +74,8 @@ _SIGNATURES: dict[str, list[type]] = {
     # x, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, bp, kq, nblocks, comp, epilogue, r0, r1
     "qir_conv_vnni": [_P, *[_I64] * 13, _P, _I64, _I64, _P, _P, _I64, _I64],
     "qir_caps": [],
+    # x, c, hw, scale, out, r0, r1
+    **{f"qir_quantize_planes_{t}": [_P, _I64, _I64, ctypes.c_float, _P, _I64, _I64] for t in ("i8", "i16")},
 }
 _RETURNS_INT = ("qir_dw_", "qir_gemm_vnni", "qir_conv_vnni", "qir_caps")
 
@@ -136,6 +138,8 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         fn = getattr(lib, name)
         fn.argtypes = args
         fn.restype = ctypes.c_int if name.startswith(_RETURNS_INT) else None
+        if name.startswith("qir_quantize_planes"):
+            fn.restype = ctypes.c_int64
     return lib, f"native kernels from {so}"
 
 

@@ -8,6 +8,7 @@ windows and int16 codes use float64 (exact below 2**53).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -146,9 +147,10 @@ def avgpool_divisors(h: int, w: int, a: Mapping[str, Any]) -> torch.Tensor:
     return rh[:, None] * rw[None, :]
 
 
-def _window_requant(
-    sums: torch.Tensor, divisor: torch.Tensor, mult: torch.Tensor, shift: torch.Tensor, out_dtype: str, where: str
-) -> torch.Tensor:
+def _window_factors(
+    divisor: torch.Tensor, mult: torch.Tensor, shift: torch.Tensor, where: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per window: the float64 requantization factors of its divisor's table entry."""
     if int(divisor.max()) > mult.numel() or int(divisor.min()) < 1:
         raise ValueError(
             f"{where}: a window divisor {int(divisor.max())} is outside the program's table "
@@ -156,9 +158,19 @@ def _window_requant(
         )
     idx = divisor - 1
     rq = RequantF64(mult[idx].reshape(-1), shift[idx].reshape(-1))
-    sc, hf = rq.scale.reshape(divisor.shape), rq.half.reshape(divisor.shape)
+    return rq.scale.reshape(divisor.shape), rq.half.reshape(divisor.shape)
+
+
+def _requant_windows(sums: torch.Tensor, factors: tuple[torch.Tensor, torch.Tensor], out_dtype: str) -> torch.Tensor:
+    sc, hf = factors
     lo, hi = qbounds(out_dtype)
     return sat_to(torch.addcmul(hf, sums.to(torch.float64), sc).floor_().clamp_(lo, hi), out_dtype)
+
+
+def _window_requant(
+    sums: torch.Tensor, divisor: torch.Tensor, mult: torch.Tensor, shift: torch.Tensor, out_dtype: str, where: str
+) -> torch.Tensor:
+    return _requant_windows(sums, _window_factors(divisor, mult, shift, where), out_dtype)
 
 
 @register_kernel(
@@ -191,22 +203,41 @@ def adaptive_bounds(size: int, out: int) -> tuple[torch.Tensor, torch.Tensor]:
     return (i * size) // out, -((-(i + 1) * size) // out)
 
 
+@dataclass
+class _AdaptiveState:
+    multipliers: torch.Tensor
+    shifts: torch.Tensor
+    #: (H, W) -> window bounds and requantization factors: built on the first call at an input size
+    windows: dict[tuple[int, int], tuple[Any, ...]] = field(default_factory=dict)
+
+
+def _prepare_adaptive(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> _AdaptiveState:
+    return _AdaptiveState(consts[inst.consts["multipliers"]], consts[inst.consts["shifts"]])
+
+
 @register_kernel(
     "adaptive_avgpool2d",
+    prepare=_prepare_adaptive,
     schema=KernelSchema(
         attrs={"output_size": Attr(_output_size_check, "[H or null, W or null]"), "out_dtype": OUT_DTYPE},
         consts=_WINDOW_CONSTS,
     ),
 )
-def adaptive_avgpool2d(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+def adaptive_avgpool2d(inst: Instruction, args: list[Any], state: _AdaptiveState) -> list[Any]:
     a = inst.attrs
     x = args[0]
     h, w = int(x.shape[-2]), int(x.shape[-1])
     oh = h if a["output_size"][0] is None else int(a["output_size"][0])
     ow = w if a["output_size"][1] is None else int(a["output_size"][1])
-    hs, he = adaptive_bounds(h, oh)
-    ws, we = adaptive_bounds(w, ow)
-    count = (he - hs)[:, None] * (we - ws)[None, :]
+    win = state.windows.get((h, w))
+    if win is None:
+        # a handful of tiny tensor ops, costly next to a batch-1 global pool: once per input size
+        hs, he = adaptive_bounds(h, oh)
+        ws, we = adaptive_bounds(w, ow)
+        count = (he - hs)[:, None] * (we - ws)[None, :]
+        factors = _window_factors(count, state.multipliers, state.shifts, inst.source)
+        win = state.windows[(h, w)] = (hs, he, ws, we, factors)
+    hs, he, ws, we, factors = win
     if oh == 1 and ow == 1:
         sums = x.to(_sum_dtype(x, h * w)).sum(dim=(-2, -1), keepdim=True)
     else:
@@ -218,7 +249,7 @@ def adaptive_avgpool2d(inst: Instruction, args: list[Any], state: Mapping[str, t
             - cs[..., he[:, None], ws[None, :]]
             + cs[..., hs[:, None], ws[None, :]]
         )
-    return [_window_requant(sums, count, state["multipliers"], state["shifts"], str(a["out_dtype"]), inst.source)]
+    return [_requant_windows(sums, factors, str(a["out_dtype"]))]
 
 
 @register_kernel(

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from backends.common.kernels import native
 from backends.common.kernels.base import qbounds, register_kernel
 from backends.common.kernels.schema import DIM, OUT_DTYPE, Const, KernelSchema, floating, optional
 from backends.common.program import Instruction
@@ -31,12 +32,39 @@ def quantize(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
             f"quantize ({inst.source}): expected a float tensor input, got {getattr(x, 'dtype', type(x).__name__)}"
         )
     dtype = str(inst.attrs["dtype"])
+    codes = _quantize_native(x, float(inst.attrs["scale"]), dtype)
+    if codes is not None:
+        return [codes]
     ct = torch.float64 if dtype == "qint32" or x.dtype == torch.float64 else torch.float32
     v = x.to(ct) / torch.tensor(float(inst.attrs["scale"]), dtype=torch.float32).to(ct)
     f = torch.floor(v)
     f += v.sub_(f).ge_(0.5)  # in place: the fraction v - floor(v) is exact, then its tie test as 0 / 1
     lo, hi = qbounds(dtype)
     return [f.clamp_(lo, hi).to(_TORCH[dtype])]
+
+
+def _quantize_native(x: torch.Tensor, scale: float, dtype: str) -> torch.Tensor | None:
+    """The same rule in one native pass over a float32 (N, C, H, W) input, codes laid out NHWC (the
+    layout the conv kernels read); None where it does not apply (no library, another dtype or rank,
+    a non-finite input: the torch path decides those)."""
+    lib = native.library()
+    if lib is None or x.dtype != torch.float32 or x.dim() != 4 or dtype not in ("qint8", "qint16"):
+        return None
+    xc = x.contiguous()
+    nb, c, h, w = (int(d) for d in xc.shape)
+    out = torch.empty((nb, h, w, c), dtype=_TORCH[dtype])
+    # the C loop reads planes [r0, r1) of nb * c planes of h * w floats and writes their codes into out
+    assert xc.numel() == out.numel() == nb * c * h * w
+    fn = lib.qir_quantize_planes_i8 if dtype == "qint8" else lib.qir_quantize_planes_i16
+    s = float(torch.tensor(scale, dtype=torch.float32))
+    p = native.ptr
+    bad: list[int] = []  # one count per thread's call (list.append is atomic)
+
+    def planes(r0: int, r1: int) -> None:
+        bad.append(int(fn(p(xc), c, h * w, s, p(out), r0, r1)))
+
+    native.run_rows(planes, nb * c, xc.numel())
+    return None if any(bad) else out.permute(0, 3, 1, 2)
 
 
 def _prepare_dequant(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> torch.Tensor:
