@@ -26,7 +26,7 @@ from onnx_testing import initializer, load, run_ort
 
 from qir.march import March, march_scope
 from qir.qconfig import get_default_qat_qconfig
-from qir.quantization import convert_fx, prepare_qat_fx, set_fake_quantize
+from qir.quantization import FakeQuantize, convert_fx, prepare_qat_fx, set_fake_quantize
 from qir.utils.onnx_helper import export_to_onnx
 
 
@@ -52,6 +52,24 @@ class ResNetLet(nn.Module):
         z = self.conv2(self.relu1(self.conv1(y)))
         z = self.relu2(z + y if self.residual else z)
         return self.dequant(self.fc(torch.flatten(z, 1)))
+
+
+class ReLU6Chain(nn.Module):
+    """conv-relu6, depthwise conv-relu6, conv (mobilenet_v2's layers), bias-free so every rewrite is exact."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1, bias=False),
+            nn.ReLU6(),
+            nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False),
+            nn.ReLU6(),
+            nn.Conv2d(16, 8, 1, bias=False),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.body(self.quant(x)))
 
 
 def _prepared(model: nn.Module, x: torch.Tensor) -> nn.Module:
@@ -126,15 +144,32 @@ def test_weights_and_biases_are_integer_initializers(residual: tuple[nn.Module, 
     np.testing.assert_array_equal(initializer(graph, dq_b.input[0]), np.floor(float_bias / s_acc + 0.5))
 
 
-def test_exact_rewrites_compute_what_the_default_layout_computes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("net", ["relu_maxpool", "relu6_depthwise"])
+def test_exact_rewrites_compute_what_the_default_layout_computes(net: str, tmp_path: Path) -> None:
     """No bias, no residual: every rewrite is exact, so both layouts agree bit for bit as written."""
     torch.manual_seed(1)
-    x = torch.randn(8, 3, 16, 16)
-    model = _prepared(ResNetLet(bias=False, residual=False), x)
+    x = torch.randn(8, 3, 16, 16) * 4  # wide enough that ReLU6 clips
+    float_model = ResNetLet(bias=False, residual=False) if net == "relu_maxpool" else ReLU6Chain()
+    model = _prepared(float_model, x)
+    if net == "relu6_depthwise":
+        # coarser activation scales put Q(6) below 127 codes, so the integer ceilings are not just 127
+        for m in model.modules():
+            if isinstance(m, FakeQuantize) and m.ch_axis is None:
+                m.scale.mul_(2)
     export_to_onnx(model, (x,), tmp_path / "ort.onnx", qdq_layout="onnxruntime")
     export_to_onnx(model, (x,), tmp_path / "fq.onnx")
     ops = collections.Counter(n.op_type for n in load(tmp_path / "ort.onnx").graph.node)
-    assert ops["Clip"] == 3 and ops["MaxPool"] == 1  # the ReLU ceilings and the pool on codes are there
+    if net == "relu_maxpool":
+        assert ops["Clip"] == 3 and ops["MaxPool"] == 1  # the ReLU ceilings and the pool on codes are there
+    else:
+        graph = load(tmp_path / "ort.onnx")
+        clips = [n for n in graph.graph.node if n.op_type == "Clip"]
+        assert len(clips) == 2 and all(initializer(graph, c.input[1]).dtype == np.uint8 for c in clips)
+        producers = {o: n for n in graph.graph.node for o in n.output}
+        for clip in clips:  # the ceiling is Q(6) at the ReLU6 output's scale, below the int8 ceiling
+            scale = initializer(graph, producers[clip.input[0]].input[1])
+            ceiling = int(initializer(graph, clip.input[2]))
+            assert ceiling == round(float(np.float32(6) / scale)) < 127
     (got,), (want,) = run_ort(tmp_path / "ort.onnx", x), run_ort(tmp_path / "fq.onnx", x)
     np.testing.assert_array_equal(got, want)
     assert len(np.unique(want)) > 20
@@ -168,3 +203,28 @@ def test_unknown_layout_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"qdq_layout='qlinear'.*'fake_quant', 'onnxruntime'"):
         export_to_onnx(nn.Conv2d(1, 1, 1), torch.zeros(1, 1, 2, 2), tmp_path / "a.onnx", qdq_layout="qlinear")
     assert not (tmp_path / "a.onnx").exists()
+
+
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize("other_signed", [True, False])
+def test_intermediate_scale_clipping_never_changes_the_output(relu: bool, other_signed: bool) -> None:
+    """At the fused conv + add's intermediate scale, cutting the conv's code to int8 changes no output code."""
+    from qir.utils.onnx.ort_layout import _intermediate_scale
+
+    rng = np.random.default_rng(0)
+    lo, hi = (-128, 127) if other_signed else (0, 127)  # a post-ReLU operand has codes 0..127
+
+    def out_codes(v: np.ndarray, s_out: float) -> np.ndarray:
+        return np.clip(np.round((np.maximum(v, 0) if relu else v) / s_out), -128, 127)
+
+    for _ in range(50):
+        s_out, s_o = rng.uniform(0.01, 1.0, 2)
+        s_mid = float(_intermediate_scale(s_out, lo * s_o, hi * s_o, relu))
+        c = rng.uniform(-400, 400, 20_000) * s_mid  # far past the int8 range
+        o = rng.integers(lo, hi + 1, c.shape) * s_o
+        rounded = np.round(c / s_mid)
+        assert (np.abs(rounded) > 128).any()
+        clipped = np.clip(rounded, -128, 127)
+        np.testing.assert_array_equal(out_codes(clipped * s_mid + o, s_out), out_codes(rounded * s_mid + o, s_out))
+    # a post-ReLU operand under a ReLU needs no more than the larger of the two scales (plus a hair)
+    assert _intermediate_scale(0.5, 0.0, 127 * 0.25, True) <= 0.5 * (1 + 2.0**-15)

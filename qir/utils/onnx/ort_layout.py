@@ -13,12 +13,14 @@ layout"); they run in this order:
    ``-> DQ``;
 2. conv / linear bias: a float bias becomes an int32 initializer at ``s_in * s_w`` (qir's
    ``quantize_bias``) ``-> DQ``;
-3. ``op -> Relu -> Q(int8, zero point 0)`` becomes ``op -> Q(uint8, zero point 0) ->
-   Clip(0, 127) -> DQ``: the uint8 Q makes the ReLU redundant, and the Clip restores qir's
-   int8 ceiling, so the values are unchanged;
+3. ``op -> Relu -> Q(int8, zero point 0)`` becomes ``op -> Relu -> Q(uint8, zero point 0) ->
+   Clip(0, 127) -> DQ``: the uint8 Q makes the ReLU redundant, and the integer Clip restores
+   qir's int8 ceiling, so the values are unchanged; a ReLU6 (``Clip(0, 6)``) becomes
+   ``op -> Q(uint8, 0) -> Clip(0, Q(6))`` the same way;
 4. ``DQ -> MaxPool`` becomes ``MaxPool -> DQ`` on the integer codes (exact);
 5. a conv / linear whose output only feeds an ``Add`` (qir's fused conv + add) gets its own
-   ``Q -> DQ`` at ``s_out + s_other``: **not exact**, one extra rounding (docs/onnx.md);
+   ``Q -> DQ`` at the smallest scale where clipping it never changes the output
+   (:func:`_intermediate_scale`): **not exact**, one extra rounding (docs/onnx.md);
 6. the remaining int8 activation pairs ``Q(int8, 0) -> DQ`` become ``Q(uint8, 128) -> DQ(uint8,
    128)`` (the same values).
 
@@ -209,26 +211,50 @@ class _Rewriter:
 
     # -- 3. ReLU before an int8 Q ------------------------------------------------------------
 
+    def _relu_ceiling(self, node: Any, scale: np.ndarray) -> int | None:
+        """The top code of a ReLU (127) or of a ``Clip(0, hi)`` such as ReLU6 at ``scale``; None otherwise."""
+        if node.op_type == "Relu":
+            return 127
+        if node.op_type != "Clip" or scale.ndim != 0:
+            return None
+        bounds = [self._const(v) for v in (*node.inputs[1:3], None, None)][:2]
+        if bounds[0] is None or float(bounds[0]) != 0.0:
+            return None
+        if bounds[1] is None:
+            return 127
+        # Q(clip(y, 0, hi)) = clip(Q(y), 0, Q(hi)): Q rounds monotonically; as onnxruntime computes
+        # Q(hi) (float32 division, ties to even), so the codes equal the graph's as written
+        top = np.round(np.float32(bounds[1]) / np.float32(scale))
+        return int(np.clip(top, 0, 127))
+
     def relus(self) -> None:
         ir = self.ir
-        for relu in [n for n in self.graph if n.op_type == "Relu"]:
+        for relu in [n for n in self.graph if n.op_type in ("Relu", "Clip")]:
             q = self._only_use(relu.outputs[0])
             if q is None or q.op_type != "QuantizeLinear" or q.inputs[0] is not relu.outputs[0]:
                 continue
             params = self._qdq_params(q)
             if params is None or params[2] != "INT8" or params[1] != 0 or q.outputs[0].is_graph_output():
                 continue
+            ceiling = self._relu_ceiling(relu, params[0])
             consumers = [u.node for u in q.outputs[0].uses()]
-            if not consumers or any(c.op_type != "DequantizeLinear" or len(c.inputs) > 2 for c in consumers):
+            if ceiling is None or not consumers:
+                continue
+            if any(c.op_type != "DequantizeLinear" or len(c.inputs) > 2 for c in consumers):
                 continue
             scale_shape = params[0].shape
             zp = self._initializer(f"{q.inputs[1].name or 'relu'}_zero_point_u8", np.zeros(scale_shape, np.uint8))
             self._replaced.append(q.inputs[2])
             q.replace_input_with(2, zp)
             q.outputs[0].type = ir.TensorType(ir.DataType.UINT8)
+            if relu.op_type == "Clip":
+                # onnxruntime fuses only a ReLU or a Clip that the Q's range implies: the integer
+                # Clip below does the float one's work, so the float one goes
+                q.replace_input_with(0, relu.inputs[0])
+                self.graph.remove(relu, safe=True)
             lo = self._initializer("relu_clip_min_u8", np.array(0, np.uint8))
-            hi = self._initializer("relu_clip_max_u8", np.array(127, np.uint8))
-            clip = self._node("Clip", [q.outputs[0], lo, hi], f"{q.outputs[0].name}_int8_ceiling", q.outputs[0])
+            hi = self._initializer("relu_clip_max_u8", np.array(ceiling, np.uint8))
+            clip = self._node("Clip", [q.outputs[0], lo, hi], f"{q.outputs[0].name}_ceiling", q.outputs[0])
             self.graph.insert_after(q, clip)
             for dq in consumers:
                 dq.replace_input_with(0, clip.outputs[0])
@@ -279,18 +305,18 @@ class _Rewriter:
             other = add.inputs[1] if add.inputs[0] is node.outputs[0] else add.inputs[0]
             dq_other = self._producer(other, "DequantizeLinear")
             out = self._only_use(add.outputs[0])
-            if out is not None and out.op_type == "Relu":
+            relu = out is not None and out.op_type == "Relu"
+            if out is not None and relu:
                 out = self._only_use(out.outputs[0])
             if dq_other is None or out is None or out.op_type != "QuantizeLinear":
                 continue
             p_other, p_out = self._qdq_params(dq_other), self._qdq_params(out)
             if p_other is None or p_out is None or p_other[3] is not None or p_out[3] is not None:
                 continue
-            if p_out[1] != 0:
-                continue
-            # s_out + s_other: wherever the conv's own int8 code saturates, the sum saturates
-            # (or is cut to 0 by the ReLU) anyway, so only the extra rounding is lost
-            s_mid = np.float32(p_out[0]) + np.float32(p_other[0])
+            if p_out[1] != 0 or p_out[2] not in ("INT8", "UINT8"):
+                continue  # int16 outputs: onnxruntime has no int16 QLinearAdd, keep the exact form
+            lo, hi = self._code_range(dq_other)
+            s_mid = _intermediate_scale(float(p_out[0]), lo * float(p_other[0]), hi * float(p_other[0]), relu)
             scale = self._initializer(f"{node.outputs[0].name}_scale", np.array(s_mid, np.float32))
             zp = self._initializer(f"{node.outputs[0].name}_zero_point", np.array(0, np.int8))
             q = self._node(
@@ -305,6 +331,21 @@ class _Rewriter:
             add.replace_input_with(list(add.inputs).index(node.outputs[0]), dq.outputs[0])
             self.report.conv_adds += 1
             self.report.inexact.append(node.name or node.outputs[0].name or "?")
+
+    def _code_range(self, dq: Any) -> tuple[int, int]:
+        """The codes (minus the zero point) ``dq`` can see: its type's range, narrowed by a constant
+        Clip upstream (through max pools and element moves), as the ReLU rewrite leaves."""
+        params = self._qdq_params(dq)
+        assert params is not None
+        lo, hi = _INT_RANGE.get(params[2], (-(2**31), 2**31 - 1))
+        node = dq.inputs[0].producer()
+        while node is not None and node.op_type in ("MaxPool", *_MOVES):
+            node = node.inputs[0].producer() if node.inputs[0] is not None else None
+        if node is not None and node.op_type == "Clip":
+            low, high = [self._const(v) for v in (*node.inputs[1:3], None, None)][:2]
+            lo = lo if low is None else max(lo, int(low))
+            hi = hi if high is None else min(hi, int(high))
+        return lo - params[1], hi - params[1]
 
     # -- 6. int8 activations as uint8 -------------------------------------------------------
 
@@ -344,6 +385,21 @@ class _Rewriter:
             if name in self.graph.initializers and self.graph.initializers[name] is value:
                 if not list(value.uses()) and not value.is_graph_output() and not value.is_graph_input():
                     self.graph.initializers.pop(name)
+
+
+def _intermediate_scale(s_out: float, o_lo: float, o_hi: float, relu: bool) -> np.float32:
+    """The scale of the int8 code a fused conv + add's conv output gets (output codes [-128, 127]).
+
+    The smallest scale at which clipping the conv's value ``c`` to ``[-128, 127]`` codes never
+    changes the output, given the other operand lies in ``[o_lo, o_hi]``: where ``c`` is cut
+    at the top, ``127·s_mid + o_lo`` must already reach the output's top code 127; where it is
+    cut at the bottom, ``-128·s_mid + o_hi`` must reach 0 under a ReLU, or the bottom code
+    -128 without one. Only the rounding of ``c`` to this grid is then lost.
+    """
+    top = (127.0 * s_out - o_lo) / 127.0
+    bottom = o_hi / 128.0 if relu else (128.0 * s_out + o_hi) / 128.0
+    # a hair above, so float32 rounding of the scale cannot undo the bound
+    return np.float32(max(top, bottom, s_out * 2.0**-8) * (1.0 + 2.0**-16))
 
 
 def ort_fusable_layout(model: Any) -> OrtLayoutReport:
