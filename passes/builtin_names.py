@@ -6,11 +6,14 @@ Its own module so that ``register_pass`` (which reserves these names) and the re
 
 from __future__ import annotations
 
-#: Built-in pass name -> the module that defines and registers it.
+#: Built-in pass name -> the module that defines and registers it. A backend's pass is named by
+#: its module path like any other: the registry imports it on first use, so ``passes`` itself
+#: never imports a backend.
 BUILTIN_PASSES: dict[str, str] = {
     "absorb-bn": "passes.absorb_bn",
     "dce": "passes.dce",
     "fuse": "passes.fuse",
     "legalize": "passes.legalize",
+    "lower": "backends.common.lower_pass",
     "remove-identity": "passes.remove_identity",
 }

@@ -11,8 +11,9 @@ Generated from the live registries, never from a hand-kept list:
   scale-preserving calls that run on codes as written, or the ops on codes convert gives an
   integer form (``qir.quantization.code_convert.CONVERTED_FORMS``); else the row's eager
   replacement (``qir.nn.Exp``) when qir has it;
-* **lowering**: a rule in ``backends.common.lower``'s registry for the quantized module,
-  ``QFunctional`` method, function or tensor method;
+* **lowering**: a rule in ``backends.common.lower``'s registries: an op rule for the IR op
+  the spelling becomes, or a legacy rule for the quantized module, ``QFunctional`` method,
+  function or tensor method;
 * **bernoulli2** / **bayes**: the row's support in the march's operator table.
 
 ``python -m backends.common.coverage docs/coverage.md`` rewrites the generated block of
@@ -215,7 +216,27 @@ def _route(entry: OpEntry, ir_op: str | None) -> tuple[str | None, str | None, l
     return None, None, []
 
 
+def _ir_op(kind: str, key: Any) -> str | None:
+    """The IR op the front end makes of a module class, function or tensor method (the first registered)."""
+    import builtins
+
+    from qir.ir import OP_REGISTRY
+
+    if kind == "function" and key in (operator.getitem, builtins.getattr):  # the front end's own two
+        return "getitem" if key is operator.getitem else "getattr"
+    for name, cls in OP_REGISTRY.items():
+        if kind == "module" and key in getattr(cls, "module_types", ()):
+            return name
+        if kind == "function" and any(f is key for f in getattr(cls, "functions", ())):
+            return name
+        if kind == "method" and key in getattr(cls, "methods", ()):
+            return name
+    return None
+
+
 def _lowered(keys: list[tuple[str, Any]]) -> bool:
+    """Every key has a rule on every march: a legacy rule for the spelling itself, or an op rule
+    for the IR op the spelling becomes."""
     import backends.common.lower_rules  # noqa: F401  (registers the common rules)
     from backends.common import lower
 
@@ -223,9 +244,10 @@ def _lowered(keys: list[tuple[str, Any]]) -> bool:
         return False
     tables = {"functional": lower._FUNCTIONAL_RULES, "function": lower._FUNCTION_RULES, "method": lower._METHOD_RULES}
     for kind, key in keys:
+        op = _ir_op(kind, key) if kind != "functional" else None
         for march in MARCHES:
             ok = _module_rule(key, march) if kind == "module" else _rule(tables[kind], key, march)
-            if not ok:
+            if not ok and (op is None or lower.op_rule(march, op) is None):
                 return False
     return True
 

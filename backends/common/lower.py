@@ -1,16 +1,23 @@
-"""Lowering: a converted model -> :class:`~backends.common.program.Program` of integer kernels.
+"""Lowering's shared machinery: the rule registries, the :class:`LowerContext` rules emit
+into, kernel policies and the helpers rules use. The walk over the IR graph is
+:func:`backends.common.lower_ir.lower_ir`; the ``lower`` pass (:mod:`backends.common.lower_pass`)
+runs it inside a pipeline.
 
-The input is the converted model's fx graph (a ``convert_fx`` GraphModule's own graph, or
-``trace_fx`` of an eager ``convert`` result: quantized modules are leaves and
-``QFunctional`` methods are ``call_method`` nodes). Each node is lowered by a rule looked
-up in a registry keyed by march (``"*"`` = every march) and by quantized module class,
-QFunctional method, torch function or tensor method. Rules read the modules' integer
-buffers and fixed scales (deriving multipliers with :mod:`backends.common.numerics`, the
-rules' single implementation); they never call a module's forward.
+Two kinds of rules, both keyed by march (``"*"`` = every march; a march's own rule wins):
 
-While lowering, every emitted instruction runs once on the example inputs with the
-Program's own kernels: later rules see concrete shapes, and layers with several exact
-engines are timed and the fastest is kept (``opt >= 2``; the march's
+* **op rules**, keyed by IR op name (:func:`register_op_rule`): ``rule(ctx, node, operands)``
+  with the ``qir.ir`` node (its op's attributes, ``scope``, ``name``) and the lowered
+  operands. This is the registry every rule moves to.
+* **legacy rules**, keyed by quantized module class, QFunctional method, torch function or
+  tensor method: ``rule(ctx, node, obj, args, kwargs)`` with a :class:`RuleNode`. The IR walk
+  reaches them through its adapter for nodes no op rule covers (opaque module and method
+  calls, and ops whose torch call or module form they know).
+
+Rules read the modules' integer buffers and fixed scales (deriving multipliers with
+:mod:`backends.common.numerics`, the rules' single implementation); they never call a
+module's forward. While lowering, every emitted instruction runs once on the example
+inputs with the Program's own kernels: later rules see concrete shapes, and layers with
+several exact engines are timed and the fastest is kept (``opt >= 2``; the march's
 :class:`KernelPolicy`).
 """
 
@@ -20,27 +27,34 @@ import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-import torch.fx
 from torch import nn
 
 from backends.common.kernels.base import F64_EXACT_ACC, get_kernel
 from backends.common.kernels.schema import SchemaError
-from backends.common.program import Instruction, Program, ValueRef
+from backends.common.program import Instruction, ValueRef
 
 __all__ = [
     "KernelPolicy",
     "LowerContext",
     "LoweringError",
+    "Named",
+    "OpRule",
+    "RuleNode",
     "get_kernel_policy",
-    "lower_graph",
+    "op_rule",
     "register_function_rule",
     "register_functional_rule",
     "register_kernel_policy",
     "register_method_rule",
     "register_module_rule",
+    "register_op_rule",
+    "function_rule",
+    "functional_rule",
+    "method_rule",
+    "module_rule",
 ]
 
 
@@ -84,12 +98,54 @@ def _load_backend(march: str) -> None:
 
 # ----------------------------------------------------------------------------- rule registry
 
-Rule = Callable[["LowerContext", torch.fx.Node, Any, list[Any], dict[str, Any]], Any]
+
+class Named(Protocol):
+    """What the helpers below read of the node being lowered: its name (instruction sources, errors)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class RuleNode:
+    """The node a legacy rule lowers, in the shape those rules read: ``name`` (the IR value's
+    name: instruction sources and messages), ``target`` (the module path, method name or
+    callable) and ``args`` (the call's arguments; a QFunctional method's receiver first)."""
+
+    name: str
+    target: Any
+    args: tuple[Any, ...] = ()
+
+
+#: ``rule(ctx, node, operands)``: ``node`` is the ``qir.ir`` Node, ``operands`` its operands
+#: lowered (a ValueRef for a run-time value, the tensor itself for a constant).
+OpRule = Callable[["LowerContext", Any, list[Any]], Any]
+Rule = Callable[["LowerContext", RuleNode, Any, list[Any], dict[str, Any]], Any]
+
+_OP_RULES: dict[tuple[str, str], OpRule] = {}
 
 _MODULE_RULES: dict[tuple[str, type], Rule] = {}
 _FUNCTIONAL_RULES: dict[tuple[str, str], Rule] = {}
 _FUNCTION_RULES: dict[tuple[str, Any], Rule] = {}
 _METHOD_RULES: dict[tuple[str, str], Rule] = {}
+
+
+def register_op_rule(op_name: str, rule: OpRule, march: str = "*") -> None:
+    """``rule(ctx, node, operands)`` lowers every node of IR op ``op_name`` on ``march``
+    (``"*"``: on every march that registers none of its own)."""
+    from qir.ir.op import OP_REGISTRY
+
+    if op_name not in OP_REGISTRY:
+        raise ValueError(
+            f"register_op_rule: {op_name!r} is not a registered IR op (docs/ir-ops.md lists them; "
+            "register the op first)"
+        )
+    _OP_RULES[(march, op_name)] = rule
+
+
+def op_rule(march: str, op_name: str) -> OpRule | None:
+    """The op rule lowering ``op_name`` on ``march``: the march's own, else the common one."""
+    return _OP_RULES.get((march, op_name)) or _OP_RULES.get(("*", op_name))
 
 
 def register_module_rule(cls: type, rule: Rule, march: str = "*") -> None:
@@ -112,7 +168,8 @@ def register_method_rule(name: str, rule: Rule, march: str = "*") -> None:
     _METHOD_RULES[(march, name)] = rule
 
 
-def _module_rule(march: str, m: nn.Module) -> Rule | None:
+def module_rule(march: str, m: nn.Module) -> Rule | None:
+    """The module rule for ``m``'s class or its nearest base class that has one."""
     for cls in type(m).__mro__:
         for key in ((march, cls), ("*", cls)):
             if key in _MODULE_RULES:
@@ -125,6 +182,18 @@ def _lookup(table: Mapping[tuple[str, Any], Rule], march: str, key: Any) -> Rule
         return table.get((march, key)) or table.get(("*", key))
     except TypeError:  # unhashable target
         return None
+
+
+def functional_rule(march: str, method: str) -> Rule | None:
+    return _lookup(_FUNCTIONAL_RULES, march, method)
+
+
+def function_rule(march: str, target: Any) -> Rule | None:
+    return _lookup(_FUNCTION_RULES, march, target)
+
+
+def method_rule(march: str, name: str) -> Rule | None:
+    return _lookup(_METHOD_RULES, march, name)
 
 
 # ----------------------------------------------------------------------------- context
@@ -244,107 +313,7 @@ class LowerContext:
                 )
 
 
-# ----------------------------------------------------------------------------- graph walk
-
-
-def _describe(n: torch.fx.Node) -> str:
-    t = n.target
-    return getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or str(t)
-
-
-def lower_graph(
-    root: nn.Module, graph: torch.fx.Graph, example_inputs: Sequence[Any], march: str, opt: int = 2
-) -> Program:
-    """Lower ``graph`` (whose module targets live in ``root``) for ``march``."""
-    import backends.common.lower_rules  # noqa: F401  (registers the common rules)
-
-    policy = get_kernel_policy(march)
-    ctx = LowerContext(march=march, opt=opt, policy=policy)
-    env: dict[str, Any] = {}
-    attrs_of: dict[str, Any] = {}
-    inputs: list[str] = []
-    outputs: Any = None
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(example_inputs):
-        raise LoweringError(
-            f"the model takes {len(placeholders)} input(s) "
-            f"({', '.join(n.name for n in placeholders)}), got {len(example_inputs)} example input(s)"
-        )
-    examples = dict(zip((n.name for n in placeholders), example_inputs, strict=True))
-
-    def value(a: Any) -> Any:
-        return torch.fx.node.map_arg(a, lambda n: env[n.name])
-
-    for n in graph.nodes:
-        if n.op == "placeholder":
-            name = ctx.fresh(n.name)
-            ctx.values[name] = examples[n.name]
-            inputs.append(name)
-            env[n.name] = ValueRef(name)
-            continue
-        if n.op == "get_attr":
-            obj = _fetch(root, str(n.target))
-            attrs_of[n.name] = obj
-            env[n.name] = obj
-            continue
-        if n.op == "output":
-            outputs = _output_names(value(n.args[0]), n)
-            continue
-        args, kwargs = value(n.args), value(n.kwargs)
-        if n.op == "call_module":
-            m = root.get_submodule(str(n.target))
-            rule = _module_rule(march, m)
-            if rule is None:
-                raise LoweringError(
-                    f"node '{n.name}': module '{n.target}' ({type(m).__module__}.{type(m).__name__}) "
-                    f"has no lowering rule on {march}"
-                )
-            res = rule(ctx, n, m, list(args), dict(kwargs))
-        elif (
-            n.op == "call_method"
-            and n.args
-            and isinstance(n.args[0], torch.fx.Node)
-            and n.args[0].name in attrs_of
-            and isinstance(attrs_of[n.args[0].name], nn.Module)
-        ):
-            m = attrs_of[n.args[0].name]
-            frule = _lookup(_FUNCTIONAL_RULES, march, str(n.target))
-            if frule is None or type(m).__name__ != "QFunctional":
-                raise LoweringError(
-                    f"node '{n.name}': method {type(m).__name__}.{n.target} of "
-                    f"'{n.args[0].target}' has no lowering rule on {march}"
-                )
-            res = frule(ctx, n, m, list(args[1:]), dict(kwargs))
-        elif n.op == "call_method":
-            mrule = _lookup(_METHOD_RULES, march, str(n.target))
-            if mrule is None:
-                raise LoweringError(f"node '{n.name}': tensor method .{n.target}() has no lowering rule on {march}")
-            res = mrule(ctx, n, str(n.target), list(args), dict(kwargs))
-        else:
-            rule2 = _lookup(_FUNCTION_RULES, march, n.target)
-            if rule2 is None:
-                raise LoweringError(f"node '{n.name}': function {_describe(n)} has no lowering rule on {march}")
-            res = rule2(ctx, n, n.target, list(args), dict(kwargs))
-        env[n.name] = res
-        for name in _names_in(res):
-            ctx.check_dtype(name, n.name)
-    prog = Program(
-        march=march,
-        inputs=inputs,
-        outputs=outputs,
-        instructions=ctx.instructions,
-        constants=ctx.constants,
-        meta={"opt": opt},
-    )
-    prog.validate()
-    return prog
-
-
-def _fetch(root: nn.Module, target: str) -> Any:
-    obj: Any = root
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
+# ----------------------------------------------------------------------------- values
 
 
 def names_in(v: Any) -> list[str]:
@@ -364,20 +333,10 @@ def _names_in(v: Any) -> list[str]:
     return []
 
 
-def _output_names(v: Any, n: torch.fx.Node) -> Any:
-    if isinstance(v, ValueRef):
-        return v.name
-    if isinstance(v, tuple):
-        return tuple(_output_names(x, n) for x in v)
-    if isinstance(v, list):
-        return [_output_names(x, n) for x in v]
-    raise LoweringError(f"model output {v!r:.80} is not a tensor or a tuple / list of tensors")
-
-
 # ----------------------------------------------------------------------------- helpers for rules
 
 
-def tensor_ref(v: Any, node: torch.fx.Node, what: str = "input") -> str:
+def tensor_ref(v: Any, node: Named, what: str = "input") -> str:
     """The value name of a tensor argument (raises naming the node for a literal)."""
     if not isinstance(v, ValueRef):
         raise LoweringError(f"node '{node.name}': {what} must be a tensor, got {v!r:.60}")
@@ -396,7 +355,7 @@ def bind(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any])
 
 
 def shape_call(
-    ctx: LowerContext, node: torch.fx.Node, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None
+    ctx: LowerContext, node: Named, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None
 ) -> ValueRef:
     """Emit a ``shape_fn`` instruction calling allow-listed ``fn`` on (nested) values and literals."""
     used = sorted(set(_names_in(list(args)) + _names_in(list((kwargs or {}).values()))))

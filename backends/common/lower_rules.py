@@ -1,10 +1,13 @@
-"""The lowering rules every march shares: one per quantized module class, QFunctional method,
-and the torch functions / tensor methods a converted graph keeps between modules.
+"""The lowering rules every march shares: op rules keyed by IR op name (the layout ops, relu,
+identity, dropout; pad and getattr in lower_rules_codes), and the legacy rules the IR walk's
+adapter reaches: one per quantized module class and QFunctional method, and the torch
+functions / tensor methods a converted graph keeps between modules that have no op rule.
 
 Each rule reads the module's integer buffers and fixed scales and derives integer
 parameters with :mod:`backends.common.numerics` (and the module library's shared rule
 helpers); it never calls the module's forward. Marches override a rule by registering
-their own under their name (``register_module_rule(cls, rule, march="bayes")``).
+their own under their name (``register_op_rule("permute", rule, march="bayes")``,
+``register_module_rule(cls, rule, march="bayes")``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
@@ -23,6 +25,8 @@ from backends.common.integer_rules import avg_pool_params, bilinear_taps, div_pa
 from backends.common.lower import (
     LowerContext,
     LoweringError,
+    Named,
+    RuleNode,
     acc_bound,
     bind,
     f32_scale,
@@ -31,15 +35,18 @@ from backends.common.lower import (
     register_functional_rule,
     register_method_rule,
     register_module_rule,
+    register_op_rule,
     requant_mode,
     shape_call,
     tensor_ref,
 )
 from backends.common.program import ValueRef
+from qir.ir.graph import Node as IRNode
+from qir.ir.op import resolve
 from qir.nn import quantized as Q
 from qir.quantization.convert import nearest_interpolate_codes, relu6_codes
 
-Node = torch.fx.Node
+Node = RuleNode
 
 
 def _plain(v: Any) -> Any:
@@ -196,7 +203,7 @@ def lower_dequant_stub(ctx: LowerContext, node: Node, m: Any, args: list[Any], k
     return ValueRef(ctx.emit("dequantize", [x], {"axis": axis}, {"scale": c}, node.name, str(node.target)))
 
 
-def _clamp(ctx: LowerContext, node: Node, x: Any, lo: int | None, hi: int | None) -> ValueRef:
+def _clamp(ctx: LowerContext, node: Named, x: Any, lo: int | None, hi: int | None) -> ValueRef:
     return ValueRef(ctx.emit("clamp", [tensor_ref(x, node)], {"min": lo, "max": hi}, {}, node.name, "clamp"))
 
 
@@ -347,15 +354,10 @@ def lower_div(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: di
     return ValueRef(ctx.emit("div", ins, attrs, {}, node.name, str(node.target)))
 
 
-def lower_flatten_module(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    return shape_call(ctx, node, "flatten", [args[0], int(m.start_dim), int(m.end_dim)])
-
-
 register_module_rule(Q.QuantizedConvBase, lower_conv)
 register_module_rule(Q.QuantStub, lower_quant_stub)
 register_module_rule(Q.DeQuantStub, lower_dequant_stub)
 register_module_rule(Q.ReLU, lower_relu)
-register_module_rule(nn.ReLU, lower_relu)
 register_module_rule(Q.ReLU6, lower_relu6)
 register_module_rule(Q.UnaryLUT, lower_lut)
 register_module_rule(Q.MaxPool2d, lower_maxpool)
@@ -365,9 +367,6 @@ register_module_rule(Q.AdaptiveAvgPool2d, lower_adaptive_avgpool)
 register_module_rule(Q.Interpolate, lower_interpolate)
 register_module_rule(Q.Div, lower_div)
 register_module_rule(Q.Identity, lower_identity)
-for _cls in (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d):
-    register_module_rule(_cls, lower_identity)
-register_module_rule(nn.Flatten, lower_flatten_module)
 
 
 # ----------------------------------------------------------------------------- QFunctional
@@ -569,53 +568,76 @@ for _m in _FF_LUT_FUNCTIONS:
     register_functional_rule(_m, ff_lut)
 
 
-# ----------------------------------------------------------------------------- functions and methods
+# ----------------------------------------------------------------------------- op rules (IR op names)
 
-_SHAPE_FUNCTIONS: dict[Any, str] = {
-    operator.getitem: "getitem",
-    torch.numel: "numel",
-    len: "len",
-    torch.flatten: "flatten",
-    torch.reshape: "reshape",
-    torch.permute: "permute",
-    torch.transpose: "transpose",
-    torch.squeeze: "squeeze",
-    torch.unsqueeze: "unsqueeze",
-    torch.split: "split",
-    torch.chunk: "chunk",
-    torch.unbind: "unbind",
-    torch.flip: "flip",
-    torch.roll: "roll",
-    F.pixel_shuffle: "pixel_shuffle",
-    F.pixel_unshuffle: "pixel_unshuffle",
-    torch.tile: "tile",
-}
-_SHAPE_METHODS = (
-    "view",
-    "reshape",
+#: IR ops that are one layout / shape function of kernels/shape.py under the op's own name: the
+#: op's torch call (``op.torch_call``) gives that function's arguments
+SHAPE_OPS = (
+    "numel",
+    "len",
+    "size",
+    "dim",
     "flatten",
+    "reshape",
     "permute",
     "transpose",
-    "contiguous",
     "squeeze",
     "unsqueeze",
-    "expand",
-    "expand_as",
-    "repeat",
     "split",
     "chunk",
     "unbind",
-    "clone",
-    "detach",
     "flip",
     "roll",
-    "view_as",
-    "reshape_as",
     "tile",
-    "size",
-    "dim",
-    "numel",
+    "contiguous",
+    "expand",
+    "expand_as",
+    "repeat",
+    "pixel_shuffle",
+    "pixel_unshuffle",
+    "channel_shuffle",
 )
+
+
+def op_shape(ctx: LowerContext, node: IRNode, operands: list[Any]) -> ValueRef:
+    op: Any = node.op  # one of SHAPE_OPS: a TorchOp
+    _, args, kwargs = op.torch_call(operands)
+    return shape_call(ctx, node, op.name, list(args), kwargs)
+
+
+def op_getitem(ctx: LowerContext, node: IRNode, operands: list[Any]) -> ValueRef:
+    op: Any = node.op
+    return shape_call(ctx, node, "getitem", [operands[0], resolve(op.index, operands)])
+
+
+def op_identity(ctx: LowerContext, node: IRNode, operands: list[Any]) -> Any:
+    return operands[0]
+
+
+def op_dropout(ctx: LowerContext, node: IRNode, operands: list[Any]) -> Any:
+    if getattr(
+        node.op, "training", None
+    ):  # the functional form with training=True; the module form follows the (eval) graph
+        raise LoweringError(f"node '{node.name}': dropout with training=True has no compiled form (use eval mode)")
+    return operands[0]
+
+
+def op_relu(ctx: LowerContext, node: IRNode, operands: list[Any]) -> ValueRef:
+    return _clamp(ctx, node, operands[0], 0, None)
+
+
+for _name in SHAPE_OPS:
+    register_op_rule(_name, op_shape)
+register_op_rule("getitem", op_getitem)
+register_op_rule("identity", op_identity)
+register_op_rule("dropout", op_dropout)
+register_op_rule("relu", op_relu)
+
+
+# ----------------------------------------------------------------------------- functions and methods
+
+#: tensor methods without an IR op of their own (opaque method calls in the IR)
+_SHAPE_METHODS = ("clone", "detach", "view_as", "reshape_as")
 _INT_ARITH = {
     operator.add: "add",
     operator.sub: "sub",
@@ -629,10 +651,6 @@ _INT_ARITH = {
 
 def _is_tensor(ctx: LowerContext, v: Any) -> bool:
     return isinstance(v, ValueRef) and isinstance(ctx.values.get(v.name), torch.Tensor)
-
-
-def fn_shape(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    return shape_call(ctx, node, _SHAPE_FUNCTIONS[target], args, kwargs)
 
 
 #: torch constructors of tensors from sizes -> their float32 shape functions
@@ -666,10 +684,6 @@ def fn_arith(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs
     return shape_call(ctx, node, _INT_ARITH[target], args)
 
 
-def fn_relu(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    return _clamp(ctx, node, args[0], 0, None)
-
-
 def fn_relu6_codes(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
     return _clamp(ctx, node, args[0], 0, int(args[1]))
 
@@ -682,36 +696,19 @@ def fn_nearest(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwar
     return _emit_nearest(ctx, node, x, lambda t: F.interpolate(t, *rest, **kw), size_ref)
 
 
-#: tensor methods taking dims as varargs (``x.permute(0, 2, 1)``) whose shape function takes one
-#: sequence (``torch.permute(x, (0, 2, 1))``)
-_VARARG_METHODS = frozenset({"permute", "reshape", "flip", "tile"})
-
-
 def method_shape(ctx: LowerContext, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    if name in _VARARG_METHODS and len(args) >= 2:
-        if len(args) > 2 or not isinstance(ctx.example(args[1]), (tuple, list)):
-            args = [args[0], tuple(args[1:])]
     return shape_call(ctx, node, name, args, kwargs)
 
 
-def method_relu(ctx: LowerContext, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    return _clamp(ctx, node, args[0], 0, None)
-
-
-for _t in _SHAPE_FUNCTIONS:
-    register_function_rule(_t, fn_shape)
 for _t in _INT_ARITH:
     register_function_rule(_t, fn_arith)
 for _t in _BUILDERS:
     register_function_rule(_t, fn_build)
-for _t in (torch.relu, F.relu):
-    register_function_rule(_t, fn_relu)
 register_function_rule(relu6_codes, fn_relu6_codes)
 register_function_rule(nearest_interpolate_codes, fn_nearest)
 for _n in _SHAPE_METHODS:
     register_method_rule(_n, method_shape)
 register_method_rule("__getitem__", lambda ctx, node, name, args, kwargs: shape_call(ctx, node, "getitem", args))
-register_method_rule("relu", method_relu)
 
 __all__: Sequence[str] = ["lower_conv"]
 

@@ -13,23 +13,23 @@ import operator
 from typing import Any
 
 import torch
-import torch.fx
-import torch.nn.functional as F
-from torch import nn
 
 from backends.common.lower import (
     LowerContext,
     LoweringError,
+    Named,
+    RuleNode,
     register_function_rule,
     register_method_rule,
-    register_module_rule,
+    register_op_rule,
     shape_call,
     tensor_ref,
 )
 from backends.common.program import ValueRef
+from qir.ir.graph import Node as IRNode
 from qir.quantization.code_ops import abs_codes, clamp_codes, compare_codes
 
-Node = torch.fx.Node
+Node = RuleNode
 
 __all__ = ["COMPARISON_FUNCTIONS", "COMPARISON_METHODS"]
 
@@ -129,19 +129,8 @@ def method_compare(ctx: LowerContext, node: Node, name: str, args: list[Any], kw
 
 # ----------------------------------------------------------------------------- padding
 
-_PAD_MODES: dict[str, str] = {
-    "Zero": "constant",
-    "Constant": "constant",
-    "Replication": "replicate",
-    "Reflection": "reflect",
-    "Circular": "circular",
-}
-PAD_MODULES: tuple[type[nn.Module], ...] = tuple(
-    getattr(nn, f"{kind}Pad{d}d") for kind in _PAD_MODES for d in (1, 2, 3)
-)
 
-
-def _emit_pad(ctx: LowerContext, node: Node, x: Any, pad: Any, mode: str, value: Any) -> ValueRef:
+def _emit_pad(ctx: LowerContext, node: Named, x: Any, pad: Any, mode: str, value: Any) -> ValueRef:
     code = 0.0 if value is None else float(value)
     if mode == "constant" and not code.is_integer():
         raise LoweringError(
@@ -150,20 +139,6 @@ def _emit_pad(ctx: LowerContext, node: Node, x: Any, pad: Any, mode: str, value:
         )
     attrs = {"pad": [int(p) for p in pad], "mode": mode, "value": int(code)}
     return ValueRef(ctx.emit("pad", [tensor_ref(x, node)], attrs, {}, node.name, "pad"))
-
-
-def fn_pad(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    pad = _get(args, kwargs, 1, "pad")
-    if not isinstance(pad, (list, tuple)) or not all(isinstance(p, int) for p in pad):
-        raise LoweringError(f"node '{node.name}': F.pad needs constant integer padding, got {pad!r:.60}")
-    return _emit_pad(
-        ctx, node, args[0], pad, str(_get(args, kwargs, 2, "mode", "constant")), _get(args, kwargs, 3, "value")
-    )
-
-
-def module_pad(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    kind = next(k for k in _PAD_MODES if type(m).__name__.startswith(f"{k}Pad"))
-    return _emit_pad(ctx, node, args[0], m.padding, _PAD_MODES[kind], getattr(m, "value", None))
 
 
 # ----------------------------------------------------------------------------- selection
@@ -246,23 +221,16 @@ def fn_getattr(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwar
 _SHAPE_ATTRS = {"shape": "size", "ndim": "dim"}
 
 
-# ----------------------------------------------------------------------------- shuffles
+def op_getattr(ctx: LowerContext, node: IRNode, operands: list[Any]) -> ValueRef:
+    op: Any = node.op
+    return fn_getattr(ctx, RuleNode(node.name, builtins.getattr), builtins.getattr, [operands[0], op.attr], {})
 
 
-def module_pixel_shuffle(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    return shape_call(ctx, node, "pixel_shuffle", [args[0], int(m.upscale_factor)])
-
-
-def module_pixel_unshuffle(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    return shape_call(ctx, node, "pixel_unshuffle", [args[0], int(m.downscale_factor)])
-
-
-def module_channel_shuffle(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    return shape_call(ctx, node, "channel_shuffle", [args[0], int(m.groups)])
-
-
-def fn_channel_shuffle(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    return shape_call(ctx, node, "channel_shuffle", [args[0], _get(args, kwargs, 1, "groups")])
+def op_pad(ctx: LowerContext, node: IRNode, operands: list[Any]) -> ValueRef:
+    op: Any = node.op
+    if not all(isinstance(p, int) for p in op.pad):
+        raise LoweringError(f"node '{node.name}': pad needs constant integer padding, got {op.pad!r:.60}")
+    return _emit_pad(ctx, node, operands[0], op.pad, op.mode, op.value)
 
 
 register_function_rule(abs_codes, fn_abs_codes)
@@ -272,9 +240,7 @@ for _fn in COMPARISON_FUNCTIONS:
     register_function_rule(_fn, fn_compare)
 for _name in COMPARISON_METHODS:
     register_method_rule(_name, method_compare)
-register_function_rule(F.pad, fn_pad)
-for _cls in PAD_MODULES:
-    register_module_rule(_cls, module_pad)
+register_op_rule("pad", op_pad)
 for _fn in (torch.max, torch.min):
     register_function_rule(_fn, fn_max)
 for _name in ("max", "min"):
@@ -287,8 +253,4 @@ register_function_rule(torch.topk, fn_topk)
 register_method_rule("topk", lambda ctx, node, name, args, kwargs: fn_topk(ctx, node, torch.topk, args, kwargs))
 register_function_rule(torch.gather, fn_gather)
 register_method_rule("gather", lambda ctx, node, name, args, kwargs: fn_gather(ctx, node, torch.gather, args, kwargs))
-register_function_rule(builtins.getattr, fn_getattr)
-register_module_rule(nn.PixelShuffle, module_pixel_shuffle)
-register_module_rule(nn.PixelUnshuffle, module_pixel_unshuffle)
-register_module_rule(nn.ChannelShuffle, module_channel_shuffle)
-register_function_rule(torch.channel_shuffle, fn_channel_shuffle)
+register_op_rule("getattr", op_getattr)

@@ -11,9 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.fx
 
-from backends.common.lower import LowerContext, LoweringError, register_module_rule, shape_call, tensor_ref
+from backends.common.lower import LowerContext, LoweringError, RuleNode, register_module_rule, shape_call, tensor_ref
 from backends.common.math_rules import (
     LN_EXTRA_BITS,
     LN_Z_BITS,
@@ -26,7 +25,7 @@ from qir.nn import quantized as Q
 
 __all__ = ["lower_glu", "lower_layer_norm", "lower_prelu", "lower_softmax"]
 
-Node = torch.fx.Node
+Node = RuleNode
 
 
 def _dt(m: Any) -> str:

@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.fx
 
-from backends.common.lower import LowerContext, LoweringError, register_module_rule, tensor_ref
+from backends.common.lower import LowerContext, LoweringError, RuleNode, register_module_rule, tensor_ref
 from backends.common.program import ValueRef
 from backends.common.roi_rules import ROI_BITS, ROI_MEAN_BITS
 from backends.common.sampling_rules import grid_axis
@@ -21,7 +20,7 @@ from qir.nn.qat.grid_sample import GRID_COORD_BITS
 
 __all__ = ["lower_anchor_generator", "lower_grid_sample", "lower_multi_scale_roi_align", "lower_roi_align"]
 
-Node = torch.fx.Node
+Node = RuleNode
 
 
 def lower_grid_sample(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:

@@ -15,9 +15,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple, cast
 
 import torch
-import torch.fx
 
-from backends.common.lower import LowerContext, LoweringError, register_module_rule, shape_call, tensor_ref
+from backends.common.lower import LowerContext, LoweringError, RuleNode, register_module_rule, shape_call, tensor_ref
 from backends.common.lower_rules import add_attrs, lower_conv
 from backends.common.lower_rules_math import lower_softmax
 from backends.common.numerics import AddParams
@@ -26,7 +25,7 @@ from qir.nn import quantized as Q
 
 __all__ = ["lower_lstm_cell", "lower_multihead_attention"]
 
-Node = torch.fx.Node
+Node = RuleNode
 
 
 class _Part(NamedTuple):

@@ -22,20 +22,25 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.fx
 from torch import nn
 
 from backends.common.artifact import read_program, write_program
-from backends.common.lower import lower_graph
+from backends.common.lower_pass import EXAMPLE_INPUTS_KEY, PROGRAM_KEY, Lower
+from backends.common.program import Program
 from backends.common.runtime import DEFAULT_THREADS, CompiledModel
-from passes.base import PassContext
+from passes.base import Pass, PassContext
+from passes.errors import PassFailure
+from passes.instruments import Instrument
 from passes.legalize import RESULT_KEY, Legalize
+from passes.manager import run_pipeline
 from passes.pipeline import Pipeline
+from qir.ir.graph import Graph
+from qir.ir.ops.core import Call
 from qir.march import March, get_march
 from qir.quantization.jit_source import TracedSourceError, traced_original
-from qir.quantization.pipelines import PipelineArg, default_pipeline, resolve_pipeline, run_on_module
+from qir.quantization.pipelines import PipelineArg, default_pipeline, resolve_pipeline
 
-__all__ = ["CompileError", "CompiledModel", "compile_model", "load_compiled"]
+__all__ = ["CompileError", "CompiledModel", "compile_model", "compile_pipeline", "load_compiled"]
 
 _INPUT_SOURCES = ("ddr", "pyramid", "resizer")
 
@@ -54,9 +59,7 @@ def _inputs(example_inputs: Any) -> tuple[Any, ...]:
     )
 
 
-def _resolve(module: nn.Module) -> tuple[nn.Module, torch.fx.Graph]:
-    from qir.quantization.fuse import trace_fx
-
+def _resolve(module: nn.Module) -> nn.Module:
     if isinstance(module, (torch.jit.ScriptModule, torch.jit.ScriptFunction)):
         if not isinstance(module, torch.jit.ScriptModule):
             raise CompileError("cannot compile a TorchScript function; pass the converted module")
@@ -64,13 +67,11 @@ def _resolve(module: nn.Module) -> tuple[nn.Module, torch.fx.Graph]:
             module = traced_original(module, "cannot compile")
         except TracedSourceError as e:
             raise CompileError(str(e)) from None
-    if isinstance(module, torch.fx.GraphModule):
-        return module, module.graph
     if not isinstance(module, nn.Module):
         raise TypeError(
             f"compile_model needs a converted nn.Module or its torch.jit.trace, got {type(module).__name__}"
         )
-    return module, trace_fx(module)
+    return module
 
 
 def _march_of(module: nn.Module, march: Any) -> str:
@@ -86,28 +87,35 @@ def _march_of(module: nn.Module, march: Any) -> str:
     return March.parse(current).value
 
 
-def _run_pipeline(
-    root: nn.Module, inputs: tuple[Any, ...], march: str, pipeline: PipelineArg | None, check: bool
-) -> nn.Module | None:
-    """Run the compile stage's IR pipeline on ``root``; the emitted module if a pass changed the graph.
-
-    With ``check`` the pipeline ends with ``legalize`` for ``march`` (appended when the
-    last pass is not one) and an illegal model is refused."""
-    from qir.quantization import check as check_mod  # importing it registers how qir modules are checked
-
+def compile_pipeline(pipeline: PipelineArg | None, march: str, opt: int = 2, check: bool = True) -> Pipeline:
+    """The pipeline ``compile_model`` runs: ``pipeline`` (default: the compile stage's) with
+    ``legalize{march}`` before the final ``lower`` when ``check`` (appended when the passes
+    before ``lower`` do not end with one; ``check=False`` drops the default's), and
+    ``lower{march,opt}`` appended when the pipeline does not end with a ``lower``."""
     if pipeline is None:
-        pipe = default_pipeline("compile", march) if check else Pipeline(())
-    else:
-        pipe = resolve_pipeline("compile", pipeline, march)
-        if check and not (len(pipe) and isinstance(pipe[-1], Legalize)):
-            pipe = Pipeline((*pipe, Legalize(march=march)))
-    if not len(pipe):
-        return None
-    subject = copy.deepcopy(root).eval() if root.training else root  # check and lower what is deployed
-    ctx = PassContext(options={"march": march})
-    emitted, _ = run_on_module(subject, pipe, inputs, ctx)
-    result = ctx.options.get(RESULT_KEY)
-    if check and result is not None:
+        body = [p for p in default_pipeline("compile", march) if not isinstance(p, Lower)]
+        if not check:
+            body = [p for p in body if not isinstance(p, Legalize)]
+        return Pipeline((*body, Lower(march=march, opt=opt)))
+    body = list(resolve_pipeline("compile", pipeline, march))
+    last = body.pop() if body and isinstance(body[-1], Lower) else Lower(march=march, opt=opt)
+    if check and not (body and isinstance(body[-1], Legalize)):
+        body.append(Legalize(march=march))
+    return Pipeline((*body, last))
+
+
+class _RefuseIllegal(Instrument):
+    """Stops the pipeline right after the legalize before ``lower`` when the model is illegal."""
+
+    def __init__(self, legalize: Pass) -> None:
+        self.legalize = legalize
+
+    def run_after_pass(self, pass_: Pass, graph: Graph, ctx: PassContext, changed: bool) -> None:
+        from qir.quantization import check as check_mod  # importing it registers how qir modules are checked
+
+        result = ctx.options.get(RESULT_KEY)
+        if pass_ is not self.legalize or result is None:
+            return
         report = check_mod.report_from_result(result)
         if not report.ok:
             lines = [f"  {v.node} ({v.module or '-'}: {v.spelling}): {v.message}" for v in report.violations]
@@ -115,7 +123,33 @@ def _run_pipeline(
                 f"the model is not legal on {report.march} ({len(lines)} violation(s)); compile_model refuses "
                 "it (check=False skips this check):\n" + "\n".join(lines)
             )
-    return emitted
+
+
+def _run_pipeline(
+    root: nn.Module, inputs: tuple[Any, ...], march: str, pipe: Pipeline, check: bool, user_pipeline: bool
+) -> Program:
+    """Trace ``root`` (eval mode) to IR, run ``pipe`` and return the Program its ``lower`` stored."""
+    from qir.frontend import trace
+
+    subject = copy.deepcopy(root).eval() if root.training else root  # check and lower what is deployed
+    graph = trace(subject, inputs)
+    _refuse_wrapped(graph)
+    ctx = PassContext(options={"march": march, EXAMPLE_INPUTS_KEY: inputs})
+    legalize = pipe[len(pipe) - 2] if check and len(pipe) >= 2 and isinstance(pipe[len(pipe) - 2], Legalize) else None
+    instruments = [_RefuseIllegal(legalize)] if legalize is not None else []
+    try:
+        # the traced graph is ours; a user's passes run on a copy, so one that writes into a
+        # constant (a tensor of the user's model) is caught instead of changing the model
+        run_pipeline(graph, pipe, instruments=instruments, ctx=ctx, inplace=not user_pipeline)
+    except PassFailure as e:
+        cause = e.__cause__
+        if isinstance(e.pass_, Lower) and isinstance(cause, (ValueError, TypeError, NotImplementedError, RuntimeError)):
+            raise CompileError(f"lowering {type(root).__name__} for {march}: {cause}") from cause
+        raise
+    program = ctx.options.get(PROGRAM_KEY)
+    if not isinstance(program, Program):
+        raise CompileError(f"the compile pipeline {str(pipe)!r} ran no lower pass: it stored no Program")
+    return program
 
 
 def _refuse_hybrid(root: nn.Module) -> None:
@@ -135,15 +169,16 @@ def _refuse_hybrid(root: nn.Module) -> None:
         )
 
 
-def _refuse_wrapped(graph: torch.fx.Graph) -> None:
+def _refuse_wrapped(graph: Graph) -> None:
     """``fx_helper.wrap``-ed calls are user Python run on the CPU: a program holds integer kernels only."""
     from qir.utils.fx_helper import wrapped_original
 
-    names = [
-        getattr(n.target, "__qualname__", n.name)
-        for n in graph.nodes
-        if n.op == "call_function" and wrapped_original(n.target) is not None
-    ]
+    names = []
+    for n in graph.nodes:
+        if isinstance(n.op, Call) and n.op.kind == "function":
+            fn = graph.objects.get(n.op.target)
+            if fn is not None and wrapped_original(fn) is not None:
+                names.append(getattr(fn, "__qualname__", n.name))
     if names:
         raise CompileError(
             f"cannot compile the wrapped function(s) {', '.join(dict.fromkeys(names))}: code decorated with "
@@ -178,9 +213,10 @@ def compile_model(
     ``check_model`` first and refuses an illegal model. Returns the runnable
     :class:`CompiledModel` (bit-exact with ``module``).
 
-    ``pipeline``: the IR passes run on the converted model before lowering (default
-    ``qir.quantization.default_pipeline("compile", march)``: ``legalize``); a pass that
-    changes the graph has the changed graph lowered (docs/pipelines.md).
+    ``pipeline``: the IR passes run on the converted model's IR (default
+    ``qir.quantization.default_pipeline("compile", march)``: ``legalize``, then ``lower``);
+    ``lower`` is appended when the pipeline does not end with one, and lowers the graph as the
+    passes before it left it (docs/pipelines.md).
     """
     inputs = _inputs(example_inputs)
     level = int(str(opt).lstrip("Oo")) if isinstance(opt, str) else int(opt)
@@ -190,23 +226,15 @@ def compile_model(
             raise ValueError(f"input_source {s!r} is unknown; valid: {', '.join(_INPUT_SOURCES)}")
     if sources and len(sources) != len(inputs):
         raise ValueError(f"input_source has {len(sources)} entries for {len(inputs)} input(s)")
-    root, graph = _resolve(module)
+    root = _resolve(module)
     _refuse_hybrid(root)
-    _refuse_wrapped(graph)
     march_name = _march_of(root, march)
-    emitted = _run_pipeline(root, inputs, march_name, pipeline, check)
-    if emitted is not None:
-        root, graph = emitted, emitted.graph  # type: ignore[assignment]
+    pipe = compile_pipeline(pipeline, march_name, level, check)
     prev = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
-        with torch.no_grad():
-            program = lower_graph(root, graph, inputs, march_name, level)
-    except (ValueError, TypeError, NotImplementedError, RuntimeError) as e:
-        if isinstance(e, CompileError):
-            raise
-        raise CompileError(f"lowering {type(root).__name__} for {march_name}: {e}") from e
+        program = _run_pipeline(root, inputs, march_name, pipe, check, pipeline is not None)
     finally:
         torch.set_num_threads(prev)
     program.meta.update(

@@ -90,7 +90,11 @@ def lower_for_analysis(
     useful exactly when a model is not legal yet. ``module`` is not modified.
     """
     inputs = _inputs(example_inputs)
-    root, graph = _resolve(module)
+    from qir.quantization.fuse import trace_fx
+
+    root = _resolve(module)
+    # the fx graph names the modules behind the program's instruction sources (IR names are fx names)
+    graph = root.graph if isinstance(root, torch.fx.GraphModule) else trace_fx(root)
     march_name = _march_of(root, march)
     compiled = compile_model(root, list(inputs), march=march_name, opt=opt, input_source=input_source, check=False)
     program = compiled.program

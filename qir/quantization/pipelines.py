@@ -1,7 +1,7 @@
 """The IR pipelines the public API runs, one per stage, and how a ``pipeline=`` argument is read.
 
     qir.quantization.default_pipeline("prepare")          # fuse{force_bn=true},dce
-    qir.quantization.default_pipeline("compile", "bayes")  # legalize{march=bayes}
+    qir.quantization.default_pipeline("compile", "bayes")  # legalize{march=bayes},lower{march=bayes}
     prepare_qat_fx(model, qconfig_dict, x, pipeline="fuse{force_bn=true},dce,my-pass")
 
 Where each stage runs its pipeline (docs/pipelines.md):
@@ -11,12 +11,12 @@ Where each stage runs its pipeline (docs/pipelines.md):
   changes what is trained, converted and deployed.
 * ``convert`` (``convert_fx``): on the IR of the converted integer model, which is then
   emitted again. The default is empty (nothing is traced or emitted).
-* ``compile`` (``compile_model``): on the IR of the converted model before lowering;
-  ``check=True`` makes sure it ends with ``legalize`` for the march, and a pipeline that
-  changes the graph has the changed graph lowered.
+* ``compile`` (``compile_model``): on the IR of the converted model; ``legalize`` checks
+  it against the march's operator table and ``lower`` (the last pass) turns the graph as
+  the passes before it left it into the Program of integer kernels.
 
-Observer insertion, the integer conversion and lowering themselves are not IR passes yet
-(module swapping and fx-graph lowering run them; docs/pipelines.md "Not yet passes").
+Observer insertion and the integer conversion themselves are not IR passes yet (module
+swapping runs them; docs/pipelines.md "Not yet passes").
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Literal, TypeAlias
 
+from backends.common.lower_pass import Lower
 from passes.base import Pass
 from passes.dce import DeadCodeElimination
 from passes.fuse import Fuse
@@ -54,7 +55,8 @@ def default_pipeline(stage: str, march: Any = None) -> Pipeline:
     """The pipeline ``stage`` runs when no ``pipeline=`` is given; ``str()`` of it parses back.
 
     ``march`` (a :class:`~qir.march.March` or its name; default: the current march) only
-    matters for ``"compile"``, whose ``legalize`` checks that march's operator table.
+    matters for ``"compile"``, whose ``legalize`` checks that march's operator table and whose
+    ``lower`` emits that march's kernels.
     """
     if stage == "prepare":
         # batch norms always fold (force_bn): a conv's BN is absorbed even when it is
@@ -63,7 +65,8 @@ def default_pipeline(stage: str, march: Any = None) -> Pipeline:
     if stage == "convert":
         return Pipeline(())
     if stage == "compile":
-        return Pipeline((Legalize(march=_march_name(march)),))
+        name = _march_name(march)
+        return Pipeline((Legalize(march=name), Lower(march=name)))
     raise ValueError(f"unknown pipeline stage {stage!r}; the stages are {', '.join(STAGES)}")
 
 

@@ -15,7 +15,9 @@ import torch.fx
 from torch import nn
 
 import qir
-from backends.common.lower import LoweringError, lower_graph
+from backends.common.lower import LoweringError
+from backends.common.lower_ir import lower_ir
+from qir.frontend import trace
 from qir.march import march_scope
 from qir.nn import quantized
 from qir.quantization import (
@@ -122,9 +124,10 @@ def test_bernoulli2_refuses_the_qint16_cell_state() -> None:
 
 def test_lowering_names_the_call_form() -> None:
     _, converted = _flow(True)
-    converted.get_submodule("cell").has_state = False
+    graph = trace(converted, _inputs(0, 2))
+    converted.get_submodule("cell").has_state = False  # the graph holds the module object itself
     with pytest.raises(LoweringError, match=r"node 'cell'.*converted for calls without \(h, c\)"):
-        lower_graph(converted, converted.graph, _inputs(0, 2), "bayes", opt=1)
+        lower_ir(graph, _inputs(0, 2), "bayes", opt=1)
     with pytest.raises(ValueError, match=r"converted for calls without a state and is called with \(h, c\)"):
         converted(*_inputs(0, 2))
 

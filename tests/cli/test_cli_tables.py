@@ -37,7 +37,7 @@ def test_passes_prints_the_default_pipelines(qir: Qir) -> None:
     assert r.code == 0, r.err
     rows = dict(line.split(None, 1) for line in r.out.splitlines())
     assert set(rows) == {"prepare", "convert", "compile"}
-    assert rows["compile"] == "legalize{march=bernoulli2}"
+    assert rows["compile"] == "legalize{march=bernoulli2},lower{march=bernoulli2}"
     assert rows["convert"] == "(empty)"
     assert passes.Pipeline.parse(rows["prepare"]) == default_pipeline("prepare")
     bad = qir("passes", "--pipelines", "--march", "x3000")

@@ -13,6 +13,7 @@ from qir.ir import DType, Graph, TensorType
 from qir.ir.ops.core import Identity
 from qir.ir.ops.elementwise import Add, Relu
 from qir.ir.ops.nn import Linear
+from qir.ir.ops.shape import Reshape, Transpose
 
 
 def small_graph() -> Graph:
@@ -27,6 +28,16 @@ def small_graph() -> Graph:
     g.add_node(Relu(), [x], name="unused")
     out = g.add_node(Add(), [r, x], name="sum")
     g.set_output(out)
+    return g
+
+
+def codes_graph() -> Graph:
+    """x (int8 codes) -> relu -> reshape -> transpose: integer ops a march lowers."""
+    g = Graph("codes")
+    x = g.add_input("x", TensorType((2, 4), DType.qint8))
+    r = g.add_node(Relu(), [x], name="act")
+    v = g.add_node(Reshape(shape=(4, 2)), [r], name="view")
+    g.set_output(g.add_node(Transpose(dim0=0, dim1=1), [v], name="t"))
     return g
 
 

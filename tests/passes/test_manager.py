@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from manager_fixtures import Boom, Corrupt, CountOps, node_names, small_graph
+from manager_fixtures import Boom, Corrupt, CountOps, codes_graph, node_names, small_graph
 
 from passes import (
     BUILTIN_PASSES,
@@ -188,9 +188,17 @@ def test_every_builtin_pass_runs_and_keeps_meaning(name: str) -> None:
         pytest.skip(f"{BUILTIN_PASSES[name]} is not written yet")
     from qir.march import march_scope
 
-    g = small_graph()
-    x = torch.randn(2, 4)
-    with march_scope("bayes"):  # march-dependent passes (legalize) read the scoped march
-        result = run_pipeline(g, f"{name},{name}")  # twice: the second run starts from its own output
+    g, x = (
+        (codes_graph(), torch.randint(-128, 128, (2, 4), dtype=torch.int8))
+        if name == "lower"
+        else (small_graph(), torch.randn(2, 4))
+    )
+    ctx = PassContext(options={"example_inputs": (x,)})  # lower runs every kernel on them
+    with march_scope("bayes"):  # march-dependent passes (legalize, lower) read the scoped march
+        result = run_pipeline(g, f"{name},{name}", ctx=ctx)  # twice: the second run starts from its own output
     torch.testing.assert_close(run_graph(result.graph, x), run_graph(g, x))
     assert result.changed[1] is False, f"{name} is not idempotent on its own output"
+    if name == "lower":  # the Program it stored computes what the graph does
+        from backends.common.runtime import CompiledModel
+
+        assert torch.equal(CompiledModel(ctx.options["lower.program"])(x), run_graph(g, x))
