@@ -552,7 +552,10 @@ def convert_fx(
     """
     march = _march_for(qat_model, "convert_fx")
     pipe = resolve_pipeline("convert", pipeline, march)
+    from qir.nn.qat import fold_batch_norms
+
     model = copy.deepcopy(qat_model)
+    fold_batch_norms(model)  # with_bn QAT convs become their fuse_bn classes (the eval forward's fold)
     if isinstance(model, torch.fx.GraphModule):
         gm = model
     else:

@@ -22,6 +22,7 @@ from torch import nn
 from passes.absorb_bn import fold_batch_norm
 from qir.frontend.lookup import tables
 from qir.nn.intrinsic.fused import FUSED_CLASSES, FusedModule
+from qir.qat_mode import QATMode, get_qat_mode
 from qir.quantization import eager_record
 from qir.quantization.convert import ConvertError, _convert_modules
 from qir.quantization.fuse import trace_fx
@@ -210,6 +211,12 @@ def prepare_qat(model: nn.Module, mapping: Mapping[type, type] | None = None, in
     ``qir.nn.qat.QAT_MODULE_MAP``.
     """
     require_march("prepare_qat")
+    if get_qat_mode() is not QATMode.FuseBN:
+        raise NotImplementedError(
+            f"prepare_qat (eager mode) in the {get_qat_mode().value} QAT mode: eager fusion folds the batch norm "
+            "at fuse_known_modules, so only fuse_bn is implemented here; use prepare_qat_fx for with_bn, or "
+            "set_qat_mode('fuse_bn')"
+        )
     if not inplace:
         model = copy.deepcopy(model)
     plan: list[tuple[str, nn.Module, type, QConfig]] = []

@@ -33,6 +33,7 @@ from torch import nn
 from backends.common.numerics import scale_denominator
 from qir.frontend.convert import gc_paused
 from qir.march import March, get_march
+from qir.qat_mode import QATMode, get_qat_mode
 from qir.quantization.exact_validation import install as install_exact_validation
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.functional_swap import swap_functionals
@@ -43,6 +44,7 @@ from qir.quantization.qat_classes import qat_class_for
 from qir.quantization.qconfig import QConfig, get_default_calib_qconfig, get_default_qat_qconfig, qconfig_kind
 from qir.quantization.qconfig_dict import QConfigSpec, parse_qconfig_dict
 from qir.quantization.shared_calls import call_sites, retie_after_load, split_call_sites, tie_to
+from qir.quantization.with_bn import folded_batch_norms
 from qir.quantization.wrapped_self import follow_training
 
 __all__ = ["PREPARE_RECORD_KEY", "PrepareRecord", "prepare_qat_fx", "qat_class_for", "require_march"]
@@ -66,6 +68,9 @@ class PrepareRecord:
     #: modules called at several places -> the paths of their QAT modules for calls 2, 3, ...
     #: (the first call keeps the module's path; qir/quantization/shared_calls.py)
     call_sites: dict[str, list[str]] = field(default_factory=dict)
+    #: fused module path -> (path, copy) of the batch norm folded into it at the first prepare;
+    #: the with_bn QAT mode unfolds it again (qir/quantization/with_bn.py)
+    batch_norms: dict[str, tuple[str, nn.Module]] = field(default_factory=dict)
 
 
 def require_march(what: str) -> March:
@@ -285,6 +290,7 @@ def _prepare_float(
     hybrid: HybridSpec | None = None,
     cpu: Mapping[str, str] | None = None,
     pipeline: PipelineArg | None = None,
+    batch_norms: Mapping[str, tuple[str, nn.Module]] | None = None,
 ) -> torch.fx.GraphModule:
     if cpu is None:
         cpu = cpu_modules(model, hybrid) if hybrid is not None else {}
@@ -307,8 +313,16 @@ def _prepare_float(
     kind, chosen, sites = _swap(gm, record, spec, keep_float=cpu)
     if hybrid is not None:
         gm.meta[HYBRID_KEY] = place_boundaries(gm, cpu, chosen, _stub_qconfig(spec, kind))
+    if batch_norms is None:  # the first prepare: the user's model still has them
+        batch_norms = folded_batch_norms(model, record.sources)
     gm.meta[PREPARE_RECORD_KEY] = PrepareRecord(
-        float_model=float_copy, march=march, kind=kind, hybrid=hybrid, cpu=dict(cpu), call_sites=sites
+        float_model=float_copy,
+        march=march,
+        kind=kind,
+        hybrid=hybrid,
+        cpu=dict(cpu),
+        call_sites=sites,
+        batch_norms=dict(batch_norms),
     )
     gm.train(model.training)
     follow_training(gm)
@@ -381,8 +395,20 @@ def prepare_qat_fx(
                 "prepare the float model instead"
             )
         _same_hybrid(record, spec)
-        new = _prepare_float(record.float_model, qconfig_dict, example_inputs, march, spec, record.cpu, resolved)
+        new = _prepare_float(
+            record.float_model, qconfig_dict, example_inputs, march, spec, record.cpu, resolved, record.batch_norms
+        )
         _carry_scales(model, new)
         new.train(model.training)
-        return new
-    return _prepare_float(model, qconfig_dict, example_inputs, march, spec, pipeline=resolved)
+        return _apply_qat_mode(new)
+    return _apply_qat_mode(_prepare_float(model, qconfig_dict, example_inputs, march, spec, pipeline=resolved))
+
+
+def _apply_qat_mode(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """In the with_bn QAT mode, keep the folded batch norms in the QAT convs (after scales were carried)."""
+    from qir.nn.qat import keep_batch_norms
+
+    record = gm.meta[PREPARE_RECORD_KEY]
+    if get_qat_mode() is QATMode.WithBN and record.kind == "qat":
+        keep_batch_norms(gm, record.batch_norms, record.call_sites)
+    return gm

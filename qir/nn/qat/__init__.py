@@ -38,6 +38,7 @@ from qir.nn.qat.conv import (
     LinearReLU6,
     QATConvBase,
 )
+from qir.nn.qat.conv_bn import QAT_CONV_BN_CLASSES, QATConvBNBase, fold_batch_norms, keep_batch_norms
 from qir.nn.qat.functional import FloatFunctional
 from qir.nn.qat.glu import GLU
 from qir.nn.qat.grid_sample import GridSample
@@ -55,6 +56,7 @@ from qir.nn.qat.stubs import DeQuantStub, QuantStub
 
 __all__ = [
     "LUT_FLOAT_CLASSES",
+    "QAT_CONV_BN_CLASSES",
     "QAT_CONV_CLASSES",
     "QAT_MODULE_MAP",
     "AdaptiveAvgPool2d",
@@ -96,13 +98,16 @@ __all__ = [
     "LinearReLU",
     "LinearReLU6",
     "MaxPool2d",
+    "QATConvBNBase",
     "QATConvBase",
     "QATModule",
     "QuantStub",
     "ReLU",
     "ReLU6",
     "UnaryLUT",
+    "fold_batch_norms",
     "get_qat_module_class",
+    "keep_batch_norms",
 ]
 __all__ += ["GLU", "LayerNorm", "PReLU", "Softmax"]
 __all__ += ["LSTMCell", "MultiheadAttention"]

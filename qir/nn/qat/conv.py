@@ -44,25 +44,20 @@ class QATConvBase(QATModule):
         self.weight_fake_quant = make_weight_fq(qconfig, name, self.weight_axis)
         self.activation_post_process = make_activation_fq(qconfig, name, required=False)
 
-    def _linear_op(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def _linear_op(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The conv / linear of ``x`` with weight ``w`` and ``bias`` (default: the module's own)."""
+        b = self.bias if bias is None else bias
         kind = self.float_conv
         if kind is nn.Linear:
-            return F.linear(x, w, self.bias)
+            return F.linear(x, w, b)
         if kind is nn.ConvTranspose2d:
             m: Any = self
-            return F.conv_transpose2d(x, w, self.bias, m.stride, m.padding, m.output_padding, m.groups, m.dilation)
-        out: torch.Tensor = self._conv_forward(x, w, self.bias)  # type: ignore[operator]
+            return F.conv_transpose2d(x, w, b, m.stride, m.padding, m.output_padding, m.groups, m.dilation)
+        out: torch.Tensor = self._conv_forward(x, w, b)  # type: ignore[operator]
         return out
 
-    def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """``FloatFunctional.add``'s call form (eager models fused at the add): ``self(x, y)``."""
-        if not self.has_add:
-            raise TypeError(f"{type(self).__name__} has no fused add; call it as a module")
-        out: torch.Tensor = self(x, y)
-        return out
-
-    def forward(self, x: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
-        y = self._linear_op(x, self.weight_fake_quant(self.weight))
+    def _finish(self, y: torch.Tensor, addend: torch.Tensor | None) -> torch.Tensor:
+        """The fused add, activation and output fake quant after the conv / linear."""
         if self.has_add:
             if addend is None:
                 raise TypeError(f"{type(self).__name__}.forward needs the addend (second input)")
@@ -76,6 +71,16 @@ class QATConvBase(QATModule):
         if self.activation_post_process is not None:
             y = self.activation_post_process(y)
         return y
+
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``FloatFunctional.add``'s call form (eager models fused at the add): ``self(x, y)``."""
+        if not self.has_add:
+            raise TypeError(f"{type(self).__name__} has no fused add; call it as a module")
+        out: torch.Tensor = self(x, y)
+        return out
+
+    def forward(self, x: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
+        return self._finish(self._linear_op(x, self.weight_fake_quant(self.weight)), addend)
 
     @classmethod
     def from_float(cls: type[C], mod: nn.Module, qconfig: QConfig | None = None) -> C:
