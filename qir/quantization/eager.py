@@ -28,6 +28,7 @@ from qir.quantization.convert import ConvertError, _convert_modules
 from qir.quantization.fuse import trace_fx
 from qir.quantization.prepare import check_kinds, qat_class_for, require_march, set_submodule
 from qir.quantization.qconfig import QConfig, as_qir_qconfig
+from qir.quantization.shared_calls import call_sites
 
 __all__ = ["convert", "fuse_known_modules", "positional", "prepare_qat"]
 
@@ -237,9 +238,31 @@ def prepare_qat(model: nn.Module, mapping: Mapping[type, type] | None = None, in
     check_kinds({p: qc for p, _, _, qc in plan})
     for path, m, cls, qc in plan:
         set_submodule(model, path, cls.from_float(_standard(m), qc))  # type: ignore[attr-defined]
+    _refuse_shared_observers(model, [path for path, _, _, _ in plan])
     # forwards record which module feeds which: convert needs no fx trace (eager_record.py)
     eager_record.install(model, [path for path, _, _, _ in plan])
     return model
+
+
+def _refuse_shared_observers(model: nn.Module, paths: Sequence[str]) -> None:
+    """Refuse a module with its own output observer that the forward calls at several places.
+
+    Eager mode runs the user's forward, which calls the one module object at every place, so
+    the module would keep one observer for all its calls and quantize each with the widest
+    call's range (and its converted form has one input scale). fx mode gives each call site
+    its own observer (shared_calls.py); here the model is traced once to find such modules.
+    A model fx cannot trace is checked by its first forward instead (eager_record.py)."""
+    observed = [p for p in paths if eager_record.has_own_observer(model.get_submodule(p))]
+    if not observed:
+        return
+    try:
+        gm = torch.fx.GraphModule(model, trace_fx(model))  # shares model's submodules
+    except Exception:  # untraceable: its recorded forwards check it (eager_record.py)
+        return
+    sites = call_sites(gm)
+    for path in observed:
+        if len(sites.get(path, [])) > 1:
+            raise ValueError(eager_record.shared_observer_message(model.get_submodule(path), path, len(sites[path])))
 
 
 # ---------------------------------------------------------------------------------------------

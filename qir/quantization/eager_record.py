@@ -32,7 +32,15 @@ from torch.overrides import TorchFunctionMode
 
 from qir.quantization.scale_ops import same_scales
 
-__all__ = ["convert_recorded", "functional_call", "has_records", "install", "uninstall"]
+__all__ = [
+    "convert_recorded",
+    "functional_call",
+    "has_own_observer",
+    "has_records",
+    "install",
+    "shared_observer_message",
+    "uninstall",
+]
 
 #: tensor attribute: the producing QAT module's path and output index
 TAG = "_qir_source"
@@ -158,6 +166,7 @@ class _Recorder(TorchFunctionMode):
         super().__init__()
         self.root = root
         self.depth = 0  # > 0 inside a QAT module (its own arithmetic is what convert replaces)
+        self.calls: dict[str, int] = {}  # QAT module path -> calls in this forward
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -177,11 +186,36 @@ class _Recorder(TorchFunctionMode):
         return out
 
 
+def has_own_observer(m: nn.Module) -> bool:
+    """Whether QAT module ``m`` observes its output (a range learned from its calls)."""
+    from qir.quantization.fake_quantize import FakeQuantize
+
+    fq = getattr(m, "activation_post_process", None)
+    return isinstance(fq, FakeQuantize) and not fq.has_fixed_scale
+
+
+def shared_observer_message(m: nn.Module, path: str, calls: int | None = None) -> str:
+    """Why eager mode refuses module ``m`` at ``path`` called at several places, and the fixes."""
+    where = f"at {calls} places" if calls is not None else "more than once"
+    return (
+        f"module '{path}' ({type(m).__name__}) is called {where} in one forward; eager prepare_qat gives a module "
+        "one output observer, which would quantize every call with the widest call's range, and its quantized "
+        "form has one input scale. Give each call its own module (e.g. copy.deepcopy it into an nn.ModuleList), "
+        "or prepare with prepare_qat_fx, which gives each call site its own output observer and keeps the "
+        "weights shared"
+    )
+
+
 def _enter(m: nn.Module, args: Any) -> None:
     rec = _ACTIVE
     if rec is None:
         return
     if rec.depth == 0:
+        path = m.__dict__.get(PATH, "")
+        rec.calls[path] = rec.calls.get(path, 0) + 1
+        if rec.calls[path] == 2 and has_own_observer(m):
+            # a model fx cannot trace: prepare_qat could not find the shared module, its first forward does
+            raise ValueError(shared_observer_message(m, path))
         site = tuple(_tag_of(t) for t in _tensors(args))
         sites = m.__dict__.setdefault(SOURCES, {}).setdefault(_mode(rec.root), [])
         if site not in sites:

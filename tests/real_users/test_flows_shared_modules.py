@@ -318,3 +318,59 @@ def test_an_lstm_cell_unrolled_over_time_steps() -> None:
     compiled = compile_model(quantized, xs)
     for a, b in zip(compiled(*xs), got, strict=True):
         assert torch.equal(a, b)
+
+
+class _EagerSharedHead(nn.Module):
+    """One QuantStub and one conv head for every FPN level, written for eager mode."""
+
+    def __init__(self, traceable: bool) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.cls = nn.Conv2d(8, 3, 1)
+        self.dequant = DeQuantStub()
+        self.traceable = traceable
+
+    def forward(self, p3: torch.Tensor, p4: torch.Tensor) -> list[torch.Tensor]:
+        if not self.traceable and bool(p3.sum() > 1e9):  # data-dependent: fx cannot trace it
+            raise AssertionError("unreachable")
+        return [self.dequant(self.cls(self.quant(f))) for f in (p3, p4)]
+
+
+@pytest.mark.parametrize("traceable", [True, False], ids=["traced", "recorded"])
+def test_eager_prepare_refuses_a_module_whose_one_observer_would_serve_several_calls(traceable: bool) -> None:
+    from qir.quantization import prepare_qat
+
+    model = _EagerSharedHead(traceable)
+    model.qconfig = get_default_qat_qconfig()
+    refused = r"module 'quant' \(QuantStub\) is called (at 2 places|more than once) in one forward.*prepare_qat_fx"
+    if traceable:  # found at prepare by one trace
+        with pytest.raises(ValueError, match=refused):
+            prepare_qat(model)
+        return
+    qat = prepare_qat(model)  # fx cannot trace it: its first forward finds the shared module
+    with pytest.raises(ValueError, match=refused):
+        qat(*_levels()[:2])
+
+
+def test_eager_prepare_accepts_shared_modules_without_their_own_observer() -> None:
+    from qir.quantization import convert, prepare_qat
+
+    class OneDequant(nn.Module):
+        """A fixed-scale QuantStub for two inputs and one DeQuantStub for two outputs of equal scale."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.quant = QuantStub(scale=1 / 128)
+            self.dequant = DeQuantStub()
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+            return [self.dequant(torch.relu(self.quant(x))), self.dequant(self.quant(y))]
+
+    model = OneDequant()
+    model.qconfig = get_default_qat_qconfig()
+    qat = prepare_qat(model)
+    x, y = torch.rand(2, 4), torch.rand(2, 4)
+    qat(x, y)
+    quantized = convert(qat.eval())
+    for a, b in zip(quantized(x, y), qat(x, y), strict=True):
+        assert torch.allclose(a, b, atol=1 / 128)
