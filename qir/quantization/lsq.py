@@ -112,13 +112,15 @@ class LSQFakeQuantize(FakeQuantize):
         self._initialized = True
 
     def _take_observer_scale(self) -> None:
-        src = self.observer.scale
+        obs = self.observer
         with torch.no_grad():
-            if src.shape != self.scale.shape:
-                self._replace_scale(src)
+            if obs.scale.shape != self.scale.shape:
+                self._replace_scale(obs.scale)
             else:
-                self.scale.copy_(src)
-        self._initialized = True
+                self.scale.copy_(obs.scale)
+        # Started only once the observer has seen data: a first batch it skipped (NaN, Inf, empty)
+        # leaves its default scale, not a range. One host read per step until then.
+        self._initialized = bool((obs.min_val <= obs.max_val).any())
 
     @torch.no_grad()
     def _project(self) -> None:

@@ -169,3 +169,13 @@ def test_calibration_to_lsq_qat_to_convert() -> None:
     set_fake_quantize(fresh, "validation")
     with torch.no_grad(), march_scope("bayes"):
         assert torch.equal(convert_fx(fresh)(x), converted(x))
+
+
+def test_a_skipped_first_batch_does_not_start_the_scale() -> None:
+    fq = LSQFakeQuantize()
+    with pytest.warns(RuntimeWarning):
+        fq(torch.tensor([float("nan"), 1.0]))
+        set_fake_quantize(nn.Sequential(fq), "qat")
+    assert not fq._initialized and float(fq.scale.detach()) == 1.0
+    fq(torch.tensor([-2.0, 1.0]))
+    assert fq._initialized and float(fq.scale.detach()) == pytest.approx(2.0 / 127.5)
