@@ -222,6 +222,11 @@ def _ir_op(kind: str, key: Any) -> str | None:
 
     from qir.ir import OP_REGISTRY
 
+    if kind == "functional":  # a QFunctional method: the integer op registered for it
+        for name, cls in OP_REGISTRY.items():
+            if key in getattr(cls, "ff_methods", ()):
+                return name
+        return None
     if kind == "function" and key in (operator.getitem, builtins.getattr):  # the front end's own two
         return "getitem" if key is operator.getitem else "getattr"
     for name, cls in OP_REGISTRY.items():
@@ -240,15 +245,17 @@ def _lowered(keys: list[tuple[str, Any]]) -> bool:
     import backends.common.lower_rules  # noqa: F401  (registers the common rules)
     from backends.common import lower
 
-    for march in MARCHES:  # each march's package registers the op rules it lowers with (rules.py)
-        importlib.import_module(f"backends.{march}")
     if not keys:
         return False
-    tables = {"functional": lower._FUNCTIONAL_RULES, "function": lower._FUNCTION_RULES, "method": lower._METHOD_RULES}
+    tables = {"function": lower._FUNCTION_RULES, "method": lower._METHOD_RULES}
     for kind, key in keys:
-        op = _ir_op(kind, key) if kind != "functional" else None
+        op = _ir_op(kind, key)
         for march in MARCHES:
-            ok = _module_rule(key, march) if kind == "module" else _rule(tables[kind], key, march)
+            lower.get_kernel_policy(march)  # loads the march's backend: its op rules
+            if kind == "functional":  # a QFunctional method: the integer op it traces to
+                ok = False
+            else:
+                ok = _module_rule(key, march) if kind == "module" else _rule(tables[kind], key, march)
             if not ok and (op is None or lower.op_rule(march, op) is None):
                 return False
     return True

@@ -46,13 +46,11 @@ __all__ = [
     "get_kernel_policy",
     "op_rule",
     "register_function_rule",
-    "register_functional_rule",
     "register_kernel_policy",
     "register_method_rule",
     "register_module_rule",
     "register_op_rule",
     "function_rule",
-    "functional_rule",
     "method_rule",
     "module_rule",
 ]
@@ -125,7 +123,6 @@ Rule = Callable[["LowerContext", RuleNode, Any, list[Any], dict[str, Any]], Any]
 _OP_RULES: dict[tuple[str, str], OpRule] = {}
 
 _MODULE_RULES: dict[tuple[str, type], Rule] = {}
-_FUNCTIONAL_RULES: dict[tuple[str, str], Rule] = {}
 _FUNCTION_RULES: dict[tuple[str, Any], Rule] = {}
 _METHOD_RULES: dict[tuple[str, str], Rule] = {}
 
@@ -153,11 +150,6 @@ def register_module_rule(cls: type, rule: Rule, march: str = "*") -> None:
     _MODULE_RULES[(march, cls)] = rule
 
 
-def register_functional_rule(method: str, rule: Rule, march: str = "*") -> None:
-    """``rule(ctx, node, qfunctional, args, kwargs)`` lowers ``QFunctional.<method>`` calls."""
-    _FUNCTIONAL_RULES[(march, method)] = rule
-
-
 def register_function_rule(target: Any, rule: Rule, march: str = "*") -> None:
     """``rule(ctx, node, target, args, kwargs)`` lowers ``call_function`` nodes of ``target``."""
     _FUNCTION_RULES[(march, target)] = rule
@@ -182,10 +174,6 @@ def _lookup(table: Mapping[tuple[str, Any], Rule], march: str, key: Any) -> Rule
         return table.get((march, key)) or table.get(("*", key))
     except TypeError:  # unhashable target
         return None
-
-
-def functional_rule(march: str, method: str) -> Rule | None:
-    return _lookup(_FUNCTIONAL_RULES, march, method)
 
 
 def function_rule(march: str, target: Any) -> Rule | None:

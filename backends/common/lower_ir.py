@@ -11,8 +11,8 @@ lowered by
    torch call it stands for, as the torch emitter does:
 
    * ``call`` of kind ``module``: the module object in ``graph.objects`` -> module rules;
-   * ``call`` of kind ``method`` on an ``nn.Module`` (a QFunctional) -> functional rules,
-     on anything else -> method rules;
+   * ``call`` of kind ``method`` -> method rules (a QFunctional method call is an integer op,
+     ``qadd`` ..., when it traced; one that did not is refused naming it);
    * ``call`` of kind ``function``: the resolved callable -> function rules;
    * an op with a torch call (``op.torch_call``) -> function rules (method rules when the
      callable is a ``torch.Tensor`` method);
@@ -34,7 +34,6 @@ from backends.common.lower import (
     LoweringError,
     RuleNode,
     function_rule,
-    functional_rule,
     get_kernel_policy,
     method_rule,
     module_rule,
@@ -122,13 +121,11 @@ def _legacy(ctx: LowerContext, graph: Graph, n: Node, operands: list[Any]) -> An
             return _module(ctx, n, m, op.target, args, kwargs)
         if op.kind == "method":
             receiver = args[0] if args else None
-            if isinstance(receiver, nn.Module):
-                frule = functional_rule(march, op.target)
-                if frule is None or type(receiver).__name__ != "QFunctional":
-                    raise LoweringError(
-                        f"{_where(n)}: method {type(receiver).__name__}.{op.target} has no lowering rule on {march}"
-                    )
-                return frule(ctx, RuleNode(n.name, op.target, (receiver, *args[1:])), receiver, args[1:], kwargs)
+            if isinstance(receiver, nn.Module):  # QFunctional methods trace to integer ops (qadd, ...)
+                raise LoweringError(
+                    f"{_where(n)}: method {type(receiver).__name__}.{op.target} did not trace to an integer op "
+                    f"and has no lowering rule on {march}"
+                )
             return _method(ctx, n, op.target, args, kwargs)
         try:
             fn = resolve_target(op.target, graph.objects)

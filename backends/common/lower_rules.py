@@ -18,19 +18,18 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from backends.common import numerics
-from backends.common.integer_rules import div_params, ratio_params
+from backends.common.integer_rules import avg_pool_params, bilinear_taps
 from backends.common.lower import (
     LowerContext,
     LoweringError,
+    Named,
     RuleNode,
     acc_bound,
-    bind,
     f32_scale,
     names_in,
     register_function_rule,
-    register_functional_rule,
     register_method_rule,
     register_module_rule,
     register_op_rule,
@@ -39,7 +38,6 @@ from backends.common.lower import (
     tensor_ref,
 )
 from backends.common.program import ValueRef
-from backends.common.rules_layers import clamp_codes, emit_nearest, size_operand
 from qir.ir.graph import Node as IRNode
 from qir.ir.op import resolve
 from qir.nn import quantized as Q
@@ -184,209 +182,188 @@ def lower_conv(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: d
     return ValueRef(ctx.emit("conv2d", inputs, chosen, consts, node.name, hint))
 
 
-# The stubs, scale-keeping layers, table lookups, pools, resize and Div are integer IR ops lowered
-# by op rules (backends/common/rules_layers.py, registered per march in backends/<march>/rules.py).
+# ----------------------------------------------------------------------------- stubs, activations, pools
+
+
+def lower_quant_stub(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0], node)
+    return ValueRef(
+        ctx.emit("quantize", [x], {"scale": f32_scale(m.scale), "dtype": _dt(m.dtype)}, {}, node.name, str(node.target))
+    )
+
+
+def lower_dequant_stub(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0], node)
+    s = m.scale.detach().to(torch.float32)
+    axis = None if s.numel() == 1 else -s.dim()
+    c = ctx.const(f"{node.target}.scale", s.reshape(-1))
+    return ValueRef(ctx.emit("dequantize", [x], {"axis": axis}, {"scale": c}, node.name, str(node.target)))
+
+
+def _clamp(ctx: LowerContext, node: Named, x: Any, lo: int | None, hi: int | None) -> ValueRef:
+    return ValueRef(ctx.emit("clamp", [tensor_ref(x, node)], {"min": lo, "max": hi}, {}, node.name, "clamp"))
+
+
+def lower_relu(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    return _clamp(ctx, node, args[0], 0, None)
+
+
+def lower_relu6(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    return _clamp(ctx, node, args[0], 0, int(m.bound))
+
+
+def lower_identity(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    return args[0]
+
+
+def lower_lut(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0], node)
+    c = ctx.const(f"{node.target}.table", m.table)
+    return ValueRef(ctx.emit("lut", [x], {"what": str(m.op_name)}, {"table": c}, node.name, str(node.target)))
+
+
+def lower_maxpool(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0], node)
+    stride = m.stride if m.stride is not None else m.kernel_size
+    attrs = {
+        "kernel_size": _plain(m.kernel_size),
+        "stride": _plain(stride),
+        "padding": _plain(m.padding),
+        "dilation": _plain(m.dilation),
+        "ceil_mode": bool(m.ceil_mode),
+    }
+    return ValueRef(ctx.emit("maxpool2d", [x], attrs, {}, node.name, str(node.target)))
+
+
+def lower_avgpool(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0], node)
+    attrs = {
+        "kernel_size": list(m.kernel_size),
+        "stride": list(m.stride),
+        "padding": list(m.padding),
+        "ceil_mode": bool(m.ceil_mode),
+        "count_include_pad": bool(m.count_include_pad),
+        "divisor_override": m.divisor_override,
+        "out_dtype": _dt(m.dtype),
+    }
+    consts = {
+        "multipliers": ctx.const(f"{node.target}.multipliers", m.multipliers),
+        "shifts": ctx.const(f"{node.target}.shifts", m.shifts),
+    }
+    return ValueRef(ctx.emit("avgpool2d", [x], attrs, consts, node.name, str(node.target)))
+
+
+def lower_adaptive_avgpool(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    from backends.common.kernels.pool import adaptive_bounds
+
+    x = tensor_ref(args[0], node)
+    h, w = (int(d) for d in ctx.values[x].shape[-2:])
+    o = m.output_size
+    oh, ow = (o, o) if isinstance(o, int) else (o[0], o[1])
+    hs, he = adaptive_bounds(h, h if oh is None else int(oh))
+    ws, we = adaptive_bounds(w, w if ow is None else int(ow))
+    top = int((he - hs).max()) * int((we - ws).max())
+    mult, sh = avg_pool_params(m.per_tensor_input(0), float(m.scale[0]), top, m.march)
+    consts = {
+        "multipliers": ctx.const(f"{node.target}.multipliers", mult),
+        "shifts": ctx.const(f"{node.target}.shifts", sh),
+    }
+    attrs = {"output_size": [oh, ow], "out_dtype": _dt(m.dtype)}
+    return ValueRef(ctx.emit("adaptive_avgpool2d", [x], attrs, consts, node.name, str(node.target)))
+
+
+def _nearest_maps(h: int, w: int, call: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Source row / column of every output pixel: torch's nearest resize applied to an index image."""
+    idx = torch.arange(h * w, dtype=torch.float64).reshape(1, 1, h, w)
+    out = call(idx)[0, 0].to(torch.int64)
+    return (out[:, 0] // w).contiguous(), (out[0, :] % w).contiguous()
+
+
+def _run_time_size(ctx: LowerContext, node: Node, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, str | None]:
+    """A resize's run-time ``size`` argument (``size=lateral.shape[2:]``): its example value, for
+    the tables, and a value name the kernel reads to check that the size it was compiled for is
+    the size asked at run time (None when the size is a literal)."""
+    size = args[1] if len(args) > 1 else kwargs.get("size")
+    if size is None:
+        return None, None
+    ex = ctx.example(size)
+    if not names_in(size):
+        return ex, None
+    ref = size.name if isinstance(size, ValueRef) else shape_call(ctx, node, "identity", [size]).name
+    return ex, ref
+
+
+def _emit_nearest(ctx: LowerContext, node: Node, x: str, call: Any, size_ref: str | None = None) -> ValueRef:
+    h, w = (int(d) for d in ctx.values[x].shape[-2:])
+    rows, cols = _nearest_maps(h, w, call)
+    consts = {"rows": ctx.const(f"{node.name}.rows", rows), "cols": ctx.const(f"{node.name}.cols", cols)}
+    attrs: dict[str, Any] = {"in_size": [h, w]}
+    if size_ref is not None:  # tables hold the compiled output size: the kernel checks the run-time one
+        attrs["out_size"] = [len(rows), len(cols)]
+    ins = [x] if size_ref is None else [x, size_ref]
+    return ValueRef(ctx.emit("resize_nearest", ins, attrs, consts, node.name, "resize"))
+
+
+def lower_interpolate(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    x = tensor_ref(args[0], node)
+    size, size_ref = _run_time_size(ctx, node, args, kwargs)
+    if m.mode == "nearest":
+        return _emit_nearest(
+            ctx,
+            node,
+            x,
+            lambda t: F.interpolate(
+                t,
+                size=m.size if size is None else size,
+                scale_factor=m.scale_factor if size is None else None,
+                mode="nearest",
+                recompute_scale_factor=m.recompute_scale_factor if size is None else None,
+            ),
+            size_ref,
+        )
+    if m.mode != "bilinear":
+        raise LoweringError(f"node '{node.name}': Interpolate mode '{m.mode}' has no integer kernel")
+    h, w = (int(d) for d in ctx.values[x].shape[-2:])
+    oh, ow, fh, fw = m._out_size(h, w, size)
+    ac = bool(m.align_corners)
+    consts: dict[str, str] = {}
+    attrs: dict[str, Any] = {"in_size": [h, w], "out_dtype": _dt(m.dtype)}
+    if size_ref is not None:
+        attrs["out_size"] = [oh, ow]
+    # Taps for both input widths: B = 12 fraction bits for int8 codes, 15 for int16 (module rule).
+    for bits in (12, 15):
+        hi0, hi1, hw0, hw1 = bilinear_taps(h, oh, fh, ac, bits)
+        wi0, wi1, ww0, ww1 = bilinear_taps(w, ow, fw, ac, bits)
+        for k, t in (("hi0", hi0), ("hi1", hi1), ("wi0", wi0), ("wi1", wi1)):
+            consts[k] = ctx.const(f"{node.name}.{k}", t)
+        for k, t in ((f"hw0_{bits}", hw0), (f"hw1_{bits}", hw1), (f"ww0_{bits}", ww0), (f"ww1_{bits}", ww1)):
+            consts[k] = ctx.const(f"{node.name}.{k}", t)
+        # The weights' 2**-2B folds into the shift (docs/modules.md, bilinear resize).
+        attrs[f"multiplier{bits}"] = int(m.multiplier)
+        attrs[f"shift{bits}"] = int(m.shift) + 2 * bits
+    ins = [x] if size_ref is None else [x, size_ref]
+    return ValueRef(ctx.emit("resize_bilinear", ins, attrs, consts, node.name, str(node.target)))
+
+
+def lower_div(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
+    ins = [tensor_ref(args[0], node), tensor_ref(args[1], node)]
+    attrs = {"multiplier": int(m.multiplier), "shift": int(m.shift), "out_dtype": _dt(m.dtype)}
+    return ValueRef(ctx.emit("div", ins, attrs, {}, node.name, str(node.target)))
+
 
 register_module_rule(Q.QuantizedConvBase, lower_conv)
-
-
-# ----------------------------------------------------------------------------- QFunctional
-
-
-def _out_dtype(m: Any, node: Node) -> str:
-    if m.dtype is None:
-        raise LoweringError(f"node '{node.name}': QFunctional '{node.args[0]}' has no output dtype")
-    return _dt(m.dtype)
-
-
-def _to_out(ctx: LowerContext, node: Node, m: Any, x: Any, i: int) -> str:
-    """Input ``i`` rescaled to the output scale (a saturating copy when the scales are equal)."""
-    dt = _out_dtype(m, node)
-    xr = tensor_ref(x, node)
-    s_in, s_out = m.per_tensor_input(i), float(m.scale.reshape(-1)[0])
-    if f32_scale(s_in) == f32_scale(s_out):
-        return ctx.emit("rescale", [xr], {"copy": True, "out_dtype": dt, "multiplier": 1, "shift": 0}, {}, node.name)
-    mult, sh = numerics.requant_params(s_in, s_out, m.march, dt)
-    return ctx.emit("rescale", [xr], {"out_dtype": dt, "multiplier": int(mult), "shift": int(sh)}, {}, node.name)
-
-
-def add_attrs(p: numerics.AddParams, out_dtype: str) -> dict[str, Any]:
-    """The ``add`` kernel's attributes for the integer add rule ``p``."""
-    return {
-        "swap": bool(p.swap),
-        "add_shift": int(p.shift),
-        "qscale": int(p.qscale),
-        "multiplier": int(p.multiplier),
-        "shift": int(p.out_shift),
-        "out_dtype": out_dtype,
-    }
-
-
-def _add(ctx: LowerContext, node: Node, m: Any, ins: list[str], s_y: float, extra: dict[str, Any]) -> ValueRef:
-    dt = _out_dtype(m, node)
-    p = numerics.add_params(m.per_tensor_input(0), s_y, float(m.scale.reshape(-1)[0]), m.march, dt)
-    return ValueRef(ctx.emit("add", ins, {**add_attrs(p, dt), **extra}, {}, node.name, "add"))
-
-
-def _scalar(c: float) -> tuple[int, float]:
-    return (127 if c > 0 else -127), abs(float(c)) / 127
-
-
-def ff_add(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    method = str(node.target)
-    b = bind(getattr(Q.QFunctional, method), args, kwargs)
-    ins = [tensor_ref(b["x"], node), tensor_ref(b["y"], node)]
-    extra = {"relu": method == "add_relu", "negate_y": method == "sub"}
-    return _add(ctx, node, m, ins, m.per_tensor_input(1), extra)
-
-
-def _scalar_dynamic(ctx: LowerContext, node: Node, m: Any, op: str, x: Any, y: Any) -> ValueRef:
-    """A kernel that reads the number ``y`` at run time and derives its parameters from it."""
-    ref = y.name if isinstance(y, ValueRef) else shape_call(ctx, node, "identity", [y]).name
-    attrs = {
-        "in_scale": m.per_tensor_input(0),
-        "out_scale": float(m.scale.reshape(-1)[0]),
-        "march": m.march,
-        "out_dtype": _out_dtype(m, node),
-    }
-    return ValueRef(ctx.emit(op, [tensor_ref(x, node), ref], attrs, {}, node.name, op.removesuffix("_dynamic")))
-
-
-def ff_add_scalar(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    b = bind(Q.QFunctional.add_scalar, args, kwargs)
-    if names_in(b["y"]):  # a number computed at run time (``x + w / 4``)
-        return _scalar_dynamic(ctx, node, m, "add_scalar_dynamic", b["x"], b["y"])
-    y = float(b["y"])
-    if y == 0.0:
-        return ValueRef(_to_out(ctx, node, m, b["x"], 0))
-    code, s_c = _scalar(y)
-    return _add(ctx, node, m, [tensor_ref(b["x"], node)], s_c, {"y_code": code})
-
-
-def _product(
-    ctx: LowerContext, node: Node, m: Any, ins: list[str], s_a: float, s_b: float, op: str, extra: dict[str, Any]
-) -> ValueRef:
-    if m.dtype is not None and _dt(m.dtype) == "qint32":
-        return ValueRef(
-            ctx.emit(op, ins, {"out_dtype": "qint32", "multiplier": 1, "shift": 0, **extra}, {}, node.name, op)
-        )
-    dt = _out_dtype(m, node)
-    mult, sh = numerics.conv_requant_params(s_a, s_b, float(m.scale.reshape(-1)[0]), m.march, dt)
-    attrs = {"out_dtype": dt, "multiplier": int(mult.reshape(-1)[0]), "shift": int(sh.reshape(-1)[0]), **extra}
-    return ValueRef(ctx.emit(op, ins, attrs, {}, node.name, op))
-
-
-def ff_mul(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    b = bind(Q.QFunctional.mul, args, kwargs)
-    ins = [tensor_ref(b["x"], node), tensor_ref(b["y"], node)]
-    return _product(ctx, node, m, ins, m.per_tensor_input(0), m.per_tensor_input(1), "mul", {})
-
-
-def ff_mul_scalar(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    b = bind(Q.QFunctional.mul_scalar, args, kwargs)
-    if names_in(b["y"]):  # a number computed at run time (``x * (1.0 / w)``)
-        return _scalar_dynamic(ctx, node, m, "mul_scalar_dynamic", b["x"], b["y"])
-    x = tensor_ref(b["x"], node)
-    y = float(b["y"])
-    if y == 0.0:
-        return ValueRef(ctx.emit("zeros_like", [x], {"out_dtype": _out_dtype(m, node)}, {}, node.name))
-    code, s_c = _scalar(y)
-    return _product(ctx, node, m, [x], m.per_tensor_input(0), s_c, "mul", {"y_code": code})
-
-
-def ff_matmul(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    b = bind(Q.QFunctional.matmul, args, kwargs)
-    x, y = b["x"], b["y"]
-    if b["x_trans"]:  # the plugin's matmul(x, y, x_trans, y_trans): a transpose of the codes first
-        x = shape_call(ctx, node, "transpose", [x, -2, -1])
-    if b["y_trans"]:
-        y = shape_call(ctx, node, "transpose", [y, -2, -1])
-    ins = [tensor_ref(x, node), tensor_ref(y, node)]
-    return _product(ctx, node, m, ins, m.per_tensor_input(0), m.per_tensor_input(1), "matmul", {})
-
-
-def ff_div(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    b = bind(Q.QFunctional.div, args, kwargs)
-    ins = [tensor_ref(b["x"], node), tensor_ref(b["y"], node)]
-    mult, sh = div_params(m.per_tensor_input(0), m.per_tensor_input(1), float(m.scale.reshape(-1)[0]), m.march)
-    attrs = {"multiplier": int(mult), "shift": int(sh), "out_dtype": _out_dtype(m, node)}
-    return ValueRef(ctx.emit("div", ins, attrs, {}, node.name, "div"))
-
-
-def ff_cat(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    method = str(node.target)
-    b = bind(getattr(Q.QFunctional, method), args, kwargs)
-    parts = [ValueRef(_to_out(ctx, node, m, t, i)) for i, t in enumerate(b["x"])]
-    return shape_call(ctx, node, "stack" if method == "stack" else "cat", [parts], {"dim": int(b["dim"])})
-
-
-def ff_minmax(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    method = str(node.target)
-    b = bind(getattr(Q.QFunctional, method), args, kwargs)
-    ins = [_to_out(ctx, node, m, b["x"], 0), _to_out(ctx, node, m, b["y"], 1)]
-    return ValueRef(ctx.emit(method, ins, {}, {}, node.name, method))
-
-
-def ff_reduce(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    method = str(node.target)
-    b = bind(getattr(Q.QFunctional, method), args, kwargs)
-    x = tensor_ref(b["x"], node)
-    dim = b["dim"]
-    dims = None if dim is None else ([int(dim)] if isinstance(dim, int) else [int(d) for d in dim])
-    dt = _out_dtype(m, node)
-    s_in, s_out = m.per_tensor_input(0), float(m.scale.reshape(-1)[0])
-    attrs: dict[str, Any] = {"dims": dims, "keepdim": bool(b["keepdim"]), "out_dtype": dt, "n": None}
-    if method == "mean":
-        xv = ctx.values[x]
-        out_numel = 1 if dims is None else xv.numel() // max(1, _prod(xv.shape[d] for d in dims))
-        n = xv.numel() // max(out_numel, 1)
-        mult, sh = ratio_params(f32_scale(s_in) / (n * f32_scale(s_out)), m.march)
-        attrs["n"] = n
-    else:
-        mult, sh = numerics.requant_params(s_in, s_out, m.march, dt)
-    attrs.update(multiplier=int(mult), shift=int(sh))
-    return ValueRef(ctx.emit("reduce_sum", [x], attrs, {}, node.name, method))
-
-
-def _prod(v: Any) -> int:
-    out = 1
-    for d in v:
-        out *= int(d)
-    return out
-
-
-_FF_LUT_FUNCTIONS = {"exp": torch.exp, "ceil": torch.ceil, "floor": torch.floor}
-
-
-def ff_lut(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    method = str(node.target)
-    x = tensor_ref(args[0] if args else kwargs["x"], node)
-    if ctx.values[x].dtype != torch.int8:
-        raise LoweringError(
-            f"node '{node.name}': {method} of a non-qint8 tensor has no table (qint16 needs segmented "
-            "tables, not implemented)"
-        )
-    dt = _out_dtype(m, node)
-    table = numerics.lut_int8(_FF_LUT_FUNCTIONS[method], m.per_tensor_input(0), float(m.scale.reshape(-1)[0]), dt)
-    c = ctx.const(f"{node.name}.table", table)
-    return ValueRef(ctx.emit("lut", [x], {"what": method}, {"table": c}, node.name, method))
-
-
-for _m in ("add", "add_relu", "sub"):
-    register_functional_rule(_m, ff_add)
-register_functional_rule("add_scalar", ff_add_scalar)
-register_functional_rule("mul", ff_mul)
-register_functional_rule("mul_scalar", ff_mul_scalar)
-register_functional_rule("matmul", ff_matmul)
-register_functional_rule("div", ff_div)
-for _m in ("cat", "concat", "concatenate", "stack"):
-    register_functional_rule(_m, ff_cat)
-for _m in ("maximum", "minimum"):
-    register_functional_rule(_m, ff_minmax)
-for _m in ("sum", "mean"):
-    register_functional_rule(_m, ff_reduce)
-for _m in _FF_LUT_FUNCTIONS:
-    register_functional_rule(_m, ff_lut)
+register_module_rule(Q.QuantStub, lower_quant_stub)
+register_module_rule(Q.DeQuantStub, lower_dequant_stub)
+register_module_rule(Q.ReLU, lower_relu)
+register_module_rule(Q.ReLU6, lower_relu6)
+register_module_rule(Q.UnaryLUT, lower_lut)
+register_module_rule(Q.MaxPool2d, lower_maxpool)
+register_module_rule(nn.MaxPool2d, lower_maxpool)
+register_module_rule(Q.AvgPool2d, lower_avgpool)
+register_module_rule(Q.AdaptiveAvgPool2d, lower_adaptive_avgpool)
+register_module_rule(Q.Interpolate, lower_interpolate)
+register_module_rule(Q.Div, lower_div)
+register_module_rule(Q.Identity, lower_identity)
 
 
 # ----------------------------------------------------------------------------- op rules (IR op names)
@@ -444,7 +421,7 @@ def op_dropout(ctx: LowerContext, node: IRNode, operands: list[Any]) -> Any:
 
 
 def op_relu(ctx: LowerContext, node: IRNode, operands: list[Any]) -> ValueRef:
-    return clamp_codes(ctx, node, operands[0], 0, None)
+    return _clamp(ctx, node, operands[0], 0, None)
 
 
 for _name in SHAPE_OPS:
@@ -506,15 +483,15 @@ def fn_arith(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs
 
 
 def fn_relu6_codes(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    return clamp_codes(ctx, node, args[0], 0, int(args[1]))
+    return _clamp(ctx, node, args[0], 0, int(args[1]))
 
 
 def fn_nearest(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
     x = tensor_ref(args[0], node)
     rest = [ctx.example(a) for a in args[1:]]
     kw = {k: ctx.example(v) for k, v in kwargs.items()}
-    _, size_ref = size_operand(ctx, node, args[1] if len(args) > 1 else kwargs.get("size"))
-    return emit_nearest(ctx, node, x, lambda t: F.interpolate(t, *rest, **kw), size_ref)
+    _, size_ref = _run_time_size(ctx, node, args, kwargs)
+    return _emit_nearest(ctx, node, x, lambda t: F.interpolate(t, *rest, **kw), size_ref)
 
 
 def method_shape(ctx: LowerContext, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:

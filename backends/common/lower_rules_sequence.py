@@ -17,10 +17,11 @@ from typing import Any, NamedTuple, cast
 import torch
 
 from backends.common.lower import LowerContext, LoweringError, RuleNode, register_module_rule, shape_call, tensor_ref
-from backends.common.lower_rules import add_attrs, lower_conv
+from backends.common.lower_rules import lower_conv
 from backends.common.lower_rules_math import lower_softmax
 from backends.common.numerics import AddParams
 from backends.common.program import ValueRef
+from backends.common.rules_functional import add_attrs
 from qir.nn import quantized as Q
 
 __all__ = ["lower_lstm_cell", "lower_multihead_attention"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import inspect
 import types
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -25,7 +26,7 @@ from qir.frontend.tracer import QirTracer, TraceError, patch_float_functional, p
 from qir.ir.graph import Graph, Node, Value, split_operands
 from qir.ir.op import IRError, ModuleOp, Op
 from qir.ir.ops.core import Call, Identity
-from qir.ir.ops.integer import IntegerModuleOp
+from qir.ir.ops.integer import IntegerModuleOp, integer_method_op
 from qir.ir.ops.shape import Transpose
 from qir.ir.types import TensorType, Type, type_of
 from qir.utils.fx_helper import wrapped_original
@@ -323,6 +324,8 @@ class _Converter:
         if args and isinstance(args[0], nn.Module) and is_float_functional(args[0]):
             self._float_functional(n, args[0], name, args[1:], kwargs)
             return
+        if args and isinstance(args[0], nn.Module) and self._integer_method(n, args[0], name, args[1:], kwargs):
+            return
         cls = self.tables.by_method.get(name)
         why = f"Tensor.{name} has no registered op"
         if cls is not None:
@@ -331,6 +334,25 @@ class _Converter:
                 return
             why = res
         self.opaque(n, "method", name, args, kwargs, why)
+
+    def _integer_method(self, n: torch.fx.Node, m: nn.Module, method: str, args: Any, kwargs: Any) -> bool:
+        """A method call of an integer module (``QFunctional.add``) as its integer op; False when
+        no op is registered for it or the call does not bind (it stays an opaque call)."""
+        cls = integer_method_op(m, method)
+        path = self.path_of(m)
+        if cls is None or path is None:
+            return False
+        try:
+            bound = inspect.signature(getattr(m, method)).bind(*args, **kwargs)
+            bound.apply_defaults()
+            op, inputs = cls.from_call(m, method, dict(bound.arguments))  # type: ignore[attr-defined]
+            if not all(isinstance(v, Value) for v in inputs):
+                return False
+            op.verify([v.type for v in inputs])
+        except (TypeError, ValueError, KeyError, IRError):
+            return False
+        self.add(n, op, list(inputs), scope=path)
+        return True
 
     def _float_functional(self, n: torch.fx.Node, ff: nn.Module, method: str, args: Any, kwargs: Any) -> None:
         path = self.path_of(ff)

@@ -134,11 +134,17 @@ class _Emitter:
         if len(params) != len(roles) or not all(isinstance(p, Node) and isinstance(p.op, Constant) for p in params):
             return None
         tensors = {r: self.g.constants[p.op.key] for r, p in zip(roles, params, strict=False)}  # type: ignore[union-attr]
-        sig = (op, tuple(id(t) for t in tensors.values()))
+        signature = getattr(op, "module_signature", None)
+        sig = (signature() if signature is not None else op, tuple(id(t) for t in tensors.values()))
         path = scope if self.signatures.get(scope) == sig else None
         if path is None:
             path = self.place(scope, op.to_module(tensors), sig)
         inputs = [self.value(v) for v in op.module_inputs(n.operands)]
+        method_call = getattr(op, "method_call", None)
+        call = method_call(inputs) if method_call is not None else None
+        if call is not None:  # a method of the module (QFunctional.add): self.<path>.<method>(...)
+            method, margs, mkwargs = call
+            return self.fx.call_method(method, (self.fx.get_attr(path), *margs), dict(mkwargs))
         module_call = getattr(op, "module_call", None)
         args, kwargs = module_call(inputs) if module_call is not None else (tuple(inputs), {})
         return self.fx.call_module(path, tuple(args), dict(kwargs))

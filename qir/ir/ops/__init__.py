@@ -7,6 +7,7 @@ from qir.ir.ops import (  # noqa: F401
     elementwise,
     integer,
     integer_elementwise,
+    integer_functional,
     integer_pool,
     integer_resize,
     integer_stubs,

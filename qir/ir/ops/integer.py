@@ -36,7 +36,9 @@ from qir.ir.types import DType, QuantSpec, TensorType, Type
 __all__ = [
     "IntegerModuleOp",
     "QConv",
+    "integer_method_op",
     "integer_module_builder",
+    "register_integer_method",
     "register_integer_module",
 ]
 
@@ -56,6 +58,24 @@ def register_integer_module(op_cls: type[IntegerModuleOp], module_cls: type, bui
         op_cls.module_types = (*op_cls.module_types, module_cls)
     _BUILDERS[op_cls.name] = builder
     bump_registry_version()
+
+
+#: (module class, method name) -> the op a call of that method is (QFunctional's ``add``, ...)
+_METHODS: dict[tuple[type, str], type[IntegerModuleOp]] = {}
+
+
+def register_integer_method(op_cls: type[IntegerModuleOp], module_cls: type, builder: Builder) -> None:
+    """Build ``op_cls`` from calls ``m.<method>(...)`` of modules of ``module_cls``, for each method
+    in ``op_cls.ff_methods``; ``builder`` rebuilds the module from the op."""
+    for method in getattr(op_cls, "ff_methods", ()):
+        _METHODS[(module_cls, method)] = op_cls
+    _BUILDERS[op_cls.name] = builder
+    bump_registry_version()
+
+
+def integer_method_op(module: Any, method: str) -> type[IntegerModuleOp] | None:
+    """The op a call ``module.<method>(...)`` is, or None."""
+    return _METHODS.get((type(module), method))
 
 
 def integer_module_builder(name: str) -> Builder:
@@ -91,6 +111,8 @@ class IntegerModuleOp(ModuleOp):
     traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure})
     #: the integer state tensors, in operand order after the inputs (the module's buffer names)
     state_roles: ClassVar[tuple[str, ...]] = ()
+    #: how the legality pass reads the layer: a module call or a FloatFunctional method call
+    legality_form: ClassVar[str] = "module"
 
     def param_roles(self) -> tuple[str, ...]:
         return self.state_roles
@@ -102,7 +124,22 @@ class IntegerModuleOp(ModuleOp):
         roles = self.param_roles()
         params = self.module_params(operands)
         module = self.to_module(dict(zip(roles, params, strict=True)))
-        return module(*self.module_inputs(operands))
+        inputs = self.module_inputs(operands)
+        call = self.method_call(inputs)
+        if call is None:
+            return module(*inputs)
+        method, args, kwargs = call
+        return getattr(module, method)(*args, **kwargs)
+
+    def method_call(self, inputs: Sequence[Any]) -> tuple[str, tuple[Any, ...], dict[str, Any]] | None:
+        """``(method, args, kwargs)`` when the layer is a method of its module (QFunctional's
+        ``add``), None when it is the module's forward."""
+        return None
+
+    def module_signature(self) -> Any:
+        """What identifies the module this op rebuilds: nodes with equal signatures (and state)
+        share one installed module when emitted."""
+        return self
 
     def float_op(self) -> Op | type | None:
         """The float op the operator tables describe this layer as (legality checks read its

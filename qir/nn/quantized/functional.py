@@ -194,3 +194,36 @@ class QFunctional(QuantizedModule):
 
     def floor(self, x: torch.Tensor) -> torch.Tensor:
         return self._lut(x, "floor", torch.floor)
+
+
+# ----------------------------------------------------------------------------- the IR's method ops
+
+
+def _from_functional_op(op: Any, tensors: dict[str, torch.Tensor]) -> QFunctional:
+    """The QFunctional a ``qadd`` / ``qcat`` / ... op's call site holds (emit and evaluation)."""
+    m = QFunctional()
+    m.march = op.march
+    m._set_scales(op.in_scales, torch.tensor(op.out.scale, dtype=torch.float32), op.out.dtype)
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops import integer_functional as ops
+    from qir.ir.ops.integer import register_integer_method
+
+    for cls in (
+        ops.QAdd,
+        ops.QAddScalar,
+        ops.QMul,
+        ops.QMulScalar,
+        ops.QMatmul,
+        ops.QTensorDiv,
+        ops.QCat,
+        ops.QMinMax,
+        ops.QReduce,
+        ops.QLutMethod,
+    ):
+        register_integer_method(cls, QFunctional, _from_functional_op)
+
+
+_register_ir()
