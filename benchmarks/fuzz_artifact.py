@@ -2,12 +2,14 @@
 
 Compiles a few small models (both marches; convolutions, pooling, linear, add, lookup
 tables, layout functions), then writes seeded mutations of their files (header values and
-structure, raw header text, data bytes, the container) and loads and runs each under an
-address-space limit (``RLIMIT_AS``), so a huge allocation fails fast and is counted instead
-of swapping. Every case ends in one class:
+structure, raw header text, data bytes, the container) and loads each with a memory bound
+(``load_compiled(path, max_memory=MAX_MEMORY)``, 1 GiB) and runs it under an address-space
+limit (``RLIMIT_AS``, 2 GiB above the start-up mapping), so a huge allocation fails fast and is
+counted instead of swapping. Every case ends in one class:
 
 * ``refused at load (ArtifactError)`` / ``refused at run (input check)`` / ``loads and runs``: fine;
-* ``load: <Exception>`` / ``run: <Exception>``: any other exception is a bug;
+* ``load: <Exception>`` / ``run: <Exception>``: any other exception is a bug (at run: a kernel
+  refusing operands that the loader's shape inference let through);
 * ``... huge allocation``: the allocator refused a request under the limit (a bug: the loader
   should have bounded it), ``... hang``: over ``--timeout`` seconds (a bug).
 
@@ -41,6 +43,8 @@ from torch import nn
 from torch.ao.quantization import DeQuantStub
 
 OK_CLASSES = ("loads and runs", "refused at load (ArtifactError)", "refused at run (input check)")
+#: the memory bound every case is loaded with
+MAX_MEMORY = 2**30
 
 
 # ----------------------------------------------------------------------------- corpus
@@ -335,7 +339,7 @@ def classify(path: Path, inputs: tuple[torch.Tensor, ...], timeout: float) -> st
     stage = "load"
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        model = load_compiled(path, num_threads=1)
+        model = load_compiled(path, num_threads=1, max_memory=MAX_MEMORY)
         stage = "run"
         model(*inputs)
         return "loads and runs"

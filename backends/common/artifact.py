@@ -42,12 +42,13 @@ from backends.common.artifact_header import (
     check_tensor_table,
 )
 from backends.common.artifact_json import JSONLimitError, loads_strict
+from backends.common.artifact_shapes import DEFAULT_MAX_MEMORY, infer_program
 from backends.common.kernels.base import get_kernel, kernel_names
 from backends.common.kernels.schema import SchemaError
 from backends.common.program import CONST_DTYPES, Program, ProgramError
 from passes.legality_registry import available_marches
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "ArtifactError", "read_program", "write_program"]
+__all__ = ["DEFAULT_MAX_MEMORY", "FORMAT_VERSION", "MAGIC", "ArtifactError", "read_program", "write_program"]
 
 MAGIC = b"QIRPROG\x00"
 FORMAT_VERSION = 1
@@ -79,6 +80,7 @@ def write_program(program: Program, path: str | os.PathLike[str]) -> Path:
     program.validate()
     try:
         check_kernel_schemas(program)
+        infer_program(program, max_memory=None)
     except HeaderError as e:
         raise ArtifactError(f"{path}: not written: {e.field}: {e.rule}") from None
     table: list[dict[str, Any]] = []
@@ -106,8 +108,13 @@ def write_program(program: Program, path: str | os.PathLike[str]) -> Path:
     return out
 
 
-def read_program(path: str | os.PathLike[str]) -> Program:
-    """Read and verify a file written by :func:`write_program`."""
+def read_program(path: str | os.PathLike[str], max_memory: int | None = DEFAULT_MAX_MEMORY) -> Program:
+    """Read and verify a file written by :func:`write_program`. ``max_memory``: the most bytes the
+    program may need at its declared input shapes (values alive at once plus kernel work space,
+    found by shape inference); None: no bound (shapes are still inferred when the file declares
+    its input shapes)."""
+    if max_memory is not None and (isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory < 1):
+        raise ValueError(f"max_memory must be a positive number of bytes or None, got {max_memory!r}")
     p = Path(path)
     try:
         data = p.read_bytes()
@@ -159,6 +166,7 @@ def read_program(path: str | os.PathLike[str]) -> Program:
         raise ArtifactError(f"{p}: invalid program: {e}") from None
     try:
         check_kernel_schemas(prog)
+        infer_program(prog, max_memory)
     except HeaderError as e:
         raise ArtifactError(f"{p}: header field {e.field}: {e.rule}") from None
     return prog

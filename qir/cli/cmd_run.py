@@ -25,7 +25,35 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--output", "-o", metavar="FILE", help="save the outputs: .npy (one output) or .npz")
     p.add_argument("--threads", type=int, default=2, help="torch threads while running (default 2)")
+    p.add_argument(
+        "--max-memory",
+        metavar="SIZE",
+        help="refuse an artifact that needs more memory at its compiled input shapes: bytes, or with a "
+        "K / M / G suffix (powers of 1024), or 'none' for no bound (default 2G)",
+    )
     p.set_defaults(run=run)
+
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_size(text: str | None) -> int | None:
+    """``--max-memory``: None (the default limit), 'none' (no bound), or a size like 512M / 4G."""
+    from backends.common.artifact import DEFAULT_MAX_MEMORY
+
+    if text is None:
+        return DEFAULT_MAX_MEMORY
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    if t == "NONE":
+        return None
+    unit = t[-1:] if t[-1:] in _UNITS and t[-1:] else ""
+    digits = t[: len(t) - len(unit)]
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 15 or int(digits) < 1:
+        raise UserError(
+            f"--max-memory {text!r} is not a size: give a positive number of bytes of at most 15 digits, "
+            "optionally with K, M, G or T (e.g. 4G), or 'none'"
+        )
+    return int(digits) * _UNITS[unit]
 
 
 def _load_inputs(files: list[str]) -> list[np.ndarray]:
@@ -74,8 +102,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"artifact '{path}' does not exist (make one with qir compile)")
     if args.threads < 1:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
+    limit = parse_size(args.max_memory)
     try:
-        compiled = load_compiled(path, num_threads=args.threads)
+        compiled = load_compiled(path, num_threads=args.threads, max_memory=limit)
     except ArtifactError as e:
         raise UserError(str(e)) from None
     names = compiled.program.inputs

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from backends.common.artifact import read_program, write_program
+from backends.common.artifact import DEFAULT_MAX_MEMORY, read_program, write_program
 from backends.common.lower_pass import EXAMPLE_INPUTS_KEY, PROGRAM_KEY, Lower
 from backends.common.program import Program
 from backends.common.runtime import DEFAULT_THREADS, CompiledModel
@@ -251,10 +251,17 @@ def compile_model(
     return CompiledModel(program, num_threads=num_threads, source=str(hbm) if hbm is not None else "")
 
 
-def load_compiled(path: str | os.PathLike[str], num_threads: int | None = DEFAULT_THREADS) -> CompiledModel:
+def load_compiled(
+    path: str | os.PathLike[str],
+    num_threads: int | None = DEFAULT_THREADS,
+    max_memory: int | None = DEFAULT_MAX_MEMORY,
+) -> CompiledModel:
     """The callable stored in ``path``: float inputs in, the converted model's outputs out.
 
     Raises :class:`backends.common.artifact.ArtifactError` for a truncated, corrupted,
-    newer-version or foreign file. Loading reads data only; it never executes code from the file.
+    newer-version or foreign file, and for one whose kernels' operands do not fit at its declared
+    input shapes or that would need more than ``max_memory`` bytes there (default
+    ``backends.common.artifact.DEFAULT_MAX_MEMORY``, 2 GiB; None: no bound). Loading reads data
+    only; it never executes code from the file (docs/security.md).
     """
-    return CompiledModel(read_program(Path(path)), num_threads=num_threads, source=str(path))
+    return CompiledModel(read_program(Path(path), max_memory), num_threads=num_threads, source=str(path))

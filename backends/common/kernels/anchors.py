@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import register_kernel
+from backends.common.kernels.infer import ShapeError, meta, tensor_arg
 from backends.common.kernels.schema import MAX_COUNT, Attr, Const, KernelSchema, integer
 from backends.common.program import Instruction
 
@@ -28,6 +29,17 @@ def _shapes_check(v: Any) -> str | None:
     return None
 
 
+def _anchors_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    a = inst.attrs
+    ts = [tensor_arg(args, i, rank=(2, 8)) for i in range(len(args))]
+    got = [[int(t.shape[0]), int(t.shape[-2]), int(t.shape[-1])] for t in ts[:1]]
+    got += [[int(t.shape[-2]), int(t.shape[-1])] for t in ts[1:]]
+    if got != [list(map(int, s)) for s in a["shapes"]]:
+        raise ShapeError(f"compiled for image / feature shapes {a['shapes']}, the inputs have {got}")
+    one = consts[inst.consts["anchors"]]
+    return [[meta(one.shape, one.dtype) for _ in range(int(a["images"]))]]
+
+
 @register_kernel(
     "anchors",
     schema=KernelSchema(
@@ -37,6 +49,7 @@ def _shapes_check(v: Any) -> str | None:
             "images": integer(0, MAX_COUNT),
         },
         consts={"anchors": Const(("float32",), (2, 2))},
+        shape=_anchors_shape,
     ),
 )
 def anchors(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:

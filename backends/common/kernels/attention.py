@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import qbounds, register_kernel, sat_to
+from backends.common.kernels.infer import ShapeError, broadcast, code, meta, meta_call, tensor_arg
 from backends.common.kernels.schema import (
     INT_DTYPES,
     MAX_COUNT,
@@ -22,6 +23,7 @@ from backends.common.kernels.schema import (
     floating,
     integer,
 )
+from backends.common.kernels.softmax import softmax_input
 from backends.common.program import Instruction
 
 _ROLES = ("attn_mask", "key_padding_mask")
@@ -75,9 +77,50 @@ def _shaped(inst: Instruction, masks: dict[str, torch.Tensor]) -> list[torch.Ten
     return out
 
 
+def _mask_shapes(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The masks as ``_shaped`` reshapes them, checked: abstract tensors in role order."""
+    a = inst.attrs
+    found = {r: tensor_arg(args, i, r) for i, r in enumerate(a["inputs"])}
+    for role, name in inst.consts.items():
+        t = consts[name]
+        found[role] = meta(t.shape, torch.bool if t.dtype == torch.uint8 else t.dtype)
+    h, lq, lk = int(a["heads"]), int(a["lq"]), int(a["lk"])
+    out = []
+    if "attn_mask" in found:
+        m = found["attn_mask"]
+        shape = (1, 1, lq, lk) if m.dim() == 2 else (m.shape[0] // h if m.dim() else 0, h, lq, lk)
+        out.append(meta_call("attn_mask", m.reshape, shape))
+    if "key_padding_mask" in found:
+        m = found["key_padding_mask"]
+        out.append(meta_call("key_padding_mask", m.reshape, (m.shape[0] if m.dim() else 0, 1, 1, lk)))
+    broadcast(*out)
+    return out
+
+
+def _masked_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    return [meta(broadcast(*_mask_shapes(inst, args, consts)), torch.bool)]
+
+
+def _mask_codes_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    soft = [m for m in _mask_shapes(inst, args, consts) if m.dtype != torch.bool]
+    if not soft:
+        raise ShapeError("additive mask codes need at least one float mask; all are bool")
+    return [meta(broadcast(*soft), torch.int64)]
+
+
+def _masked_softmax_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    x, masked = tensor_arg(args, 0, "scores"), tensor_arg(args, 1, "masked")
+    softmax_input(inst, x, consts, -1)
+    if masked.dtype != torch.bool:
+        raise ShapeError(f"the mask must be bool, got {masked.dtype}")
+    if broadcast(x, masked) != x.shape:
+        raise ShapeError(f"the mask of shape {list(masked.shape)} does not expand to the scores' {list(x.shape)}")
+    return [code(x.shape, inst.attrs["out_dtype"])]
+
+
 @register_kernel(
     "attention_masked",
-    schema=KernelSchema(inputs=(0, 2), attrs=_MASK_ATTRS, consts=_MASK_CONSTS, extra=_roles_match),
+    schema=KernelSchema(inputs=(0, 2), attrs=_MASK_ATTRS, consts=_MASK_CONSTS, extra=_roles_match, shape=_masked_shape),
 )
 def attention_masked(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     """True where an entry is excluded: True in a bool mask, ``-inf`` in a float one."""
@@ -92,7 +135,11 @@ def attention_masked(inst: Instruction, args: list[Any], state: Mapping[str, tor
 @register_kernel(
     "attention_mask_codes",
     schema=KernelSchema(
-        inputs=(0, 2), attrs={**_MASK_ATTRS, "scale": floating(1e-30, 1e30)}, consts=_MASK_CONSTS, extra=_roles_match
+        inputs=(0, 2),
+        attrs={**_MASK_ATTRS, "scale": floating(1e-30, 1e30)},
+        consts=_MASK_CONSTS,
+        extra=_roles_match,
+        shape=_mask_codes_shape,
     ),
 )
 def attention_mask_codes(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
@@ -116,6 +163,7 @@ def attention_mask_codes(inst: Instruction, args: list[Any], state: Mapping[str,
         inputs=(2, 2),
         attrs={"multiplier": MULT, "shift": SHIFT, "out_dtype": OUT_DTYPE},
         consts={"table": Const(INT_DTYPES, (1, 1))},
+        shape=_masked_softmax_shape,
     ),
 )
 def masked_softmax(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:

@@ -82,6 +82,9 @@ def register_kernel(op: str, prepare: PrepareFn | None = None, *, schema: Kernel
     def deco(fn: RunFn) -> RunFn:
         if op in _KERNELS:
             raise ValueError(f"kernel '{op}' is registered twice")
+        if schema.shape is None:
+            # the loader infers every value's shape to bound memory and refuse misfit operands
+            raise ValueError(f"kernel '{op}' declares no output shape (KernelSchema(shape=...))")
         _KERNELS[op] = Kernel(op, fn, prepare or _default_prepare, schema)
         return fn
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from backends.common.comparisons import COMPARISONS  # the operators QAT evaluates: one table
 from backends.common.kernels.base import register_kernel
+from backends.common.kernels.infer import ShapeError, broadcast, meta, meta_call, tensor_arg
 from backends.common.kernels.schema import (
     CODE_BOUND,
     MAX_EXTENT,
@@ -26,9 +27,36 @@ from backends.common.kernels.schema import (
 from backends.common.program import Instruction
 
 
+def _abs_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any]:
+    x = tensor_arg(args, 0)
+    if x.is_floating_point() or x.dtype == torch.bool:
+        raise ShapeError(f"abs takes integer codes, got {x.dtype}")
+    return [x]
+
+
+def _compare_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any]:
+    x = tensor_arg(args, 0, "x")
+    if len(args) == 1:
+        return [meta(x.shape, torch.bool)]
+    if "op" not in inst.attrs:
+        raise ShapeError("compare of two inputs needs the op attribute")
+    return [meta(broadcast(x, tensor_arg(args, 1, "y")), torch.bool)]
+
+
+def _pad_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any]:
+    a = inst.attrs
+    x = tensor_arg(args, 0)
+    pads = [int(p) for p in a["pad"]]
+    if a["mode"] == "constant":
+        if "value" not in a:
+            raise ShapeError("constant padding needs the value attribute")
+        return [meta_call("pad", F.pad, x, pads, mode="constant", value=0)]
+    return [meta_call("pad", F.pad, x, pads, mode=str(a["mode"]))]
+
+
 @register_kernel(
     "abs",
-    schema=KernelSchema(),
+    schema=KernelSchema(shape=_abs_shape),
 )
 def abs_(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """``min(|x|, qmax)`` in the input's dtype (``|-128|`` saturates to 127 for qint8)."""
@@ -46,6 +74,7 @@ def abs_(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
             "hi": optional(CODE_BOUND, required=False),
             "negate": boolean(required=False),
         },
+        shape=_compare_shape,
     ),
 )
 def compare(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
@@ -71,7 +100,8 @@ def compare(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
             "mode": one_of("constant", "reflect", "replicate", "circular"),
             "pad": ints(0, MAX_EXTENT, (2, 6)),
             "value": integer(-(2**31), 2**31 - 1, required=False),
-        }
+        },
+        shape=_pad_shape,
     ),
 )
 def pad(inst: Instruction, args: list[Any], state: Any) -> list[Any]:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from backends.common.kernels import native
 from backends.common.kernels.base import RequantF64, qbounds, register_kernel, requant_i64, sat_to, scratch
+from backends.common.kernels.conv_shape import conv2d_shape, conv_nd_shape, conv_work, linear_shape
 from backends.common.kernels.schema import (
     INT_DTYPES,
     MAX_EXTENT,
@@ -676,7 +677,14 @@ _CONV_CONSTS = {
 @register_kernel(
     "conv2d",
     prepare=_prepare,
-    schema=KernelSchema(inputs=(1, 2), attrs=_CONV2D_ATTRS, consts=_CONV_CONSTS, extra=_conv_extra),
+    schema=KernelSchema(
+        inputs=(1, 2),
+        attrs=_CONV2D_ATTRS,
+        consts=_CONV_CONSTS,
+        extra=_conv_extra,
+        shape=conv2d_shape,
+        work=conv_work,
+    ),
 )
 def conv2d(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
     """``act(requant(conv(x, w) + b))`` or, with ``has_add``, the fused conv + add rule; NCHW in and out."""
@@ -699,7 +707,14 @@ def conv2d(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
 @register_kernel(
     "conv_nd",
     prepare=_prepare,
-    schema=KernelSchema(inputs=(1, 2), attrs=_CONV_ND_ATTRS, consts=_CONV_CONSTS, extra=_conv_extra),
+    schema=KernelSchema(
+        inputs=(1, 2),
+        attrs=_CONV_ND_ATTRS,
+        consts=_CONV_CONSTS,
+        extra=_conv_extra,
+        shape=conv_nd_shape,
+        work=conv_work,
+    ),
 )
 def conv_nd(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
     """Conv1d / Conv3d / ConvTranspose2d on the f32 or f64 engine (channels on axis 1)."""
@@ -727,7 +742,14 @@ def conv_nd(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
 @register_kernel(
     "linear",
     prepare=_prepare,
-    schema=KernelSchema(inputs=(1, 2), attrs=_LINEAR_ATTRS, consts=_CONV_CONSTS, extra=_conv_extra),
+    schema=KernelSchema(
+        inputs=(1, 2),
+        attrs=_LINEAR_ATTRS,
+        consts=_CONV_CONSTS,
+        extra=_conv_extra,
+        shape=linear_shape,
+        work=conv_work,
+    ),
 )
 def linear(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
     """``act(requant(x @ w.T + b))`` over the last axis (any leading shape)."""

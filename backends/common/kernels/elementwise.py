@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import RequantF64, qbounds, register_kernel, sat_to
+from backends.common.kernels.infer import ShapeError, broadcast, code, meta, meta_call, same_shape, tensor_arg
 from backends.common.kernels.schema import (
     CODE_BOUND,
     CODE_BOUND_OPT,
@@ -35,6 +36,42 @@ def _prep_rq(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> RequantF6
     return RequantF64(torch.tensor(int(a["multiplier"])), torch.tensor(int(a["shift"])))
 
 
+def _binary_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    """Codes of ``out_dtype`` in the broadcast shape of x and y (or x and the ``y_code`` scalar)."""
+    x = tensor_arg(args, 0, "x")
+    if len(args) == 1:
+        if inst.attrs.get("y_code") is None:
+            raise ShapeError(f"{inst.op} with one input needs the y_code attribute for y")
+        return [code(x.shape, inst.attrs["out_dtype"])]
+    return [code(broadcast(x, tensor_arg(args, 1, "y")), inst.attrs["out_dtype"])]
+
+
+def _clamp_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    x = tensor_arg(args, 0)
+    if x.dtype == torch.bool:
+        raise ShapeError("clamp takes codes or floats, got a bool tensor")
+    return [x]
+
+
+def _lut_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    x = tensor_arg(args, 0)
+    table = consts[inst.consts["table"]]
+    if x.dtype != torch.int8:
+        raise ShapeError(f"lut takes qint8 codes (a 256-entry table), got {x.dtype}")
+    if table.numel() < 256:
+        raise ShapeError(f"the table has {table.numel()} entries; qint8 codes index 256")
+    return [meta(x.shape, table.dtype)]
+
+
+def _div_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    return [code(broadcast(tensor_arg(args, 0, "x"), tensor_arg(args, 1, "y")), inst.attrs["out_dtype"])]
+
+
+def _extremum_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    x, y = tensor_arg(args, 0, "x"), tensor_arg(args, 1, "y")
+    return [meta_call(inst.op, torch.maximum, x, y)]
+
+
 def _operand(v: Any, like: torch.Tensor) -> torch.Tensor:
     return v.to(torch.float64) if isinstance(v, torch.Tensor) else torch.full_like(like, float(v), dtype=torch.float64)
 
@@ -55,6 +92,7 @@ def _operand(v: Any, like: torch.Tensor) -> torch.Tensor:
             "relu": boolean(required=False),
             "y_code": CODE_BOUND_OPT,
         },
+        shape=_binary_shape,
     ),
 )
 def add(inst: Instruction, args: list[Any], rq: RequantF64) -> list[Any]:
@@ -79,7 +117,9 @@ def add(inst: Instruction, args: list[Any], rq: RequantF64) -> list[Any]:
     "mul",
     prepare=_prep_rq,
     schema=KernelSchema(
-        inputs=(1, 2), attrs={"multiplier": MULT, "shift": SHIFT, "out_dtype": OUT_DTYPE, "y_code": CODE_BOUND_OPT}
+        inputs=(1, 2),
+        attrs={"multiplier": MULT, "shift": SHIFT, "out_dtype": OUT_DTYPE, "y_code": CODE_BOUND_OPT},
+        shape=_binary_shape,
     ),
 )
 def mul(inst: Instruction, args: list[Any], rq: RequantF64) -> list[Any]:
@@ -98,7 +138,8 @@ def mul(inst: Instruction, args: list[Any], rq: RequantF64) -> list[Any]:
     "rescale",
     prepare=_prep_rq,
     schema=KernelSchema(
-        attrs={"multiplier": MULT, "shift": SHIFT, "out_dtype": OUT_DTYPE, "copy": boolean(required=False)}
+        attrs={"multiplier": MULT, "shift": SHIFT, "out_dtype": OUT_DTYPE, "copy": boolean(required=False)},
+        shape=same_shape("out_dtype"),
     ),
 )
 def rescale(inst: Instruction, args: list[Any], rq: RequantF64) -> list[Any]:
@@ -114,7 +155,7 @@ def rescale(inst: Instruction, args: list[Any], rq: RequantF64) -> list[Any]:
 
 @register_kernel(
     "zeros_like",
-    schema=KernelSchema(attrs={"out_dtype": OUT_DTYPE}),
+    schema=KernelSchema(attrs={"out_dtype": OUT_DTYPE}, shape=same_shape("out_dtype")),
 )
 def zeros_like(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     return [sat_to(torch.zeros(args[0].shape, dtype=torch.int64), str(inst.attrs["out_dtype"]))]
@@ -122,7 +163,7 @@ def zeros_like(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
 
 @register_kernel(
     "clamp",
-    schema=KernelSchema(attrs={"min": optional(CODE_BOUND), "max": optional(CODE_BOUND)}),
+    schema=KernelSchema(attrs={"min": optional(CODE_BOUND), "max": optional(CODE_BOUND)}, shape=_clamp_shape),
 )
 def clamp(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """``clamp(x, min, max)`` on codes (ReLU: min 0; ReLU6: max round(6 / s)); the dtype is kept."""
@@ -135,7 +176,9 @@ def clamp(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
 
 @register_kernel(
     "lut",
-    schema=KernelSchema(attrs={"what": text(64, required=False)}, consts={"table": Const(INT_DTYPES, (1, 1))}),
+    schema=KernelSchema(
+        attrs={"what": text(64, required=False)}, consts={"table": Const(INT_DTYPES, (1, 1))}, shape=_lut_shape
+    ),
 )
 def lut(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     """``table[q + 128]`` for qint8 ``q`` (a 256-entry table)."""
@@ -148,7 +191,9 @@ def lut(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -
 
 @register_kernel(
     "div",
-    schema=KernelSchema(inputs=(2, 2), attrs={"multiplier": MULT, "shift": integer(0, 31), "out_dtype": OUT_DTYPE}),
+    schema=KernelSchema(
+        inputs=(2, 2), attrs={"multiplier": MULT, "shift": integer(0, 31), "out_dtype": OUT_DTYPE}, shape=_div_shape
+    ),
 )
 def div(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """``sat(floor(x*M / (y << s) + 1/2))`` exactly in int64; ``y == 0`` saturates to the sign of x."""
@@ -169,7 +214,7 @@ def div(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
 
 @register_kernel(
     "maximum",
-    schema=KernelSchema(inputs=(2, 2)),
+    schema=KernelSchema(inputs=(2, 2), shape=_extremum_shape),
 )
 def maximum(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     return [torch.maximum(args[0], args[1])]
@@ -177,7 +222,7 @@ def maximum(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
 
 @register_kernel(
     "minimum",
-    schema=KernelSchema(inputs=(2, 2)),
+    schema=KernelSchema(inputs=(2, 2), shape=_extremum_shape),
 )
 def minimum(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     return [torch.minimum(args[0], args[1])]

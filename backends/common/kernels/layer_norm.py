@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import qbounds, register_kernel, requant_i64, sat_to
+from backends.common.kernels.infer import ShapeError, code, tensor_arg
 from backends.common.kernels.schema import INT_DTYPES, OUT_DTYPE, Const, KernelSchema, integer
 from backends.common.program import Instruction
 
@@ -30,6 +31,24 @@ def _isqrt(n: torch.Tensor) -> torch.Tensor:
     return r
 
 
+def _layer_norm_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    a = inst.attrs
+    nd = int(a["ndims"])
+    x = tensor_arg(args, 0)
+    if x.dim() < nd:
+        raise ShapeError(f"normalizes the last {nd} dims of an input of shape {list(x.shape)}")
+    n = 1
+    for d in x.shape[x.dim() - nd :]:
+        n *= int(d)
+    for role in ("multiplier", "shift", "bias"):
+        m = consts[inst.consts[role]].numel()
+        if m != n and (role == "multiplier" or m != 1):
+            raise ShapeError(f"the input has {n} elements to normalize, constant {role} has {m}")
+    if n == 0:
+        raise ShapeError(f"normalizes over no elements (input shape {list(x.shape)})")
+    return [code(x.shape, a["out_dtype"])]
+
+
 @register_kernel(
     "layer_norm",
     schema=KernelSchema(
@@ -46,6 +65,7 @@ def _isqrt(n: torch.Tensor) -> torch.Tensor:
             "shift": Const(INT_DTYPES, (1, 1)),
             "bias": Const(INT_DTYPES, (1, 1)),
         },
+        shape=_layer_norm_shape,
     ),
 )
 def layer_norm(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import RequantF64, qbounds, register_kernel, sat_to
+from backends.common.kernels.infer import ShapeError, code, meta_call, tensor_arg
 from backends.common.kernels.schema import MULT_OPT, OUT_DTYPE, SHIFT_OPT, KernelSchema
 from backends.common.program import Instruction
 
@@ -16,9 +17,22 @@ def _amax(t: torch.Tensor) -> int:
     return 128 if t.dtype == torch.int8 else 32768
 
 
+def _matmul_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any]:
+    a = inst.attrs
+    x, y = tensor_arg(args, 0, "x"), tensor_arg(args, 1, "y")
+    if a["out_dtype"] != "qint32" and (a.get("multiplier") is None or a.get("shift") is None):
+        raise ShapeError(f"a {a['out_dtype']} matmul needs multiplier and shift")
+    out = meta_call("matmul", torch.matmul, x.to(torch.float64), y.to(torch.float64))
+    return [code(out.shape, a["out_dtype"])]
+
+
 @register_kernel(
     "matmul",
-    schema=KernelSchema(inputs=(2, 2), attrs={"multiplier": MULT_OPT, "shift": SHIFT_OPT, "out_dtype": OUT_DTYPE}),
+    schema=KernelSchema(
+        inputs=(2, 2),
+        attrs={"multiplier": MULT_OPT, "shift": SHIFT_OPT, "out_dtype": OUT_DTYPE},
+        shape=_matmul_shape,
+    ),
 )
 def matmul(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     a = inst.attrs

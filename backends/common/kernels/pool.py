@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from backends.common.kernels import native
 from backends.common.kernels.base import RequantF64, qbounds, register_kernel, sat_to
+from backends.common.kernels.infer import ShapeError, code, meta, meta_call, tensor_arg
 from backends.common.kernels.schema import (
     MAX_COUNT,
     MAX_EXTENT,
@@ -48,6 +49,96 @@ def _sum_dtype(x: torch.Tensor, window: int) -> torch.dtype:
     return torch.float32 if x.dtype == torch.int8 and window * 128 < 2**24 else torch.float64
 
 
+def _maxpool_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any]:
+    a = inst.attrs
+    x = tensor_arg(args, 0, rank=(3, 4))
+    y = meta_call(
+        "max pool",
+        F.max_pool2d,
+        meta(x.shape, torch.float32),
+        a["kernel_size"],
+        a["stride"],
+        a["padding"],
+        a["dilation"],
+        bool(a["ceil_mode"]),
+    )
+    return [meta(y.shape, x.dtype)]
+
+
+def _divisor_range(name: str, largest: int, smallest: int, table: int) -> None:
+    if smallest < 1 or largest > table:
+        raise ShapeError(
+            f"{name}: window divisors range over [{smallest}, {largest}], the program's multiplier table "
+            f"covers [1, {table}]"
+        )
+
+
+def _avgpool_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    a = inst.attrs
+    x = tensor_arg(args, 0, rank=(3, 4))
+    y = meta_call(
+        "average pool",
+        F.avg_pool2d,
+        meta(x.shape, torch.float32),
+        a["kernel_size"],
+        a["stride"],
+        a["padding"],
+        bool(a["ceil_mode"]),
+        True,
+        1,
+    )
+    if y.numel():
+        (kh, kw), (sh, sw), (ph, pw) = a["kernel_size"], a["stride"], a["padding"]
+        ceil = bool(a["ceil_mode"])
+        # per axis, non-negative window lengths: the product's extremes are the extremes' products
+        hp, hr = _axis_windows(int(x.shape[-2]), kh, sh, ph, ceil)
+        wp, wr = _axis_windows(int(x.shape[-1]), kw, sw, pw, ceil)
+        hs, ws = (hp, wp) if a["count_include_pad"] else (hr, wr)
+        if a.get("divisor_override"):
+            big = small = int(a["divisor_override"])
+        else:
+            big, small = int(hs.max()) * int(ws.max()), int(hs.min()) * int(ws.min())
+        _divisor_range("average pool", big, small, consts[inst.consts["multipliers"]].numel())
+        if consts[inst.consts["shifts"]].numel() < big:
+            raise ShapeError(f"average pool: the shift table has fewer than {big} entries")
+    return [code(y.shape, a["out_dtype"])]
+
+
+def _adaptive_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    a = inst.attrs
+    x = tensor_arg(args, 0, rank=(2, 8))
+    h, w = int(x.shape[-2]), int(x.shape[-1])
+    oh = h if a["output_size"][0] is None else int(a["output_size"][0])
+    ow = w if a["output_size"][1] is None else int(a["output_size"][1])
+    if h == 0 or w == 0:
+        raise ShapeError(f"adaptive average pool of an empty {h}x{w} map")
+    if oh > 0 and ow > 0:
+        hs, he = adaptive_bounds(h, oh)
+        ws, we = adaptive_bounds(w, ow)
+        rows, cols = he - hs, we - ws
+        big, small = int(rows.max()) * int(cols.max()), int(rows.min()) * int(cols.min())
+        _divisor_range("adaptive average pool", big, small, consts[inst.consts["multipliers"]].numel())
+        if consts[inst.consts["shifts"]].numel() < big:
+            raise ShapeError(f"adaptive average pool: the shift table has fewer than {big} entries")
+    return [code((*x.shape[:-2], oh, ow), a["out_dtype"])]
+
+
+def _reduce_sum_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any]:
+    a = inst.attrs
+    x = tensor_arg(args, 0)
+    dims = a.get("dims")
+    if dims is None:
+        out = meta((), torch.int64)
+    else:
+        out = meta_call("reduce_sum", torch.sum, meta(x.shape, torch.int64), dim=list(dims), keepdim=bool(a["keepdim"]))
+    if a.get("n") is not None and x.numel() // max(out.numel(), 1) != int(a["n"]):
+        raise ShapeError(
+            f"reduce_sum averages over {a['n']} elements, the input of shape {list(x.shape)} gives "
+            f"{x.numel() // max(out.numel(), 1)}"
+        )
+    return [code(out.shape, a["out_dtype"])]
+
+
 @register_kernel(
     "maxpool2d",
     schema=KernelSchema(
@@ -57,7 +148,8 @@ def _sum_dtype(x: torch.Tensor, window: int) -> torch.dtype:
             "padding": PAIR_PAD,
             "dilation": PAIR_POS,
             "ceil_mode": boolean(),
-        }
+        },
+        shape=_maxpool_shape,
     ),
 )
 def maxpool2d(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
@@ -186,6 +278,7 @@ def _window_requant(
             "out_dtype": OUT_DTYPE,
         },
         consts=_WINDOW_CONSTS,
+        shape=_avgpool_shape,
     ),
 )
 def avgpool2d(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
@@ -221,6 +314,7 @@ def _prepare_adaptive(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> 
     schema=KernelSchema(
         attrs={"output_size": Attr(_output_size_check, "[H or null, W or null]"), "out_dtype": OUT_DTYPE},
         consts=_WINDOW_CONSTS,
+        shape=_adaptive_shape,
     ),
 )
 def adaptive_avgpool2d(inst: Instruction, args: list[Any], state: _AdaptiveState) -> list[Any]:
@@ -262,7 +356,8 @@ def adaptive_avgpool2d(inst: Instruction, args: list[Any], state: _AdaptiveState
             "multiplier": MULT,
             "shift": SHIFT,
             "out_dtype": OUT_DTYPE,
-        }
+        },
+        shape=_reduce_sum_shape,
     ),
 )
 def reduce_sum(inst: Instruction, args: list[Any], state: Any) -> list[Any]:

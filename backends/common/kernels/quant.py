@@ -13,15 +13,38 @@ import torch
 
 from backends.common.kernels import native
 from backends.common.kernels.base import qbounds, register_kernel
+from backends.common.kernels.infer import ShapeError, broadcast, code, meta, tensor_arg
 from backends.common.kernels.schema import DIM, OUT_DTYPE, Const, KernelSchema, floating, optional
 from backends.common.program import Instruction
 
 _TORCH = {"qint8": torch.int8, "qint16": torch.int16, "qint32": torch.int32}
 
 
+def _quantize_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    x = tensor_arg(args, 0)
+    if not x.is_floating_point():
+        raise ShapeError(f"quantize takes a float tensor, got {x.dtype}")
+    return [code(x.shape, inst.attrs["dtype"])]
+
+
+def _dequantize_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    x = tensor_arg(args, 0)
+    if x.is_floating_point():
+        return [x]
+    n = consts[inst.consts["scale"]].numel()
+    if n <= 1:
+        return [meta(x.shape, torch.float32)]
+    axis = inst.attrs.get("axis")
+    if axis is None or x.dim() == 0:
+        raise ShapeError(f"a per-channel scale of {n} entries needs an axis of a tensor, got axis {axis} of {x.shape}")
+    shape = [1] * x.dim()
+    shape[int(axis) % x.dim()] = n
+    return [meta(broadcast(x, meta(shape, torch.float32)), torch.float32)]
+
+
 @register_kernel(
     "quantize",
-    schema=KernelSchema(attrs={"scale": floating(1e-30, 1e30), "dtype": OUT_DTYPE}),
+    schema=KernelSchema(attrs={"scale": floating(1e-30, 1e30), "dtype": OUT_DTYPE}, shape=_quantize_shape),
 )
 def quantize(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """``sat(floor(x / s + 1/2))``: one IEEE division (float32; float64 for float64 input or qint32),
@@ -74,7 +97,9 @@ def _prepare_dequant(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> t
 @register_kernel(
     "dequantize",
     prepare=_prepare_dequant,
-    schema=KernelSchema(attrs={"axis": optional(DIM)}, consts={"scale": Const(("float32",), (0, 1))}),
+    schema=KernelSchema(
+        attrs={"axis": optional(DIM)}, consts={"scale": Const(("float32",), (0, 1))}, shape=_dequantize_shape
+    ),
 )
 def dequantize(inst: Instruction, args: list[Any], state: torch.Tensor) -> list[Any]:
     """``float32(q) * s`` (per channel along ``axis`` when the scale has several entries)."""

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import qbounds, register_kernel, requant_i64, sat_to
+from backends.common.kernels.infer import ShapeError, code, meta, tensor_arg
 from backends.common.kernels.schema import (
     MAX_COUNT,
     MAX_EXTENT,
@@ -75,6 +76,67 @@ def _levels_match(inst: Instruction, consts: Mapping[str, torch.Tensor] | None) 
     return None
 
 
+def _grid_sample_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any]:
+    a = inst.attrs
+    x, grid = tensor_arg(args, 0, "input", rank=(4, 4)), tensor_arg(args, 1, "grid", rank=(4, 4))
+    h, w = (int(v) for v in a["in_size"])
+    if (int(x.shape[-2]), int(x.shape[-1])) != (h, w):
+        raise ShapeError(f"compiled for input size {h}x{w}, the input is {list(x.shape)}")
+    if grid.shape[0] != x.shape[0] or grid.shape[-1] < 2:
+        raise ShapeError(f"a grid of shape {list(grid.shape)} for an input of shape {list(x.shape)}: (N, Ho, Wo, 2)")
+    if a["mode"] == "nearest" and int(a["bits"]) < 1:
+        raise ShapeError("nearest sampling needs at least 1 fraction bit")
+    if a["mode"] != "nearest" and (a.get("multiplier") is None or a.get("shift") is None):
+        raise ShapeError("bilinear sampling needs multiplier and shift")
+    return [code((x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]), a["out_dtype"])]
+
+
+def _boxes(args: list[Any], first: int) -> int:
+    """The number of (K_i, 4) float boxes in ``args[first:]``."""
+    n = 0
+    for i in range(first, len(args)):
+        b = tensor_arg(args, i, "boxes", rank=(2, 2))
+        if b.shape[1] != 4 or not b.is_floating_point():
+            raise ShapeError(f"input {i}: boxes must be (K, 4) floats, got {list(b.shape)} {b.dtype}")
+        n += int(b.shape[0])
+    return n
+
+
+def _roi_align_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any]:
+    a = inst.attrs
+    x = tensor_arg(args, 0, "input", rank=(4, 4))
+    if a["box_list"]:
+        k = _boxes(args, 1)
+    else:
+        rois = tensor_arg(args, 1, "rois", rank=(2, 2))
+        if len(args) != 2 or rois.shape[1] != 5 or not rois.is_floating_point():
+            raise ShapeError(f"rois must be one (K, 5) float tensor, got {list(rois.shape)} {rois.dtype}")
+        k = int(rois.shape[0])
+    ph, pw = (int(v) for v in a["output_size"])
+    return [code((k, x.shape[1], ph, pw), a["out_dtype"])]
+
+
+def _roi_levels_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any]:
+    if int(inst.attrs["k_min"]) > int(inst.attrs["k_max"]):
+        raise ShapeError(f"k_min {inst.attrs['k_min']} is above k_max {inst.attrs['k_max']}")
+    return [meta((_boxes(args, 0),), torch.int64)]
+
+
+def _multi_scale_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any]:
+    a = inst.attrs
+    n_lvl = len(a["spatial_scales"])
+    levels = tensor_arg(args, 0, "levels", rank=(1, 1))
+    feats = [tensor_arg(args, 1 + i, f"level {i}", rank=(4, 4)) for i in range(n_lvl)]
+    for i, (f, size) in enumerate(zip(feats, a["feature_sizes"], strict=True)):
+        if [int(f.shape[-2]), int(f.shape[-1])] != [int(v) for v in size] or f.shape[1] != feats[0].shape[1]:
+            raise ShapeError(f"level {i} has shape {list(f.shape)}, compiled for {size} and one channel count")
+    k = _boxes(args, 1 + n_lvl)
+    if levels.shape[0] != k:
+        raise ShapeError(f"{levels.shape[0]} level indices for {k} boxes")
+    ph, pw = (int(v) for v in a["output_size"])
+    return [code((k, feats[0].shape[1], ph, pw), a["out_dtype"])]
+
+
 def _coords(g: torch.Tensor, m: int, s: int, off: int) -> torch.Tensor:
     """``round(g * m / 2**s) + off`` (half up), int64."""
     v = g.to(torch.int64) * m
@@ -116,6 +178,7 @@ def _axis(
             "shift": SHIFT_OPT,
             "align_corners": boolean(required=False),
         },
+        shape=_grid_sample_shape,
     ),
 )
 def grid_sample(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
@@ -222,6 +285,7 @@ def _requant_sat(acc: torch.Tensor, multiplier: int, shift: int, dt: str) -> tor
             "multiplier": MULT,
             "shift": SHIFT,
         },
+        shape=_roi_align_shape,
     ),
 )
 def roi_align(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
@@ -244,6 +308,7 @@ def roi_align(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tens
             "canonical_level": integer(0, 64),
             "eps": floating(0.0, 1.0),
         },
+        shape=_roi_levels_shape,
     ),
 )
 def roi_levels(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
@@ -269,6 +334,7 @@ def roi_levels(inst: Instruction, args: list[Any], state: Mapping[str, torch.Ten
             "shifts": ints(0, 63, (1, 64)),
         },
         extra=_levels_match,
+        shape=_multi_scale_shape,
     ),
 )
 def multi_scale_roi_align(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:

@@ -9,10 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from backends.common.integer_rules import add_scalar_int, mul_scalar_int
 from backends.common.kernels.base import register_kernel
+from backends.common.kernels.infer import ShapeError, code, tensor_arg
 from backends.common.kernels.schema import OUT_DTYPE, KernelSchema, floating, one_of
 from backends.common.program import Instruction
+
+
+def _scalar_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any]:
+    """Codes of ``out_dtype`` in the shape of x; y a number (at load: the one the declared input
+    shapes give)."""
+    x = tensor_arg(args, 0, "x")
+    if x.is_floating_point() or x.dtype == torch.bool:
+        raise ShapeError(f"{inst.op} takes integer codes, got {x.dtype}")
+    y = args[1]
+    if isinstance(y, bool) or not isinstance(y, (int, float)):
+        raise ShapeError(f"{inst.op}: input 1 must be a number, got {type(y).__name__} {y!r:.40}")
+    return [code(x.shape, inst.attrs["out_dtype"])]
+
 
 _SCHEMA = KernelSchema(
     inputs=(2, 2),
@@ -22,6 +38,7 @@ _SCHEMA = KernelSchema(
         "march": one_of("bayes", "bernoulli2"),
         "out_dtype": OUT_DTYPE,
     },
+    shape=_scalar_shape,
 )
 
 

@@ -211,9 +211,18 @@ class Const:
     required: bool = True
 
 
+#: ``shape(inst, args, consts) -> outputs`` over abstract values (backends.common.kernels.infer).
+ShapeFn = Callable[[Instruction, list[Any], Mapping[str, Any]], list[Any]]
+#: ``work(inst, args, outputs) -> bytes``: the temporary memory one call needs beyond its outputs.
+WorkFn = Callable[[Instruction, list[Any], list[Any]], int]
+
+
 @dataclass(frozen=True)
 class KernelSchema:
-    """What one kernel reads from an instruction (see the module docstring)."""
+    """What one kernel reads from an instruction (see the module docstring), and what it makes:
+    ``shape`` (required by ``register_kernel``) gives its outputs' shapes and dtypes from its
+    arguments', raising ``infer.ShapeError`` when they do not fit; ``work`` the temporary bytes
+    one call needs (None: two float64 buffers of its largest tensor)."""
 
     inputs: tuple[int, int] = (1, 1)
     attrs: Mapping[str, Attr] = field(default_factory=dict)
@@ -221,6 +230,8 @@ class KernelSchema:
     #: extra rule over the whole instruction and its constants (name -> tensor; None when the
     #: caller has none): attributes that depend on one another or on a constant's shape
     extra: Callable[[Instruction, Mapping[str, Any] | None], str | None] | None = None
+    shape: ShapeFn | None = None
+    work: WorkFn | None = None
 
     def __post_init__(self) -> None:
         for d in self.consts.values():

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import register_kernel
+from backends.common.kernels.infer import ShapeError, meta_call
 from backends.common.kernels.schema import KernelSchema, json_tree, one_of
 from backends.common.program import Instruction, ValueRef, refs_in
 
@@ -147,12 +148,65 @@ def _refs_are_inputs(inst: Instruction, consts: Any) -> str | None:
     return f"arguments refer to {missing[:3]}, which are not inputs of this instruction" if missing else None
 
 
+#: the most pieces split / chunk / unbind may make (each is a tensor object: time, not memory)
+MAX_PIECES = 2**16
+#: the largest integer a layout function may compute (sizes are int64 in torch)
+MAX_SHAPE_VALUE = 2**62
+
+
+def _pieces(name: str, args: list[Any], kwargs: dict[str, Any]) -> int:
+    """How many tensors ``split`` / ``chunk`` / ``unbind`` would return (an upper bound), checked
+    before the call makes them."""
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor):
+        return 0
+    at = 1 if name == "unbind" else 2  # split(x, size, dim), chunk(x, n, dim), unbind(x, dim)
+    dim = kwargs.get("dim", args[at] if len(args) > at else 0)
+    if not isinstance(dim, int) or not -max(x.dim(), 1) <= dim < max(x.dim(), 1) or x.dim() == 0:
+        return 0  # torch refuses the call itself
+    size = int(x.shape[dim])
+    if name == "unbind":
+        return size
+    how = args[1] if len(args) > 1 else kwargs.get("chunks", kwargs.get("split_size_or_sections"))
+    if isinstance(how, int) and not isinstance(how, bool) and how > 0:
+        return min(how, size) if name == "chunk" else -(-size // how)
+    return len(how) if isinstance(how, (list, tuple)) else 0
+
+
+def _bounded_value(v: Any) -> Any:
+    for x in v if isinstance(v, (tuple, list)) else (v,):
+        if isinstance(x, int) and abs(x) > MAX_SHAPE_VALUE:
+            raise ShapeError(f"computes {x}, beyond the {MAX_SHAPE_VALUE} a size may reach")
+    return v
+
+
+def _shape_fn_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any]:
+    """The layout function itself on meta tensors (with every factory on the meta device): its
+    result's shapes and dtypes, or torch's refusal of the arguments, and nothing allocated."""
+    name = str(inst.attrs["fn"])
+    env = dict(zip(inst.inputs, args, strict=True))
+    pos = _resolve(list(inst.attrs["args"]), env)
+    kw = _resolve(dict(inst.attrs.get("kwargs", {})), env)
+    if name in ("split", "chunk", "unbind") and _pieces(name, pos, kw) > MAX_PIECES:
+        raise ShapeError(f"{name} would make {_pieces(name, pos, kw)} tensors (limit {MAX_PIECES})")
+    with torch.device("meta"):
+        try:
+            out = meta_call(name, SHAPE_FUNCTIONS[name], *pos, **kw)
+        except (ZeroDivisionError, OverflowError, KeyError, AttributeError) as e:
+            raise ShapeError(f"{name}: {type(e).__name__}: {e}") from None
+    if isinstance(out, torch.Size):
+        out = tuple(out)
+    return [_bounded_value(out)]
+
+
 @register_kernel(
     "shape_fn",
     schema=KernelSchema(
         extra=_refs_are_inputs,
         inputs=(0, 64),
         attrs={"fn": one_of(*SHAPE_FUNCTIONS), "args": json_tree(), "kwargs": json_tree(required=False, top=dict)},
+        shape=_shape_fn_shape,
+        work=lambda inst, args, outs: 0,  # views, or a copy that is its output
     ),
 )
 def shape_fn(inst: Instruction, args: list[Any], state: Any) -> list[Any]:

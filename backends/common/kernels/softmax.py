@@ -8,8 +8,28 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import qbounds, register_kernel, sat_to
+from backends.common.kernels.infer import ShapeError, code, tensor_arg
 from backends.common.kernels.schema import DIM, INT_DTYPES, MULT, OUT_DTYPE, SHIFT, Const, KernelSchema
 from backends.common.program import Instruction
+
+
+def softmax_input(inst: Instruction, x: torch.Tensor, consts: Mapping[str, torch.Tensor], dim: int) -> None:
+    """qint8 codes, a non-empty reduced dim, a 256-entry exp table (``masked_softmax`` shares it)."""
+    if x.dtype != torch.int8:
+        raise ShapeError(f"{inst.op}: the exp table takes qint8 codes, got {x.dtype}")
+    if not -x.dim() <= dim < max(x.dim(), 1):
+        raise ShapeError(f"{inst.op}: dim {dim} is out of range for shape {list(x.shape)}")
+    if x.dim() and x.shape[dim] == 0:
+        raise ShapeError(f"{inst.op}: dim {dim} of shape {list(x.shape)} is empty")
+    table = consts[inst.consts["table"]]
+    if table.numel() < 256:
+        raise ShapeError(f"{inst.op}: the exp table has {table.numel()} entries, the kernel reads 256")
+
+
+def _softmax_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    x = tensor_arg(args, 0)
+    softmax_input(inst, x, consts, int(inst.attrs["dim"]))
+    return [code(x.shape, inst.attrs["out_dtype"])]
 
 
 @register_kernel(
@@ -17,6 +37,7 @@ from backends.common.program import Instruction
     schema=KernelSchema(
         attrs={"dim": DIM, "multiplier": MULT, "shift": SHIFT, "out_dtype": OUT_DTYPE},
         consts={"table": Const(INT_DTYPES, (1, 1))},
+        shape=_softmax_shape,
     ),
 )
 def softmax(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
