@@ -21,10 +21,11 @@ Each ONNX model is exported once per batch size (static shapes); ``--no-onnx`` l
 
     PYTHONPATH=. /work/tvenv/bin/python benchmarks/compiled_latency.py --out compiled_latency.json [--png out.png]
 
-Prints a table with ratios (to float eager, and qir compiled / torch.ao int8; below 1.0 means
-faster), whether the native kernels are in use, and the load average, and writes JSON (and bar
-charts with ``--png``; needs matplotlib). Weights are random (no download); calibration uses a
-few random batches. Each model's compiled output is asserted equal to its converted model's.
+Prints a table with ratios (to float eager, and qir compiled / torch.ao int8 in latency and in
+process CPU time per call; below 1.0 means faster), whether the native kernels are in use, and
+the load average, and writes JSON (and bar charts with ``--png``; needs matplotlib). Weights
+are random (no download); calibration uses a few random batches. Each model's compiled output
+is asserted equal to its converted model's.
 """
 
 from __future__ import annotations
@@ -64,17 +65,29 @@ class Wrapped(nn.Module):
 
 
 def _time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 2) -> dict[str, dict[str, float]]:
-    """Median / min latency of each callable, run round-robin so they share the machine's load."""
+    """Median / min latency of each callable, run round-robin so they share the machine's load, and
+    the median CPU time of the process during a call (``cpu_median_ms``): with one thread, the
+    work itself, which waiting for a core on a loaded machine does not inflate."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     ts: dict[str, list[float]] = {k: [] for k in fns}
+    cs: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
+            c0 = time.process_time()
             t0 = time.perf_counter()
             fn()
             ts[k].append((time.perf_counter() - t0) * 1e3)
-    return {k: {"median_ms": round(statistics.median(v), 2), "min_ms": round(min(v), 2)} for k, v in ts.items()}
+            cs[k].append((time.process_time() - c0) * 1e3)
+    return {
+        k: {
+            "median_ms": round(statistics.median(v), 2),
+            "min_ms": round(min(v), 2),
+            "cpu_median_ms": round(statistics.median(cs[k]), 2),
+        }
+        for k, v in ts.items()
+    }
 
 
 def build_compiled(body: nn.Module, batches: int, opt: int) -> tuple[Any, nn.Module, nn.Module, float]:
@@ -327,12 +340,19 @@ def run_model(name: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         if "ao_x86_int8" in row:
             row["ratio_ao_over_float"] = round(row["ao_x86_int8"]["median_ms"] / f, 3)
             row["ratio_compiled_over_ao"] = round(row["qir_compiled"]["median_ms"] / row["ao_x86_int8"]["median_ms"], 3)
+            row["ratio_compiled_over_ao_cpu"] = round(
+                row["qir_compiled"]["cpu_median_ms"] / row["ao_x86_int8"]["cpu_median_ms"], 3
+            )
         for k in ("ort_float", "ort_int8_qdq", "ort_int8_static"):
             if k in row:
                 row[f"ratio_{k}_over_float"] = round(row[k]["median_ms"] / f, 3)
         out["rows"].append(row)
         qa = row.get("ratio_compiled_over_ao", float("nan"))
-        print(f"  batch {batch}: qir {row['qir_compiled']['median_ms']:.1f} ms, qir / torch.ao int8 {qa:.2f}")
+        qc = row.get("ratio_compiled_over_ao_cpu", float("nan"))
+        print(
+            f"  batch {batch}: qir {row['qir_compiled']['median_ms']:.1f} ms, qir / torch.ao int8 {qa:.2f} "
+            f"(CPU time {qc:.2f})"
+        )
     return out
 
 
@@ -368,7 +388,8 @@ def main() -> None:
         results["models"][name] = run_model(name, args, tmp)
     results["load_average_end"] = round(os.getloadavg()[0], 1)
     labels = [label for _, label in COLUMNS]
-    print(f"\n{'model':>13} {'batch':>5} " + " ".join(f"{lb:>18}" for lb in labels) + f" {'qir/ao':>7}")
+    head = " ".join(f"{lb:>18}" for lb in labels)
+    print(f"\n{'model':>13} {'batch':>5} " + head + f" {'qir/ao':>7} {'cpu':>5}")
     for name, m in results["models"].items():
         for r in m["rows"]:
             f = r["float_eager"]["median_ms"]
@@ -377,8 +398,12 @@ def main() -> None:
                 for k, _ in COLUMNS
             ]
             qa = r.get("ratio_compiled_over_ao", float("nan"))
-            print(f"{name:>13} {r['batch']:>5} " + " ".join(cells) + f" {qa:>7.2f}")
-    print("(median ms; ratio / float eager; qir/ao = qir compiled / torch.ao x86 int8)")
+            qc = r.get("ratio_compiled_over_ao_cpu", float("nan"))
+            print(f"{name:>13} {r['batch']:>5} " + " ".join(cells) + f" {qa:>7.2f} {qc:>5.2f}")
+    print(
+        "(median ms; ratio / float eager; qir/ao = qir compiled / torch.ao x86 int8 latency; "
+        "cpu = the same ratio of process CPU time per call)"
+    )
     for name, m in results["models"].items():
         ops = m["onnxruntime"]["optimized_ops"]
         if ops:

@@ -281,3 +281,27 @@ def test_native_quantize_equals_the_torch_rule(
         native.library = real  # type: ignore[assignment]
     assert (quant_mod._quantize_native(x, scale, dtype) is None) == (kind in ("nan", "inf"))
     assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@needs_vnni
+def test_a_reused_epilogue_follows_the_addend_and_the_batch() -> None:
+    """The layer keeps its last native epilogue; a new addend tensor or batch size rebuilds it."""
+    g = torch.Generator().manual_seed(5)
+    c = {
+        "mult": torch.randint(16384, 32768, (20,), generator=g),
+        "shift": torch.randint(18, 26, (20,), generator=g),
+        "bias": torch.randint(-1000, 1000, (20,), generator=g),
+        "relu6": torch.zeros(20, dtype=torch.int64),
+        "act": None,
+        "out": "qint8",
+        "add": (20000, 14, 1),
+    }
+    w = torch.randint(-128, 128, (20, 6, 3, 3), generator=g, dtype=torch.int8)
+    st_ = _state(w, c)
+    attrs = {"kernel_size": [3, 3], "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1]}
+    for nb in (2, 2, 3):
+        x = torch.randint(-128, 128, (nb, 6, 9, 9), generator=g, dtype=torch.int8)
+        addend = torch.randint(-128, 128, (nb, 9, 9, 20), generator=g, dtype=torch.int8)
+        got = conv_mod._conv_vnni(x, st_, attrs, addend).clone()
+        acc = F.conv2d(x.double(), w.double(), None, 1, 1).permute(0, 2, 3, 1).to(torch.int64)
+        assert torch.equal(got, _reference(acc, addend, c))

@@ -73,6 +73,7 @@ class ConvState:
     n: int  # output channels
     fused: FusedRequant | None = None  # the one-pass native requantization, where it applies
     vnni: tuple[torch.Tensor, torch.Tensor] | None = None  # native.pack_vnni's panels and column sums
+    epilogue: tuple[tuple[Any, ...], Any] | None = None  # the last native.Epilogue and what it was built for
     spaces: dict[tuple[int, tuple[int, ...]], torch.Tensor] = field(default_factory=dict)
     outs: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = field(default_factory=dict)
 
@@ -121,6 +122,13 @@ class FusedRequant:
     out_dtype: torch.dtype
     add: tuple[int, int, int, int] | None  # (multiplier, half, shift, extra_bits) of the fused add
     lib: Any  # the loaded native library (ctypes.CDLL)
+
+    def __post_init__(self) -> None:
+        # the C loops index every per-channel array with c < n: checked once here, not on every call
+        n = self.n
+        arrays = (self.offset, self.lo, self.hi, self.bias, self.mult, self.half, self.shift, self.lo_i, self.hi_i)
+        if not all(t.is_contiguous() and t.numel() == n for t in (self.scale, *arrays)):
+            raise ValueError(f"native requantization: every per-channel array must be contiguous with {n} entries")
 
     @property
     def n(self) -> int:
@@ -223,11 +231,12 @@ def _fused_finish(
     to write the (rows, C) codes (a fresh tensor when None)."""
     lib = fr.lib
     n = fr.n
-    if acc.dtype != torch.int32 or acc.dim() != 2 or acc.shape[1] != n or acc.stride(1) != 1:
+    if acc.dtype != torch.int32 or acc.dim() != 2 or acc.shape[1] != n or acc.stride(1) != 1 or acc.shape[0] < rows:
         raise ValueError(
-            f"native requantization takes int32 (rows, {n}) with contiguous channels, "
+            f"native requantization takes int32 ({rows}, {n}) with contiguous channels, "
             f"got {acc.dtype} {tuple(acc.shape)}"
         )
+    # every per-channel array holds n values (FusedRequant checks it when built)
     if out is None:
         out = torch.empty((rows, n), dtype=fr.out_dtype)
     if out.shape != (rows, n) or out.dtype != fr.out_dtype or not out.is_contiguous():
@@ -389,13 +398,28 @@ def _acc_conv2d(x: torch.Tensor, st: ConvState, a: Mapping[str, Any]) -> torch.T
     return y.permute(0, 2, 3, 1)
 
 
-def _epilogue(fr: FusedRequant, m: int, addend: torch.Tensor | None, out: torch.Tensor) -> Any:
+def _epilogue(
+    fr: FusedRequant, m: int, addend: torch.Tensor | None, out: torch.Tensor, st: ConvState | None = None
+) -> Any:
     """``native.Epilogue`` for ``m`` rows of ``fr``'s requantization into ``out``; checks every size
-    the C side will index with (each per-channel array holds ``fr.n`` values, ``out`` and the
-    addend (m, n)), and returns the structure with the tensors it points into (keep both alive)."""
+    the C side will index with (``out`` and the addend (m, n); each per-channel array holds
+    ``fr.n`` values, checked when ``fr`` was built), and returns the structure with the tensors it
+    points into (keep both alive). With ``st``, the last structure is kept there and handed out
+    again while its sizes and pointers are the same (the usual case: the layer's own output
+    buffer, the addend another layer's), which spares the Python work at batch 1."""
     n = fr.n
-    arrays = (fr.scale, fr.offset, fr.lo, fr.hi, fr.bias, fr.mult, fr.half, fr.shift, fr.lo_i, fr.hi_i)
-    assert all(t.is_contiguous() and t.numel() == n for t in arrays), "per-channel requantization arrays"
+    if addend is not None and fr.add is not None:
+        addend = addend.reshape(m, n).contiguous()
+    key = (
+        m,
+        out.data_ptr(),
+        out.dtype,
+        out.shape,
+        0 if addend is None else addend.data_ptr(),
+        getattr(addend, "dtype", None),
+    )
+    if st is not None and st.epilogue is not None and st.epilogue[0] == key:
+        return st.epilogue[1], addend
     if out.shape != (m, n) or out.dtype != fr.out_dtype or not out.is_contiguous():
         raise ValueError(f"native requantization: output must be contiguous {fr.out_dtype} ({m}, {n})")
     p = native.ptr
@@ -404,11 +428,12 @@ def _epilogue(fr: FusedRequant, m: int, addend: torch.Tensor | None, out: torch.
     if fr.add is not None:
         if addend is None or addend.dtype not in (torch.int8, torch.int16):
             raise TypeError(f"fused add: addend codes must be int8 or int16, got {getattr(addend, 'dtype', None)}")
-        addend = addend.reshape(m, n).contiguous()
         e.kind, e.add_bits, e.addend = 2, 8 if addend.dtype == torch.int8 else 16, p(addend)
         e.bias, e.mult, e.half, e.shift = p(fr.bias), p(fr.mult), p(fr.half), p(fr.shift)
         e.add_mult, e.add_half, e.add_shift, e.p = fr.add
         e.lo_i, e.hi_i = p(fr.lo_i), p(fr.hi_i)
+    if st is not None:
+        st.epilogue = (key, e)
     return e, addend
 
 
@@ -427,7 +452,7 @@ def _gemm_vnni(a: torch.Tensor, m: int, st: ConvState, addend: torch.Tensor | No
     assert a.stride(0) >= 4 * kq and panels.is_contiguous() and panels.shape[2:] == (16, 4)
     assert comp.is_contiguous() and comp.numel() == nblocks * 16 and st.fused.n <= nblocks * 16
     lib = st.fused.lib
-    e, keep = _epilogue(st.fused, m, addend, out)
+    e, keep = _epilogue(st.fused, m, addend, out, st)
     p = native.ptr
     args = (p(a), int(a.stride(0)), p(panels), kq, nblocks, p(comp), ctypes.byref(e))
 
@@ -471,7 +496,7 @@ def _conv_vnni(x: torch.Tensor, st: ConvState, a: Mapping[str, Any], addend: tor
     assert xh.is_contiguous() and xh.numel() == nb * h * w * c and st.k <= 4 * kq
     assert panels.is_contiguous() and comp.numel() == nblocks * 16 and st.fused.n <= nblocks * 16
     lib = st.fused.lib
-    e, keep = _epilogue(st.fused, m, addend, out)
+    e, keep = _epilogue(st.fused, m, addend, out, st)
     p = native.ptr
     args = (p(xh), h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, p(panels), kq, nblocks, p(comp), ctypes.byref(e))
 
@@ -501,6 +526,9 @@ def _dw_native(
     if oh < 1 or ow < 1:
         raise ValueError(f"depthwise conv: input {h}x{wd} is smaller than the {kh}x{kw} kernel's reach")
     xh = x.permute(0, 2, 3, 1).contiguous()  # free when x already lives in NHWC (the previous conv's output)
+    # the C loop reads x[b][yi][xi][0:c] for b < nb, (yi, xi) it tests against (h, wd), the (kh, kw, c)
+    # weight and c requantization entries, and writes rows (b, oy) < nb * oh of out
+    assert w.is_contiguous() and w.dim() == 3 and fr.n == c and xh.numel() == nb * h * wd * c
     out = (
         st.output((nb, oh, ow, c), fr.out_dtype) if st is not None else torch.empty((nb, oh, ow, c), dtype=fr.out_dtype)
     )

@@ -21,6 +21,14 @@
 /* What this build holds: bit 0 = the AVX-512 VNNI matrix product (qir_gemm_vnni). */
 int qir_caps(void) { return QIR_VNNI; }
 
+/* a * b + c: one fused instruction where the CPU has FMA. The requantization's product is an exact
+ * double (the callers' bound), so the fused and the separate forms round identically. */
+#ifdef __FMA__
+#define QIR_MULADD(a, b, c) fma((a), (b), (c))
+#else
+#define QIR_MULADD(a, b, c) ((a) * (b) + (c))
+#endif
+
 #define CLAMP(v, lo, hi) ((v) < (lo) ? (lo) : ((v) > (hi) ? (hi) : (v)))
 
 /* out[r, c] = clamp(((acc[r, c] + bias[c]) * mult[c] + 2**(shift[c]-1)) >> shift[c], lo[c], hi[c]),
@@ -36,7 +44,7 @@ int qir_caps(void) { return QIR_VNNI; }
             const int32_t *restrict a = acc + r * lda;                                                     \
             OUT_T *restrict o = out + r * n;                                                               \
             for (int64_t c = 0; c < n; ++c) {                                                              \
-                double v = floor((double)a[c] * scale[c] + offset[c]);                                     \
+                double v = floor(QIR_MULADD((double)a[c], scale[c], offset[c]));                                \
                 v = v < lo[c] ? lo[c] : v;                                                                 \
                 v = v > hi[c] ? hi[c] : v;                                                                 \
                 o[c] = (OUT_T)(int32_t)v;                                                                  \
@@ -105,7 +113,7 @@ FUSED_ADD_ROWS(qir_fused_add_rows_i16_i16, int16_t, int16_t)
                 }                                                                                        \
                 OUT_T *o = out + (r * ow + xo) * c;                                                      \
                 for (int64_t k = 0; k < c; ++k) {                                                        \
-                    double v = floor((double)acc[k] * scale[k] + offset[k]);                             \
+                    double v = floor(QIR_MULADD((double)acc[k], scale[k], offset[k]));                          \
                     v = v < lo[k] ? lo[k] : v;                                                           \
                     v = v > hi[k] ? hi[k] : v;                                                           \
                     o[k] = (OUT_T)(int32_t)v;                                                            \
@@ -179,7 +187,7 @@ DW_ROWS(dw_rows_generic_i16, int16_t)
                     _mm512_storeu_si512((void *)(acc + 32), a2);                                           \
                     _mm512_storeu_si512((void *)(acc + 48), a3);                                           \
                     for (int64_t k = 0; k < cn; ++k) {                                                     \
-                        double v = floor((double)acc[k] * scale[cb + k] + offset[cb + k]);                 \
+                        double v = floor(QIR_MULADD((double)acc[k], scale[cb + k], offset[cb + k]));          \
                         v = v < lo[cb + k] ? lo[cb + k] : v;                                               \
                         v = v > hi[cb + k] ? hi[cb + k] : v;                                               \
                         o[cb + k] = (OUT_T)(int32_t)v;                                                     \
