@@ -250,6 +250,7 @@ def _place_fused(
     consumed: set[str] = set()
     renames: dict[str, str] = {}
     remapped: set[tuple[str, str]] = set()
+    rekeyed: set[str] = set()
     for n in g.nodes:
         if not isinstance(n.op, FUSABLE):
             continue
@@ -270,7 +271,11 @@ def _place_fused(
         new_prefix = f"{path}.conv." if is_fused_module else f"{path}."
         for role_index, role in enumerate(n.op.param_roles()):  # type: ignore[attr-defined]
             c = n.operands[1 + role_index]
-            if isinstance(c, Node) and isinstance(c.op, Constant):
+            # a weight shared by call sites that fused into different modules (one conv + BN
+            # called twice, once before a ReLU and once before an add) keeps the first site's
+            # key; the other module holds the same tensor (and the remap copies it there)
+            if isinstance(c, Node) and isinstance(c.op, Constant) and c.name not in rekeyed:
+                rekeyed.add(c.name)
                 _rekey(c, new_prefix + role, renames)
         n.scope = path
         if (conv_path, new_prefix) not in remapped:  # a module called at several places: one remap

@@ -44,9 +44,18 @@ class StateDictRemap:
 
     def __call__(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         live: set[str] | None = None
+        # conv prefix -> (weight, bias) it loaded as: a conv + BN called at several places whose
+        # call sites fused into different modules (ConvReLU2d, ConvAdd2d) gives each the same folded tensors
+        loaded: dict[str, tuple[Any, Any]] = {}
         for r in self.remaps:
             w_key = prefix + r.conv_prefix + "weight"
             new_w = prefix + r.new_prefix + "weight"
+            if w_key not in state_dict and r.conv_prefix in loaded and new_w not in state_dict:
+                weight, bias = loaded[r.conv_prefix]
+                state_dict[new_w] = weight
+                if bias is not None:
+                    state_dict[prefix + r.new_prefix + "bias"] = bias
+                continue
             if w_key not in state_dict or (new_w != w_key and new_w in state_dict):
                 continue  # not a float checkpoint's key, or already in the fused layout
             if live is None:
@@ -78,6 +87,7 @@ class StateDictRemap:
             state_dict[prefix + r.new_prefix + "weight"] = weight
             if bias is not None:
                 state_dict[prefix + r.new_prefix + "bias"] = bias
+            loaded[r.conv_prefix] = (weight, bias)
         for old, new in self.key_map.items():
             if prefix + old in state_dict and old != new:
                 state_dict[prefix + new] = state_dict.pop(prefix + old)

@@ -133,3 +133,36 @@ def test_a_shared_conv_with_a_batch_norm_per_level_is_refused_at_prepare() -> No
     refused = r"module 'conv' is called at 3 places.*'norms.0', 'norms.1', 'norms.2'.*own conv"
     with pytest.raises(ValueError, match=refused):
         prepare_qat_fx(PerLevelNorm().eval(), {"": get_default_qat_qconfig()})
+
+
+def test_one_conv_bn_before_a_relu_at_one_call_and_an_add_at_another() -> None:
+    """The folded conv fuses into a ConvReLU2d at one call site and a ConvAdd2d at the other:
+    both hold the one folded weight, and a float checkpoint loads into both."""
+
+    class Mixed(nn.Module):
+        def __init__(self, c: int = 4) -> None:
+            super().__init__()
+            self.quant = QuantStub()
+            self.conv = nn.Conv2d(c, c, 3, padding=1)
+            self.bn = nn.BatchNorm2d(c)
+            self.dequant = DeQuantStub()
+
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            a, b = self.quant(a), self.quant(b)
+            return self.dequant(torch.relu(self.bn(self.conv(a)))), self.dequant(self.bn(self.conv(b)) + b)
+
+    model = Mixed().eval()
+    model.bn.running_mean.uniform_(-1, 1)
+    model.bn.running_var.uniform_(0.5, 2.0)
+    xs = (torch.randn(1, 4, 5, 5), torch.randn(1, 4, 5, 5))
+    fused = fuse_fx(model)
+    assert {type(fused.conv).__name__, type(fused._generated_add_0).__name__} == {"ConvReLU2d", "ConvAdd2d"}
+    again = fuse_fx(Mixed().eval())
+    assert not again.load_state_dict(model.state_dict(), strict=True).missing_keys
+    with torch.no_grad():
+        for f in (fused, again):
+            for g, w in zip(f(*xs), model(*xs), strict=True):
+                assert torch.allclose(g, w, atol=1e-5)
+    result = fx_flow(model, lambda: xs)
+    assert result.qat.conv.weight is result.qat._generated_add_0.weight  # one weight trains
+    assert result.max_error() == 0.0  # validation-mode QAT computes the integer model
