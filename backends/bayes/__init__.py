@@ -15,8 +15,6 @@ def operator_table() -> OpTable:
 
 register_march_table(MARCH, operator_table)
 
-# lowering rules and kernel choices (backends/bayes/lower.py)
+# kernel choices (backends/bayes/lower.py) and the IR ops this march lowers with op rules (rules.py)
 from backends.bayes import lower as _lower  # noqa: E402,F401
-
-# the integer ops this march lowers (backends/bayes/rules.py)
 from backends.bayes import rules as _rules  # noqa: E402,F401

@@ -245,6 +245,8 @@ def _lowered(keys: list[tuple[str, Any]]) -> bool:
     import backends.common.lower_rules  # noqa: F401  (registers the common rules)
     from backends.common import lower
 
+    for march in MARCHES:  # each march's package registers the op rules it lowers with (rules.py)
+        importlib.import_module(f"backends.{march}")
     if not keys:
         return False
     tables = {"function": lower._FUNCTION_RULES, "method": lower._METHOD_RULES}

@@ -5,7 +5,8 @@ Each rule is built only from numerics' primitives (``multiplier_shift``, ``requa
 
 * fused conv + add (:func:`fused_add_params`, :func:`fused_add_int`),
 * average pooling (:func:`avg_pool_params`),
-* bilinear interpolation weights (:func:`bilinear_taps`),
+* bilinear interpolation weights (:func:`bilinear_taps`) and resize output sizes
+  (:func:`resize_out_size`),
 * division (:func:`div_params`, :func:`div_int`),
 * a tensor times / plus a number (:func:`scalar_operand`, :func:`mul_scalar_int`,
   :func:`add_scalar_int`): the number may be known only at run time (``x * (1.0 / w)`` with
@@ -16,7 +17,8 @@ Parameters are derived in float64 from float32 scales, like every numerics rule.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+from typing import Any, NamedTuple
 
 import torch
 
@@ -219,6 +221,28 @@ def bilinear_taps(
 # ---------------------------------------------------------------------------------------------
 # Division
 # ---------------------------------------------------------------------------------------------
+
+
+def resize_out_size(
+    h: int, w: int, size: Any, scale_factor: Any, recompute_scale_factor: bool | None
+) -> tuple[int, int, float | None, float | None]:
+    """A resize's output size and the scale factors its bilinear taps use (None: from the sizes).
+
+    ``size`` (an int or a sequence whose last two entries are used; a run-time size wins over
+    the layer's own) or else ``scale_factor`` (one or a pair), as ``F.interpolate`` reads them.
+    """
+    if size is not None:
+        oh, ow = (size, size) if isinstance(size, int) else tuple(size)[-2:]
+        return int(oh), int(ow), None, None
+    if scale_factor is None:
+        raise ValueError(
+            "quantized Interpolate was built without size= or scale_factor=: pass the output size at the call"
+        )
+    fh, fw = (scale_factor, scale_factor) if isinstance(scale_factor, (int, float)) else scale_factor
+    oh, ow = math.floor(h * float(fh)), math.floor(w * float(fw))
+    if recompute_scale_factor:
+        return oh, ow, None, None
+    return oh, ow, float(fh), float(fw)
 
 
 def div_params(x_scale: float, y_scale: float, out_scale: float, march: object) -> tuple[int, int]:

@@ -18,17 +18,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from backends.common.integer_rules import avg_pool_params, bilinear_taps
 from backends.common.lower import (
     LowerContext,
     LoweringError,
-    Named,
     RuleNode,
     acc_bound,
-    f32_scale,
-    names_in,
     register_function_rule,
     register_method_rule,
     register_module_rule,
@@ -38,6 +33,7 @@ from backends.common.lower import (
     tensor_ref,
 )
 from backends.common.program import ValueRef
+from backends.common.rules_layers import clamp_codes, emit_nearest, size_operand
 from qir.ir.graph import Node as IRNode
 from qir.ir.op import resolve
 from qir.nn import quantized as Q
@@ -182,188 +178,10 @@ def lower_conv(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: d
     return ValueRef(ctx.emit("conv2d", inputs, chosen, consts, node.name, hint))
 
 
-# ----------------------------------------------------------------------------- stubs, activations, pools
-
-
-def lower_quant_stub(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    x = tensor_ref(args[0], node)
-    return ValueRef(
-        ctx.emit("quantize", [x], {"scale": f32_scale(m.scale), "dtype": _dt(m.dtype)}, {}, node.name, str(node.target))
-    )
-
-
-def lower_dequant_stub(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    x = tensor_ref(args[0], node)
-    s = m.scale.detach().to(torch.float32)
-    axis = None if s.numel() == 1 else -s.dim()
-    c = ctx.const(f"{node.target}.scale", s.reshape(-1))
-    return ValueRef(ctx.emit("dequantize", [x], {"axis": axis}, {"scale": c}, node.name, str(node.target)))
-
-
-def _clamp(ctx: LowerContext, node: Named, x: Any, lo: int | None, hi: int | None) -> ValueRef:
-    return ValueRef(ctx.emit("clamp", [tensor_ref(x, node)], {"min": lo, "max": hi}, {}, node.name, "clamp"))
-
-
-def lower_relu(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    return _clamp(ctx, node, args[0], 0, None)
-
-
-def lower_relu6(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    return _clamp(ctx, node, args[0], 0, int(m.bound))
-
-
-def lower_identity(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
-    return args[0]
-
-
-def lower_lut(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    x = tensor_ref(args[0], node)
-    c = ctx.const(f"{node.target}.table", m.table)
-    return ValueRef(ctx.emit("lut", [x], {"what": str(m.op_name)}, {"table": c}, node.name, str(node.target)))
-
-
-def lower_maxpool(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    x = tensor_ref(args[0], node)
-    stride = m.stride if m.stride is not None else m.kernel_size
-    attrs = {
-        "kernel_size": _plain(m.kernel_size),
-        "stride": _plain(stride),
-        "padding": _plain(m.padding),
-        "dilation": _plain(m.dilation),
-        "ceil_mode": bool(m.ceil_mode),
-    }
-    return ValueRef(ctx.emit("maxpool2d", [x], attrs, {}, node.name, str(node.target)))
-
-
-def lower_avgpool(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    x = tensor_ref(args[0], node)
-    attrs = {
-        "kernel_size": list(m.kernel_size),
-        "stride": list(m.stride),
-        "padding": list(m.padding),
-        "ceil_mode": bool(m.ceil_mode),
-        "count_include_pad": bool(m.count_include_pad),
-        "divisor_override": m.divisor_override,
-        "out_dtype": _dt(m.dtype),
-    }
-    consts = {
-        "multipliers": ctx.const(f"{node.target}.multipliers", m.multipliers),
-        "shifts": ctx.const(f"{node.target}.shifts", m.shifts),
-    }
-    return ValueRef(ctx.emit("avgpool2d", [x], attrs, consts, node.name, str(node.target)))
-
-
-def lower_adaptive_avgpool(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    from backends.common.kernels.pool import adaptive_bounds
-
-    x = tensor_ref(args[0], node)
-    h, w = (int(d) for d in ctx.values[x].shape[-2:])
-    o = m.output_size
-    oh, ow = (o, o) if isinstance(o, int) else (o[0], o[1])
-    hs, he = adaptive_bounds(h, h if oh is None else int(oh))
-    ws, we = adaptive_bounds(w, w if ow is None else int(ow))
-    top = int((he - hs).max()) * int((we - ws).max())
-    mult, sh = avg_pool_params(m.per_tensor_input(0), float(m.scale[0]), top, m.march)
-    consts = {
-        "multipliers": ctx.const(f"{node.target}.multipliers", mult),
-        "shifts": ctx.const(f"{node.target}.shifts", sh),
-    }
-    attrs = {"output_size": [oh, ow], "out_dtype": _dt(m.dtype)}
-    return ValueRef(ctx.emit("adaptive_avgpool2d", [x], attrs, consts, node.name, str(node.target)))
-
-
-def _nearest_maps(h: int, w: int, call: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Source row / column of every output pixel: torch's nearest resize applied to an index image."""
-    idx = torch.arange(h * w, dtype=torch.float64).reshape(1, 1, h, w)
-    out = call(idx)[0, 0].to(torch.int64)
-    return (out[:, 0] // w).contiguous(), (out[0, :] % w).contiguous()
-
-
-def _run_time_size(ctx: LowerContext, node: Node, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, str | None]:
-    """A resize's run-time ``size`` argument (``size=lateral.shape[2:]``): its example value, for
-    the tables, and a value name the kernel reads to check that the size it was compiled for is
-    the size asked at run time (None when the size is a literal)."""
-    size = args[1] if len(args) > 1 else kwargs.get("size")
-    if size is None:
-        return None, None
-    ex = ctx.example(size)
-    if not names_in(size):
-        return ex, None
-    ref = size.name if isinstance(size, ValueRef) else shape_call(ctx, node, "identity", [size]).name
-    return ex, ref
-
-
-def _emit_nearest(ctx: LowerContext, node: Node, x: str, call: Any, size_ref: str | None = None) -> ValueRef:
-    h, w = (int(d) for d in ctx.values[x].shape[-2:])
-    rows, cols = _nearest_maps(h, w, call)
-    consts = {"rows": ctx.const(f"{node.name}.rows", rows), "cols": ctx.const(f"{node.name}.cols", cols)}
-    attrs: dict[str, Any] = {"in_size": [h, w]}
-    if size_ref is not None:  # tables hold the compiled output size: the kernel checks the run-time one
-        attrs["out_size"] = [len(rows), len(cols)]
-    ins = [x] if size_ref is None else [x, size_ref]
-    return ValueRef(ctx.emit("resize_nearest", ins, attrs, consts, node.name, "resize"))
-
-
-def lower_interpolate(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    x = tensor_ref(args[0], node)
-    size, size_ref = _run_time_size(ctx, node, args, kwargs)
-    if m.mode == "nearest":
-        return _emit_nearest(
-            ctx,
-            node,
-            x,
-            lambda t: F.interpolate(
-                t,
-                size=m.size if size is None else size,
-                scale_factor=m.scale_factor if size is None else None,
-                mode="nearest",
-                recompute_scale_factor=m.recompute_scale_factor if size is None else None,
-            ),
-            size_ref,
-        )
-    if m.mode != "bilinear":
-        raise LoweringError(f"node '{node.name}': Interpolate mode '{m.mode}' has no integer kernel")
-    h, w = (int(d) for d in ctx.values[x].shape[-2:])
-    oh, ow, fh, fw = m._out_size(h, w, size)
-    ac = bool(m.align_corners)
-    consts: dict[str, str] = {}
-    attrs: dict[str, Any] = {"in_size": [h, w], "out_dtype": _dt(m.dtype)}
-    if size_ref is not None:
-        attrs["out_size"] = [oh, ow]
-    # Taps for both input widths: B = 12 fraction bits for int8 codes, 15 for int16 (module rule).
-    for bits in (12, 15):
-        hi0, hi1, hw0, hw1 = bilinear_taps(h, oh, fh, ac, bits)
-        wi0, wi1, ww0, ww1 = bilinear_taps(w, ow, fw, ac, bits)
-        for k, t in (("hi0", hi0), ("hi1", hi1), ("wi0", wi0), ("wi1", wi1)):
-            consts[k] = ctx.const(f"{node.name}.{k}", t)
-        for k, t in ((f"hw0_{bits}", hw0), (f"hw1_{bits}", hw1), (f"ww0_{bits}", ww0), (f"ww1_{bits}", ww1)):
-            consts[k] = ctx.const(f"{node.name}.{k}", t)
-        # The weights' 2**-2B folds into the shift (docs/modules.md, bilinear resize).
-        attrs[f"multiplier{bits}"] = int(m.multiplier)
-        attrs[f"shift{bits}"] = int(m.shift) + 2 * bits
-    ins = [x] if size_ref is None else [x, size_ref]
-    return ValueRef(ctx.emit("resize_bilinear", ins, attrs, consts, node.name, str(node.target)))
-
-
-def lower_div(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    ins = [tensor_ref(args[0], node), tensor_ref(args[1], node)]
-    attrs = {"multiplier": int(m.multiplier), "shift": int(m.shift), "out_dtype": _dt(m.dtype)}
-    return ValueRef(ctx.emit("div", ins, attrs, {}, node.name, str(node.target)))
-
+# The stubs, scale-keeping layers, table lookups, pools, resize and Div are integer IR ops lowered
+# by op rules (backends/common/rules_layers.py, registered per march in backends/<march>/rules.py).
 
 register_module_rule(Q.QuantizedConvBase, lower_conv)
-register_module_rule(Q.QuantStub, lower_quant_stub)
-register_module_rule(Q.DeQuantStub, lower_dequant_stub)
-register_module_rule(Q.ReLU, lower_relu)
-register_module_rule(Q.ReLU6, lower_relu6)
-register_module_rule(Q.UnaryLUT, lower_lut)
-register_module_rule(Q.MaxPool2d, lower_maxpool)
-register_module_rule(nn.MaxPool2d, lower_maxpool)
-register_module_rule(Q.AvgPool2d, lower_avgpool)
-register_module_rule(Q.AdaptiveAvgPool2d, lower_adaptive_avgpool)
-register_module_rule(Q.Interpolate, lower_interpolate)
-register_module_rule(Q.Div, lower_div)
-register_module_rule(Q.Identity, lower_identity)
 
 
 # ----------------------------------------------------------------------------- op rules (IR op names)
@@ -421,7 +239,7 @@ def op_dropout(ctx: LowerContext, node: IRNode, operands: list[Any]) -> Any:
 
 
 def op_relu(ctx: LowerContext, node: IRNode, operands: list[Any]) -> ValueRef:
-    return _clamp(ctx, node, operands[0], 0, None)
+    return clamp_codes(ctx, node, operands[0], 0, None)
 
 
 for _name in SHAPE_OPS:
@@ -483,15 +301,15 @@ def fn_arith(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs
 
 
 def fn_relu6_codes(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
-    return _clamp(ctx, node, args[0], 0, int(args[1]))
+    return clamp_codes(ctx, node, args[0], 0, int(args[1]))
 
 
 def fn_nearest(ctx: LowerContext, node: Node, target: Any, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:
     x = tensor_ref(args[0], node)
     rest = [ctx.example(a) for a in args[1:]]
     kw = {k: ctx.example(v) for k, v in kwargs.items()}
-    _, size_ref = _run_time_size(ctx, node, args, kwargs)
-    return _emit_nearest(ctx, node, x, lambda t: F.interpolate(t, *rest, **kw), size_ref)
+    _, size_ref = size_operand(ctx, node, args[1] if len(args) > 1 else kwargs.get("size"))
+    return emit_nearest(ctx, node, x, lambda t: F.interpolate(t, *rest, **kw), size_ref)
 
 
 def method_shape(ctx: LowerContext, node: Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> ValueRef:

@@ -32,6 +32,7 @@ from qir.quantization import (
     DeQuantStub,
     QuantStub,
     check_model,
+    compile_model,
     convert_fx,
     get_default_qat_qconfig,
     prepare_qat_fx,
@@ -269,3 +270,30 @@ def test_verify_names_the_fault() -> None:
         QInterpolate(mode="nearest", out=spec, in_scales=(0.1,), run_time_size=True).verify([i8, i8])
     with pytest.raises(IRError, match="one per-tensor input"):
         QAvgPool2d(out=spec, in_scales=(0.1, 0.2))
+
+
+def test_compiled_program_equals_the_converted_model(converted: nn.Module) -> None:
+    compiled = compile_model(converted, list(_inputs(0)), opt=0, check=False)  # the march the modules hold
+    ops = [inst.op for inst in compiled.program.instructions]
+    for kernel in ("quantize", "dequantize", "clamp", "lut", "div", "maxpool2d", "avgpool2d"):
+        assert kernel in ops
+    assert {"adaptive_avgpool2d", "resize_nearest", "resize_bilinear"} <= set(ops)
+    for seed in range(3):
+        x = _inputs(seed)
+        assert _same(compiled(*x), converted(*x))
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+def test_each_march_lowers_these_ops_with_op_rules(march: str) -> None:
+    import importlib
+
+    from backends.common.lower import module_rule, op_rule
+    from backends.common.rules_layers import OP_RULES
+    from qir.nn import quantized as Q
+
+    rules = importlib.import_module(f"backends.{march}.rules")
+    assert set(rules.LAYER_OPS) == set(OP_RULES)
+    for name in rules.LAYER_OPS:
+        assert op_rule(march, name) is OP_RULES[name]
+    for cls in (Q.QuantStub, Q.DeQuantStub, Q.ReLU, Q.UnaryLUT, Q.AvgPool2d, Q.Interpolate, Q.Div, Q.Identity):
+        assert module_rule(march, cls()) is None  # no module-keyed rule left for these layers

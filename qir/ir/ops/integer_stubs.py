@@ -55,7 +55,8 @@ class QQuantStub(IntegerModuleOp):
 @attrs.frozen
 class QDequantStub(IntegerModuleOp):
     """Codes to float32: ``code * scale``, per tensor or (a high-precision qint32 output) per
-    channel along ``axis``, a negative axis counted from the last dim as the module stores it."""
+    channel along ``axis``: negative, as the module stores it (``-scale.dim()``), and taken
+    modulo the input's rank."""
 
     name: ClassVar[str] = "qdequant_stub"
     operand_names: ClassVar[tuple[str, ...]] = ("input",)
@@ -80,7 +81,9 @@ class QDequantStub(IntegerModuleOp):
         code_dtype(self.name, x)
         assert isinstance(x, TensorType)
         if self.axis is not None:
-            if -self.axis > x.rank or x.shape[self.axis] != len(self.in_scales):
+            # the axis wraps modulo the rank, as the stub applies it: a (C, 1, 1) scale (axis -3)
+            # also fits a flattened (N, C) output
+            if x.rank == 0 or x.shape[self.axis % x.rank] != len(self.in_scales):
                 raise IRError(f"qdequant_stub: {len(self.in_scales)} scales along axis {self.axis} do not fit {x}")
 
     def float_op(self) -> type:

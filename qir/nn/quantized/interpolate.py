@@ -10,7 +10,6 @@ multiplier keeps its full precision.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.common import numerics
-from backends.common.integer_rules import bilinear_taps, bilinear_weight_bits, check_out_dtype
+from backends.common.integer_rules import bilinear_taps, bilinear_weight_bits, check_out_dtype, resize_out_size
 from qir.nn.qat.interpolate import Interpolate as QATInterpolate
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
 
@@ -59,20 +58,9 @@ class Interpolate(QuantizedModule):
     def _out_size(self, h: int, w: int, size: Any = None) -> tuple[int, int, float | None, float | None]:
         """Output size and the scale factors the taps use; a run-time ``size`` wins (FPN's
         ``size=lateral.shape[2:]``)."""
-        size = self.size if size is None else size
-        if size is not None:
-            oh, ow = (size, size) if isinstance(size, int) else tuple(size)[-2:]
-            return int(oh), int(ow), None, None
-        sf = self.scale_factor
-        if sf is None:
-            raise ValueError(
-                "quantized Interpolate was built without size= or scale_factor=: pass the output size at the call"
-            )
-        fh, fw = (sf, sf) if isinstance(sf, (int, float)) else sf
-        oh, ow = math.floor(h * float(fh)), math.floor(w * float(fw))
-        if self.recompute_scale_factor:
-            return oh, ow, None, None
-        return oh, ow, float(fh), float(fw)
+        return resize_out_size(
+            h, w, self.size if size is None else size, self.scale_factor, self.recompute_scale_factor
+        )
 
     def forward(self, x: torch.Tensor, size: Any = None) -> torch.Tensor:
         if self.mode == "nearest":
