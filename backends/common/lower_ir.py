@@ -75,7 +75,10 @@ def lower_ir(graph: Graph, example_inputs: Sequence[Any], march: str, opt: int =
             continue
         operands = [env[v] for v in n.operands]
         rule = op_rule(march, n.op.name)
-        res = rule(ctx, n, operands) if rule is not None else _legacy(ctx, graph, n, operands)
+        try:
+            res = rule(ctx, n, operands) if rule is not None else _legacy(ctx, graph, n, operands)
+        except IRError as e:  # an op that cannot spell its own call: say which node, as rules do
+            raise LoweringError(f"{_where(n)}: {e}") from e
         env[n] = res
         for name in names_in(res):
             ctx.check_dtype(name, n.name)

@@ -20,6 +20,7 @@ from backends.common.lower_pass import PROGRAM_KEY, Lower
 from backends.common.program import Program
 from qir.frontend import trace
 from qir.ir.graph import Node
+from qir.ir.op import IRError
 from qir.ir.printer import print_graph
 from qir.quantization import compile_model
 from qir.quantization.compile import compile_pipeline
@@ -125,3 +126,13 @@ def test_wrong_number_of_example_inputs_is_named(digits: nn.Module) -> None:
     graph = trace(digits, (torch.randn(*SHAPE),))
     with pytest.raises(LoweringError, match=r"takes 1 input\(s\) \(x\), got 2 example input\(s\)"):
         lower_ir(graph, [torch.randn(*SHAPE)] * 2, "bayes")
+
+
+def test_an_ir_error_in_a_rule_names_the_node(digits: nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(ctx: LowerContext, node: Node, operands: list[Any]) -> Any:
+        raise IRError("op 'flatten': no torch call for these operands")
+
+    monkeypatch.setitem(lower_mod._OP_RULES, ("bayes", "flatten"), broken)
+    x = torch.randn(*SHAPE)
+    with pytest.raises(LoweringError, match=r"node 'flatten': op 'flatten': no torch call"):
+        lower_ir(trace(digits, (x,)), [x], "bayes", opt=0)
