@@ -228,3 +228,14 @@ def test_intermediate_scale_clipping_never_changes_the_output(relu: bool, other_
         np.testing.assert_array_equal(out_codes(clipped * s_mid + o, s_out), out_codes(rounded * s_mid + o, s_out))
     # a post-ReLU operand under a ReLU needs no more than the larger of the two scales (plus a hair)
     assert _intermediate_scale(0.5, 0.0, 127 * 0.25, True) <= 0.5 * (1 + 2.0**-15)
+
+
+def test_older_opset_still_fuses(residual: tuple[nn.Module, torch.Tensor, Path, Path], tmp_path: Path) -> None:
+    """The ops the layout adds (uint8 Clip, int32 DequantizeLinear, per-axis Q/DQ) exist below opset 18,
+    where torch's exporter converts down (17: the lowest it converts this model to)."""
+    model, x, _, _ = residual
+    path = tmp_path / "opset17.onnx"
+    export_to_onnx(model, (x,), path, input_names=["x"], qdq_layout="onnxruntime", opset_version=17)
+    assert next(o.version for o in load(path).opset_import if o.domain in ("", "ai.onnx")) == 17
+    ops = _optimized_ops(path, tmp_path)
+    assert ops["QLinearConv"] == 3 and ops["QLinearAdd"] == 1, ops

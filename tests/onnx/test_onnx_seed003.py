@@ -200,3 +200,32 @@ def test_seed003_hybrid_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     ]
     selus = [n for n in graph.node if n.op_type == "Selu"]
     assert [producer.get(n.input[0], "input") for n in selus] == ["input", "DequantizeLinear", "Conv"]
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_seed003_onnxruntime_layout_loads_fuses_and_agrees(hybrid: bool, tmp_path: Path) -> None:
+    """The onnxruntime layout on the seed's models: CPU ops, a high-precision output, FloatFunctional adds."""
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    data = torch.rand(size=DATA_SHAPE)
+    extra: dict[str, Any] = {}
+    if hybrid:
+        extra = {"hybrid": True, "hybrid_dict": {"module_name": ["layer1.conv", "conv0"], "module_type": [_SeluModule]}}
+    qat_model = seed_qat_model(HybridModel() if hybrid else NonHybridModel(), **extra)
+    qat_model(data)
+    qat_model.eval()
+    disable_observer(qat_model)
+    path = tmp_path / "qat.onnx"
+    export_to_onnx(qat_model, data, path, qdq_layout="onnxruntime")
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    (got,) = sess.run(None, {sess.get_inputs()[0].name: data.numpy()})
+    ops = [n.op_type for n in load(tmp_path / "optimized.onnx").graph.node]
+    # the BPU convs with a quantized output fuse; the CPU convs and the high-precision conv1 stay float
+    assert ops.count("QLinearConv") == (2 if hybrid else 3) and ops.count("QLinearAdd") == (0 if hybrid else 2)
+    with torch.no_grad():
+        want = qat_model(data).numpy()
+    # measured: 0.3% (hybrid) and 1.0% (the fused conv + adds' extra rounding) of the output's range
+    assert np.abs(got - want).max() <= 0.02 * np.abs(want).max()
