@@ -21,6 +21,7 @@ import math
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from backends.common.numerics import (
     DTypeLike,
@@ -44,6 +45,8 @@ __all__ = [
     "SCALAR_CODE",
     "FusedAddParams",
     "add_scalar_int",
+    "adaptive_pool_counts",
+    "avg_pool_divisor",
     "avg_pool_params",
     "bilinear_taps",
     "bilinear_weight_bits",
@@ -177,6 +180,40 @@ def avg_pool_params(
         raise ValueError(f"pool divisor must be positive, got {max_divisor}")
     d = torch.arange(1, max_divisor + 1, dtype=torch.float64)
     return ratio_params(f32(in_scale) / (d * f32(out_scale)), march)
+
+
+def avg_pool_divisor(
+    h: int,
+    w: int,
+    kernel_size: tuple[int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor_override: int | None,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """torch's ``avg_pool2d`` divisor of every output position, (OH, OW) float64: the window size,
+    the count of real elements (``count_include_pad=False``), or ``divisor_override``."""
+    ones = torch.ones(1, 1, h, w, dtype=torch.float64, device=device)
+    valid = F.avg_pool2d(ones, kernel_size, stride, padding, ceil_mode, True, 1)
+    if divisor_override is not None:
+        return torch.full_like(valid[0, 0], float(divisor_override))
+    frac = F.avg_pool2d(ones, kernel_size, stride, padding, ceil_mode, count_include_pad)
+    return torch.round(valid / frac)[0, 0]
+
+
+def adaptive_pool_counts(h: int, w: int, oh: int, ow: int, device: torch.device | None = None) -> torch.Tensor:
+    """Element count of every window of torch's ``adaptive_avg_pool2d`` from (h, w) to (oh, ow), float64."""
+
+    def bounds(size: int, out: int) -> tuple[list[int], list[int]]:
+        return [(i * size) // out for i in range(out)], [-((-(i + 1) * size) // out) for i in range(out)]
+
+    hs, he = bounds(h, oh)
+    ws, we = bounds(w, ow)
+    return torch.tensor(
+        [[(he[i] - hs[i]) * (we[j] - ws[j]) for j in range(ow)] for i in range(oh)], dtype=torch.float64, device=device
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -135,5 +135,6 @@ __all__ += ["STAGES", "default_pipeline"]
 # -- validation runs the integer twin (docs/semantics.md "Validation is the deployed model") -------
 from qir.quantization.exact_validation import QATGraphModule, set_exact_validation  # noqa: E402
 from qir.quantization.fake_quantize import float_fake_quant  # noqa: E402
+from qir.quantization.integer_grid import integer_grid_report, set_integer_grid  # noqa: E402
 
-__all__ += ["QATGraphModule", "float_fake_quant", "set_exact_validation"]
+__all__ += ["QATGraphModule", "float_fake_quant", "integer_grid_report", "set_integer_grid", "set_exact_validation"]

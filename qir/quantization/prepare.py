@@ -39,6 +39,7 @@ from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.functional_swap import swap_functionals
 from qir.quantization.fuse import ALL_FUNCTIONALS, FuseRecord, build_fused
 from qir.quantization.hybrid import HYBRID_KEY, HybridSpec, check_cpu_calls, cpu_modules, place_boundaries
+from qir.quantization.integer_grid import bind_integer_grid
 from qir.quantization.pipelines import PipelineArg, resolve_pipeline
 from qir.quantization.qat_classes import qat_class_for
 from qir.quantization.qconfig import QConfig, get_default_calib_qconfig, get_default_qat_qconfig, qconfig_kind
@@ -326,6 +327,7 @@ def _prepare_float(
     )
     gm.train(model.training)
     follow_training(gm)
+    bind_integer_grid(gm, march.value)
     return install_exact_validation(gm)
 
 

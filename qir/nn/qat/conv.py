@@ -18,6 +18,7 @@ from torch import nn
 from qir.nn.intrinsic.fused import FUSED_CLASSES, FusedModule
 from qir.nn.qat._base import QATModule, make_activation_fq, make_weight_fq, resolve_qconfig
 from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.integer_grid import conv_forward
 from qir.quantization.qconfig import QConfig
 
 __all__ = ["QAT_CONV_CLASSES", "QATConvBase"]
@@ -33,6 +34,9 @@ class QATConvBase(QATModule):
     act: ClassVar[str | None] = None
     weight_axis: ClassVar[int] = 0  # the weight's output-channel axis
     out_axis: ClassVar[int] = 1  # the output's channel axis
+    #: tensor inputs on a quantized grid (the input, and the addend of a fused add): prepare_qat_fx
+    #: binds their fake quants so training runs on the integer grid (qir.quantization.integer_grid)
+    grid_inputs: ClassVar[int] = 1
     weight: nn.Parameter
     bias: nn.Parameter | None
     weight_fake_quant: FakeQuantize
@@ -80,6 +84,9 @@ class QATConvBase(QATModule):
         return out
 
     def forward(self, x: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
+        on_grid = conv_forward(self, x, addend)
+        if on_grid is not None:
+            return on_grid
         return self._finish(self._linear_op(x, self.weight_fake_quant(self.weight)), addend)
 
     @classmethod
@@ -179,6 +186,7 @@ def _make() -> dict[str, Any]:
                     "act": act,
                     "weight_axis": w_axis,
                     "out_axis": o_axis,
+                    "grid_inputs": 2 if has_add else 1,
                     "__module__": __name__,
                     "__qualname__": name,
                     "__doc__": f"QAT {kind}{' + add' if has_add else ''}{' + ' + act if act else ''}.",

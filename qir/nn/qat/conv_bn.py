@@ -41,6 +41,8 @@ class QATConvBNBase(QATConvBase):
 
     base_class: ClassVar[type[QATConvBase]]
     bn: _BatchNorm
+    #: no integer grid: the batch norm normalizes with batch statistics after the conv
+    grid_inputs: ClassVar[int] = 0
 
     def _bn_scale(self) -> torch.Tensor:
         """``gamma / sqrt(running_var + eps)`` per output channel."""

@@ -9,6 +9,7 @@ from torch import nn
 
 from qir.nn.qat._base import QATModule, make_activation_fq, resolve_qconfig
 from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.integer_grid import avg_pool_forward
 from qir.quantization.qconfig import QConfig
 
 __all__ = ["AdaptiveAvgPool2d", "AvgPool2d", "MaxPool2d"]
@@ -32,7 +33,9 @@ class MaxPool2d(QATModule, nn.MaxPool2d):
 
 
 class AvgPool2d(QATModule, nn.AvgPool2d):
-    """``fq(avg_pool2d(x))``."""
+    """``fq(avg_pool2d(x))``; on the integer grid when prepare_qat_fx bound it."""
+
+    grid_inputs: ClassVar[int] = 1
 
     @classmethod
     def from_float(cls, mod: nn.Module, qconfig: QConfig | None = None) -> AvgPool2d:
@@ -45,13 +48,18 @@ class AvgPool2d(QATModule, nn.AvgPool2d):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        on_grid = avg_pool_forward(self, x, adaptive=False)
+        if on_grid is not None:
+            return on_grid
         fq: FakeQuantize | None = self.activation_post_process
         assert fq is not None
         return fq(super().forward(x))
 
 
 class AdaptiveAvgPool2d(QATModule, nn.AdaptiveAvgPool2d):
-    """``fq(adaptive_avg_pool2d(x))``."""
+    """``fq(adaptive_avg_pool2d(x))``; on the integer grid when prepare_qat_fx bound it."""
+
+    grid_inputs: ClassVar[int] = 1
 
     @classmethod
     def from_float(cls, mod: nn.Module, qconfig: QConfig | None = None) -> AdaptiveAvgPool2d:
@@ -64,6 +72,9 @@ class AdaptiveAvgPool2d(QATModule, nn.AdaptiveAvgPool2d):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        on_grid = avg_pool_forward(self, x, adaptive=True)
+        if on_grid is not None:
+            return on_grid
         fq: FakeQuantize | None = self.activation_post_process
         assert fq is not None
         return fq(super().forward(x))

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.common import numerics
-from backends.common.integer_rules import avg_pool_params, check_out_dtype
+from backends.common.integer_rules import adaptive_pool_counts, avg_pool_divisor, avg_pool_params, check_out_dtype
 from qir.nn.qat.pool import AdaptiveAvgPool2d as QATAdaptiveAvgPool2d
 from qir.nn.qat.pool import AvgPool2d as QATAvgPool2d
 from qir.nn.qat.pool import MaxPool2d as QATMaxPool2d
@@ -81,14 +81,10 @@ class AvgPool2d(QuantizedModule):
     divisor_override: int | None
 
     def _divisor(self, h: int, w: int, like: torch.Tensor) -> torch.Tensor:
-        if self.divisor_override is not None:
-            ones = torch.ones(1, 1, h, w, dtype=torch.float64, device=like.device)
-            pooled = F.avg_pool2d(ones, self.kernel_size, self.stride, self.padding, self.ceil_mode, True, 1)
-            return torch.full_like(pooled[0, 0], float(self.divisor_override))
-        ones = torch.ones(1, 1, h, w, dtype=torch.float64, device=like.device)
-        valid = F.avg_pool2d(ones, self.kernel_size, self.stride, self.padding, self.ceil_mode, True, 1)
-        frac = F.avg_pool2d(ones, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
-        return torch.round(valid / frac)[0, 0]  # torch's divisor for each output position
+        return avg_pool_divisor(
+            h, w, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
+            self.divisor_override, like.device,
+        )  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         sums = F.avg_pool2d(x.to(torch.float64), self.kernel_size, self.stride, self.padding, self.ceil_mode, True, 1)
@@ -127,13 +123,7 @@ class AdaptiveAvgPool2d(QuantizedModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, w = int(x.shape[-2]), int(x.shape[-1])
         oh, ow = self._out_size(h, w)
-        hs, he = self._bounds(h, oh)
-        ws, we = self._bounds(w, ow)
-        count = torch.tensor(
-            [[(he[i] - hs[i]) * (we[j] - ws[j]) for j in range(ow)] for i in range(oh)],
-            dtype=torch.float64,
-            device=x.device,
-        )
+        count = adaptive_pool_counts(h, w, oh, ow, x.device)
         avg = F.adaptive_avg_pool2d(x.to(torch.float64), (oh, ow))
         sums = torch.round(avg * count).to(torch.int64)  # exact: |sum| << 2**52
         mult, sh = self._params(int(count.max()))
@@ -143,12 +133,6 @@ class AdaptiveAvgPool2d(QuantizedModule):
         o = self.output_size
         oh, ow = (o, o) if isinstance(o, int) else (o[0], o[1])
         return (h if oh is None else int(oh)), (w if ow is None else int(ow))
-
-    @staticmethod
-    def _bounds(size: int, out: int) -> tuple[list[int], list[int]]:
-        starts = [(i * size) // out for i in range(out)]
-        ends = [-((-(i + 1) * size) // out) for i in range(out)]
-        return starts, ends
 
     def _params(self, top: int) -> tuple[torch.Tensor, torch.Tensor]:
         cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = self.__dict__.setdefault("_param_cache", {})

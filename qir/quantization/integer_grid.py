@@ -1,0 +1,570 @@
+"""QAT training on the integer grid: conv / linear forwards compute what the converted model computes.
+
+Float fake quantization is exact at every quantize point but not between them: a conv's
+float bias and float accumulator, and float rescaling instead of the integer multiplier and
+shift, leave up to one LSB per layer that compounds with depth. On the integer grid a
+bound conv / linear module (``prepare_qat_fx`` binds every one whose inputs' scales it can
+trace to a fake quant) computes, in its QAT forward:
+
+* input codes ``x / s_in`` (the producer's fake quant put ``x`` on that grid) and weight codes
+  ``saturate(floor(w / s_w + 1/2))`` at the weight fake quant's per-channel scale,
+* the accumulator ``conv(codes, weight codes)`` exactly (float32 while every partial sum
+  stays below ``2**24``, else summed over input-channel chunks that do, or float64),
+* the bias as int32 at ``s_in * s_w`` (``numerics.quantize_bias``),
+* the requantization with the converted module's multiplier and shift
+  (``numerics.conv_requant_params`` / ``integer_rules.fused_add_params``) and half-up
+  rounding, ReLU / ReLU6 folded into the clamp,
+
+and returns ``codes * s_out``, with straight-through gradients (the gradient of the float
+forward: the accumulator's gradient is scaled by ``s_in * s_w``, masked where the output
+saturated or ReLU cut it). The observers update first, as in the float forward, so the
+output of each step equals what ``convert_fx`` of the model's state after that step's
+observer updates computes (docs/semantics.md, "Training on the integer grid").
+
+    set_integer_grid(qat_model, False)   # opt out: float fake quantization in training
+    integer_grid_report(qat_model)       # which modules train on the grid, and why not
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from backends.common import numerics
+from backends.common.integer_rules import (
+    adaptive_pool_counts,
+    avg_pool_divisor,
+    avg_pool_params,
+    fused_add_int,
+    fused_add_params,
+)
+from qir.ir.types import DType
+from qir.quantization.fake_quantize import CalibFakeQuantize, FakeQuantize, float_fake_quant_active
+
+__all__ = [
+    "INTEGER_GRID_KEY",
+    "GridBinding",
+    "bind_integer_grid",
+    "grid_requantize",
+    "integer_grid_report",
+    "set_integer_grid",
+]
+
+#: ``GraphModule.meta`` key: False turns training on the integer grid off for that model
+INTEGER_GRID_KEY = "qir.integer_grid"
+_MARCH_KEY = "qir.integer_grid.march"
+#: float32 represents every integer below this exactly
+_F32_EXACT = 2**24
+#: attribute of a bound module holding its :class:`GridBinding`
+_ATTR = "integer_grid"
+#: the fake quants whose forward the grid reproduces (a learnable-scale subclass is not one of them)
+_PLAIN_FQ = (FakeQuantize, CalibFakeQuantize)
+
+
+@dataclass
+class GridBinding:
+    """The fake quants that put a module's tensor inputs on their grids, and the march."""
+
+    inputs: tuple[FakeQuantize, ...]
+    march: str
+
+
+# ---------------------------------------------------------------------------------------------
+# binding: which fake quant's scale each conv / linear input carries (the scale walk of convert)
+
+
+def _plain_fq(fq: Any) -> FakeQuantize | None:
+    return fq if type(fq) in _PLAIN_FQ and fq.ch_axis is None else None
+
+
+def _source_of_module(m: nn.Module, first: FakeQuantize | None) -> FakeQuantize | None:
+    from qir.quantization.scale_ops import PRESERVING_MODULES
+
+    if callable(getattr(m, "output_fake_quants", None)):
+        return None  # several outputs, several scales
+    fq = getattr(m, "activation_post_process", None)
+    if fq is not None:
+        return _plain_fq(fq)
+    if getattr(m, "is_scale_preserving", False) or isinstance(m, PRESERVING_MODULES):
+        return first
+    return None
+
+
+def _trace_sources(gm: torch.fx.GraphModule) -> dict[str, list[list[FakeQuantize | None]]]:
+    """Per called module path: per call site, the source fake quant of each tensor argument."""
+    from qir.quantization.scale_ops import is_preserving_call
+
+    src: dict[str, FakeQuantize | None] = {}
+    sites: dict[str, list[list[FakeQuantize | None]]] = {}
+    for n in gm.graph.nodes:
+        ins = [a for a in n.args if isinstance(a, torch.fx.Node)]
+        first = src.get(ins[0].name) if ins else None
+        if n.op == "call_module":
+            m = gm.get_submodule(str(n.target))
+            sites.setdefault(str(n.target), []).append([src.get(a.name) for a in ins])
+            src[n.name] = _source_of_module(m, first)
+        elif n.op in ("call_function", "call_method") and is_preserving_call(n):
+            src[n.name] = first
+        else:
+            src[n.name] = None
+    return sites
+
+
+def bind_integer_grid(gm: torch.fx.GraphModule, march: str) -> dict[str, str]:
+    """Bind every grid-capable module of ``gm`` (class attribute ``grid_inputs``) whose tensor
+    inputs come from known fake quants; in place. Returns ``{path: reason}`` for those left on
+    float fake quantization."""
+    sites = _trace_sources(gm)
+    unbound: dict[str, str] = {}
+    for path, m in gm.named_modules():
+        want = getattr(type(m), "grid_inputs", 0)
+        if not want:
+            continue
+        _set_binding(m, None)
+        calls = sites.get(path)
+        if not calls:
+            unbound[path] = "not called in the graph"
+            continue
+        first = calls[0][:want]
+        if any(len(c) < want or any(a is not b for a, b in zip(c[:want], first, strict=True)) for c in calls):
+            unbound[path] = "called at several places with inputs of different scales"
+            continue
+        if len(first) < want or any(s is None for s in first):
+            unbound[path] = "an input's scale does not come from a per-tensor fake quant the scale walk can follow"
+            continue
+        _set_binding(m, GridBinding(tuple(s for s in first if s is not None), march))
+    gm.meta[INTEGER_GRID_KEY] = True
+    gm.meta[_MARCH_KEY] = march
+    return unbound
+
+
+def _set_binding(m: nn.Module, b: GridBinding | None) -> None:
+    # a plain instance attribute: the binding refers to fake quants the model owns elsewhere,
+    # so it must not register them as submodules (deepcopy maps the references to the copies)
+    m.__dict__[_ATTR] = b
+
+
+def set_integer_grid(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Train ``model`` (a ``prepare_qat_fx`` result) on the integer grid (default) or with float
+    fake quantization (``enabled=False``, a little faster), in place."""
+    if not isinstance(model, torch.fx.GraphModule) or INTEGER_GRID_KEY not in model.meta:
+        raise TypeError(
+            f"{type(model).__name__} is not a model made by prepare_qat_fx: training on the integer grid needs "
+            "the fx-prepared GraphModule (eager prepare_qat models train with float fake quantization)"
+        )
+    if enabled:
+        bind_integer_grid(model, model.meta[_MARCH_KEY])
+    else:
+        for m in model.modules():
+            if getattr(type(m), "grid_inputs", 0):
+                _set_binding(m, None)
+        model.meta[INTEGER_GRID_KEY] = False
+    return model
+
+
+def integer_grid_report(model: nn.Module) -> dict[str, str]:
+    """``{path: "grid" | reason}`` for every conv / linear module of a prepared model."""
+    if not isinstance(model, torch.fx.GraphModule):
+        raise TypeError(f"integer_grid_report takes a prepare_qat_fx model, got {type(model).__name__}")
+    if model.meta.get(INTEGER_GRID_KEY) is not True:
+        return {p: "integer grid off" for p, m in model.named_modules() if getattr(type(m), "grid_inputs", 0)}
+    out: dict[str, str] = {}
+    for path, m in model.named_modules():
+        if getattr(type(m), "grid_inputs", 0):
+            out[path] = "grid" if getattr(m, _ATTR, None) is not None else "float fake quant"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the arithmetic
+
+
+def _observe(fq: FakeQuantize, x: torch.Tensor) -> None:
+    """What :meth:`FakeQuantize.forward` does before quantizing: update the observer and the scale."""
+    if fq.observer_enabled and not fq.has_fixed_scale:
+        fq.observer(x.detach())
+        fq._take_observer_scale()
+
+
+class _Codes(torch.autograd.Function):
+    """``round(x / s)`` of a tensor already on the grid of ``s``; gradient ``grad / s``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(inv_scale)
+        return torch.round(x * inv_scale)  # x = q * s up to float32 rounding: |x/s - q| < 0.02
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (inv,) = ctx.saved_tensors
+        return grad * inv, None
+
+
+class _WeightCodes(torch.autograd.Function):
+    """``saturate(floor(w / s + 1/2))`` per channel, float; gradient ``grad / s`` where not saturated."""
+
+    @staticmethod
+    def forward(ctx: Any, w: torch.Tensor, scale: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+        q = numerics.round_half_up(w / scale)  # the same float32 division numerics.quantize makes
+        qc = q.clamp(qmin, qmax)
+        ctx.save_for_backward(qc == q, scale)
+        return qc
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        inside, scale = ctx.saved_tensors
+        return grad * inside.to(grad.dtype) / scale, None, None, None
+
+
+class _Requant(torch.autograd.Function):
+    """``clamp(floor((acc + bias) * M / 2**shift + 1/2), lo, hi) * s_out``, evaluated exactly in float64.
+
+    ``acc`` holds integers (float32 or float64); ``bias`` (int32 codes) and ``ratio = M / 2**shift``
+    are float64 tensors that broadcast against it (per channel, or per position for pools).
+    ``(acc + bias) * M + 2**(shift - 1)`` stays below ``2**53`` (``|acc + bias| < 2**31``,
+    ``M < 2**16``) and scaling by ``2**-shift`` is exact, so the float64 evaluation equals
+    ``numerics.requantize`` (tested bit for bit); ReLU / ReLU6 are ``lo`` / ``hi``. Gradient
+    (straight through): ``grad * acc_scale`` where the result was not clamped, to ``acc`` and,
+    summed to its shape, to ``bias``.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        acc: torch.Tensor,
+        bias: torch.Tensor,
+        ratio: torch.Tensor,
+        lo: torch.Tensor | int,
+        hi: torch.Tensor | int,
+        out_scale: torch.Tensor,
+        acc_scale: torch.Tensor,
+    ) -> torch.Tensor:
+        off = bias.to(torch.float64) * ratio + 0.5
+        q = torch.addcmul(off, acc, ratio).floor_().to(torch.float32)  # |q| <= 2**31: float32 keeps lo / hi right
+        qc = q.clamp(lo, hi)  # type: ignore[arg-type]  # ints or tensors, both accepted
+        ctx.save_for_backward(qc == q, acc_scale)
+        ctx.bias_shape = bias.shape
+        return qc.mul_(out_scale)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        inside, acc_scale = ctx.saved_tensors
+        g = grad * inside.to(grad.dtype) * acc_scale
+        gb = g.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[1] else None
+        return g if ctx.needs_input_grad[0] else None, gb, None, None, None, None, None
+
+
+class _FusedAdd(torch.autograd.Function):
+    """The fused conv + add rule (``integer_rules.fused_add_int``, int64) and the activation's clamp.
+
+    Gradient (straight through, as the float forward ``act(acc * s_acc + addend)``):
+    ``grad * acc_scale`` to ``acc`` (and per channel to ``bias``), ``grad`` to ``addend``, where
+    the result is inside the output range and the activation passed it.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        acc: torch.Tensor,
+        bias: torch.Tensor,
+        addend: torch.Tensor,
+        inv_add_scale: torch.Tensor,
+        params: Any,
+        dtype: DType,
+        lo: int,
+        hi: int,
+        out_scale: torch.Tensor,
+        acc_scale: torch.Tensor,
+        axis: int,
+    ) -> torch.Tensor:
+        a = acc.to(torch.int64) + bias.to(torch.int64)
+        codes = torch.round(addend * inv_add_scale).to(torch.int64)
+        out = fused_add_int(
+            a, codes, params.acc_multiplier, params.acc_shift, params.add_multiplier, params.add_shift,
+            params.extra_bits, dtype, axis,
+        ).to(torch.float32)  # fmt: skip
+        qc = out.clamp(lo, hi)
+        d_lo, d_hi = dtype.qrange
+        ctx.save_for_backward((qc == out) & (out > d_lo) & (out < d_hi), acc_scale)
+        ctx.bias_shape = bias.shape
+        return qc.mul_(out_scale)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        inside, acc_scale = ctx.saved_tensors
+        g = grad * inside.to(grad.dtype)
+        ga = g * acc_scale
+        gb = ga.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[1] else None
+        return ga, gb, g, None, None, None, None, None, None, None, None
+
+
+class _BiasCodes(torch.autograd.Function):
+    """``numerics.quantize_bias``: int32 codes at the accumulator scale (float64); gradient ``grad / s_acc``."""
+
+    @staticmethod
+    def forward(ctx: Any, bias: torch.Tensor, s_acc: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(s_acc)
+        axis = 0 if s_acc.dim() and s_acc.numel() > 1 else None
+        s = s_acc if axis is not None else s_acc.reshape(())
+        return numerics.quantize(bias.detach().to(torch.float64), s, DType.qint32, axis=axis).to(torch.float64)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (s_acc,) = ctx.saved_tensors
+        return (grad / s_acc).to(torch.float32), None
+
+
+def grid_requantize(
+    acc: torch.Tensor,
+    bias: torch.Tensor,
+    multiplier: torch.Tensor,
+    shift: torch.Tensor,
+    lo: int,
+    hi: int,
+    axis: int,
+) -> torch.Tensor:
+    """The codes the training forward computes from an accumulator, without autograd:
+    ``clamp(requantize(acc + bias, multiplier, shift), lo, hi)`` through the float64 path
+    (tests compare it with ``numerics.requantize``)."""
+    ratio = torch.ldexp(multiplier.to(torch.float64), -shift.to(torch.int64)).reshape(-1)
+    one = torch.ones((), dtype=torch.float32)
+    r = numerics.broadcast_along(ratio, axis, acc.dim())
+    b = numerics.broadcast_along(bias.reshape(-1).to(torch.float64), axis, acc.dim())
+    out: torch.Tensor = _Requant.apply(acc, b, r, lo, hi, one, one)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# conv / linear
+
+
+def _chunks(w_abs_in: torch.Tensor, xmax: int) -> list[tuple[int, int]] | None:
+    """Input-channel ranges whose partial sums stay below 2**24 (float32 is exact on them).
+
+    ``w_abs_in``: float64 (out channels, in channels) sums of ``|weight codes|``; every partial
+    sum of output channel ``o`` over a range is at most ``xmax * sum(w_abs_in[o, range])``.
+    None: the whole reduction fits; ``[]``: a single input channel does not (float64 then).
+    """
+    budget = (_F32_EXACT - 1) / xmax
+    if float(w_abs_in.sum(dim=1).max()) <= budget:
+        return None
+    n_in = w_abs_in.shape[1]
+    cum = torch.cumsum(w_abs_in, dim=1)
+    ranges: list[tuple[int, int]] = []
+    start = 0
+    while start < n_in:
+        base = cum[:, start - 1 : start] if start else torch.zeros_like(cum[:, :1])
+        fits = ((cum[:, start:] - base) <= budget).all(dim=0)
+        k = int(fits.to(torch.int64).cumprod(0).sum())
+        if k == 0:
+            return []
+        ranges.append((start, start + k))
+        start += k
+    return ranges
+
+
+def _accumulate(m: Any, kind: str, xq: torch.Tensor, wq: torch.Tensor, xmax: int) -> torch.Tensor:
+    """The exact integer accumulator (bias excluded) as a float tensor, differentiable in ``xq`` and ``wq``."""
+    w_in_axis = 0 if kind == "ConvTranspose2d" else 1
+    groups = int(getattr(m, "groups", 1))
+    w_abs = wq.detach().abs()
+    if w_in_axis == 0:
+        w_abs = w_abs.transpose(0, 1)
+    w_abs_in = w_abs.reshape(w_abs.shape[0], w_abs.shape[1], -1).sum(dim=2).to(torch.float64)
+    if groups == 1:
+        ranges = _chunks(w_abs_in, xmax)
+    else:  # grouped: the slices of one group are not contiguous in both tensors; no chunking
+        ranges = None if float(w_abs_in.sum(dim=1).max()) * xmax < _F32_EXACT else []
+
+    def op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if kind == "Linear":
+            return F.linear(x, w)
+        if kind == "ConvTranspose2d":
+            return F.conv_transpose2d(x, w, None, m.stride, m.padding, m.output_padding, m.groups, m.dilation)
+        out: torch.Tensor = m._conv_forward(x, w, None)
+        return out
+
+    if ranges is None:
+        return op(xq, wq)
+    if not ranges:
+        return op(xq.to(torch.float64), wq.to(torch.float64))
+    x_axis = -1 if kind == "Linear" else 1
+    acc: torch.Tensor | None = None
+    for a, b in ranges:
+        part = op(xq.narrow(x_axis, a, b - a), wq.narrow(w_in_axis, a, b - a)).to(torch.float64)
+        acc = part if acc is None else acc + part
+    assert acc is not None
+    return acc
+
+
+def _observe_output(
+    fq: FakeQuantize,
+    acc: torch.Tensor,
+    bias: torch.Tensor,
+    acc_scale: torch.Tensor,
+    act: str | None,
+    addend: torch.Tensor | None,
+) -> None:
+    """The output fake quant observes the float value ``act((acc + bias) * acc_scale (+ addend))``
+    (bias and acc_scale broadcast against acc)."""
+    if not fq.observer_enabled or fq.has_fixed_scale:
+        return
+    with torch.no_grad():
+        a = acc.detach()
+        s = acc_scale.to(a.dtype)
+        y = torch.addcmul((bias * s).to(a.dtype), a, s).to(torch.float32)
+        if addend is not None:
+            y = y.add_(addend.detach())
+        if act == "relu":
+            y = y.clamp_(min=0.0)
+        elif act == "relu6":
+            y = y.clamp_(0.0, 6.0)
+        _observe(fq, y)
+
+
+def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.Tensor | None:
+    """The integer-grid QAT forward of a bound conv / linear module ``m`` (a ``QATConvBase``), or
+    None when it does not apply (not bound, a fake quant disabled or not a plain one, float64 input,
+    inside :func:`~qir.quantization.fake_quantize.float_fake_quant`)."""
+    binding: GridBinding | None = m.__dict__.get(_ATTR)
+    if binding is None or float_fake_quant_active() or x.dtype != torch.float32:
+        return None
+    wfq, ofq = m.weight_fake_quant, m.activation_post_process
+    if type(wfq) not in _PLAIN_FQ or (ofq is not None and _plain_fq(ofq) is None):
+        return None
+    if (m.has_add and addend is None) or (addend is not None and addend.dtype != torch.float32):
+        return None
+    fqs = [*binding.inputs, wfq] + ([ofq] if ofq is not None else [])
+    if not all(f.fake_quant_enabled for f in fqs):
+        return None
+    w = m.weight
+    _observe(wfq, w)
+    if wfq.scale.numel() == 0:
+        return None  # the float forward raises the helpful error
+    # the weight: codes at its per-channel scale (numerics.quantize's division, half up)
+    s_w = wfq.scale
+    w_axis = m.weight_axis if s_w.numel() > 1 else None
+    wq = _WeightCodes.apply(w, numerics.broadcast_along(s_w, w_axis, w.dim()), wfq.qmin, wfq.qmax)
+    # the input: codes of the producer's grid
+    in_fq = binding.inputs[0]
+    s_in = float(in_fq.scale.reshape(-1)[0])
+    xq = _Codes.apply(x, (1.0 / in_fq.scale.detach()).reshape(()))
+    acc = _accumulate(m, m.float_conv.__name__, xq, wq, max(-in_fq.qmin, in_fq.qmax))
+    # the bias: int32 at s_in * s_w (numerics.quantize_bias)
+    c_out = int(m.out_features if m.float_conv is nn.Linear else m.out_channels)
+    s_w_c = s_w.detach()
+    if s_w_c.numel() > 1 and s_w_c.numel() != c_out:  # grouped conv transpose: axis 1 holds out/groups
+        s_w_c = s_w_c.repeat(c_out // s_w_c.numel())
+    s_w_out = s_w_c if s_w_c.numel() > 1 else s_w_c.reshape(())
+    s_acc = numerics.accumulator_scale(s_in, s_w_out).reshape(-1).expand(c_out).contiguous()
+    bias = m.bias if m.bias is not None else torch.zeros(c_out, device=w.device)
+    axis = m.out_axis
+    bq = numerics.broadcast_along(_BiasCodes.apply(bias, s_acc), axis, acc.dim())
+    acc_scale = numerics.broadcast_along(s_acc.to(torch.float32), axis, acc.dim())
+    if ofq is None:  # high-precision output: the accumulator at s_acc (DeQuantStub's float32 product)
+        six = torch.full((c_out,), 6.0, dtype=torch.float64)
+        lo, hi = _act_bounds(m.act, DType.qint32, numerics.quantize(six, s_acc, "qint32", axis=0))
+        if isinstance(hi, torch.Tensor):
+            hi = numerics.broadcast_along(hi, axis, acc.dim())
+        ones = torch.ones((), dtype=torch.float64)
+        out: torch.Tensor = _Requant.apply(acc, bq, ones, lo, hi, acc_scale, acc_scale)
+        return out
+    add_fq = binding.inputs[1] if m.has_add else None
+    _observe_output(ofq, acc, bq.detach(), acc_scale, m.act, addend)
+    s_out = float(ofq.scale.reshape(-1)[0])
+    dtype = DType(ofq.dtype)
+    bound6 = int(numerics.quantize(torch.tensor([6.0]), s_out, dtype).reshape(-1)[0])
+    lo, hi = _act_bounds(m.act, dtype, bound6)
+    out_scale = ofq.scale.detach().reshape(())
+    if add_fq is not None:
+        assert addend is not None
+        s_add = float(add_fq.scale.reshape(-1)[0])
+        p = fused_add_params(s_acc, s_add, s_out, binding.march, dtype)
+        p = p._replace(acc_multiplier=p.acc_multiplier.expand(c_out), acc_shift=p.acc_shift.expand(c_out))
+        inv_add = (1.0 / add_fq.scale.detach()).reshape(())
+        out = _FusedAdd.apply(acc, bq, addend, inv_add, p, dtype, lo, hi, out_scale, acc_scale, axis)
+        return out
+    mult, sh = numerics.conv_requant_params(s_in, s_w_out, s_out, binding.march, dtype)
+    ratio = torch.ldexp(mult.to(torch.float64), -sh).reshape(-1).expand(c_out).contiguous()
+    out = _Requant.apply(acc, bq, numerics.broadcast_along(ratio, axis, acc.dim()), lo, hi, out_scale, acc_scale)
+    return out
+
+
+def _act_bounds(act: str | None, dtype: DType, bound6: Any) -> tuple[Any, Any]:
+    """The clamp of the requantized codes: the dtype's range, cut at 0 (ReLU) and ``bound6`` (ReLU6)."""
+    lo, hi = dtype.qrange
+    if act in ("relu", "relu6"):
+        lo = max(lo, 0)
+    if act == "relu6":
+        if isinstance(bound6, torch.Tensor):
+            return lo, bound6.clamp(max=hi).to(torch.float32)
+        return lo, min(hi, bound6)
+    return lo, hi
+
+
+# ---------------------------------------------------------------------------------------------
+# average pools
+
+
+class _RoundSTE(torch.autograd.Function):
+    """``round(x)`` of values within float rounding of an integer; identity gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
+
+
+def avg_pool_forward(m: Any, x: torch.Tensor, adaptive: bool) -> torch.Tensor | None:
+    """The integer-grid QAT forward of a bound (adaptive) average pool: the exact window sum of the
+    input codes, requantized with the divisor's multiplier and shift (``integer_rules.avg_pool_params``,
+    as the quantized pools), or None when it does not apply."""
+    binding: GridBinding | None = m.__dict__.get(_ATTR)
+    if binding is None or float_fake_quant_active() or x.dtype != torch.float32 or x.dim() != 4:
+        return None
+    ofq = _plain_fq(m.activation_post_process)
+    in_fq = binding.inputs[0]
+    if ofq is None or not (ofq.fake_quant_enabled and in_fq.fake_quant_enabled):
+        return None
+    s_in = float(in_fq.scale.reshape(-1)[0])
+    xq = _Codes.apply(x, (1.0 / in_fq.scale.detach()).reshape(()))
+    h, w = int(x.shape[-2]), int(x.shape[-1])
+    if adaptive:
+        o = m.output_size
+        oh, ow = (o, o) if isinstance(o, int) else (o[0], o[1])
+        oh, ow = (h if oh is None else int(oh)), (w if ow is None else int(ow))
+        d = adaptive_pool_counts(h, w, oh, ow, x.device)
+        # the mean times the count is the sum up to float rounding (|sum| << 2**22): round it
+        sums = _RoundSTE.apply(F.adaptive_avg_pool2d(xq, (oh, ow)) * d.to(torch.float32))
+        top = int(d.max())
+    else:
+        k, pad = _pair(m.kernel_size), _pair(m.padding)
+        stride = _pair(m.stride or m.kernel_size)
+        sums = F.avg_pool2d(xq, k, stride, pad, m.ceil_mode, True, 1)  # exact: integer sums below 2**24
+        d = avg_pool_divisor(h, w, k, stride, pad, m.ceil_mode, m.count_include_pad, m.divisor_override, x.device)
+        top = int(m.divisor_override) if m.divisor_override else k[0] * k[1]
+    acc_scale = (s_in / d).to(torch.float32)  # the float forward's gradient: s_in / d per position
+    if ofq.observer_enabled and not ofq.has_fixed_scale:
+        with torch.no_grad():
+            _observe(ofq, sums.detach() * acc_scale)
+    s_out = float(ofq.scale.reshape(-1)[0])
+    dtype = DType(ofq.dtype)
+    mult, sh = avg_pool_params(s_in, s_out, top, binding.march)
+    idx = (d - 1).to(torch.int64)
+    ratio = torch.ldexp(mult[idx].to(torch.float64), -sh[idx])
+    lo, hi = dtype.qrange
+    zero = torch.zeros((), dtype=torch.float64, device=x.device)
+    out: torch.Tensor = _Requant.apply(sums, zero, ratio, lo, hi, ofq.scale.detach().reshape(()), acc_scale)
+    return out
