@@ -1,13 +1,16 @@
-"""QAT training-step overhead: float vs qir QAT vs torch.ao QAT (x86), in one run.
+"""QAT training-step overhead: float vs qir QAT (integer grid on / off) vs torch.ao QAT (x86), in one run.
 
 For torchvision resnet18 and mobilenet_v2 (random weights, no download), times one
 training step (forward + cross-entropy backward + SGD step) on a random batch of 8
 224x224 images with a fixed number of threads: the float model, qir's QAT model
-(``prepare_qat_fx`` with ``get_default_qat_qconfig``, march bayes) and torch.ao's QAT
-model (``torch.ao.quantization.quantize_fx.prepare_qat_fx`` with the x86 qconfig
-mapping; deprecated upstream, its deprecation warnings are suppressed). The three run
-round-robin after a warm-up; the figure is the median of ``--repeats`` steps. Prints the
-overhead ratios qir/float, torch.ao/float and qir/torch.ao; writes JSON and a bar chart.
+(``prepare_qat_fx`` with ``get_default_qat_qconfig``, march bayes) training on the integer
+grid (the default, docs/semantics.md "Training on the integer grid") and with float fake
+quantization (``set_integer_grid(model, False)``), and torch.ao's QAT model
+(``torch.ao.quantization.quantize_fx.prepare_qat_fx`` with the x86 qconfig mapping;
+deprecated upstream, its deprecation warnings are suppressed). The four run round-robin
+after a warm-up; the figure is the median of ``--repeats`` steps, in wall time and in this
+process's CPU time (steadier on a shared machine: other processes' load does not count).
+Prints the overhead ratios against float; writes JSON and a bar chart.
 
     /work/tvenv/bin/python benchmarks/qat_overhead.py [--repeats 10] [--json out.json] [--png out.png]
 
@@ -46,6 +49,10 @@ class Stubbed(nn.Module):
         return self.dequant(self.model(self.quant(x)))
 
 
+GRID = "qir QAT (grid)"
+FLOAT_FQ = "qir QAT (float fq)"
+
+
 def _model(name: str) -> nn.Module:
     import torchvision
 
@@ -66,12 +73,13 @@ def _step_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[],
     return step
 
 
-def qir_qat(float_model: nn.Module) -> nn.Module:
+def qir_qat(float_model: nn.Module, grid: bool = True) -> nn.Module:
     from qir.march import march_scope
-    from qir.quantization import get_default_qat_qconfig, prepare_qat_fx
+    from qir.quantization import get_default_qat_qconfig, prepare_qat_fx, set_integer_grid
 
     with march_scope("bayes"):
-        return prepare_qat_fx(Stubbed(copy.deepcopy(float_model)), {"": get_default_qat_qconfig()})
+        qat = prepare_qat_fx(Stubbed(copy.deepcopy(float_model)), {"": get_default_qat_qconfig()})
+    return set_integer_grid(qat, grid)
 
 
 def ao_qat(float_model: nn.Module, x: torch.Tensor) -> nn.Module:
@@ -91,7 +99,8 @@ def measure(name: str, batch: int, size: int, repeats: int, warmup: int) -> dict
     y = torch.randint(0, 1000, (batch,), generator=g)
     steps = {
         "float": _step_fn(float_model, x, y),
-        "qir QAT": _step_fn(qir_qat(float_model), x, y),
+        GRID: _step_fn(qir_qat(float_model), x, y),
+        FLOAT_FQ: _step_fn(qir_qat(float_model, grid=False), x, y),
         "torch.ao QAT": _step_fn(ao_qat(float_model, x), x, y),
     }
     with warnings.catch_warnings():
@@ -100,21 +109,22 @@ def measure(name: str, batch: int, size: int, repeats: int, warmup: int) -> dict
             for _ in range(warmup):
                 fn()
         ts: dict[str, list[float]] = {k: [] for k in steps}
-        for _ in range(repeats):  # round-robin: the three share the machine's load
+        cpu: dict[str, list[float]] = {k: [] for k in steps}
+        for _ in range(repeats):  # round-robin: the four share the machine's load
             for k, fn in steps.items():
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 fn()
                 ts[k].append((time.perf_counter() - t0) * 1e3)
+                cpu[k].append((time.process_time() - c0) * 1e3)
     med = {k: statistics.median(v) for k, v in ts.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     return {
         "model": name,
         "median_ms": med,
         "min_ms": {k: min(v) for k, v in ts.items()},
-        "ratios": {
-            "qir/float": med["qir QAT"] / med["float"],
-            "torch.ao/float": med["torch.ao QAT"] / med["float"],
-            "qir/torch.ao": med["qir QAT"] / med["torch.ao QAT"],
-        },
+        "median_cpu_ms": med_cpu,
+        "ratios": {k: med[k] / med["float"] for k in steps if k != "float"},
+        "cpu_ratios": {k: med_cpu[k] / med_cpu["float"] for k in steps if k != "float"},
     }
 
 
@@ -124,11 +134,11 @@ def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kinds = ["float", "qir QAT", "torch.ao QAT"]
-    fig, ax = plt.subplots(figsize=(9, 5))
-    width = 0.26
+    kinds = ["float", GRID, FLOAT_FQ, "torch.ao QAT"]
+    fig, ax = plt.subplots(figsize=(10, 5))
+    width = 0.2
     for i, kind in enumerate(kinds):
-        xs = [j + (i - 1) * width for j in range(len(rows))]
+        xs = [j + (i - 1.5) * width for j in range(len(rows))]
         ys = [r["median_ms"][kind] for r in rows]
         bars = ax.bar(xs, ys, width, label=kind)
         for b, r in zip(bars, rows, strict=True):
@@ -167,16 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, python {platform.python_version()}, {args.threads} threads, "
         f"batch {args.batch}, {args.size}x{args.size}, median of {args.repeats} steps after {args.warmup} warm-up"
     )
-    print(
-        f"{'model':<14} {'float':>9} {'qir QAT':>9} {'torch.ao QAT':>13} {'qir/float':>10} "
-        f"{'torch.ao/float':>15} {'qir/torch.ao':>13}"
-    )
+    kinds = [GRID, FLOAT_FQ, "torch.ao QAT"]
+    print(f"{'model':<14} {'float':>8} " + " ".join(f"{k:>19}" for k in kinds) + "   (ratio to float: wall / CPU)")
     for r in rows:
-        m, q = r["median_ms"], r["ratios"]
-        print(
-            f"{r['model']:<14} {m['float']:>7.0f}ms {m['qir QAT']:>7.0f}ms {m['torch.ao QAT']:>11.0f}ms "
-            f"{q['qir/float']:>9.2f}x {q['torch.ao/float']:>14.2f}x {q['qir/torch.ao']:>12.2f}x"
-        )
+        m, q, c = r["median_ms"], r["ratios"], r["cpu_ratios"]
+        cells = " ".join(f"{m[k]:>6.0f}ms {q[k]:>4.2f}x/{c[k]:>4.2f}x" for k in kinds)
+        print(f"{r['model']:<14} {m['float']:>6.0f}ms {cells}")
     meta = {
         "torch": torch.__version__,
         "python": platform.python_version(),

@@ -27,6 +27,7 @@ observer updates computes (docs/semantics.md, "Training on the integer grid").
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,11 @@ from backends.common.integer_rules import (
 )
 from qir.ir.types import DType
 from qir.quantization.fake_quantize import CalibFakeQuantize, FakeQuantize, float_fake_quant_active
+from qir.quantization.observer import (
+    MinMaxObserver,
+    MovingAveragePerChannelMinMaxObserver,
+    MovingAveragePerTensorMinMaxObserver,
+)
 
 __all__ = [
     "INTEGER_GRID_KEY",
@@ -62,6 +68,8 @@ _MARCH_KEY = "qir.integer_grid.march"
 _F32_EXACT = 2**24
 #: attribute of a bound module holding its :class:`GridBinding`
 _ATTR = "integer_grid"
+#: observers whose update depends on a batch's minimum and maximum only
+_MIN_MAX_OBSERVERS = (MinMaxObserver, MovingAveragePerChannelMinMaxObserver, MovingAveragePerTensorMinMaxObserver)
 #: the fake quants whose forward the grid reproduces (a learnable-scale subclass is not one of them)
 _PLAIN_FQ = (FakeQuantize, CalibFakeQuantize)
 
@@ -259,6 +267,53 @@ class _Requant(torch.autograd.Function):
         return g if ctx.needs_input_grad[0] else None, gb, None, None, None, None, None
 
 
+class _FusedAdd64(torch.autograd.Function):
+    """The fused conv + add rule evaluated exactly in float64 (the caller checked the bounds).
+
+    ``a = clamp(acc + bias, ±T)`` per channel, where ``T`` is so large that every ``|a| >= T``
+    saturates the output whatever the addend (so clamping changes no result); then
+    ``mid1 = floor(a·M1/2**s1 + 1/2)``, ``mid2 = floor(codes·M2/2**s2 + 1/2)`` and
+    ``out = floor((mid1 + mid2)/2**p + 1/2)``, each exact in float64 because ``T·M1 + 2**(s1-1)`` and
+    ``max|codes|·M2 + 2**(s2-1)`` stay below ``2**52``. Equal to ``integer_rules.fused_add_int``
+    (tested); gradients as :class:`_FusedAdd`.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        acc: torch.Tensor,
+        bias: torch.Tensor,
+        addend: torch.Tensor,
+        inv_add_scale: torch.Tensor,
+        acc_lo: torch.Tensor,
+        acc_hi: torch.Tensor,
+        r1: torch.Tensor,
+        r2: torch.Tensor,
+        extra_bits: int,
+        lo: int,
+        hi: int,
+        out_scale: torch.Tensor,
+        acc_scale: torch.Tensor,
+    ) -> torch.Tensor:
+        a = torch.clamp(acc, acc_lo, acc_hi)  # acc_lo / acc_hi: -T - bias, T - bias, in acc's dtype
+        mid = torch.addcmul(bias * r1 + 0.5, a, r1).floor_()
+        codes = torch.round(addend * inv_add_scale)
+        mid += torch.addcmul(torch.full_like(r2, 0.5), codes, r2).floor_()
+        q = mid.mul_(2.0**-extra_bits).add_(0.5).floor_().to(torch.float32)
+        qc = q.clamp(lo, hi)
+        ctx.save_for_backward(qc == q, acc_scale)
+        ctx.bias_shape = bias.shape
+        return qc.mul_(out_scale)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        inside, acc_scale = ctx.saved_tensors
+        g = grad * inside.to(grad.dtype)
+        ga = g * acc_scale
+        gb = ga.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[1] else None
+        return (ga, gb, g) + (None,) * 10
+
+
 class _FusedAdd(torch.autograd.Function):
     """The fused conv + add rule (``integer_rules.fused_add_int``, int64) and the activation's clamp.
 
@@ -417,7 +472,15 @@ def _observe_output(
     with torch.no_grad():
         a = acc.detach()
         s = acc_scale.to(a.dtype)
-        y = torch.addcmul((bias * s).to(a.dtype), a, s).to(torch.float32)
+        if addend is None and isinstance(fq.observer, _MIN_MAX_OBSERVERS) and a.dim() > 1 and a.numel():
+            # a min-max observer sees only the extremes: per channel they are those of the
+            # accumulator (s > 0), so two reductions replace a float copy of the output
+            dims = [d for d in range(a.dim()) if s.shape[d] == 1]
+            lo = torch.addcmul(bias * s, a.amin(dim=dims, keepdim=True), s).min()
+            hi = torch.addcmul(bias * s, a.amax(dim=dims, keepdim=True), s).max()
+            y = torch.stack([lo, hi]).to(torch.float32)
+        else:
+            y = torch.addcmul((bias * s).to(a.dtype), a, s).to(torch.float32)
         if addend is not None:
             y = y.add_(addend.detach())
         if act == "relu":
@@ -487,12 +550,55 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
         p = fused_add_params(s_acc, s_add, s_out, binding.march, dtype)
         p = p._replace(acc_multiplier=p.acc_multiplier.expand(c_out), acc_shift=p.acc_shift.expand(c_out))
         inv_add = (1.0 / add_fq.scale.detach()).reshape(())
+        fast = _fused_add_float64(acc, bq, addend, inv_add, p, dtype, add_fq, s_acc, s_add, s_out, axis)
+        if fast is not None:
+            out = _FusedAdd64.apply(acc, bq, addend, inv_add, *fast, p.extra_bits, lo, hi, out_scale, acc_scale)
+            return out
         out = _FusedAdd.apply(acc, bq, addend, inv_add, p, dtype, lo, hi, out_scale, acc_scale, axis)
         return out
     mult, sh = numerics.conv_requant_params(s_in, s_w_out, s_out, binding.march, dtype)
     ratio = torch.ldexp(mult.to(torch.float64), -sh).reshape(-1).expand(c_out).contiguous()
     out = _Requant.apply(acc, bq, numerics.broadcast_along(ratio, axis, acc.dim()), lo, hi, out_scale, acc_scale)
     return out
+
+
+def _fused_add_float64(
+    acc: torch.Tensor,
+    bias: torch.Tensor,
+    addend: torch.Tensor,
+    inv_add: torch.Tensor,
+    p: Any,
+    dtype: DType,
+    add_fq: FakeQuantize,
+    s_acc: torch.Tensor,
+    s_add: float,
+    s_out: float,
+    axis: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``(acc_lo, acc_hi, r1, r2)`` for :class:`_FusedAdd64`, or None when its float64 bounds fail.
+
+    ``T[c] = ceil(((max|q_out| + 3)·s_out + max|q_add|·s_add) / s_acc[c])``: at ``|acc + bias| >= T``
+    the real sum is at least ``max|q_out| + 3`` output LSBs from zero whatever the addend, and the
+    integer rule is within 2 LSB of it, so the output saturates there and clamping ``acc + bias`` to
+    ``±T`` changes nothing."""
+    o_lo, o_hi = dtype.qrange
+    a_max = max(-add_fq.qmin, add_fq.qmax)
+    t = torch.ceil(((max(-o_lo, o_hi) + 3) * s_out + a_max * s_add) / s_acc.to(torch.float64))
+    m1, s1 = p.acc_multiplier.to(torch.float64), p.acc_shift.to(torch.float64)
+    if float((t * m1 + torch.exp2(s1 - 1)).max()) >= 2.0**52:
+        return None
+    if a_max * p.add_multiplier + 2.0 ** (p.add_shift - 1) >= 2.0**52:
+        return None
+    b = bias.reshape(-1)
+    ax = axis % acc.dim()
+    shape = [1] * acc.dim()
+    shape[ax] = -1
+    acc_lo = (-t - b).to(acc.dtype).reshape(shape)
+    acc_hi = (t - b).to(acc.dtype).reshape(shape)
+    r1 = torch.ldexp(m1, -p.acc_shift).reshape(shape)
+    # dimensioned (not 0-d), so that float32 codes times r2 promote to float64
+    r2 = torch.full([1] * acc.dim(), math.ldexp(p.add_multiplier, -p.add_shift), dtype=torch.float64)
+    return acc_lo, acc_hi, r1, r2
 
 
 def _act_bounds(act: str | None, dtype: DType, bound6: Any) -> tuple[Any, Any]:

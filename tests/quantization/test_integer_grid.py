@@ -221,3 +221,43 @@ def test_opt_out_and_report() -> None:
         eager = prepare_qat(float_model)
     with pytest.raises(TypeError, match="prepare_qat_fx"):
         set_integer_grid(eager)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    s_acc=st.floats(1e-6, 1e-2),
+    s_add=st.floats(1e-3, 1.0),
+    s_out=st.floats(1e-3, 1.0),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_float64_fused_add_is_the_integer_rule(s_acc: float, s_add: float, s_out: float, seed: int) -> None:
+    """The float64 fused conv + add (accumulator clamped where the output saturates anyway) equals
+    ``integer_rules.fused_add_int`` over the whole accumulator range."""
+    from backends.common.integer_rules import fused_add_int, fused_add_params
+    from qir.ir.types import DType
+    from qir.quantization.fake_quantize import FakeQuantize
+    from qir.quantization.integer_grid import _fused_add_float64, _FusedAdd64
+
+    scales = torch.tensor([s_acc, s_acc * 0.3, s_acc * 3.1], dtype=torch.float64)
+    try:
+        p = fused_add_params(scales, s_add, s_out, "bayes", "qint8")
+    except ValueError:
+        return  # a ratio the rule cannot express: convert refuses it too
+    g = torch.Generator().manual_seed(seed)
+    acc = torch.randint(-(2**24) + 1, 2**24, (64, 3, 4), generator=g).to(torch.float32)
+    acc[:, :, 0] = torch.randint(-2000, 2000, (64, 3), generator=g).to(torch.float32)  # near the output range
+    bias = torch.randint(-(2**20), 2**20, (3,), generator=g).to(torch.float64).reshape(1, 3, 1)
+    codes = torch.randint(-128, 128, (64, 3, 4), generator=g)
+    addend = codes.to(torch.float32) * torch.tensor(s_add, dtype=torch.float32)
+    inv = 1.0 / torch.tensor(s_add, dtype=torch.float32)
+    add_fq = FakeQuantize(dtype="qint8")
+    fast = _fused_add_float64(acc, bias, addend, inv, p, DType.qint8, add_fq, scales, s_add, s_out, 1)
+    if fast is None:
+        return
+    one = torch.ones((), dtype=torch.float32)
+    got = _FusedAdd64.apply(acc, bias, addend, inv, *fast, p.extra_bits, -128, 127, one, one)
+    want = fused_add_int(
+        acc.to(torch.int64) + bias.to(torch.int64), codes, p.acc_multiplier, p.acc_shift,
+        p.add_multiplier, p.add_shift, p.extra_bits, "qint8", 1,
+    )  # fmt: skip
+    assert torch.equal(got, want.to(torch.float32))
