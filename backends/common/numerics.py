@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from qir.ir.numerics import (
@@ -85,8 +86,10 @@ def multiplier_shift(ratio: torch.Tensor, max_multiplier: int, max_shift: int) -
     The largest admissible shift gives the most multiplier bits, hence the smallest
     approximation error ``|M / 2**shift - ratio| <= 2**-(shift+1)``. ``ratio`` is float64.
     """
-    r = ratio.to(torch.float64)
-    if not bool(((r > 0) & torch.isfinite(r)).all()):
+    # numpy on the host: the same IEEE float64 operations as torch's, without torch's per-op
+    # overhead (this runs for every conv of every QAT training step on the integer grid)
+    r = ratio.detach().to(device="cpu", dtype=torch.float64).numpy()
+    if not bool(((r > 0) & np.isfinite(r)).all()):
         raise ValueError("requantization ratios must be positive and finite")
     too_big = r >= max_multiplier + 0.5
     if bool(too_big.any()):
@@ -96,16 +99,19 @@ def multiplier_shift(ratio: torch.Tensor, max_multiplier: int, max_shift: int) -
             f"{max_multiplier}: the output scale is too small; it must exceed in_scale / {max_multiplier + 0.5}"
         )
     # Start from the analytic estimate, then fix float log2 error by one step either way.
-    est = torch.floor(torch.log2((max_multiplier + 0.5) / r)).clamp(0, max_shift)
-    shift = est.to(torch.int64)
+    shift = np.clip(np.floor(np.log2((max_multiplier + 0.5) / r)), 0, max_shift).astype(np.int64)
     for _ in range(2):
-        m = torch.floor(torch.ldexp(r, shift) + 0.5)
-        shift = torch.where(m > max_multiplier, shift - 1, shift)
-    up = (shift + 1).clamp(max=max_shift)
-    m_up = torch.floor(torch.ldexp(r, up) + 0.5)
-    shift = torch.where((up > shift) & (m_up <= max_multiplier), up, shift)
-    mult = torch.floor(torch.ldexp(r, shift) + 0.5).to(torch.int64)
-    return mult, shift
+        m = np.floor(np.ldexp(r, shift) + 0.5)
+        shift = np.where(m > max_multiplier, shift - 1, shift)
+    up = np.minimum(shift + 1, max_shift)
+    m_up = np.floor(np.ldexp(r, up) + 0.5)
+    shift = np.where((up > shift) & (m_up <= max_multiplier), up, shift)
+    mult = np.floor(np.ldexp(r, shift) + 0.5).astype(np.int64)
+    shape = ratio.shape
+    return (
+        torch.from_numpy(np.ascontiguousarray(mult)).reshape(shape).to(ratio.device),
+        torch.from_numpy(np.ascontiguousarray(shift)).reshape(shape).to(ratio.device),
+    )
 
 
 def requant_params(

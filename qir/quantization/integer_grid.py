@@ -45,7 +45,7 @@ from backends.common.integer_rules import (
     fused_add_params,
 )
 from qir.ir.types import DType
-from qir.quantization.fake_quantize import CalibFakeQuantize, FakeQuantize, float_fake_quant_active
+from qir.quantization.fake_quantize import CalibFakeQuantize, FakeQuantize, FakeQuantState, float_fake_quant_active
 from qir.quantization.observer import (
     MinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,
@@ -192,6 +192,12 @@ def integer_grid_report(model: nn.Module) -> dict[str, str]:
 # the arithmetic
 
 
+def _on(fqs: list[FakeQuantize]) -> bool:
+    """Fake quantization on, and not in validation state (there the integer twin computes, or the
+    float simulation when exact validation is off: qir.quantization.exact_validation)."""
+    return all(f.fake_quant_enabled and f.state is not FakeQuantState.VALIDATION for f in fqs)
+
+
 def _observe(fq: FakeQuantize, x: torch.Tensor) -> None:
     """What :meth:`FakeQuantize.forward` does before quantizing: update the observer and the scale."""
     if fq.observer_enabled and not fq.has_fixed_scale:
@@ -205,7 +211,7 @@ class _Codes(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(inv_scale)
-        return torch.round(x * inv_scale)  # x = q * s up to float32 rounding: |x/s - q| < 0.02
+        return (x * inv_scale).round_()  # x = q * s up to float32 rounding: |x/s - q| < 0.02
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -220,7 +226,8 @@ class _WeightCodes(torch.autograd.Function):
     def forward(ctx: Any, w: torch.Tensor, scale: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
         q = numerics.round_half_up(w / scale)  # the same float32 division numerics.quantize makes
         qc = q.clamp(qmin, qmax)
-        ctx.save_for_backward(qc == q, scale)
+        # a copy: a second call of a shared module updates the fake quant's scale in place
+        ctx.save_for_backward(qc == q, scale.clone())
         return qc
 
     @staticmethod
@@ -262,7 +269,7 @@ class _Requant(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         inside, acc_scale = ctx.saved_tensors
-        g = grad * inside.to(grad.dtype) * acc_scale
+        g = grad.mul(acc_scale).mul_(inside)
         gb = g.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[1] else None
         return g if ctx.needs_input_grad[0] else None, gb, None, None, None, None, None
 
@@ -308,7 +315,7 @@ class _FusedAdd64(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         inside, acc_scale = ctx.saved_tensors
-        g = grad * inside.to(grad.dtype)
+        g = grad.mul(inside)
         ga = g * acc_scale
         gb = ga.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[1] else None
         return (ga, gb, g) + (None,) * 10
@@ -425,16 +432,6 @@ def _chunks(w_abs_in: torch.Tensor, xmax: int) -> list[tuple[int, int]] | None:
 
 def _accumulate(m: Any, kind: str, xq: torch.Tensor, wq: torch.Tensor, xmax: int) -> torch.Tensor:
     """The exact integer accumulator (bias excluded) as a float tensor, differentiable in ``xq`` and ``wq``."""
-    w_in_axis = 0 if kind == "ConvTranspose2d" else 1
-    groups = int(getattr(m, "groups", 1))
-    w_abs = wq.detach().abs()
-    if w_in_axis == 0:
-        w_abs = w_abs.transpose(0, 1)
-    w_abs_in = w_abs.reshape(w_abs.shape[0], w_abs.shape[1], -1).sum(dim=2).to(torch.float64)
-    if groups == 1:
-        ranges = _chunks(w_abs_in, xmax)
-    else:  # grouped: the slices of one group are not contiguous in both tensors; no chunking
-        ranges = None if float(w_abs_in.sum(dim=1).max()) * xmax < _F32_EXACT else []
 
     def op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if kind == "Linear":
@@ -444,15 +441,31 @@ def _accumulate(m: Any, kind: str, xq: torch.Tensor, wq: torch.Tensor, xmax: int
         out: torch.Tensor = m._conv_forward(x, w, None)
         return out
 
+    w_in_axis = 0 if kind == "ConvTranspose2d" else 1
+    groups = int(getattr(m, "groups", 1))
+    per_out = wq.numel() // int(m.out_features if kind == "Linear" else m.out_channels)
+    if per_out * 128 * xmax < _F32_EXACT:  # |w_codes| <= 128: no partial sum can reach 2**24
+        return op(xq, wq)
+    w_abs = wq.detach().abs()
+    if w_in_axis == 0:
+        w_abs = w_abs.transpose(0, 1)
+    w_abs_in = w_abs.reshape(w_abs.shape[0], w_abs.shape[1], -1).sum(dim=2).to(torch.float64)
+    if groups == 1:
+        ranges = _chunks(w_abs_in, xmax)
+    else:  # grouped: the slices of one group are not contiguous in both tensors; no chunking
+        ranges = None if float(w_abs_in.sum(dim=1).max()) * xmax < _F32_EXACT else []
+
     if ranges is None:
         return op(xq, wq)
     if not ranges:
         return op(xq.to(torch.float64), wq.to(torch.float64))
     x_axis = -1 if kind == "Linear" else 1
+    sizes = [b - a for a, b in ranges]
     acc: torch.Tensor | None = None
-    for a, b in ranges:
-        part = op(xq.narrow(x_axis, a, b - a), wq.narrow(w_in_axis, a, b - a)).to(torch.float64)
-        acc = part if acc is None else acc + part
+    # split, not narrow: its backward concatenates the chunks' gradients in one pass
+    for xc, wc in zip(xq.split(sizes, x_axis), wq.split(sizes, w_in_axis), strict=True):
+        part = op(xc, wc).to(torch.float64)
+        acc = part if acc is None else acc.add_(part)
     assert acc is not None
     return acc
 
@@ -503,7 +516,7 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     if (m.has_add and addend is None) or (addend is not None and addend.dtype != torch.float32):
         return None
     fqs = [*binding.inputs, wfq] + ([ofq] if ofq is not None else [])
-    if not all(f.fake_quant_enabled for f in fqs):
+    if not _on(fqs):
         return None
     w = m.weight
     _observe(wfq, w)
@@ -642,7 +655,7 @@ def avg_pool_forward(m: Any, x: torch.Tensor, adaptive: bool) -> torch.Tensor | 
         return None
     ofq = _plain_fq(m.activation_post_process)
     in_fq = binding.inputs[0]
-    if ofq is None or not (ofq.fake_quant_enabled and in_fq.fake_quant_enabled):
+    if ofq is None or not _on([in_fq, ofq]):
         return None
     s_in = float(in_fq.scale.reshape(-1)[0])
     xq = _Codes.apply(x, (1.0 / in_fq.scale.detach()).reshape(()))

@@ -20,6 +20,7 @@ from qir.march import March, set_march
 from qir.quantization import (
     FakeQuantize,
     disable_observer,
+    float_fake_quant,
     get_default_calib_qconfig,
     get_default_qat_out_qconfig,
     get_default_qat_qconfig,
@@ -144,7 +145,7 @@ def check_seed_export(qat_model: nn.Module, data: torch.Tensor, path: Path) -> N
     assert onnx_scales == model_scales
     assert all(zp.dtype == np.int8 and not zp.any() for _, zp, _ in params)
     (got,) = run_ort(path, data)
-    with torch.no_grad():
+    with torch.no_grad(), float_fake_quant():  # the export is the float fake-quant graph, not the integer grid
         want = qat_model(data).numpy()
     # Weights match exactly (exported pre-rounded); an activation tie, or a conv sum that lands on
     # the other side of a rounding boundary in onnxruntime's summation order, moves one code at a
