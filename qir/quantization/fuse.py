@@ -36,7 +36,7 @@ from qir.frontend.emit import emit
 from qir.ir.graph import Graph, Node
 from qir.ir.op import ModuleOp, Ref
 from qir.ir.ops.core import Call, Constant
-from qir.ir.ops.elementwise import BinaryOp
+from qir.ir.ops.elementwise import BinaryOp, Div, Mul
 from qir.ir.ops.nn import ConvNd, ConvTransposeNd, Linear
 from qir.ir.types import ScalarType, TensorType
 from qir.quantization.fx_trace import build_ir, trace_fx
@@ -177,14 +177,38 @@ def built_from_sizes(g: Graph) -> set[str]:
     return built
 
 
+def _division_as_product(g: Graph, n: Node) -> bool:
+    """Rewrite ``x / c`` (a tensor by a number, fixed or computed at run time: ``x / 2.0``,
+    ``f / f.shape[-1]``) as ``x * (1 / c)`` in place, so it becomes a FloatFunctional
+    ``mul_scalar``: a quantized tensor divided by a number has no other integer form."""
+    op = n.op
+    if not isinstance(op, Div) or op.rounding_mode is not None or op.reverse or not computes_tensor(n):
+        return False
+    if op.other is None:
+        if run_time_scalar_operand(n) != 1:
+            return False
+        x, c = n.operands
+        recip = g.create_node(Div(other=1.0, reverse=True), (c,), ScalarType("float"), g.unique_name(f"{n.name}_inv"))
+        g.insert_node(recip, before=n)
+        n.op = Mul()
+        n.set_operands((x, recip))
+        return True
+    if isinstance(op.other, (int, float)) and not isinstance(op.other, bool) and op.other != 0:
+        n.op = Mul(other=1.0 / float(op.other))
+        return True
+    return False
+
+
 def _replace_functionals(
     g: Graph, owners: Mapping[str, str], methods: frozenset[str], alloc: NameAllocator, record: FuseRecord
 ) -> None:
     ff_cls = float_functional_class()
     built = built_from_sizes(g)
-    for n in g.nodes:
+    for n in list(g.nodes):
         if n.scope is not None or isinstance(n.op, (Call, Constant)) or n.name in built:
             continue
+        if "mul_scalar" in methods:
+            _division_as_product(g, n)
         if (
             methods is ALL_FUNCTIONALS
             and n.op.name in MODULE_FUNCTIONALS

@@ -95,3 +95,27 @@ def test_a_scale_independent_of_sizes_still_folds_at_compile_time() -> None:
     program = compile_model(converted, [x])
     assert "mul_scalar_dynamic" not in [i.op for i in program.program.instructions]
     assert torch.equal(program(x), converted(x))
+
+
+def test_division_by_a_number_becomes_a_product_with_its_reciprocal() -> None:
+    class Divided(nn.Module):
+        """Pretrained models divide by literals (``x / 2.0``) and by sizes (``f / w``)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.quant, self.dequant = QuantStub(), DeQuantStub()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            f = self.conv(self.quant(x))
+            return self.dequant(f / 2.0), self.dequant(f / f.shape[-1])
+
+    x = _inputs()[0]
+    with torch.no_grad():
+        want = Divided()(x)
+    assert len(want) == 2  # the float model is unchanged
+    qat = prepare_qat_fx(Divided(), {"": get_default_qat_qconfig()})
+    assert [n.target for n in qat.graph.nodes if n.op == "call_method"].count("mul_scalar") == 2
+    result = fx_flow(Divided(), _inputs)
+    lsb = max(float(m.scale) for n, m in result.qat.named_modules() if n.endswith("activation_post_process"))
+    assert result.max_error() <= 2.01 * lsb
