@@ -8,6 +8,7 @@ from qir.ir.ops import (  # noqa: F401
     integer,
     integer_elementwise,
     integer_functional,
+    integer_math,
     integer_pool,
     integer_resize,
     integer_stubs,

@@ -63,3 +63,26 @@ class GLU(QuantizedModule):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, {super().extra_repr()}"
+
+
+# ----------------------------------------------------------------------------- IR ops
+
+
+def _from_qglu(op: Any, tensors: dict[str, torch.Tensor]) -> GLU:
+    m = GLU()
+    m._set_scales(op.in_scales, op.out.scale[0], op.out.dtype)
+    m.dim, m.multiplier, m.shift = int(op.dim), int(op.multiplier), int(op.shift)
+    m.sigmoid_dtype = op.sigmoid.dtype
+    m.register_buffer("sigmoid_scale", torch.tensor([op.sigmoid.scale[0]], dtype=torch.float32))
+    m.register_buffer("table", tensors["table"])
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import register_integer_module
+    from qir.ir.ops.integer_math import QGlu
+
+    register_integer_module(QGlu, GLU, _from_qglu)
+
+
+_register_ir()

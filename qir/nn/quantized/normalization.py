@@ -84,3 +84,27 @@ def _legality_view(m: nn.Module) -> nn.Module | None:
 
 
 register_module_view(_legality_view)
+
+
+# ----------------------------------------------------------------------------- IR ops
+
+
+def _from_qlayer_norm(op: Any, tensors: dict[str, torch.Tensor]) -> LayerNorm:
+    m = LayerNorm()
+    m._set_scales(op.in_scales, op.out.scale[0], op.out.dtype)
+    m.normalized_shape, m.eps = tuple(op.normalized_shape), float(op.eps)
+    m.elementwise_affine, m.has_bias = bool(op.elementwise_affine), bool(op.has_bias)
+    m.eps_terms = op.eps_term_dict()
+    for role in ("multiplier", "shift", "bias"):
+        m.register_buffer(role, tensors[role])
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import register_integer_module
+    from qir.ir.ops.integer_math import QLayerNorm
+
+    register_integer_module(QLayerNorm, LayerNorm, _from_qlayer_norm)
+
+
+_register_ir()

@@ -49,3 +49,25 @@ class PReLU(QuantizedModule):
 
     def extra_repr(self) -> str:
         return f"num_parameters={self.neg_multiplier.numel()}, {super().extra_repr()}"
+
+
+# ----------------------------------------------------------------------------- IR ops
+
+
+def _from_qprelu(op: Any, tensors: dict[str, torch.Tensor]) -> PReLU:
+    m = PReLU()
+    m._set_scales(op.in_scales, op.out.scale[0], op.out.dtype)
+    m.pos_multiplier, m.pos_shift = int(op.pos_multiplier), int(op.pos_shift)
+    m.register_buffer("neg_multiplier", tensors["neg_multiplier"])
+    m.register_buffer("neg_shift", tensors["neg_shift"])
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import register_integer_module
+    from qir.ir.ops.integer_math import QPrelu
+
+    register_integer_module(QPrelu, PReLU, _from_qprelu)
+
+
+_register_ir()

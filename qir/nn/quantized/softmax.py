@@ -55,3 +55,24 @@ class Softmax(QuantizedModule):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, {super().extra_repr()}"
+
+
+# ----------------------------------------------------------------------------- IR ops
+
+
+def _from_qsoftmax(op: Any, tensors: dict[str, torch.Tensor]) -> Softmax:
+    m = Softmax()
+    m._set_scales(op.in_scales, op.out.scale[0], op.out.dtype)
+    m.dim, m.multiplier, m.shift = int(op.dim), int(op.multiplier), int(op.shift)
+    m.register_buffer("table", tensors["table"])
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import register_integer_module
+    from qir.ir.ops.integer_math import QSoftmax
+
+    register_integer_module(QSoftmax, Softmax, _from_qsoftmax)
+
+
+_register_ir()
