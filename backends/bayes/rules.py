@@ -7,7 +7,7 @@ listed are lowered by the common legacy rules until their family is ported.
 
 from __future__ import annotations
 
-from backends.common import rules_layers
+from backends.common import rules_layers, rules_math
 from backends.common.lower import register_op_rule
 from backends.common.rules_functional import FUNCTIONAL_RULES
 
@@ -34,3 +34,9 @@ for _name in LAYER_OPS:
 
 for _name, _rule in FUNCTIONAL_RULES.items():  # FloatFunctional arithmetic (qadd, qcat, qreduce, ...)
     register_op_rule(_name, _rule, march=MARCH)
+
+#: PReLU, GLU, Softmax, LayerNorm (backends/common/rules_math.py)
+MATH_OPS = ("qprelu", "qglu", "qsoftmax", "qlayer_norm")
+
+for _name in MATH_OPS:
+    register_op_rule(_name, rules_math.OP_RULES[_name], march=MARCH)

@@ -18,10 +18,10 @@ import torch
 
 from backends.common.lower import LowerContext, LoweringError, RuleNode, register_module_rule, shape_call, tensor_ref
 from backends.common.lower_rules import lower_conv
-from backends.common.lower_rules_math import lower_softmax
 from backends.common.numerics import AddParams
 from backends.common.program import ValueRef
 from backends.common.rules_functional import add_attrs
+from backends.common.rules_math import emit_softmax
 from qir.nn import quantized as Q
 
 __all__ = ["lower_lstm_cell", "lower_multihead_attention"]
@@ -200,7 +200,11 @@ def _attention_softmax(
             stored = v.to(torch.uint8) if v.dtype == torch.bool else v.to(torch.float32)
             consts[role] = ctx.const(f"{tgt}.{role}", stored)
     if not roles and not consts:
-        return lower_softmax(ctx, _part(node, "softmax"), m.softmax, [ValueRef(scores)], {})
+        sm = m.softmax
+        dtype = sm.dtype.name
+        return emit_softmax(
+            ctx, node, f"{tgt}.softmax", scores, int(sm.dim), int(sm.multiplier), int(sm.shift), dtype, sm.table
+        )
     attrs = {"inputs": roles, "heads": h, "lq": lq, "lk": lk}
     if soft:
         scale = float(torch.tensor(m.scores_scale, dtype=torch.float32))

@@ -1,6 +1,7 @@
 """Operator coverage: for every row of the operator tables, which stage of qir handles it.
 
-Generated from the live registries, never from a hand-kept list:
+Generated from the live registries, never from a hand-kept list (it reads qir.nn's module maps
+and qir.quantization's conversion tables, so it lives with the command-line tools, above the backends):
 
 * **IR op**: an op in ``qir.ir.OP_REGISTRY`` whose torch spellings (``functions``,
   ``methods``, ``module_types``, ``function_names``) include the row's spelling;
@@ -16,7 +17,7 @@ Generated from the live registries, never from a hand-kept list:
   function or tensor method;
 * **bernoulli2** / **bayes**: the row's support in the march's operator table.
 
-``python -m backends.common.coverage docs/coverage.md`` rewrites the generated block of
+``python -m qir.cli.coverage docs/coverage.md`` rewrites the generated block of
 the page; ``tests/docs/test_coverage_doc.py`` fails while it is stale.
 """
 

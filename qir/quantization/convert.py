@@ -69,7 +69,7 @@ class ConvertError(RuntimeError):
 
 
 # which ops keep their input's scale: qir/quantization/scale_ops.py (these names are kept for
-# backends/common/coverage.py)
+# qir/cli/coverage.py)
 _PRESERVING_FUNCTIONS = PRESERVING_FUNCTIONS
 _PRESERVING_METHODS = PRESERVING_METHODS
 _QUERY_METHODS = QUERY_METHODS

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backends.common.coverage import BLOCK, coverage_rows, coverage_table_markdown
 from backends.common.optable import generated_block
+from qir.cli.coverage import BLOCK, coverage_rows, coverage_table_markdown
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "coverage.md"
 
 
 def test_coverage_doc_is_up_to_date() -> None:
     assert generated_block(BLOCK, coverage_table_markdown()) in DOC.read_text(encoding="utf-8"), (
-        "docs/coverage.md is stale: run python -m backends.common.coverage docs/coverage.md"
+        "docs/coverage.md is stale: run python -m qir.cli.coverage docs/coverage.md"
     )
 
 
