@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from backends.common import rules_layers, rules_math
 from backends.common.lower import register_op_rule
+from backends.common.rules_conv import lower_qconv
 from backends.common.rules_functional import FUNCTIONAL_RULES
 
 MARCH = "bayes"
@@ -40,3 +41,5 @@ MATH_OPS = ("qprelu", "qglu", "qsoftmax", "qlayer_norm")
 
 for _name in MATH_OPS:
     register_op_rule(_name, rules_math.OP_RULES[_name], march=MARCH)
+
+register_op_rule("qconv", lower_qconv, march=MARCH)  # integer conv / linear (+ add, + ReLU / ReLU6)

@@ -151,7 +151,8 @@ def register_module_rule(cls: type, rule: Rule, march: str = "*") -> None:
 
 
 def register_function_rule(target: Any, rule: Rule, march: str = "*") -> None:
-    """``rule(ctx, node, target, args, kwargs)`` lowers ``call_function`` nodes of ``target``."""
+    """``rule(ctx, node, target, args, kwargs)`` lowers calls of ``target``: a callable, or a qualified
+    name string for functions of upper layers (see :func:`function_rule`)."""
     _FUNCTION_RULES[(march, target)] = rule
 
 
@@ -177,7 +178,15 @@ def _lookup(table: Mapping[tuple[str, Any], Rule], march: str, key: Any) -> Rule
 
 
 def function_rule(march: str, target: Any) -> Rule | None:
-    return _lookup(_FUNCTION_RULES, march, target)
+    """The rule for calls of ``target``: registered for the callable itself, or for its qualified
+    name (``"qir.quantization.code_ops.abs_codes"``: how the IR names an opaque call's target, so a
+    rule for a function of an upper layer needs no import of it)."""
+    rule = _lookup(_FUNCTION_RULES, march, target)
+    if rule is None and not isinstance(target, str):
+        module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+        if module and qualname:
+            rule = _lookup(_FUNCTION_RULES, march, f"{module}.{qualname}")
+    return rule
 
 
 def method_rule(march: str, name: str) -> Rule | None:

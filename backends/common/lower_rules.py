@@ -26,7 +26,6 @@ from backends.common.lower import (
     acc_bound,
     register_function_rule,
     register_method_rule,
-    register_module_rule,
     register_op_rule,
     requant_mode,
     shape_call,
@@ -36,8 +35,6 @@ from backends.common.program import ValueRef
 from backends.common.rules_layers import clamp_codes, emit_nearest, size_operand
 from qir.ir.graph import Node as IRNode
 from qir.ir.op import resolve
-from qir.nn import quantized as Q
-from qir.quantization.convert import nearest_interpolate_codes, relu6_codes
 
 Node = RuleNode
 
@@ -181,8 +178,6 @@ def lower_conv(ctx: LowerContext, node: Node, m: Any, args: list[Any], kwargs: d
 # The stubs, scale-keeping layers, table lookups, pools, resize and Div are integer IR ops lowered
 # by op rules (backends/common/rules_layers.py, registered per march in backends/<march>/rules.py).
 
-register_module_rule(Q.QuantizedConvBase, lower_conv)
-
 
 # ----------------------------------------------------------------------------- op rules (IR op names)
 
@@ -320,8 +315,9 @@ for _t in _INT_ARITH:
     register_function_rule(_t, fn_arith)
 for _t in _BUILDERS:
     register_function_rule(_t, fn_build)
-register_function_rule(relu6_codes, fn_relu6_codes)
-register_function_rule(nearest_interpolate_codes, fn_nearest)
+# code functions convert_fx writes into the graph, keyed by qualified name (no import of qir.quantization)
+register_function_rule("qir.quantization.convert.relu6_codes", fn_relu6_codes)
+register_function_rule("qir.quantization.convert.nearest_interpolate_codes", fn_nearest)
 for _n in _SHAPE_METHODS:
     register_method_rule(_n, method_shape)
 register_method_rule("__getitem__", lambda ctx, node, name, args, kwargs: shape_call(ctx, node, "getitem", args))

@@ -27,7 +27,6 @@ from backends.common.lower import (
 )
 from backends.common.program import ValueRef
 from qir.ir.graph import Node as IRNode
-from qir.quantization.code_ops import abs_codes, clamp_codes, compare_codes
 
 Node = RuleNode
 
@@ -233,9 +232,9 @@ def op_pad(ctx: LowerContext, node: IRNode, operands: list[Any]) -> ValueRef:
     return _emit_pad(ctx, node, operands[0], op.pad, op.mode, op.value)
 
 
-register_function_rule(abs_codes, fn_abs_codes)
-register_function_rule(clamp_codes, fn_clamp_codes)
-register_function_rule(compare_codes, fn_compare_codes)
+register_function_rule("qir.quantization.code_ops.abs_codes", fn_abs_codes)
+register_function_rule("qir.quantization.code_ops.clamp_codes", fn_clamp_codes)
+register_function_rule("qir.quantization.code_ops.compare_codes", fn_compare_codes)
 for _fn in COMPARISON_FUNCTIONS:
     register_function_rule(_fn, fn_compare)
 for _name in COMPARISON_METHODS:

@@ -257,8 +257,12 @@ def _lowered(keys: list[tuple[str, Any]]) -> bool:
             lower.get_kernel_policy(march)  # loads the march's backend: its op rules
             if kind == "functional":  # a QFunctional method: the integer op it traces to
                 ok = False
+            elif kind == "module":
+                ok = _module_rule(key, march)
+            elif kind == "function":  # by the callable or its qualified name
+                ok = lower.function_rule(march, key) is not None
             else:
-                ok = _module_rule(key, march) if kind == "module" else _rule(tables[kind], key, march)
+                ok = _rule(tables[kind], key, march)
             if not ok and (op is None or lower.op_rule(march, op) is None):
                 return False
     return True
