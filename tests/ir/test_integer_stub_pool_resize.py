@@ -19,11 +19,11 @@ from torch import nn
 
 import qir
 from qir.frontend import emit, trace
-from qir.ir import IRError, parse_graph, print_graph, run_graph
+from qir.ir import IRError, parse_graph, print_graph, run_graph, verify
 from qir.ir.op import bump_registry_version
 from qir.ir.ops.integer import IntegerModuleOp
 from qir.ir.ops.integer_elementwise import QDiv, QLut, QRelu, QRelu6
-from qir.ir.ops.integer_pool import QAvgPool2d, QMaxPool2d
+from qir.ir.ops.integer_pool import QAdaptiveAvgPool2d, QAvgPool2d, QMaxPool2d
 from qir.ir.ops.integer_resize import QInterpolate
 from qir.ir.ops.integer_stubs import QDequantStub, QQuantStub
 from qir.ir.types import DType, QuantSpec, SequenceType, TensorType
@@ -270,6 +270,35 @@ def test_verify_names_the_fault() -> None:
         QInterpolate(mode="nearest", out=spec, in_scales=(0.1,), run_time_size=True).verify([i8, i8])
     with pytest.raises(IRError, match="one per-tensor input"):
         QAvgPool2d(out=spec, in_scales=(0.1, 0.2))
+
+
+def test_verify_refuses_what_would_fail_at_run_time() -> None:
+    """Edits of the text that the modules would reject when run are refused by verify."""
+    spec = QuantSpec((0.1,))
+    i8 = TensorType((1, 4, 6, 6), DType.int8)
+    with pytest.raises(IRError, match="positive and finite float32"):
+        QRelu(out=QuantSpec((1e-320,))).verify([i8])  # zero as a float32 buffer
+    with pytest.raises(IRError, match="exceeds half the window"):
+        QMaxPool2d(out=spec, kernel_size=3, stride=1, padding=(1, 2)).verify([i8])
+    pool = QAvgPool2d(out=spec, in_scales=(0.1,), kernel_size=(4, 3), stride=(1, 1), padding=(1, 1))
+    with pytest.raises(IRError, match="12 integer entries"):
+        pool.verify([i8, TensorType((9,), DType.int64), TensorType((9,), DType.int64)])
+    with pytest.raises(IRError, match="do not broadcast"):
+        QDiv(out=spec, in_scales=(0.1, 0.2), multiplier=3, shift=2).verify([i8, TensorType((8, 3, 3, 3), DType.int8)])
+    with pytest.raises(IRError, match="shift must be an integer"):
+        QDiv(out=spec, in_scales=(0.1, 0.2), multiplier=3, shift=(2,))  # type: ignore[arg-type]
+    with pytest.raises(IRError, match="march must be one of"):
+        QAdaptiveAvgPool2d(out=spec, in_scales=(0.1,), march="torch.load")
+    with pytest.raises(IRError, match="exactly one of size / scale_factor"):
+        QInterpolate(mode="nearest", out=spec, in_scales=(0.1,)).verify([i8])
+    with pytest.raises(IRError, match="over 268435456 elements"):
+        QInterpolate(mode="nearest", out=spec, in_scales=(0.1,), scale_factor=1e5).verify([i8])
+    with pytest.raises(IRError, match="declared type"):  # the shape a scale-keeping layer gives is checked
+        text = """graph @g(%x: tensor<1x4x6x6xi8>) {
+  %r: tensor<1x4x3x3xqi8,scale=[0.5]> = qrelu(%x, out=QuantSpec(scale=(0.5,)))
+  return %r
+}"""
+        verify(parse_graph(text))
 
 
 def test_compiled_program_equals_the_converted_model(converted: nn.Module) -> None:

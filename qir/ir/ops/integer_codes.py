@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+import torch
 
 from qir.ir.graph import Value
 from qir.ir.op import IRError
@@ -24,15 +25,22 @@ from qir.ir.ops.integer import IntegerModuleOp
 from qir.ir.types import DType, QuantSpec, TensorType, Type
 
 __all__ = [
+    "MARCHES",
     "SameScaleOp",
+    "check_int",
+    "check_march",
+    "check_scales",
+    "check_window",
     "code_dtype",
     "float_class",
     "input_values",
     "per_tensor_scale",
     "register_float_class",
     "same_scale_spec",
+    "shaped_like",
 ]
 
+_F32_MAX = float(torch.finfo(torch.float32).max)
 _CODES = {DType.int8: DType.qint8, DType.int16: DType.qint16, DType.int32: DType.qint32}
 
 
@@ -45,6 +53,54 @@ def code_dtype(op: str, t: Type) -> DType:
     if t.dtype in _CODES:
         return _CODES[t.dtype]
     raise IRError(f"op {op!r} takes integer codes (qint8 / qint16 / qint32), got {t}; quantize the input first")
+
+
+def check_scales(op: str, what: str, scales: Sequence[float]) -> None:
+    """Scales are float32 buffers in the modules: each must be positive and finite as a float32."""
+    for v in scales:
+        if not 0.0 < v < _F32_MAX or float(torch.tensor(v, dtype=torch.float32)) == 0.0:
+            raise IRError(f"op {op!r}: {what} must be positive and finite float32 values, got {v!r}")
+
+
+def check_int(op: str, name: str, v: Any, lo: int, hi: int) -> None:
+    """An integer attribute in ``[lo, hi]`` (the datapath's range for it)."""
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise IRError(f"op {op!r}: {name} must be an integer in [{lo}, {hi}], got {v!r}")
+
+
+MARCHES = ("bayes", "bernoulli2")
+
+
+def check_march(op: str, march: Any) -> None:
+    if march not in MARCHES:
+        raise IRError(f"op {op!r}: march must be one of {MARCHES}, got {march!r}")
+
+
+def check_window(op: str, kernel: Any, stride: Any, padding: Any, dilation: Any = 1) -> None:
+    """A 2-D pooling window torch accepts: positive kernel / stride / dilation, padding at most
+    half the effective kernel."""
+
+    def pair(v: Any, what: str) -> tuple[int, int]:
+        t = (v, v) if isinstance(v, int) else tuple(v)
+        if len(t) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in t):
+            raise IRError(f"op {op!r}: {what} must be an int or a pair of ints, got {v!r}")
+        return t[0], t[1]
+
+    k, d, p = pair(kernel, "kernel_size"), pair(dilation, "dilation"), pair(padding, "padding")
+    s = pair(kernel if stride is None else stride, "stride")
+    if min(*k, *s, *d) < 1 or min(p) < 0:
+        raise IRError(f"op {op!r}: kernel_size, stride and dilation must be >= 1 and padding >= 0")
+    for kk, dd, pp in zip(k, d, p, strict=True):
+        if pp > (dd * (kk - 1) + 1) // 2:
+            raise IRError(f"op {op!r}: padding {p} exceeds half the window ({k}, dilation {d})")
+
+
+def shaped_like(op: str, t: Type, out: QuantSpec | None) -> TensorType:
+    """``t``'s shape with ``out``'s dtype and spec (float32 when ``out`` is None): the result type
+    of a layer that keeps its input's shape, so the verifier checks the declared one."""
+    if not isinstance(t, TensorType):
+        raise IRError(f"op {op!r} takes a tensor, got {t}")
+    return TensorType(t.shape, DType.float32) if out is None else TensorType(t.shape, out.dtype, out)
 
 
 def per_tensor_scale(m: Any, buffer: str) -> float:
@@ -85,8 +141,13 @@ class SameScaleOp(IntegerModuleOp):
         dtype = code_dtype(self.name, inputs[0].type)
         return attrs.evolve(self, out=attrs.evolve(self.out, dtype=dtype)), inputs
 
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        """The input's shape at ``out`` (pools that change the shape override this)."""
+        return shaped_like(self.name, operand_types[0], self.out)
+
     def verify_(self, operand_types: Sequence[Type]) -> None:
         super().verify_(operand_types)
+        check_scales(self.name, "out scales", self.out.scale)
         if self.out.axis is not None:
             raise IRError(f"op {self.name!r}: out must be one per-tensor scale, got axis {self.out.axis}")
         dtype = code_dtype(self.name, operand_types[0])

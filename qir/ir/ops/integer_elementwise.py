@@ -16,12 +16,22 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import attrs
+import torch
 from torch import nn
 
 from qir.ir.op import IRError, Op, register_op
 from qir.ir.ops import elementwise as float_ops
 from qir.ir.ops.integer import IntegerModuleOp, _floats
-from qir.ir.ops.integer_codes import SameScaleOp, code_dtype, float_class, per_tensor_scale, same_scale_spec
+from qir.ir.ops.integer_codes import (
+    SameScaleOp,
+    check_int,
+    check_scales,
+    code_dtype,
+    float_class,
+    per_tensor_scale,
+    same_scale_spec,
+    shaped_like,
+)
 from qir.ir.types import DType, QuantSpec, TensorType, Type
 
 __all__ = ["QDiv", "QIdentity", "QLut", "QRelu", "QRelu6"]
@@ -54,8 +64,7 @@ class QRelu6(SameScaleOp):
     bound: int = 0
 
     def __attrs_post_init__(self) -> None:
-        if self.bound < 0:
-            raise IRError(f"qrelu6: bound must be >= 0, got {self.bound}")
+        check_int(self.name, "bound", self.bound, 0, 2**31 - 1)
 
     def float_op(self) -> Op:
         return float_ops.Relu6()
@@ -101,8 +110,12 @@ class QLut(IntegerModuleOp):
         if len(self.in_scales) != 1 or self.out.axis is not None:
             raise IRError(f"qlut: one per-tensor input and output scale, got {self.in_scales} and {self.out}")
 
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        return shaped_like(self.name, operand_types[0], self.out)
+
     def verify_(self, operand_types: Sequence[Type]) -> None:
         super().verify_(operand_types)
+        check_scales(self.name, "scales", (*self.in_scales, *self.out.scale))
         if code_dtype(self.name, operand_types[0]) is not DType.qint8:
             raise IRError(
                 f"qlut: one 256-entry table reads qint8 codes, got {operand_types[0]} (qint16 input needs "
@@ -143,16 +156,29 @@ class QDiv(IntegerModuleOp):
     def __attrs_post_init__(self) -> None:
         if len(self.in_scales) != 2 or self.out.axis is not None:
             raise IRError(f"qdiv: two per-tensor input scales and a per-tensor out, got {self.in_scales}, {self.out}")
-        if self.shift < 0:
-            raise IRError(f"qdiv: shift must be >= 0, got {self.shift}")
+        check_int(self.name, "multiplier", self.multiplier, -(2**31) + 1, 2**31 - 1)
+        check_int(self.name, "shift", self.shift, 0, 62)
 
     def num_inputs(self) -> int:
         return 2
 
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        self.verify_(operand_types)  # the inputs must broadcast
+        x, y = operand_types[:2]
+        assert isinstance(x, TensorType) and isinstance(y, TensorType)
+        return TensorType(tuple(torch.broadcast_shapes(x.shape, y.shape)), self.out.dtype, self.out)
+
     def verify_(self, operand_types: Sequence[Type]) -> None:
         super().verify_(operand_types)
-        for t in operand_types[:2]:
+        check_scales(self.name, "scales", (*self.in_scales, *self.out.scale))
+        x, y = operand_types[:2]
+        for t in (x, y):
             code_dtype(self.name, t)
+        assert isinstance(x, TensorType) and isinstance(y, TensorType)
+        try:
+            torch.broadcast_shapes(x.shape, y.shape)
+        except RuntimeError:
+            raise IRError(f"qdiv: input shapes {x.shape} and {y.shape} do not broadcast") from None
 
     def float_op(self) -> type | None:
         return float_class("Div")

@@ -16,11 +16,19 @@ from typing import Any, ClassVar
 import attrs
 from torch import nn
 
-from qir.ir.op import IRError, Op, register_op
+from qir.ir.op import CannotInfer, IRError, Op, register_op
 from qir.ir.ops import pool as float_ops
 from qir.ir.ops.integer import IntegerModuleOp, _floats
-from qir.ir.ops.integer_codes import SameScaleOp, code_dtype, per_tensor_scale, same_scale_spec
-from qir.ir.types import QuantSpec, Type
+from qir.ir.ops.integer_codes import (
+    SameScaleOp,
+    check_march,
+    check_scales,
+    check_window,
+    code_dtype,
+    per_tensor_scale,
+    same_scale_spec,
+)
+from qir.ir.types import QuantSpec, TensorType, Type
 
 __all__ = ["QAdaptiveAvgPool2d", "QAvgPool2d", "QMaxPool2d"]
 
@@ -51,6 +59,13 @@ class QMaxPool2d(SameScaleOp):
     dilation: Any = attrs.field(default=1, converter=_plain)
     ceil_mode: bool = False
 
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        raise CannotInfer(f"op {self.name!r}: the result type is the traced one")
+
+    def verify_(self, operand_types: Sequence[Type]) -> None:
+        super().verify_(operand_types)
+        check_window(self.name, self.kernel_size, self.stride, self.padding, self.dilation)
+
     def float_op(self) -> Op:
         pool = nn.MaxPool2d(self.kernel_size, self.stride, self.padding, self.dilation, ceil_mode=self.ceil_mode)
         return float_ops.MaxPool2d.from_module(pool)
@@ -78,6 +93,7 @@ class _AvgPool(IntegerModuleOp):
 
     def verify_(self, operand_types: Sequence[Type]) -> None:
         super().verify_(operand_types)
+        check_scales(self.name, "scales", (*self.in_scales, *self.out.scale))
         code_dtype(self.name, operand_types[0])
 
 
@@ -97,6 +113,17 @@ class QAvgPool2d(_AvgPool):
     ceil_mode: bool = False
     count_include_pad: bool = True
     divisor_override: int | None = None
+
+    def verify_(self, operand_types: Sequence[Type]) -> None:
+        super().verify_(operand_types)
+        check_window(self.name, self.kernel_size, self.stride, self.padding)
+        if self.divisor_override is not None and self.divisor_override < 1:
+            raise IRError(f"qavg_pool2d: divisor_override must be >= 1, got {self.divisor_override}")
+        # one multiplier / shift per divisor 1 .. the largest window (or the override)
+        top = self.divisor_override or self.kernel_size[0] * self.kernel_size[1]
+        for role, t in zip(self.state_roles, operand_types[1:], strict=True):
+            if not isinstance(t, TensorType) or t.rank != 1 or t.shape[0] < top or t.dtype.is_float:
+                raise IRError(f"qavg_pool2d: {role} must hold {top} integer entries (one per divisor), got {t}")
 
     def float_op(self) -> Op:
         pool = nn.AvgPool2d(
@@ -130,6 +157,17 @@ class QAdaptiveAvgPool2d(_AvgPool):
 
     march: str
     output_size: Any = attrs.field(default=1, converter=_plain)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        check_march(self.name, self.march)
+
+    def verify_(self, operand_types: Sequence[Type]) -> None:
+        super().verify_(operand_types)
+        o = self.output_size
+        sizes = (o, o) if isinstance(o, int) else o
+        if len(sizes) != 2 or any(v is not None and (not isinstance(v, int) or v < 1) for v in sizes):
+            raise IRError(f"qadaptive_avg_pool2d: output_size must be an int or a pair of ints / None >= 1, got {o!r}")
 
     def float_op(self) -> Op:
         return float_ops.AdaptiveAvgPool2d.from_module(nn.AdaptiveAvgPool2d(self.output_size))

@@ -9,6 +9,7 @@ run-time ``size`` operand (FPN's ``interpolate(x, size=lateral.shape[2:])``): th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -19,12 +20,14 @@ from qir.ir.graph import Value
 from qir.ir.op import IRError, Op, register_op
 from qir.ir.ops import vision as float_ops
 from qir.ir.ops.integer import IntegerModuleOp, _floats
-from qir.ir.ops.integer_codes import code_dtype, per_tensor_scale
+from qir.ir.ops.integer_codes import check_int, check_scales, code_dtype, per_tensor_scale
 from qir.ir.types import DType, QuantSpec, TensorType, Type
 
 __all__ = ["QInterpolate"]
 
 _MODES = ("nearest", "bilinear")
+#: largest output a resize may allocate (the layout functions' bound, docs/security.md)
+_MAX_ELEMENTS = 2**28
 
 
 def _plain(v: Any) -> Any:
@@ -55,6 +58,8 @@ class QInterpolate(IntegerModuleOp):
     def __attrs_post_init__(self) -> None:
         if self.mode not in _MODES:
             raise IRError(f"qinterpolate: mode must be one of {_MODES}, got {self.mode!r}")
+        check_int(self.name, "multiplier", self.multiplier, -(2**31) + 1, 2**31 - 1)
+        check_int(self.name, "shift", self.shift, 0, 62 - 2 * 15)  # the taps' 2**-2B folds into it
         if len(self.in_scales) != 1 or self.out.axis is not None:
             raise IRError(f"qinterpolate: one per-tensor input and output scale, got {self.in_scales} and {self.out}")
         if self.mode == "nearest" and self.out.scale != self.in_scales:
@@ -86,6 +91,14 @@ class QInterpolate(IntegerModuleOp):
 
     def verify_(self, operand_types: Sequence[Type]) -> None:
         super().verify_(operand_types)
+        check_scales(self.name, "scales", (*self.in_scales, *self.out.scale))
+        if not self.run_time_size and (self.size is None) == (self.scale_factor is None):
+            raise IRError("qinterpolate: give exactly one of size / scale_factor (or a run-time size operand)")
+        x = operand_types[0]
+        if isinstance(x, TensorType) and x.rank != 4:
+            raise IRError(f"qinterpolate resizes (N, C, H, W) codes, got {x}")
+        if isinstance(x, TensorType) and not self.run_time_size:
+            self._check_out_size(x)
         dtype = code_dtype(self.name, operand_types[0])
         if self.mode == "nearest" and dtype is not self.out.dtype:
             raise IRError(
@@ -95,6 +108,20 @@ class QInterpolate(IntegerModuleOp):
             raise IRError(f"qinterpolate: the run-time size is a sequence of ints, got {operand_types[1]}")
         if self.mode == "bilinear" and self.out.dtype is DType.qint32:
             raise IRError("qinterpolate: bilinear requantizes to qint8 / qint16, not qint32")
+
+    def _check_out_size(self, x: TensorType) -> None:
+        """A positive output size of at most 2**28 elements (a hostile scale factor allocates nothing)."""
+        n, c, h, w = x.shape
+        if self.size is not None:
+            oh, ow = (self.size, self.size) if isinstance(self.size, int) else tuple(self.size)[-2:]
+        else:
+            sf = self.scale_factor
+            fh, fw = (sf, sf) if isinstance(sf, (int, float)) else tuple(sf)
+            if not (0 < float(fh) < float("inf") and 0 < float(fw) < float("inf")):
+                raise IRError(f"qinterpolate: scale_factor must be positive and finite, got {sf!r}")
+            oh, ow = math.floor(h * float(fh)), math.floor(w * float(fw))
+        if int(oh) < 1 or int(ow) < 1 or n * c * int(oh) * int(ow) > _MAX_ELEMENTS:
+            raise IRError(f"qinterpolate: output size {oh}x{ow} of {x} is empty or over {_MAX_ELEMENTS} elements")
 
     def float_op(self) -> Op:
         up = nn.Upsample(self.size, self.scale_factor, self.mode, self.align_corners)

@@ -15,7 +15,7 @@ import attrs
 
 from qir.ir.op import IRError, register_op
 from qir.ir.ops.integer import IntegerModuleOp, _floats
-from qir.ir.ops.integer_codes import code_dtype, per_tensor_scale
+from qir.ir.ops.integer_codes import check_scales, code_dtype, per_tensor_scale, shaped_like
 from qir.ir.types import DType, QuantSpec, TensorType, Type
 
 __all__ = ["QDequantStub", "QQuantStub"]
@@ -35,8 +35,12 @@ class QQuantStub(IntegerModuleOp):
         if self.out.axis is not None or self.out.dtype not in (DType.qint8, DType.qint16):
             raise IRError(f"qquant_stub: out must be a per-tensor qint8 / qint16 spec, got {self.out}")
 
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        return shaped_like(self.name, operand_types[0], self.out)
+
     def verify_(self, operand_types: Sequence[Type]) -> None:
         super().verify_(operand_types)
+        check_scales(self.name, "out scales", self.out.scale)
         x = operand_types[0]
         if not isinstance(x, TensorType) or not x.dtype.is_float:
             raise IRError(f"qquant_stub takes a float tensor, got {x}")
@@ -75,8 +79,12 @@ class QDequantStub(IntegerModuleOp):
     def result_type(self, shape: Sequence[int]) -> TensorType:
         return TensorType(tuple(shape), DType.float32)
 
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        return shaped_like(self.name, operand_types[0], None)
+
     def verify_(self, operand_types: Sequence[Type]) -> None:
         super().verify_(operand_types)
+        check_scales(self.name, "in_scales", self.in_scales)
         x = operand_types[0]
         code_dtype(self.name, x)
         assert isinstance(x, TensorType)
