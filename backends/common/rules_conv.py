@@ -42,15 +42,7 @@ class ConvLayer:
         self.multiplier = tensors["multiplier"]
         self.shift = tensors["shift"]
         self.relu6_bound = tensors["relu6_bound"]
-        self.hp = {
-            "stride": op.stride,
-            "padding": op.padding,
-            "dilation": op.dilation,
-            "groups": op.groups,
-            "output_padding": op.output_padding,
-            "padding_mode": op.padding_mode,
-            "reversed_padding": op.reversed_padding,
-        }
+        self.hp = op.hyper_parameters()
 
 
 def lower_qconv(ctx: LowerContext, node: Node, operands: Sequence[Any]) -> ValueRef:

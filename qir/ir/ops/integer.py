@@ -224,6 +224,18 @@ class QConv(IntegerModuleOp):
         if isinstance(w, TensorType) and w.dtype not in (DType.int8, DType.int16, DType.qint8, DType.qint16):
             raise IRError(f"qconv: weight must hold int8 / int16 codes, got {w}")
 
+    def hyper_parameters(self) -> dict[str, Any]:
+        """The conv hyper-parameters under the names the integer module keeps them (``hp``)."""
+        return {
+            "stride": self.stride,
+            "padding": self.padding,
+            "dilation": self.dilation,
+            "groups": self.groups,
+            "output_padding": self.output_padding,
+            "padding_mode": self.padding_mode,
+            "reversed_padding": self.reversed_padding,
+        }
+
     def float_op(self) -> Op:
         if self.kind == "linear":
             return float_ops.Linear(bias=True, add=self.add, act=self.act)

@@ -294,15 +294,7 @@ def _from_qconv(op: Any, tensors: dict[str, torch.Tensor]) -> QuantizedConvBase:
         raise ValueError(f"qconv: no quantized {kind} class with add={op.add} act={op.act!r}")
     cls = matches[0]
     m = cls()
-    m.hp = {
-        "stride": op.stride,
-        "padding": op.padding,
-        "dilation": op.dilation,
-        "groups": op.groups,
-        "output_padding": op.output_padding,
-        "padding_mode": op.padding_mode,
-        "reversed_padding": op.reversed_padding,
-    }
+    m.hp = op.hyper_parameters()
     m.num_input_scales = len(op.in_scales)
     for i, s in enumerate(op.in_scales):
         m.register_buffer(f"input_scale_{i}", torch.tensor([s], dtype=torch.float32))
