@@ -6,8 +6,9 @@ Also times onnxruntime (CPU provider, the same thread count) on two exports:
 
 - ``ort_float``: the float model through ``torch.onnx.export`` (the dynamo exporter);
 - ``ort_int8_qdq``: qir's own QAT model through ``qir.utils.onnx_helper.export_to_onnx``
-  (each fake quant becomes QuantizeLinear/DequantizeLinear with qir's scales), so the int8
-  model onnxruntime runs is the one qir calibrated. If onnxruntime refuses that file, the
+  with ``qdq_layout="onnxruntime"`` (int8 weights and int32 biases with qir's codes, Q/DQ
+  placed so onnxruntime fuses QLinearConv / QLinearAdd), so the int8 model onnxruntime runs is
+  the one qir calibrated. If onnxruntime refuses that file, the
   error is printed and recorded (``ort_int8_source``) and the column is left out.
 - ``ort_int8_static``: onnxruntime's own ``quantize_static`` (QDQ format, int8 activations
   and per-channel int8 weights, calibrated on the same random batches) applied to the float
@@ -210,7 +211,8 @@ def build_ort(
             if kind == "qdq":
                 from qir.utils.onnx_helper import export_to_onnx
 
-                export_to_onnx(model, (x,), path, input_names=["x"])
+                # the layout onnxruntime fuses into QLinearConv / QLinearAdd (docs/onnx.md)
+                export_to_onnx(model, (x,), path, input_names=["x"], qdq_layout="onnxruntime")
             elif kind == "float":
                 torch.onnx.export(model, (x,), path, input_names=["x"], dynamo=True, verbose=False)
             else:
