@@ -109,7 +109,15 @@ def test_high_precision_linear_output_is_a_per_channel_qint32_spec() -> None:
 
 
 def test_verify_refuses_float_input_and_missing_state() -> None:
-    op = QConv(kind="conv2d", out=QuantSpec((0.1,)), in_scales=(0.05,), march="bayes", stride=(1, 1))
+    op = QConv(
+        kind="conv2d",
+        out=QuantSpec((0.1,)),
+        in_scales=(0.05,),
+        march="bayes",
+        stride=(1, 1),
+        padding=(0, 0),
+        dilation=(1, 1),
+    )
     w = TensorType((4, 3, 1, 1), DType.int8)
     state = [w, TensorType((4,), DType.int32), *[TensorType((4,), DType.int64)] * 3]
     op.verify([TensorType((1, 3, 4, 4), DType.int8), *state])
@@ -132,3 +140,29 @@ def test_legality_reads_qconv_as_the_float_layer() -> None:
     report = check_model(conv, (x,))
     found = [(v.node, v.message) for v in report.violations]
     assert found == [("fc", "torch.nn.Linear is not supported on bernoulli2")]
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"stride": None}, "stride must be 2 integers"),
+        ({"stride": (1,)}, "stride must be 2 integers"),
+        ({"dilation": (65536, 1)}, "dilation must be 2 integers"),
+        ({"padding": (-1, 0)}, "padding must be"),
+        ({"padding": "full"}, "padding must be"),
+        ({"groups": 0}, "groups must be"),
+        ({"padding_mode": "mirror"}, "unknown padding_mode"),
+    ],
+)
+def test_conv_fields_torch_would_refuse_are_refused_at_construction(fields: dict, match: str) -> None:
+    base = {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1)}
+    with pytest.raises(IRError, match=match):
+        QConv(kind="conv2d", out=QuantSpec((0.1,)), in_scales=(0.05,), march="bayes", **{**base, **fields})
+    with pytest.raises(IRError, match="padding must be"):  # torch's transposed conv takes no string padding
+        QConv(
+            kind="conv_transpose2d",
+            out=QuantSpec((0.1,)),
+            in_scales=(0.05,),
+            march="bayes",
+            **{**base, "padding": "same"},
+        )

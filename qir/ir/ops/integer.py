@@ -170,6 +170,9 @@ class IntegerModuleOp(ModuleOp):
 
 
 _KINDS = ("conv1d", "conv2d", "conv3d", "conv_transpose2d", "linear")
+#: bound on stride / dilation / padding / groups: far above any real layer, small enough that
+#: the output-size arithmetic stays cheap and exact
+_MAX_CONV_PARAM = 4096
 _ACTS = (None, "relu", "relu6")
 
 
@@ -211,6 +214,29 @@ class QConv(IntegerModuleOp):
             raise IRError(f"qconv: add={self.add} needs {2 if self.add else 1} input scale(s), got {self.in_scales}")
         if self.add and self.out.dtype is DType.qint32:
             raise IRError("qconv: a fused add has no qint32 (high-precision) output")
+        if self.kind != "linear":
+            self._check_conv_fields()
+
+    def _check_conv_fields(self) -> None:
+        """A conv's hyper-parameters, as torch would accept them (the module runs torch's conv)."""
+        dims = 2 if self.kind == "conv_transpose2d" else int(self.kind[4])
+        for name in ("stride", "dilation"):
+            v = getattr(self, name)
+            if v is None or len(v) != dims or any(not 1 <= d <= _MAX_CONV_PARAM for d in v):
+                raise IRError(f"qconv: {name} must be {dims} integers in [1, {_MAX_CONV_PARAM}], got {v}")
+        pad = self.padding
+        if not isinstance(pad, str) and (
+            pad is None or len(pad) != dims or any(not 0 <= p <= _MAX_CONV_PARAM for p in pad)
+        ):
+            raise IRError(
+                f"qconv: padding must be 'same', 'valid' or {dims} integers in [0, {_MAX_CONV_PARAM}], got {pad}"
+            )
+        if isinstance(pad, str) and (pad not in ("same", "valid") or self.kind == "conv_transpose2d"):
+            raise IRError(f"qconv: padding must be 'same', 'valid' or {dims} integers, got {pad!r}")
+        if not 1 <= self.groups <= _MAX_CONV_PARAM:
+            raise IRError(f"qconv: groups must be in [1, {_MAX_CONV_PARAM}], got {self.groups}")
+        if self.padding_mode not in ("zeros", "reflect", "replicate", "circular"):
+            raise IRError(f"qconv: unknown padding_mode {self.padding_mode!r}")
 
     def num_inputs(self) -> int:
         return 2 if self.add else 1
