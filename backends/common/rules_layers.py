@@ -97,7 +97,8 @@ def lower_qdiv(ctx: LowerContext, node: Any, operands: list[Any]) -> ValueRef:
 # ----------------------------------------------------------------------------- pools
 
 
-def lower_qmax_pool2d(ctx: LowerContext, node: Any, operands: list[Any]) -> ValueRef:
+def _emit_maxpool(ctx: LowerContext, node: Any, operands: list[Any]) -> ValueRef:
+    """The ``maxpool2d`` kernel for a max pool op (codes keep their scale: one kernel for both ops)."""
     op = node.op
     x = tensor_ref(operands[0], node)
     stride = op.stride if op.stride is not None else op.kernel_size
@@ -109,6 +110,10 @@ def lower_qmax_pool2d(ctx: LowerContext, node: Any, operands: list[Any]) -> Valu
         "ceil_mode": bool(op.ceil_mode),
     }
     return ValueRef(ctx.emit("maxpool2d", [x], attrs, {}, node.name, _hint(node)))
+
+
+def lower_qmax_pool2d(ctx: LowerContext, node: Any, operands: list[Any]) -> ValueRef:
+    return _emit_maxpool(ctx, node, operands)
 
 
 def lower_max_pool2d_codes(ctx: LowerContext, node: Any, operands: list[Any]) -> ValueRef:
@@ -116,16 +121,7 @@ def lower_max_pool2d_codes(ctx: LowerContext, node: Any, operands: list[Any]) ->
     op = node.op
     if op.return_indices:
         raise LoweringError(f"node '{node.name}': max_pool2d with return_indices=True has no compiled form")
-    x = tensor_ref(operands[0], node)
-    stride = op.stride if op.stride is not None else op.kernel_size
-    attrs = {
-        "kernel_size": _plain(op.kernel_size),
-        "stride": _plain(stride),
-        "padding": _plain(op.padding),
-        "dilation": _plain(op.dilation),
-        "ceil_mode": bool(op.ceil_mode),
-    }
-    return ValueRef(ctx.emit("maxpool2d", [x], attrs, {}, node.name, _hint(node)))
+    return _emit_maxpool(ctx, node, operands)
 
 
 def lower_qavg_pool2d(ctx: LowerContext, node: Any, operands: list[Any]) -> ValueRef:
