@@ -167,8 +167,19 @@ def _outputs(v: Any, field: str) -> None:
     elif isinstance(v, dict) and set(v) == {"$tuple"} and isinstance(v["$tuple"], list):
         for i, x in enumerate(v["$tuple"]):
             _outputs(x, f"{field}.$tuple[{i}]")
+    elif isinstance(v, dict) and set(v) == {"$dict"} and isinstance(v["$dict"], list):
+        keys: set[str] = set()
+        for i, pair in enumerate(v["$dict"]):
+            f = f"{field}.$dict[{i}]"
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise HeaderError(f, f"must be a [key, value] pair, got {_kind(pair)}")
+            key = _name(pair[0], f"{f}[0]")
+            if key in keys:
+                raise HeaderError(f"{f}[0]", f"the key {key!r} appears twice: every output key must be unique")
+            keys.add(key)
+            _outputs(pair[1], f"{f}[1]")
     else:
-        raise HeaderError(field, f"must be a value name or an array / $tuple of them, got {_kind(v)}")
+        raise HeaderError(field, f"must be a value name or an array / $tuple / $dict of them, got {_kind(v)}")
 
 
 def check_program_header(h: Any, marches: Iterable[str], kernels: Iterable[str], tensors: Iterable[str]) -> None:

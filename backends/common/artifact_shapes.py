@@ -26,7 +26,7 @@ import torch
 from backends.common.artifact_header import HeaderError
 from backends.common.kernels.base import get_kernel
 from backends.common.kernels.infer import ShapeError
-from backends.common.program import Program, ValueRef, refs_in
+from backends.common.program import Program, output_names, refs_in
 
 __all__ = ["DEFAULT_MAX_MEMORY", "MemoryPlan", "infer_program"]
 
@@ -103,7 +103,7 @@ def infer_program(
     for i, inst in enumerate(program.instructions):
         for v in (*inst.inputs, *refs_in(dict(inst.attrs))):
             last_use[v] = i
-    keep = set(refs_in(_as_refs(program.outputs)))
+    keep = set(output_names(program.outputs))
     frees: dict[int, list[str]] = {}
     for v, i in last_use.items():
         if v not in keep:
@@ -159,14 +159,6 @@ def infer_program(
         for v in frees.get(i, ()):
             live -= _nbytes(env.pop(v, None))
     return MemoryPlan(peak, peak_at, shapes)
-
-
-def _as_refs(o: Any) -> Any:
-    if isinstance(o, str):
-        return ValueRef(o)
-    if isinstance(o, (list, tuple)):
-        return [_as_refs(x) for x in o]
-    return []
 
 
 def _human(n: int) -> str:

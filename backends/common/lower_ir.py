@@ -102,7 +102,12 @@ def _output_names(v: Any) -> Any:
         return tuple(_output_names(x) for x in v)
     if isinstance(v, list):
         return [_output_names(x) for x in v]
-    raise LoweringError(f"model output {v!r:.80} is not a tensor or a tuple / list of tensors")
+    if isinstance(v, dict):  # detection heads return {"heatmap": ..., "reg": ...}
+        bad = [k for k in v if not isinstance(k, str)]
+        if bad:
+            raise LoweringError(f"model output dict has the key {bad[0]!r:.40}: only string keys can be compiled")
+        return {k: _output_names(x) for k, x in v.items()}
+    raise LoweringError(f"model output {v!r:.80} is not a tensor or a tuple / list / dict (string keys) of tensors")
 
 
 # ----------------------------------------------------------------------------- legacy adapter

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import get_kernel
-from backends.common.program import Instruction, Program
+from backends.common.program import Instruction, Program, output_names
 from backends.common.roofline import Roofline, estimate_seconds
 
 __all__ = ["ESTIMATE_NOTE", "LayerProfile", "ProgramProfile", "ValueInfo", "profile_program", "value_infos"]
@@ -342,7 +342,7 @@ def profile_program(
     for inst in program.instructions:
         for v in inst.inputs:
             readers.setdefault(v, set()).add(inst.source)
-    outputs = set(_flat(program.outputs))
+    outputs = set(output_names(program.outputs))
     batch = infos[program.inputs[0]].shape[0] if program.inputs and infos[program.inputs[0]].shape else 1
     prof = ProgramProfile(
         model=model or str(program.meta.get("name", "")),
@@ -396,9 +396,3 @@ def profile_program(
         )
     prof.param_bytes = distinct
     return prof
-
-
-def _flat(o: Any) -> list[str]:
-    if isinstance(o, str):
-        return [o]
-    return [x for e in o for x in _flat(e)]

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CONST_DTYPES", "Instruction", "Program", "ProgramError", "ValueRef"]
+__all__ = ["CONST_DTYPES", "Instruction", "Program", "ProgramError", "ValueRef", "build_outputs", "output_names"]
 
 #: dtype name in the artifact -> torch dtype of a constant array.
 CONST_DTYPES: dict[str, torch.dtype] = {
@@ -142,7 +142,8 @@ def refs_in(v: Any) -> Iterator[str]:
 @dataclass
 class Program:
     """A lowered model. ``outputs`` is the output structure: a value name, or nested lists / tuples
-    of them (``{"$tuple": [...]}`` in JSON)."""
+    / dicts with string keys of them (``{"$tuple": [...]}`` and ``{"$dict": [[key, ...], ...]}``
+    in JSON; a dict keeps its key order, as the model's ``forward`` returned it)."""
 
     march: str
     inputs: list[str]
@@ -186,7 +187,7 @@ class Program:
         return {
             "march": self.march,
             "inputs": list(self.inputs),
-            "outputs": _attrs_to_json(self.outputs),
+            "outputs": _outputs_to_json(self.outputs),
             "instructions": [i.to_json() for i in self.instructions],
             "meta": _attrs_to_json(self.meta),
         }
@@ -197,7 +198,7 @@ class Program:
             prog = Program(
                 march=str(h["march"]),
                 inputs=[str(v) for v in h["inputs"]],
-                outputs=_attrs_from_json(h["outputs"]),
+                outputs=_outputs_from_json(h["outputs"]),
                 instructions=[Instruction.from_json(d) for d in h["instructions"]],
                 constants=constants,
                 meta=_attrs_from_json(h.get("meta", {})),
@@ -222,4 +223,55 @@ def _outputs_as_refs(o: Any) -> Any:
         return ValueRef(o)
     if isinstance(o, (list, tuple)):
         return [_outputs_as_refs(x) for x in o]
-    raise ProgramError(f"program outputs must be value names or lists/tuples of them, got {o!r}")
+    if isinstance(o, dict):
+        bad = [k for k in o if not isinstance(k, str)]
+        if bad:
+            raise ProgramError(f"program output dict keys must be strings, got {bad[0]!r:.60}")
+        return [_outputs_as_refs(x) for x in o.values()]
+    raise ProgramError(f"program outputs must be value names or lists/tuples/dicts of them, got {o!r:.80}")
+
+
+def output_names(o: Any) -> list[str]:
+    """Every value name in an output structure, in order (dicts in their key order)."""
+    return list(refs_in(_outputs_as_refs(o)))
+
+
+def build_outputs(o: Any, env: Mapping[str, Any]) -> Any:
+    """The output structure ``o`` with every value name replaced by its value in ``env``."""
+    if isinstance(o, str):
+        return env[o]
+    if isinstance(o, tuple):
+        return tuple(build_outputs(x, env) for x in o)
+    if isinstance(o, dict):
+        return {k: build_outputs(x, env) for k, x in o.items()}
+    return [build_outputs(x, env) for x in o]
+
+
+def _outputs_to_json(o: Any) -> Any:
+    # a dict becomes a list of [key, value] pairs under "$dict", so a key can never be read as a
+    # "$tuple" / "$v" marker and the order survives any JSON reader
+    if isinstance(o, dict):
+        return {"$dict": [[k, _outputs_to_json(x)] for k, x in o.items()]}
+    if isinstance(o, tuple):
+        return {"$tuple": [_outputs_to_json(x) for x in o]}
+    if isinstance(o, list):
+        return [_outputs_to_json(x) for x in o]
+    return o
+
+
+def _outputs_from_json(v: Any) -> Any:
+    if isinstance(v, dict) and set(v) == {"$dict"} and isinstance(v["$dict"], list):
+        pairs = v["$dict"]
+        if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in pairs):
+            raise ProgramError(f"a dict output {{'$dict': ...}} must hold [key, value] pairs, got {pairs!r:.60}")
+        out = {p[0]: _outputs_from_json(p[1]) for p in pairs}
+        if len(out) != len(pairs):
+            raise ProgramError(f"a dict output {{'$dict': ...}} repeats a key: {[p[0] for p in pairs]!r:.80}")
+        return out
+    if isinstance(v, dict) and set(v) == {"$tuple"} and isinstance(v["$tuple"], list):
+        return tuple(_outputs_from_json(x) for x in v["$tuple"])
+    if isinstance(v, list):
+        return [_outputs_from_json(x) for x in v]
+    if isinstance(v, str):
+        return v
+    raise ProgramError(f"program outputs must be value names or arrays / $tuple / $dict of them, got {v!r:.60}")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import get_kernel
-from backends.common.program import Instruction, Program, refs_in
+from backends.common.program import Instruction, Program, build_outputs, output_names, refs_in
 
 __all__ = ["DEFAULT_THREADS", "CompiledModel", "InputError"]
 
@@ -42,7 +42,7 @@ class CompiledModel:
         for i, inst in enumerate(program.instructions):
             for v in (*inst.inputs, *refs_in(dict(inst.attrs))):
                 last_use[v] = i
-        keep = set(_flat_outputs(program.outputs))
+        keep = set(output_names(program.outputs))
         frees: list[list[str]] = [[] for _ in program.instructions]
         for v, i in last_use.items():
             if v not in keep:
@@ -92,7 +92,7 @@ class CompiledModel:
                         env[name] = val
                     for v in free:
                         env.pop(v, None)
-                result = _build(self.program.outputs, env)
+                result = build_outputs(self.program.outputs, env)
                 return _detach_owned(result, self._owned())
         finally:
             if self.num_threads is not None and prev != self.num_threads:
@@ -138,20 +138,6 @@ class CompiledModel:
         )
 
 
-def _flat_outputs(o: Any) -> list[str]:
-    if isinstance(o, str):
-        return [o]
-    return [x for e in o for x in _flat_outputs(e)]
-
-
-def _build(o: Any, env: dict[str, Any]) -> Any:
-    if isinstance(o, str):
-        return env[o]
-    if isinstance(o, tuple):
-        return tuple(_build(x, env) for x in o)
-    return [_build(x, env) for x in o]
-
-
 def _detach_owned(o: Any, owned: set[int]) -> Any:
     """``o`` with every tensor that lives in a kernel's reused buffer copied out (the next call overwrites it)."""
     if isinstance(o, torch.Tensor):
@@ -160,4 +146,6 @@ def _detach_owned(o: Any, owned: set[int]) -> Any:
         return tuple(_detach_owned(x, owned) for x in o)
     if isinstance(o, list):
         return [_detach_owned(x, owned) for x in o]
+    if isinstance(o, dict):
+        return {k: _detach_owned(x, owned) for k, x in o.items()}
     return o

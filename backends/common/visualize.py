@@ -17,7 +17,7 @@ from xml.sax.saxutils import escape, quoteattr
 import networkx as nx
 
 from backends.common.perf import ValueInfo
-from backends.common.program import Instruction, Program
+from backends.common.program import Instruction, Program, output_names
 
 __all__ = ["Box", "GraphPicture", "format_value", "program_picture", "render_svg"]
 
@@ -223,7 +223,7 @@ def program_picture(
                 raw_edges.append((producer[v], b.id, label(v)))
         for o in inst.outputs:
             producer[o] = b.id
-    for k, name in enumerate(_flat(program.outputs)):
+    for k, name in enumerate(output_names(program.outputs)):
         b = Box(f"out{k}", "output", title=f"output {k}", tooltip=f"program output {name}: {label(name)}")
         boxes[b.id] = b
         if name in producer:
@@ -252,13 +252,6 @@ def _shape_arithmetic(
             out.add(k)
             scalar.update(inst.outputs)
     return out
-
-
-def _flat(o: object) -> list[str]:
-    if isinstance(o, str):
-        return [o]
-    assert isinstance(o, (list, tuple))
-    return [x for e in o for x in _flat(e)]
 
 
 # ----------------------------------------------------------------------------- layout

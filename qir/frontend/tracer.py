@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import torch.fx
 from torch import nn
 
@@ -66,11 +67,52 @@ class QirTracer(torch.fx.Tracer):
         finally:
             self._qir_stack.pop()
 
+    def proxy(self, node: torch.fx.Node) -> torch.fx.Proxy:
+        return _PiecesProxy(node, self)
+
+    def iter(self, obj: torch.fx.Proxy) -> Iterator[Any]:
+        # `list(x.chunk(2, 1))`, `for y in x.split((a, b), 1)` (YOLOv8's C2f): the piece count is
+        # in the call itself, so the pieces are getitem nodes; fx only unpacks `a, b = ...`
+        n = _static_piece_count(obj.node)
+        if n is None:
+            return super().iter(obj)  # type: ignore[no-any-return]
+        return iter([obj[i] for i in range(n)])  # type: ignore[index]
+
     def ff_path(self, m: nn.Module) -> str:
         key = id(m)
         if key not in self._ff_paths:
             self._ff_paths[key] = self.path_of_module(m)
         return self._ff_paths[key]
+
+
+class _PiecesProxy(torch.fx.Proxy):
+    """fx's Proxy whose ``len`` is known for a ``chunk`` / ``split`` with a literal piece count
+    (``list(...)`` asks for the length before iterating)."""
+
+    def __len__(self) -> int:
+        n = _static_piece_count(self.node)
+        return super().__len__() if n is None else n
+
+
+def _static_piece_count(node: torch.fx.Node) -> int | None:
+    """How many tensors ``chunk(n)`` / ``split([sizes])`` at ``node`` returns, when the call says
+    it (a literal int chunk count, a literal list of split sizes); None otherwise. A chunk count
+    is an upper bound torch meets when the dim divides evenly; otherwise indexing the missing
+    last piece fails when the traced model runs (IndexError), never silently."""
+    is_method = node.op == "call_method"
+    is_function = node.op == "call_function"
+    if (is_method and node.target == "chunk") or (is_function and node.target is torch.chunk):
+        n = node.args[1] if len(node.args) > 1 else node.kwargs.get("chunks")
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+    if (is_method and node.target == "split") or (is_function and node.target is torch.split):
+        sizes = (
+            node.args[1]
+            if len(node.args) > 1
+            else node.kwargs.get("split_size_or_sections", node.kwargs.get("split_size"))
+        )
+        if isinstance(sizes, (list, tuple)) and all(isinstance(v, int) for v in sizes):
+            return len(sizes)
+    return None
 
 
 def _ff_method_names(cls: type) -> list[str]:

@@ -235,6 +235,8 @@ def input_scales(
                     )
                 if _is_quant_stub(m):
                     tensor_ins = []
+                elif not _is_dequant_stub(m):
+                    _refuse_per_channel_input(path, m, in_nodes, env)
                 plan.module_inputs.setdefault(path, []).append(tensor_ins)
                 s = _out_scale_of_qat(m, tensor_ins)
                 if s is None and out_scale is not None and not _is_dequant_stub(m):
@@ -447,6 +449,20 @@ def _convert_modules(
         set_submodule(root, path, q)
         if root is not gm:
             set_submodule(gm, path, q)
+
+
+def _refuse_per_channel_input(path: str, m: nn.Module, in_nodes: list[torch.fx.Node], env: Mapping[str, Scale]) -> None:
+    """A high-precision (qint32, per-channel scale) output feeds only a DeQuantStub: any other
+    quantized module would need one input scale and fail when the converted model runs."""
+    for a in in_nodes:
+        s = env.get(a.name)
+        if isinstance(s, torch.Tensor) and s.numel() != 1:
+            raise ConvertError(
+                f"module '{path}' ({type(m).__name__}) takes node '{a.name}', a high-precision qint32 output "
+                f"(per-channel scale, from a qconfig without an output fake quant such as "
+                f"get_default_qat_out_qconfig()); only a DeQuantStub can take it: give its producer a qconfig "
+                f"with an activation (get_default_qat_qconfig(), or qint16 for precision), or dequantize it first"
+            )
 
 
 def _bypass_exact_dequants(gm: torch.fx.GraphModule, plan: ScalePlan, eager: bool) -> None:

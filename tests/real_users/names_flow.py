@@ -38,7 +38,9 @@ class FlowResult:
 
 
 def _flat(out: Any) -> list[torch.Tensor]:
-    """The tensors of a model's output, nested lists and tuples flattened in order."""
+    """The tensors of a model's output, nested lists, tuples and dicts flattened in order."""
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _flat(o)]
     if isinstance(out, (tuple, list)):
         return [t for o in out for t in _flat(o)]
     return [out]
