@@ -16,6 +16,7 @@ import torch
 from backends.common import numerics
 from backends.common.integer_rules import SCALAR_CODE, div_params, ratio_params
 from backends.common.lower import LowerContext, LoweringError, f32_scale, shape_call, tensor_ref
+from backends.common.lut_segmented import lut_int16
 from backends.common.program import ValueRef
 from qir.ir.graph import Node
 
@@ -207,12 +208,16 @@ _LUT_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 def lower_qlut_method(ctx: LowerContext, node: Node, operands: Sequence[Any]) -> ValueRef:
     method = node.op.method  # type: ignore[attr-defined]
     x = _ref(operands[0], node)
+    dt = _quantized_out(node)
+    if ctx.values[x].dtype == torch.int16 and method == "exp":
+        knots = lut_int16(torch.exp, _in(node, 0), _out(node)[1], dt).entries
+        c = ctx.const(f"{node.name}.table16", knots)
+        return ValueRef(ctx.emit("lut16", [x], {"what": method, "out_dtype": dt}, {"table": c}, node.name, method))
     if ctx.values[x].dtype != torch.int8:
         raise LoweringError(
-            f"node '{node.name}': {method} of a non-qint8 tensor has no table (qint16 needs segmented "
-            "tables, not implemented)"
+            f"node '{node.name}': {method} of a {ctx.values[x].dtype} tensor has no table; {method} takes qint8 codes"
+            + (" (a step function has no interpolated qint16 table)" if method != "exp" else "")
         )
-    dt = _quantized_out(node)
     table = numerics.lut_int8(_LUT_FUNCTIONS[method], _in(node, 0), _out(node)[1], dt)
     c = ctx.const(f"{node.name}.table", table)
     return ValueRef(ctx.emit("lut", [x], {"what": method}, {"table": c}, node.name, method))

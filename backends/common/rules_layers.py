@@ -82,9 +82,24 @@ def lower_qidentity(ctx: LowerContext, node: Any, operands: list[Any]) -> Any:
 
 
 def lower_qlut(ctx: LowerContext, node: Any, operands: list[Any]) -> ValueRef:
+    """``lut`` (256 entries) for qint8 codes, ``lut16`` (the segmented table's 513 knots) for qint16."""
+    op = node.op
     x = tensor_ref(operands[0], node)
-    c = ctx.const(f"{_hint(node)}.table", operands[1])
-    return ValueRef(ctx.emit("lut", [x], {"what": node.op.function}, {"table": c}, node.name, _hint(node)))
+    if ctx.values[x].dtype == torch.int8:
+        c = ctx.const(f"{_hint(node)}.table", operands[1])
+        return ValueRef(ctx.emit("lut", [x], {"what": op.function}, {"table": c}, node.name, _hint(node)))
+    if ctx.values[x].dtype != torch.int16:
+        raise LoweringError(
+            f"node '{node.name}': qlut ({op.function}) takes qint8 or qint16 codes, got {ctx.values[x].dtype}"
+        )
+    if operands[2].numel() == 0:
+        raise LoweringError(
+            f"node '{node.name}': qlut ({op.function}) has no segmented table for qint16 input (the function is "
+            "undefined on part of the qint16 range at its input scale); give its producer a qint8 qconfig"
+        )
+    c = ctx.const(f"{_hint(node)}.table16", operands[2].to(torch.int32))
+    attrs = {"what": op.function, "out_dtype": op.out.dtype.name}
+    return ValueRef(ctx.emit("lut16", [x], attrs, {"table": c}, node.name, _hint(node)))
 
 
 def lower_qdiv(ctx: LowerContext, node: Any, operands: list[Any]) -> ValueRef:

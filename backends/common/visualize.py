@@ -129,8 +129,8 @@ def _kernel_title(inst: Instruction) -> str:
     if inst.op in ("maxpool2d", "avgpool2d"):
         k = a.get("kernel_size")
         return f"{inst.op} {_dims(k) if isinstance(k, list) else f'{k}x{k}'}/s{_same(a.get('stride'))}"
-    if inst.op == "lut":
-        return f"lut {a.get('what', '')}".strip()
+    if inst.op in ("lut", "lut16"):
+        return f"{inst.op} {a.get('what', '')}".strip()
     if inst.op == "quantize":
         return f"quantize {a.get('dtype', '')}".strip()
     return inst.op

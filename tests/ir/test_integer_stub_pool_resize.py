@@ -256,10 +256,19 @@ def test_verify_names_the_fault() -> None:
     with pytest.raises(IRError, match="need a channel axis"):
         QDequantStub(in_scales=(0.1, 0.2))
     lut = QLut(function="Sigmoid", out=spec, in_scales=(0.1,))
+    t8, t16, none = TensorType((256,), DType.int8), TensorType((513,), DType.int32), TensorType((0,), DType.int32)
     with pytest.raises(IRError, match="256 integer entries"):
-        lut.verify([i8, TensorType((255,), DType.int8)])
-    with pytest.raises(IRError, match="reads qint8 codes"):
-        lut.verify([TensorType((1, 4), DType.int16), TensorType((256,), DType.int8)])
+        lut.verify([i8, TensorType((255,), DType.int8), t16])
+    with pytest.raises(IRError, match="513 integer knots"):
+        lut.verify([i8, t8, TensorType((512,), DType.int32)])
+    with pytest.raises(IRError, match=r"qlut \(Sigmoid\): qint16 input needs the segmented table16"):
+        lut.verify([TensorType((1, 4), DType.int16), t8, none])
+    with pytest.raises(IRError, match="read qint8 or qint16 codes"):
+        lut.verify([TensorType((1, 4), DType.int32), t8, t16])
+    with pytest.raises(IRError, match="out dtype qint32"):
+        QLut(function="Sigmoid", out=QuantSpec((0.1,), DType.qint32), in_scales=(0.1,))
+    lut.verify([i8, t8, none])  # no segmented table: qint8 input only
+    lut.verify([TensorType((1, 4), DType.int16), t8, t16])
     with pytest.raises(IRError, match="takes 2 operands"):
         QDiv(out=spec, in_scales=(0.1, 0.2), multiplier=3, shift=2).verify([i8])
     with pytest.raises(IRError, match="mode must be"):

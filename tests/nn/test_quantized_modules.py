@@ -113,10 +113,11 @@ def test_quant_stub_scale_buffer_and_dequant() -> None:
     assert torch.equal(traced(torch.tensor([3.0])), torch.tensor([6], dtype=torch.int8))
 
 
-def test_lut_int16_input_is_not_implemented() -> None:
+def test_lut_takes_qint8_and_qint16_codes_only() -> None:
     rt = RoundTrip(qnn.Exp(), [(4,)], [0.02])
-    with pytest.raises(NotImplementedError, match=r"Exp.*segmented tables"):
-        rt.quant(torch.zeros(4, dtype=torch.int16))
+    assert rt.quant(torch.zeros(4, dtype=torch.int16)).dtype == rt.quant(torch.zeros(4, dtype=torch.int8)).dtype
+    with pytest.raises(TypeError, match=r"Exp: table lookup takes qint8 or qint16 codes, got torch\.int32"):
+        rt.quant(torch.zeros(4, dtype=torch.int32))
 
 
 def test_fused_add_high_precision_is_not_implemented() -> None:

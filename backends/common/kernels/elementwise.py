@@ -25,6 +25,7 @@ from backends.common.kernels.schema import (
     KernelSchema,
     boolean,
     integer,
+    one_of,
     optional,
     text,
 )
@@ -61,6 +62,21 @@ def _lut_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Te
     if table.numel() < 256:
         raise ShapeError(f"the table has {table.numel()} entries; qint8 codes index 256")
     return [meta(x.shape, table.dtype)]
+
+
+#: a qint16 segmented table: 8 segments x 64 intervals of 128 codes, 513 knots
+_KNOTS16 = 513
+_LUT16_OUT = ("qint8", "qint16")
+
+
+def _lut16_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    x = tensor_arg(args, 0)
+    table = consts[inst.consts["table"]]
+    if x.dtype != torch.int16:
+        raise ShapeError(f"lut16 takes qint16 codes (a segmented table), got {x.dtype}")
+    if table.numel() != _KNOTS16:
+        raise ShapeError(f"a segmented table has {_KNOTS16} knots, got {table.numel()}")
+    return [code(x.shape, inst.attrs["out_dtype"])]
 
 
 def _div_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
@@ -187,6 +203,29 @@ def lut(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -
         raise NotImplementedError(f"lut ({inst.source}): only qint8 input has a table; got {x.dtype}")
     table = state["table"]
     return [table[x.to(torch.int64) + 128]]
+
+
+@register_kernel(
+    "lut16",
+    schema=KernelSchema(
+        attrs={"what": text(64, required=False), "out_dtype": one_of(*_LUT16_OUT)},
+        consts={"table": Const(("int32",), (1, 1))},
+        shape=_lut16_shape,
+    ),
+)
+def lut16(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+    """A qint16 segmented table (docs/semantics.md "Table lookup"): the offset code ``u = q + 32768``
+    falls in interval ``j = u // 128`` at ``r = u - 128 j``; the result interpolates the int32
+    knots ``t[j]``, ``t[j + 1]`` as ``t[j] + floor(((t[j+1] - t[j]) r + 64) / 128)``, saturated.
+
+    int32 knots keep ``(t[j+1] - t[j]) r`` below 2**39, exact in int64."""
+    t = state["table"].to(torch.int64)
+    u = args[0].to(torch.int64) + 32768
+    j = torch.div(u, 128, rounding_mode="floor")
+    r = u - 128 * j
+    left = t[j]
+    step = torch.div((t[j + 1] - left) * r + 64, 128, rounding_mode="floor")
+    return [sat_to(left + step, str(inst.attrs["out_dtype"]))]
 
 
 @register_kernel(

@@ -3,9 +3,10 @@
 * ``qrelu``: ``max(q, 0)``; ``qrelu6``: ``clamp(q, 0, bound)`` with ``bound = round(6 / s)``;
   ``qidentity``: the codes unchanged (an integer Identity, also what QAT Dropout converts to).
   All three keep the input's scale and dtype (:class:`~qir.ir.ops.integer_codes.SameScaleOp`).
-* ``qlut``: ``table[q + 128]``, a 256-entry table of a nonlinear function for qint8 codes;
-  the table is the state operand ``table``, ``function`` names the float function
-  (``"Sigmoid"``, ``"Exp"``) as the module records it.
+* ``qlut``: a nonlinear function by table lookup: ``table[q + 128]`` (256 entries) for qint8
+  codes, the segmented table ``table16`` (513 knots, interpolated) for qint16 codes; both are
+  state operands, ``function`` names the float function (``"Sigmoid"``, ``"Exp"``) as the
+  module records it.
 * ``qdiv``: ``x / y`` by exact integer division with the rule's multiplier and shift
   (docs/semantics.md "Division").
 """
@@ -34,7 +35,10 @@ from qir.ir.ops.integer_codes import (
 )
 from qir.ir.types import DType, QuantSpec, TensorType, Type
 
-__all__ = ["QDiv", "QIdentity", "QLut", "QRelu", "QRelu6"]
+__all__ = ["KNOTS16", "QDiv", "QIdentity", "QLut", "QRelu", "QRelu6"]
+
+#: knots of a qint16 segmented table: 8 segments x 64 intervals of 128 codes, plus the end knot
+KNOTS16 = 8 * 64 + 1
 
 
 @register_op
@@ -93,12 +97,15 @@ class QIdentity(SameScaleOp):
 @register_op
 @attrs.frozen
 class QLut(IntegerModuleOp):
-    """``table[q + 128]`` for qint8 codes: one 256-entry table of ``function`` at the input and
-    output scales (docs/semantics.md "Table lookup")."""
+    """``function`` by table lookup at the input and output scales (docs/semantics.md "Table
+    lookup"): qint8 codes index the 256-entry ``table`` (``table[q + 128]``); qint16 codes
+    interpolate between the 513 knots of ``table16`` (8 segments of 64 intervals of 128
+    codes). ``table16`` is empty when the function is undefined (NaN) somewhere on the qint16
+    range at the input scale: such a layer takes qint8 codes only."""
 
     name: ClassVar[str] = "qlut"
     operand_names: ClassVar[tuple[str, ...]] = ("input",)
-    state_roles: ClassVar[tuple[str, ...]] = ("table",)
+    state_roles: ClassVar[tuple[str, ...]] = ("table", "table16")
 
     function: str
     out: QuantSpec
@@ -109,6 +116,8 @@ class QLut(IntegerModuleOp):
             raise IRError(f"qlut: function must name a function (an identifier), got {self.function!r}")
         if len(self.in_scales) != 1 or self.out.axis is not None:
             raise IRError(f"qlut: one per-tensor input and output scale, got {self.in_scales} and {self.out}")
+        if self.out.dtype not in (DType.qint8, DType.qint16):
+            raise IRError(f"qlut: a table holds qint8 or qint16 codes, got out dtype {self.out.dtype.name}")
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
         return shaped_like(self.name, operand_types[0], self.out)
@@ -116,15 +125,21 @@ class QLut(IntegerModuleOp):
     def verify_(self, operand_types: Sequence[Type]) -> None:
         super().verify_(operand_types)
         check_scales(self.name, "scales", (*self.in_scales, *self.out.scale))
-        if code_dtype(self.name, operand_types[0]) is not DType.qint8:
-            raise IRError(
-                f"qlut: one 256-entry table reads qint8 codes, got {operand_types[0]} (qint16 input needs "
-                "segmented tables, not implemented)"
-            )
-        table = operand_types[1]
-        assert isinstance(table, TensorType)
+        table, table16 = operand_types[1], operand_types[2]
+        assert isinstance(table, TensorType) and isinstance(table16, TensorType)
         if table.shape != (256,) or table.dtype.is_float:
             raise IRError(f"qlut: table must hold 256 integer entries, got {table}")
+        if table16.shape not in ((KNOTS16,), (0,)) or table16.dtype.is_float:
+            raise IRError(f"qlut: table16 must hold {KNOTS16} integer knots (or none), got {table16}")
+        dt = code_dtype(self.name, operand_types[0])
+        if dt is DType.qint16 and table16.shape != (KNOTS16,):
+            raise IRError(
+                f"qlut ({self.function}): qint16 input needs the segmented table16, which is empty: the function "
+                f"is undefined (NaN) on part of the qint16 range at input scale {self.in_scales[0]:.6g}; use a "
+                "qint8 qconfig for the producer or restrict the function's domain"
+            )
+        if dt not in (DType.qint8, DType.qint16):
+            raise IRError(f"qlut: tables read qint8 or qint16 codes, got {operand_types[0]}")
 
     def float_op(self) -> type | None:
         cls = float_class(self.function) or getattr(nn, self.function, None)

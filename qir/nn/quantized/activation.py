@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from backends.common import numerics
+from backends.common.lut_segmented import lut_int16, lut_int16_apply
 from qir.nn.qat.activation import ReLU as QATReLU
 from qir.nn.qat.activation import ReLU6 as QATReLU6
 from qir.nn.qat.activation import UnaryLUT as QATUnaryLUT
@@ -51,17 +52,31 @@ class ReLU6(QuantizedModule):
 
 
 class UnaryLUT(QuantizedModule):
-    """``table[q + 128]``: a 256-entry table of ``f`` (``numerics.lut_int8``) for qint8 input."""
+    """``f`` by table lookup: qint8 input through a 256-entry table (``numerics.lut_int8``),
+    qint16 input through a segmented table of 513 interpolated knots (``lut_segmented.lut_int16``).
+
+    Both tables are built at conversion (the module does not know its input dtype before it
+    runs); ``table16`` is empty when ``f`` is undefined (NaN) somewhere on the qint16 range at
+    the input scale, and qint16 input is then refused. ``lut_int16`` measures the segmented
+    table's worst error against ``f`` in output LSBs (docs/semantics.md "Table lookup").
+    """
 
     table: torch.Tensor
+    table16: torch.Tensor
     op_name: str
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.int16:
+            if self.table16.numel() == 0:
+                raise NotImplementedError(
+                    f"{self.op_name}: the function is undefined (NaN) on part of the qint16 input range at input "
+                    f"scale {self.per_tensor_input(0):.6g}, so there is no segmented table; restrict the input range "
+                    "or use a qint8 qconfig for the producer"
+                )
+            assert self.dtype is not None  # from_qat and the IR builder always set the tables' output dtype
+            return lut_int16_apply(self.table16, x, self.dtype)
         if x.dtype != torch.int8:
-            raise NotImplementedError(
-                f"{self.op_name}: only qint8 input is implemented (one 256-entry table); qint16 input needs "
-                "segmented tables, which are not implemented. Use a qint8 qconfig for the producer"
-            )
+            raise TypeError(f"{self.op_name}: table lookup takes qint8 or qint16 codes, got {x.dtype}")
         return numerics.lut_apply(self.table, x)
 
     @classmethod
@@ -76,7 +91,14 @@ class UnaryLUT(QuantizedModule):
         fn = qat.function()
         with torch.no_grad():
             table = numerics.lut_int8(fn, new.per_tensor_input(0), float(new.scale[0]), fq.dtype)
+            try:
+                entries = lut_int16(fn, new.per_tensor_input(0), float(new.scale[0]), fq.dtype).entries
+            except ValueError:
+                # f is undefined on part of the qint16 range at this scale (a qint8 producer's scale
+                # reaches 256x further in qint16 codes): no segmented table; qint16 input is refused
+                entries = torch.zeros(0, dtype=torch.int32)
         new.register_buffer("table", table)
+        new.register_buffer("table16", entries)
         return new
 
     def extra_repr(self) -> str:
@@ -110,6 +132,7 @@ def _from_qlut(op: Any, tensors: dict[str, torch.Tensor]) -> UnaryLUT:
     m._set_scales(op.in_scales, op.out.scale[0], op.out.dtype)
     m.op_name = op.function
     m.register_buffer("table", tensors["table"])
+    m.register_buffer("table16", tensors["table16"])
     return m
 
 

@@ -28,6 +28,7 @@ from backends.common.integer_rules import (
     mul_scalar_int,
     ratio_params,
 )
+from backends.common.lut_segmented import lut_int16, lut_int16_apply
 from qir.ir.types import DType
 from qir.nn.modules.functional import Dims, FloatFunctional, _dims
 from qir.nn.qat.functional import FloatFunctional as QATFloatFunctional
@@ -177,12 +178,15 @@ class QFunctional(QuantizedModule):
         return torch.minimum(self._to_out(x, 0, "minimum"), self._to_out(y, 1, "minimum"))
 
     def _lut(self, x: torch.Tensor, method: str, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        dt = self._qdtype(method)
+        if x.dtype == torch.int16 and method == "exp":
+            knots = self._cached((method, "qint16"), lambda: lut_int16(fn, self._in(0), self._out, dt).entries)
+            return lut_int16_apply(knots, x, dt)
         if x.dtype != torch.int8:
             raise NotImplementedError(
-                f"QFunctional.{method}: only qint8 input is implemented; qint16 input needs segmented tables, "
-                "which are not implemented"
+                f"QFunctional.{method}: {x.dtype} input has no table; {method} takes qint8 codes"
+                + (" (a step function has no interpolated qint16 table)" if method != "exp" else "")
             )
-        dt = self._qdtype(method)
         table = self._cached((method,), lambda: numerics.lut_int8(fn, self._in(0), self._out, dt))
         return numerics.lut_apply(table, x)
 

@@ -1,0 +1,187 @@
+"""qint16 table lookups end to end: prepare -> calibrate -> QAT -> convert -> IR -> compile -> artifact.
+
+A table-lookup op fed by a qint16 producer converts to ``qlut`` with its segmented table
+(``table16``), lowers to the ``lut16`` kernel, and the QAT model in validation state, the
+converted model, the IR interpreter and the loaded artifact give the same codes; the march
+tables allow it on Bayes and refuse it on Bernoulli2, as the seeds' operator tables do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import qir.nn as qnn
+from qir.frontend import trace
+from qir.ir import parse_graph, print_graph, run_graph
+from qir.march import march_scope
+from qir.nn.quantized import FloatFunctional
+from qir.quantization import (
+    DeQuantStub,
+    QuantStub,
+    check_model,
+    compile_model,
+    convert_fx,
+    get_default_qat_qconfig,
+    load_compiled,
+    prepare_qat_fx,
+    set_fake_quantize,
+)
+
+FUNCTIONS = {
+    "Sigmoid": nn.Sigmoid,
+    "Tanh": nn.Tanh,
+    "Hardsigmoid": nn.Hardsigmoid,
+    "Hardswish": nn.Hardswish,
+    "SiLU": nn.SiLU,
+    "GELU": nn.GELU,
+    "Exp": qnn.Exp,
+}
+
+
+class _Net(nn.Module):
+    def __init__(self, act: nn.Module) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.act = act
+        self.conv2 = nn.Conv2d(4, 2, 1)
+        self.dequant = DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.conv2(self.act(self.conv(self.quant(x)))))
+
+
+def _qconfig(out16: bool) -> dict[str, object]:
+    q16 = get_default_qat_qconfig(dtype="qint16")
+    names = {"conv": q16, "act": q16} if out16 else {"conv": q16}
+    return {"": get_default_qat_qconfig(), "module_name": names}
+
+
+def _trained(fn: str, out16: bool) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 8, 8)
+    with march_scope("bayes"):
+        m = prepare_qat_fx(_Net(FUNCTIONS[fn]()).eval(), _qconfig(out16))
+        set_fake_quantize(m, "calibration")
+        for i in range(3):
+            m(x * (1 + i / 2))
+        set_fake_quantize(m, "qat")
+        m.train()
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        for _ in range(2):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            opt.step()
+        m.eval()
+        set_fake_quantize(m, "validation")
+    return m, x
+
+
+@pytest.mark.parametrize("out16", [False, True], ids=["out8", "out16"])
+@pytest.mark.parametrize("fn", list(FUNCTIONS))
+def test_validation_converted_ir_and_artifact_agree(fn: str, out16: bool, tmp_path: Path) -> None:
+    m, x = _trained(fn, out16)
+    with march_scope("bayes"):
+        conv = convert_fx(m)
+    g = trace(conv, x)
+    (lut,) = [n for n in g.nodes if n.op.name == "qlut"]
+    assert lut.operands[0].type.dtype.name in ("qint16", "int16")
+    assert lut.op.out.dtype.name == ("qint16" if out16 else "qint8")
+    assert tuple(lut.operands[2].type.shape) == (513,)
+    text = print_graph(g)
+    g2 = parse_graph(text, constants=g.constants, objects=g.objects)
+    assert print_graph(g2) == text
+    assert not check_model(conv, x, march="bayes").violations
+    compile_model(conv, x, hbm=tmp_path / "m.hbm")
+    loaded = load_compiled(tmp_path / "m.hbm")
+    assert "lut16" in [i.op for i in loaded.program.instructions]
+    for scale in (1.0, 3.0):  # the second saturates the qint16 producer
+        xi = x * scale
+        want = conv(xi)
+        with torch.no_grad():
+            assert torch.equal(m(xi), want)
+        assert torch.equal(run_graph(g2, xi), want)
+        assert torch.equal(loaded(xi), want)
+
+
+class _Stub16(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.act = nn.Tanh()
+        self.dequant = DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.act(self.quant(x)))
+
+
+def test_every_qint16_code_compiles_to_the_converted_codes() -> None:
+    """The lut16 kernel and the quantized module are two spellings of one rule: all 65,536 codes."""
+    q16 = get_default_qat_qconfig(dtype="qint16")
+    with march_scope("bayes"):
+        m = prepare_qat_fx(_Stub16().eval(), {"": q16})
+        set_fake_quantize(m, "calibration")
+        m(torch.tensor([-3.0, 3.0]))
+        set_fake_quantize(m, "validation")
+        conv = convert_fx(m)
+    s = float(conv.get_submodule("quant").scale[0])
+    x = torch.arange(-32768, 32768, dtype=torch.float32) * s
+    compiled = compile_model(conv, x, march="bayes")
+    codes = conv.get_submodule("quant")(x)
+    assert int(codes.min()) == -32768 and int(codes.max()) == 32767 and codes.unique().numel() == 65536
+    assert torch.equal(compiled(x), conv(x))
+
+
+def test_bernoulli2_tables_refuse_a_qint16_table_input() -> None:
+    m, x = _trained("Sigmoid", False)
+    with march_scope("bayes"):
+        conv = convert_fx(m)
+    report = check_model(conv, x, march="bernoulli2")
+    assert "act" in {v.node for v in report.violations}
+
+
+class _FFExp(nn.Module):
+    def __init__(self, method: str) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.ff = FloatFunctional()
+        self.method = method
+        self.dequant = DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(getattr(self.ff, self.method)(self.conv(self.quant(x))))
+
+
+def test_floatfunctional_exp_of_qint16_codes(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 5)
+    with march_scope("bayes"):
+        m = prepare_qat_fx(_FFExp("exp").eval(), _qconfig(False))
+        m(x)
+        set_fake_quantize(m, "validation")
+        conv = convert_fx(m)
+    assert "qlut_method" in {n.op.name for n in trace(conv, x).nodes}
+    compile_model(conv, x, hbm=tmp_path / "m.hbm")
+    loaded = load_compiled(tmp_path / "m.hbm")
+    assert "lut16" in [i.op for i in loaded.program.instructions]
+    with torch.no_grad():
+        assert torch.equal(m(x), conv(x))
+    assert torch.equal(loaded(x), conv(x))
+
+
+def test_floatfunctional_ceil_of_qint16_codes_is_refused() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 5)
+    with march_scope("bayes"):
+        m = prepare_qat_fx(_FFExp("ceil").eval(), _qconfig(False))
+        m(x)
+        set_fake_quantize(m, "validation")
+        conv = convert_fx(m)
+    for model in (m, conv):  # validation runs the converted model
+        with pytest.raises(NotImplementedError, match=r"QFunctional\.ceil: torch\.int16 input has no table"):
+            model(x)
