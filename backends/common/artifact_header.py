@@ -212,6 +212,13 @@ def check_program_header(h: Any, marches: Iterable[str], kernels: Iterable[str],
                     raise HeaderError(f"{f}[{i}]", f"rank {len(s)} is over the limit of {MAX_RANK}")
                 for j, d in enumerate(s):
                     _int_in(d, f"{f}[{i}][{j}]", 0, MAX_DIM)
+        if "exact_input_shapes" in h["meta"]:
+            _expect(h["meta"]["exact_input_shapes"], bool, "program.meta.exact_input_shapes", "true or false")
+        if "specialized" in h["meta"]:
+            lines = h["meta"]["specialized"]
+            _expect(lines, list, "program.meta.specialized", "an array of strings")
+            for i, line in enumerate(lines):
+                _expect(line, str, f"program.meta.specialized[{i}]", "a string")
     _expect(h["instructions"], list, "program.instructions", "an array")
     ops, consts = set(kernels), set(tensors)
     for i, d in enumerate(h["instructions"]):

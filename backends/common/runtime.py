@@ -114,6 +114,8 @@ class CompiledModel:
         declared = self.program.meta.get("input_shapes")
         if not isinstance(declared, list):
             return  # a file from before input shapes were recorded
+        # a program recorded from a forward that read sizes holds for exactly these shapes (qir.frontend.record)
+        free = 0 if self.program.meta.get("exact_input_shapes") is True else 1
         for i, (x, want) in enumerate(zip(inputs, declared, strict=False)):
             if want is None:
                 continue
@@ -122,10 +124,15 @@ class CompiledModel:
                     f"compiled model{self._where()}: input {i} must be a tensor of shape {want}, got {type(x).__name__}"
                 )
             got = list(x.shape)
-            if len(got) != len(want) or sum(g != w for g, w in zip(got, want, strict=True)) > 1:
+            if len(got) != len(want) or sum(g != w for g, w in zip(got, want, strict=True)) > free:
+                which = (
+                    "only the batch dimension may differ"
+                    if free
+                    else "exactly: its forward's Python code read sizes, see program.meta['specialized']"
+                )
                 raise InputError(
                     f"compiled model{self._where()}: input {i} has shape {got}; it was compiled for {want} "
-                    "(only the batch dimension may differ): compile again for this shape"
+                    f"({which}): compile again for this shape"
                 )
 
     def _where(self) -> str:

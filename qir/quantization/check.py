@@ -5,10 +5,11 @@
     report.violations     # the errors: node, module, operator, rule, actual, bound, advice
 
 The model (float, fused, QAT or converted ``nn.Module``) is traced with
-:func:`qir.frontend.trace` and checked by the ``legalize`` pass against the march's
-operator table (docs/legality.md). A ``torch.jit.trace`` of a module is checked as the
-module it was traced from (a TorchScript module has lost the module paths the report names
-nodes by), like ``compile_model`` does.
+:func:`qir.frontend.trace` (a model fx cannot trace: its forward's path on the example input is
+recorded, :mod:`qir.frontend.record`, and ``report.specialized`` says what that fixes) and
+checked by the ``legalize`` pass against the march's operator table (docs/legality.md). A
+``torch.jit.trace`` of a module is checked as the module it was traced from (a TorchScript
+module has lost the module paths the report names nodes by), like ``compile_model`` does.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from passes.legalize import (
     resolve_march,
 )
 from passes.manager import run_pipeline
-from qir.frontend import trace
+from qir.frontend.record import trace_or_record
 from qir.quantization.hybrid import CPU, HybridPlan, hybrid_plan_of
 from qir.quantization.jit_source import traced_original
 
@@ -124,6 +125,8 @@ class LegalityReport:
     advice: int = 0
     #: hybrid models: the CPU placements (``target (n calls): reason``), not checked against the march
     hybrid_cpu: tuple[str, ...] = ()
+    #: a model fx cannot trace: what the path checked (recorded on the example inputs) fixes
+    specialized: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -161,6 +164,9 @@ class LegalityReport:
         if self.cpu_nodes:
             head += f", {len(self.cpu_nodes)} outside the quantized region (CPU)"
         lines = [head]
+        if self.specialized:
+            lines += ["", "Checked the path the forward took on the example inputs:"]
+            lines += [f"  - {s}" for s in self.specialized]
         if self.hybrid_cpu:
             lines += ["", "Placed on the CPU (hybrid; float, not checked against the march):"]
             lines += [f"  {h}" for h in self.hybrid_cpu]
@@ -551,11 +557,13 @@ def check_model(
     subject = model
     if model.training:
         subject = copy.deepcopy(model).eval()  # check what is deployed; the user's model keeps its mode
-    graph = trace(subject, example_input)
+    graph, spec = trace_or_record(subject, example_input)
     ctx = PassContext()
     run_pipeline(graph, Legalize(march=name), ctx=ctx, inplace=True)
     result: LegalityResult = ctx.options[RESULT_KEY]
     report = report_from_result(result, int(advice or 0))
+    if spec is not None:
+        report = attrs.evolve(report, specialized=tuple(spec.lines()))
     plan = hybrid_plan_of(model)
     if plan is not None:
         report = _with_hybrid(report, plan)

@@ -5,12 +5,15 @@
     torch.equal(run(x), quantized_model(x))   # bit-exact
 
 Accepted models: a ``convert_fx`` GraphModule, an eager ``convert`` result, or a
-``torch.jit.trace`` of either. A TorchScript trace inlines the FloatFunctional arithmetic
-into anonymous aten ops, so qir does not reverse-engineer it: ``jit.trace`` shares its
-parameter and buffer tensors with the traced module (the same tensor objects), and
-``compile_model`` finds that module among the live ``nn.Module`` objects by tensor
-identity and lowers it (docs/backends.md "Compiling a jit trace"). A trace whose module
-is gone (e.g. ``torch.jit.load``) is refused with an error saying so.
+``torch.jit.trace`` of either. An eager model fx cannot trace is lowered from the path its
+forward takes on the example inputs (``qir.frontend.record``): ``program.meta["specialized"]``
+says what that path fixes, and the program is checked against the model on those inputs. A
+TorchScript trace inlines the FloatFunctional arithmetic into anonymous aten ops, so qir does
+not reverse-engineer it: ``jit.trace`` shares its parameter and buffer tensors with the traced
+module (the same tensor objects), and ``compile_model`` finds that module among the live
+``nn.Module`` objects by tensor identity and lowers it (docs/backends.md "Compiling a jit
+trace"). A trace whose module is gone (e.g. ``torch.jit.load``) is refused with an error saying
+so.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from passes.instruments import Instrument
 from passes.legalize import RESULT_KEY, Legalize
 from passes.manager import run_pipeline
 from passes.pipeline import Pipeline
+from qir.frontend.record import Specialization, same_outputs, trace_or_record
 from qir.ir.graph import Graph
 from qir.ir.ops.core import Call
 from qir.march import March, get_march
@@ -127,12 +131,11 @@ class _RefuseIllegal(Instrument):
 
 def _run_pipeline(
     root: nn.Module, inputs: tuple[Any, ...], march: str, pipe: Pipeline, check: bool, user_pipeline: bool
-) -> Program:
-    """Trace ``root`` (eval mode) to IR, run ``pipe`` and return the Program its ``lower`` stored."""
-    from qir.frontend import trace
-
+) -> tuple[Program, Specialization | None]:
+    """Trace ``root`` (eval mode) to IR, run ``pipe`` and return the Program its ``lower`` stored
+    (and, for a model fx cannot trace, what the path recorded on ``inputs`` specializes)."""
     subject = copy.deepcopy(root).eval() if root.training else root  # check and lower what is deployed
-    graph = trace(subject, inputs)
+    graph, spec = trace_or_record(subject, inputs)
     _refuse_wrapped(graph)
     ctx = PassContext(options={"march": march, EXAMPLE_INPUTS_KEY: inputs})
     legalize = pipe[len(pipe) - 2] if check and len(pipe) >= 2 and isinstance(pipe[len(pipe) - 2], Legalize) else None
@@ -149,7 +152,7 @@ def _run_pipeline(
     program = ctx.options.get(PROGRAM_KEY)
     if not isinstance(program, Program):
         raise CompileError(f"the compile pipeline {str(pipe)!r} ran no lower pass: it stored no Program")
-    return program
+    return program, spec
 
 
 def _refuse_hybrid(root: nn.Module) -> None:
@@ -234,7 +237,7 @@ def compile_model(
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
-        program = _run_pipeline(root, inputs, march_name, pipe, check, pipeline is not None)
+        program, spec = _run_pipeline(root, inputs, march_name, pipe, check, pipeline is not None)
     finally:
         torch.set_num_threads(prev)
     program.meta.update(
@@ -246,9 +249,28 @@ def compile_model(
             "torch": torch.__version__,
         }
     )
+    if spec is not None:
+        # recorded on the example inputs: the program says what it fixed, and the runtime holds it to those shapes
+        program.meta.update({"specialized": spec.lines(), "exact_input_shapes": spec.exact_shapes})
+    compiled = CompiledModel(program, num_threads=num_threads)
+    if spec is not None:
+        _check_recorded(root, compiled, inputs)
     if hbm is not None:
         write_program(program, hbm)
     return CompiledModel(program, num_threads=num_threads, source=str(hbm) if hbm is not None else "")
+
+
+def _check_recorded(root: nn.Module, compiled: CompiledModel, inputs: tuple[Any, ...]) -> None:
+    """A program lowered from a recorded path must reproduce the model on the inputs it was recorded on."""
+    subject = copy.deepcopy(root).eval() if root.training else root
+    with torch.no_grad():
+        want = subject(*inputs)
+    got = compiled(*inputs)
+    if not same_outputs(got, want):
+        raise CompileError(
+            f"the program compiled from the path {type(root).__name__}'s forward took on the example inputs does not "
+            "reproduce the model's output on them bit for bit; the recorded path does not stand for the model"
+        )
 
 
 def load_compiled(

@@ -13,6 +13,7 @@ from bitexact_models import digits_net, fx_converted
 
 import qir
 from backends.common.artifact import FORMAT_VERSION, MAGIC, ArtifactError, read_program
+from backends.common.runtime import InputError
 from qir.quantization import compile_model
 
 
@@ -121,3 +122,36 @@ def test_unknown_kernel_in_file_is_refused(artifact: tuple[Path, torch.nn.Module
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match=r"nope\.hbm: cannot read"):
         qir.load_compiled(tmp_path / "nope.hbm")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("exact_input_shapes", "yes", r"program\.meta\.exact_input_shapes: must be true or false"),
+        ("specialized", "one line", r"program\.meta\.specialized: must be an array of strings"),
+        ("specialized", ["ok", 3], r"program\.meta\.specialized\[1\]: must be a string"),
+    ],
+)
+def test_specialization_fields_are_validated(
+    artifact: tuple[Path, torch.nn.Module], tmp_path: Path, field: str, value: object, message: str
+) -> None:
+    data = artifact[0].read_bytes()
+    _, _, hlen = struct.unpack_from("<8sIQ", data, 0)
+    header = json.loads(data[20 : 20 + hlen])
+    header["program"]["meta"][field] = value
+    bad = _rewrite(artifact[0], tmp_path / "s.hbm", _with_header(data, json.dumps(header).encode()), fix_digest=True)
+    with pytest.raises(ArtifactError, match=message):
+        qir.load_compiled(bad)
+
+
+def test_exact_input_shapes_hold_the_batch(artifact: tuple[Path, torch.nn.Module], tmp_path: Path) -> None:
+    data = artifact[0].read_bytes()
+    _, _, hlen = struct.unpack_from("<8sIQ", data, 0)
+    header = json.loads(data[20 : 20 + hlen])
+    header["program"]["meta"]["exact_input_shapes"] = True
+    path = _rewrite(artifact[0], tmp_path / "e.hbm", _with_header(data, json.dumps(header).encode()), fix_digest=True)
+    run, converted = qir.load_compiled(path), artifact[1]
+    x = torch.randn(2, 1, 28, 28)
+    assert torch.equal(run(x), converted(x))
+    with pytest.raises(InputError, match=r"compiled for \[2, 1, 28, 28\] \(exactly"):
+        run(torch.randn(3, 1, 28, 28))
