@@ -38,6 +38,7 @@ from qir.ir.ops.integer import IntegerModuleOp
 from qir.ir.ops.nn import BatchNorm, ConvNd, ConvTransposeNd, Linear, WeightedOp
 from qir.ir.ops.norm import LayerNorm
 from qir.ir.ops.pool import AdaptivePool, AvgPoolNd, MaxPoolNd
+from qir.ir.ops.qat import QATModuleOp
 from qir.ir.ops.reduce import Argmax, Argmin, Max, Reduction
 from qir.ir.ops.shape import Permute, Transpose
 from qir.ir.ops.vision import GridSample, Interpolate, Pad
@@ -323,7 +324,7 @@ def subject_of(node: Node, graph: Graph) -> Subject:
         if viewed is not None:
             return Subject(node, viewed, FORM_FUNCTION, spelling, tensors, Params())
         return Subject(node, None, FORM_OPAQUE, spelling, tensors, Params())
-    if isinstance(op, IntegerModuleOp):
+    if isinstance(op, (IntegerModuleOp, QATModuleOp)):
         return _integer_subject(node, op, spelling)
     if "float_functional" in node.meta:
         form = FORM_FLOAT_FUNCTIONAL
@@ -341,8 +342,9 @@ def subject_of(node: Node, graph: Graph) -> Subject:
     return Subject(node, op, form, spelling, tensors, Params())
 
 
-def _integer_subject(node: Node, op: IntegerModuleOp, spelling: str | None) -> Subject:
-    """An integer layer is checked as the float op its rows describe (``qconv`` as ``nn.Conv2d``)."""
+def _integer_subject(node: Node, op: IntegerModuleOp | QATModuleOp, spelling: str | None) -> Subject:
+    """An integer or QAT layer is checked as the float op its rows describe (``qconv`` and
+    ``qat_conv`` as ``nn.Conv2d``)."""
     fop = op.float_op()
     # tensor inputs only: a run-time size operand (resize) is not data the rows describe
     ins = tuple(v for v in op.module_inputs(node.operands) if isinstance(v, Value) and isinstance(v.type, TensorType))

@@ -28,6 +28,7 @@ def _row(name: str, cls: type[Op]) -> str:
     traits = sorted(t.__name__ for t in getattr(cls, "traits", ()))
     # integer ops get their module classes from the library that defines them (when imported)
     late = [] if getattr(cls, "state_roles", None) is None else ["integer modules of qir.nn.quantized"]
+    late = [cls.registered_by] if isinstance(getattr(cls, "registered_by", None), str) else late  # type: ignore[attr-defined]
     modules = late or [m.__name__ for m in getattr(cls, "module_types", ())]
     methods = [m for m in getattr(cls, "methods", ()) if isinstance(m, str)]
     return f"| `{name}` | `{module}.{cls.__name__}` | {', '.join(traits)} | {_cell(modules)} | {_cell(methods)} |"

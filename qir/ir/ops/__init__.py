@@ -16,6 +16,7 @@ from qir.ir.ops import (  # noqa: F401
     nn,
     norm,
     pool,
+    qat,
     quant,
     reduce,
     shape,

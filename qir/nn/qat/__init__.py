@@ -112,3 +112,6 @@ __all__ = [
 __all__ += ["GLU", "LayerNorm", "PReLU", "Softmax"]
 __all__ += ["LSTMCell", "MultiheadAttention"]
 __all__ += ["AnchorGenerator", "GridSample", "MultiScaleRoIAlign", "RoIAlign"]
+
+# registers the IR's QAT ops (qat_conv, qat_quant_stub, qat_dequant_stub) for these classes
+from qir.nn.qat import ir_ops as _ir_ops  # noqa: E402, F401
