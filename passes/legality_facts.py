@@ -358,8 +358,8 @@ def _integer_subject(node: Node, op: IntegerModuleOp | QATModuleOp, spelling: st
         return Subject(node, None, FORM_OPAQUE, spelling, ins, params)
     if isinstance(fop, type):  # a module class the tables list (QuantStub): its row, no op facts
         return Subject(node, None, FORM_MODULE, spelling, ins, params, row_class=fop)
-    if op.legality_form == FORM_FLOAT_FUNCTIONAL:
-        return Subject(node, fop, FORM_FLOAT_FUNCTIONAL, spelling, ins, params)
+    if op.legality_form in (FORM_FLOAT_FUNCTIONAL, FORM_FUNCTION):  # qgrid_sample: the F.grid_sample call
+        return Subject(node, fop, op.legality_form, spelling, ins, params)
     addend = ins[1] if bool(getattr(fop, "add", False)) and len(ins) > 1 else None
     inputs = ins[:1] if addend is not None else ins
     row_class = fop.module_types[0] if isinstance(fop, ModuleOp) and fop.module_types else None

@@ -325,11 +325,10 @@ register_method_rule("__getitem__", lambda ctx, node, name, args, kwargs: shape_
 __all__: Sequence[str] = ["lower_conv"]
 
 # The rule families in their own files register on import (they import this module's helpers):
-# lower_rules_codes (abs, clamp, compare, pad, max, topk, gather), lower_rules_sampling (grid_sample,
-# RoIAlign), lower_rules_sequence (LSTMCell, MultiheadAttention). PReLU, GLU, Softmax and LayerNorm
-# are op rules (rules_math.py) the marches register.
+# lower_rules_codes (abs, clamp, compare, pad, max, topk, gather), lower_rules_sequence (LSTMCell,
+# MultiheadAttention). The integer layers (PReLU ... GridSample, RoIAlign) are op rules
+# (backends/common/rules_*.py) the marches register.
 from backends.common import (  # noqa: E402,F401
     lower_rules_codes,
-    lower_rules_sampling,
     lower_rules_sequence,
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from backends.common import rules_layers, rules_math
+from backends.common import rules_layers, rules_math, rules_sampling
 from backends.common.lower import OpRule, register_op_rule
 from backends.common.rules_conv import lower_qconv
 from backends.common.rules_functional import FUNCTIONAL_RULES
@@ -26,6 +26,8 @@ FAMILIES: dict[str, Mapping[str, OpRule]] = {
     "functional": FUNCTIONAL_RULES,
     # PReLU, GLU, Softmax, LayerNorm
     "math": rules_math.OP_RULES,
+    # GridSample, RoIAlign, MultiScaleRoIAlign, AnchorGenerator
+    "sampling": rules_sampling.OP_RULES,
 }
 
 

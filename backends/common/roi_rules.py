@@ -18,12 +18,43 @@ import torch
 
 from backends.common.numerics import round_half_up
 
-__all__ = ["ROI_BITS", "ROI_MEAN_BITS", "axis_weights", "box_fixed", "div_half_up", "rois_of"]
+__all__ = [
+    "LEVEL_EPS",
+    "ROI_BITS",
+    "ROI_MEAN_BITS",
+    "axis_weights",
+    "box_fixed",
+    "div_half_up",
+    "level_scales",
+    "rois_of",
+]
 
 #: fraction bits of box corners, sampling positions and bilinear weights
 ROI_BITS = 12
 #: fraction bits the exact mean keeps before the output requantization
 ROI_MEAN_BITS = 8
+
+#: torchvision's LevelMapper epsilon
+LEVEL_EPS = 1e-6
+
+
+def _infer_scale(size: Sequence[int], original: Sequence[int]) -> float:
+    # torchvision: 2 ** round(log2(float32(feature / image))), from the first (height) axis
+    approx = float(size[0]) / float(original[0])
+    return 2.0 ** float(torch.tensor(approx).log2().round())
+
+
+def level_scales(
+    sizes: Sequence[Sequence[int]], image_shapes: Sequence[Sequence[int]], what: str = "MultiScaleRoIAlign"
+) -> tuple[list[float], int, int]:
+    """``(scales, k_min, k_max)`` from the features' (H, W) and the images' (H, W), as torchvision sets them up."""
+    if not image_shapes:
+        raise ValueError(f"{what}: image_shapes must list the (height, width) of every image; got an empty list")
+    original = (max(int(s[0]) for s in image_shapes), max(int(s[1]) for s in image_shapes))
+    scales = [_infer_scale(s, original) for s in sizes]
+    lvl_min = -torch.log2(torch.tensor(scales[0], dtype=torch.float32)).item()
+    lvl_max = -torch.log2(torch.tensor(scales[-1], dtype=torch.float32)).item()
+    return scales, int(lvl_min), int(lvl_max)
 
 
 def rois_of(boxes: torch.Tensor | Sequence[torch.Tensor], what: str = "RoIAlign") -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Integer rules of grid sampling (docs/semantics.md, "Grid sample").
 
 Source coordinates are fixed point with ``B`` fraction bits (``B = 15``,
-``qir.nn.qat.grid_sample.GRID_COORD_BITS``): per axis of length ``L``,
+``GRID_COORD_BITS``): per axis of length ``L``,
 ``fx = ((g * M + 2**(k-1)) >> k) + (L - 1) * 2**(B-1)`` with ``(M, k)`` the 31-bit multiplier
 of ``s_grid * span * 2**(B-1)`` (``span = L - 1`` with ``align_corners``, else ``L``): torch's
 unnormalization ``((x + 1) * span - (span - L + 1)) / 2`` scaled by ``2**B``. Bilinear
@@ -17,7 +17,12 @@ import torch
 from backends.common import numerics
 from backends.common.integer_rules import f32
 
-__all__ = ["GridAxis", "grid_axis", "grid_sample_int", "source_fixed"]
+__all__ = ["GRID_COORD_BITS", "GridAxis", "grid_axis", "grid_sample_int", "source_fixed"]
+
+#: fraction bits ``B`` of the fixed-point source coordinates and of the bilinear weights
+#: (QAT's nearest mode rounds at the same point). 15 keeps the weight rounding of a qint16
+#: output near 1 LSB, and every int64 product below 2**61 (docs/semantics.md, "Grid sample").
+GRID_COORD_BITS = 15
 
 #: bits of the coordinate multiplier (``|g * M| < 2**15 * 2**31``, exact in int64)
 COORD_MULT_BITS = 31

@@ -11,6 +11,7 @@ from qir.ir.ops import (  # noqa: F401
     integer_math,
     integer_pool,
     integer_resize,
+    integer_sampling,
     integer_stubs,
     misc,
     nn,

@@ -13,12 +13,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from backends.common.roi_rules import LEVEL_EPS, level_scales
 from qir.nn.modules.roi_align import roi_align_float
 
 __all__ = ["LEVEL_EPS", "MultiScaleRoIAlign", "level_scales", "map_levels", "selected_features"]
-
-#: torchvision's LevelMapper epsilon
-LEVEL_EPS = 1e-6
 
 
 def selected_features(x: dict[str, torch.Tensor], featmap_names: Sequence[str], what: str) -> list[torch.Tensor]:
@@ -29,25 +27,6 @@ def selected_features(x: dict[str, torch.Tensor], featmap_names: Sequence[str], 
     if not out:
         raise ValueError(f"{what}: none of featmap_names {list(featmap_names)} is in x (keys {list(x)})")
     return out
-
-
-def _infer_scale(size: Sequence[int], original: Sequence[int]) -> float:
-    # torchvision: 2 ** round(log2(float32(feature / image))), from the first (height) axis
-    approx = float(size[0]) / float(original[0])
-    return 2.0 ** float(torch.tensor(approx).log2().round())
-
-
-def level_scales(
-    sizes: Sequence[Sequence[int]], image_shapes: Sequence[Sequence[int]], what: str = "MultiScaleRoIAlign"
-) -> tuple[list[float], int, int]:
-    """``(scales, k_min, k_max)`` from the features' (H, W) and the images' (H, W), as torchvision sets them up."""
-    if not image_shapes:
-        raise ValueError(f"{what}: image_shapes must list the (height, width) of every image; got an empty list")
-    original = (max(int(s[0]) for s in image_shapes), max(int(s[1]) for s in image_shapes))
-    scales = [_infer_scale(s, original) for s in sizes]
-    lvl_min = -torch.log2(torch.tensor(scales[0], dtype=torch.float32)).item()
-    lvl_max = -torch.log2(torch.tensor(scales[-1], dtype=torch.float32)).item()
-    return scales, int(lvl_min), int(lvl_max)
 
 
 def map_levels(

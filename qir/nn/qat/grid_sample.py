@@ -9,16 +9,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.common.numerics import round_half_up
+from backends.common.sampling_rules import GRID_COORD_BITS
 from qir.nn.modules.grid_sample import GridSample as FloatGridSample
 from qir.nn.qat._base import QATModule, make_activation_fq, resolve_qconfig
 from qir.quantization.qconfig import QConfig
 
 __all__ = ["GRID_COORD_BITS", "GridSample", "grid_sample_nearest"]
-
-#: fraction bits ``B`` of the fixed-point source coordinates and of the bilinear weights
-#: (QAT's nearest mode rounds at the same point). 15 keeps the weight rounding of a qint16
-#: output near 1 LSB, and every int64 product below 2**61 (docs/semantics.md, "Grid sample").
-GRID_COORD_BITS = 15
 
 
 def _unnormalize(g: torch.Tensor, size: int, align_corners: bool) -> torch.Tensor:

@@ -64,3 +64,23 @@ def _legality_view(m: nn.Module) -> type | None:
 
 
 register_module_view(_legality_view)
+
+
+# ----------------------------------------------------------------------------- the IR's qanchor_generator op
+
+
+def _from_qanchor_generator(op: Any, tensors: dict[str, torch.Tensor]) -> AnchorGenerator:
+    m = AnchorGenerator()
+    m.sizes, m.aspect_ratios = tuple(op.sizes), tuple(op.aspect_ratios)
+    m._set_scales(op.in_scales, None, None, n=len(op.in_scales))
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import register_integer_module
+    from qir.ir.ops.integer_sampling import QAnchorGenerator
+
+    register_integer_module(QAnchorGenerator, AnchorGenerator, _from_qanchor_generator)
+
+
+_register_ir()

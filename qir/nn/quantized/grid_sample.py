@@ -79,3 +79,28 @@ def _legality_view(m: nn.Module) -> GridSampleOp | None:
 
 
 register_module_view(_legality_view)
+
+
+# ----------------------------------------------------------------------------- the IR's qgrid_sample op
+
+
+def _from_qgrid_sample(op: Any, tensors: dict[str, torch.Tensor]) -> GridSample:
+    m = GridSample()
+    m.mode, m.padding_mode, m.align_corners = op.mode, op.padding_mode, bool(op.align_corners)
+    if op.mode == "nearest":  # codes copied: the input's scale, the input's dtype
+        m._set_scales(op.in_scales, None, None)
+        m.register_buffer("scale", m.input_scale_0.clone())
+    else:
+        m._set_scales(op.in_scales, torch.tensor(op.out.scale), op.out.dtype)
+        m.multiplier, m.shift = int(op.multiplier), int(op.shift)
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import register_integer_module
+    from qir.ir.ops.integer_sampling import QGridSample
+
+    register_integer_module(QGridSample, GridSample, _from_qgrid_sample)
+
+
+_register_ir()

@@ -111,3 +111,26 @@ def _legality_view(m: nn.Module) -> type | None:
 
 
 register_module_view(_legality_view)
+
+
+# ----------------------------------------------------------------------------- the IR's qmulti_scale_roi_align op
+
+
+def _from_qmulti_scale_roi_align(op: Any, tensors: dict[str, torch.Tensor]) -> MultiScaleRoIAlign:
+    m = MultiScaleRoIAlign()
+    m.featmap_names, m.output_size = list(op.featmap_names), tuple(op.output_size)
+    m.sampling_ratio = int(op.sampling_ratio)
+    m.canonical_scale, m.canonical_level = int(op.canonical_scale), int(op.canonical_level)
+    m._set_scales(op.in_scales, torch.tensor(op.out.scale), op.out.dtype, n=len(op.in_scales))
+    m.multipliers, m.shifts = list(op.multipliers), list(op.shifts)
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import register_integer_module
+    from qir.ir.ops.integer_sampling import QMultiScaleRoIAlign
+
+    register_integer_module(QMultiScaleRoIAlign, MultiScaleRoIAlign, _from_qmulti_scale_roi_align)
+
+
+_register_ir()

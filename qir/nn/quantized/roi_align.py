@@ -86,3 +86,25 @@ def _legality_view(m: nn.Module) -> type | None:
 
 
 register_module_view(_legality_view)
+
+
+# ----------------------------------------------------------------------------- the IR's qroi_align op
+
+
+def _from_qroi_align(op: Any, tensors: dict[str, torch.Tensor]) -> RoIAlign:
+    m = RoIAlign()
+    m.output_size, m.spatial_scale = tuple(op.output_size), float(op.spatial_scale)
+    m.sampling_ratio, m.aligned = int(op.sampling_ratio), bool(op.aligned)
+    m._set_scales(op.in_scales, torch.tensor(op.out.scale), op.out.dtype)
+    m.multiplier, m.shift = int(op.multiplier), int(op.shift)
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import register_integer_module
+    from qir.ir.ops.integer_sampling import QRoIAlign
+
+    register_integer_module(QRoIAlign, RoIAlign, _from_qroi_align)
+
+
+_register_ir()
