@@ -552,7 +552,10 @@ def compute_domains(graph: Graph, boundaries: dict[Node, str], assumed: str) -> 
         if kind is not None:
             dom.quantized[node] = kind == "quantize"
         elif isinstance(node.op, Constant):
-            dom.quantized[node] = True  # weights are quantized with whatever uses them
+            # weights are quantized with whatever uses them; a parameter a QuantStub quantizes
+            # (a DETR query embedding's weight) is a float input of that stub
+            users = node.users
+            dom.quantized[node] = not users or any(boundaries.get(u) != "quantize" for u in users)
         else:
             data = [v for v in node.operands if not (isinstance(v, Node) and isinstance(v.op, Constant))]
             # sizes read from a quantized tensor (x.shape[0], w // 2) are ints, not codes: a tensor

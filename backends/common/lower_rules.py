@@ -207,6 +207,10 @@ SHAPE_OPS = (
     "pixel_shuffle",
     "pixel_unshuffle",
     "channel_shuffle",
+    # a cat / stack left in a converted model joins float values (dequantized outputs, post-processing):
+    # convert turns every cat of quantized tensors into a qcat or refuses it
+    "cat",
+    "stack",
 )
 
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from backends.common.integer_rules import avg_pool_params, bilinear_taps, resize_out_size
 from backends.common.kernels.pool import adaptive_bounds
 from backends.common.lower import LowerContext, LoweringError, Named, f32_scale, names_in, shape_call, tensor_ref
-from backends.common.program import ValueRef
+from backends.common.program import Instruction, ValueRef
 
 __all__ = [
     "OP_RULES",
@@ -54,8 +54,17 @@ def clamp_codes(ctx: LowerContext, node: Named, x: Any, lo: int | None, hi: int 
 
 def lower_qquant_stub(ctx: LowerContext, node: Any, operands: list[Any]) -> ValueRef:
     op = node.op
-    x = tensor_ref(operands[0], node)
     attrs = {"scale": f32_scale(op.out.scale[0]), "dtype": op.out.dtype.name}
+    if isinstance(operands[0], torch.Tensor) and operands[0].is_floating_point():
+        # a QuantStub of a parameter (``self.query_quant(self.query_embed.weight)``): its codes are
+        # fixed, so quantize them now with the run-time rule and store them
+        from backends.common.kernels.quant import quantize
+
+        probe = Instruction("quantize", (), ("codes",), attrs, {}, node.name)
+        (codes,) = quantize(probe, [operands[0].detach().to(torch.float32)], None)
+        c = ctx.const(f"{_hint(node)}.codes", codes.contiguous())
+        return ValueRef(ctx.emit("constant", [], {}, {"value": c}, node.name, _hint(node)))
+    x = tensor_ref(operands[0], node)
     return ValueRef(ctx.emit("quantize", [x], attrs, {}, node.name, _hint(node)))
 
 

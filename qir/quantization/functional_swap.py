@@ -33,12 +33,11 @@ from qir.frontend.convert import MODULE_ORDER_KEY
 from qir.ir.graph import Graph, Node
 from qir.ir.op import Op, Ref, iter_refs
 from qir.ir.ops.core import Call
-from qir.ir.types import TensorType
-from qir.quantization.fuse import computes_tensor
+from qir.quantization.fuse import carries_tensors, computes_tensor
 from qir.quantization.fx_trace import OWNER_KEY
 from qir.quantization.names import NameAllocator
 
-__all__ = ["FUNCTIONAL_MODULES", "ModuleFactory", "swap_functionals"]
+__all__ = ["FUNCTIONAL_MODULES", "ModuleFactory", "quantized_values", "swap_functionals"]
 
 #: builds the float module for one call (None: this call stays functional)
 ModuleFactory = Callable[[Op], nn.Module | None]
@@ -193,7 +192,7 @@ def _stub_kind(obj: Any) -> str | None:
     return None
 
 
-def _quantized_values(g: Graph, inputs_quantized: bool = False) -> set[str]:
+def quantized_values(g: Graph, inputs_quantized: bool = False) -> set[str]:
     """Names of the nodes computed on quantized tensors: after a QuantStub, not past a DeQuantStub.
 
     ``inputs_quantized`` (hybrid preparation): model inputs count as quantized too, since a
@@ -203,7 +202,7 @@ def _quantized_values(g: Graph, inputs_quantized: bool = False) -> set[str]:
         op = n.op
         obj = g.objects.get(f"module:{op.target}") if isinstance(op, Call) and op.kind == "module" else None
         kind = _stub_kind(obj)
-        if not isinstance(n.type, TensorType):
+        if not carries_tensors(n.type):
             continue  # sizes read from a quantized tensor (x.shape, x.size(0)) are exact ints
         if kind == "quant" or (kind is None and any(v.name in quantized for v in n.operands)):
             quantized.add(n.name)
@@ -255,9 +254,9 @@ def swap_functionals(g: Graph, inputs_quantized: bool = False) -> dict[str, Any]
     """Replace the table's functional calls on quantized tensors by generated module calls, in place.
 
     Returns generated path -> the torch callable it replaced (for ``FuseRecord.generated``).
-    ``inputs_quantized``: see :func:`_quantized_values` (hybrid preparation).
+    ``inputs_quantized``: see :func:`quantized_values` (hybrid preparation).
     """
-    quantized = _quantized_values(g, inputs_quantized)
+    quantized = quantized_values(g, inputs_quantized)
     alloc = NameAllocator(_taken(g))
     generated: dict[str, Any] = {}
     for n in g.nodes:

@@ -36,9 +36,9 @@ from qir.frontend.emit import emit
 from qir.ir.graph import Graph, Node
 from qir.ir.op import ModuleOp, Ref
 from qir.ir.ops.core import Call, Constant
-from qir.ir.ops.elementwise import BinaryOp, Div, Mul
+from qir.ir.ops.elementwise import Add, BinaryOp, Div, Mul, Sub
 from qir.ir.ops.nn import ConvNd, ConvTransposeNd, Linear
-from qir.ir.types import ScalarType, TensorType
+from qir.ir.types import ScalarType, SequenceType, TensorType, Type
 from qir.quantization.fx_trace import build_ir, trace_fx
 from qir.quantization.names import NameAllocator
 from qir.quantization.pipelines import PipelineArg, resolve_pipeline
@@ -170,11 +170,19 @@ def built_from_sizes(g: Graph) -> set[str]:
     built: set[str] = set()
     for n in g.nodes:
         module_call = isinstance(n.op, Call) and n.op.kind == "module"
-        if not isinstance(n.type, TensorType) or isinstance(n.op, Constant) or module_call or n.scope is not None:
+        if not carries_tensors(n.type) or isinstance(n.op, Constant) or module_call or n.scope is not None:
             continue
-        if all(v.name in built or not isinstance(v.type, TensorType) for v in n.operands):
+        # a piece of a split / chunk of a traced tensor comes from that tensor, not from sizes
+        if all(v.name in built or not carries_tensors(v.type) for v in n.operands):
             built.add(n.name)
     return built
+
+
+def carries_tensors(t: Type) -> bool:
+    """A tensor, or a tuple / list holding one (``x.split(c, 1)``)."""
+    if isinstance(t, SequenceType):
+        return any(carries_tensors(e) for e in t.elements)
+    return isinstance(t, TensorType)
 
 
 def _division_as_product(g: Graph, n: Node) -> bool:
@@ -199,13 +207,63 @@ def _division_as_product(g: Graph, n: Node) -> bool:
     return False
 
 
+def _difference_as_sum(g: Graph, n: Node) -> bool:
+    """Rewrite a tensor minus a number, or a number minus a tensor (``x - 0.5``, ``1 - z`` in a GRU's
+    ``(1 - z) * h``, ``x - s`` with ``s`` computed at run time) in place as an ``add`` of the number
+    and, for ``c - x``, a ``mul`` of ``x`` by -1 before it: they become FloatFunctional
+    ``add_scalar`` / ``mul_scalar``, the only integer forms of arithmetic with a number."""
+    op = n.op
+    if not isinstance(op, Sub) or not computes_tensor(n):
+        return False
+    if op.other is not None:
+        if isinstance(op.other, bool) or not isinstance(op.other, (int, float)):
+            return False  # a Ref template (``x - y.size(1)``) stays as written
+        if not op.reverse:
+            n.op = Add(other=-float(op.other))
+            return True
+        (x,) = n.operands
+        neg = g.create_node(Mul(other=-1.0), (x,), x.type, g.unique_name(f"{n.name}_neg"))
+        g.insert_node(neg, before=n)
+        n.op = Add(other=float(op.other))
+        n.set_operands((neg,))
+        return True
+    i = run_time_scalar_operand(n)
+    if i is None:
+        return False
+    a, b = n.operands
+    kind = ScalarType("float") if i == 1 else b.type  # negate the subtrahend: the number or the tensor
+    neg = g.create_node(Mul(other=-1.0), (b,), kind, g.unique_name(f"{n.name}_neg"))
+    g.insert_node(neg, before=n)
+    n.op = Add()
+    n.set_operands((a, neg))
+    return True
+
+
 def _replace_functionals(
-    g: Graph, owners: Mapping[str, str], methods: frozenset[str], alloc: NameAllocator, record: FuseRecord
+    g: Graph,
+    owners: Mapping[str, str],
+    methods: frozenset[str],
+    alloc: NameAllocator,
+    record: FuseRecord,
+    quantized: set[str] | None = None,
 ) -> None:
+    """Generated modules for the functional calls ``methods`` covers. With ``quantized`` (the
+    names of the values computed on quantized tensors), only calls on at least one of them:
+    float code after a DeQuantStub (post-processing, ``torch.stack`` of dequantized outputs)
+    or before a QuantStub (``(x - mean) / std``) stays float, as written."""
     ff_cls = float_functional_class()
     built = built_from_sizes(g)
+
+    def on_quantized(n: Node) -> bool:
+        return quantized is None or any(v.name in quantized for v in n.operands)
+
+    if "mul_scalar" in methods and "add_scalar" in methods:  # prepare's set; fuse_fx keeps ``-`` as written
+        for n in list(g.nodes):
+            if n.scope is None and not isinstance(n.op, (Call, Constant)) and n.name not in built and on_quantized(n):
+                if _difference_as_sum(g, n) and quantized is not None:
+                    quantized.update(v.name for v in n.operands if isinstance(v.type, TensorType))
     for n in list(g.nodes):
-        if n.scope is not None or isinstance(n.op, (Call, Constant)) or n.name in built:
+        if n.scope is not None or isinstance(n.op, (Call, Constant)) or n.name in built or not on_quantized(n):
             continue
         if "mul_scalar" in methods:
             _division_as_product(g, n)
@@ -385,6 +443,7 @@ def build_fused(
     prepare_objects: Callable[[Graph], None] | None = None,
     keep_whole: frozenset[str] = frozenset(),
     pipeline: PipelineArg | None = None,
+    quantized_values: Callable[[Graph], set[str]] | None = None,
 ) -> tuple[torch.fx.GraphModule, FuseRecord]:
     """The fused float GraphModule of a deep copy of ``model``, and what fusion did.
 
@@ -393,6 +452,8 @@ def build_fused(
     (prepare turns torch's stubs into qir's) before emission. Modules at the paths in
     ``keep_whole`` (hybrid CPU modules) stay one opaque call each: never fused, kept as they are.
     ``pipeline`` replaces the prepare stage's IR pipeline (:func:`default_pipeline`).
+    ``quantized_values(g)`` names the values computed on quantized tensors: only functional calls
+    on them become generated modules (all calls when it is None).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
@@ -421,7 +482,8 @@ def build_fused(
             if f.role == "add" and f.scope:
                 ff_users[f.scope] = ff_users.get(f.scope, 0) + 1
     consumed = _place_fused(g, owners, alloc, record, module_types, ff_users)
-    _replace_functionals(g, owners, functionals, alloc, record)
+    quantized = quantized_values(g) if quantized_values is not None else None
+    _replace_functionals(g, owners, functionals, alloc, record, quantized)
     if prepare_objects is not None:
         prepare_objects(g)
     gm = emit(g, class_name=type(model).__name__)

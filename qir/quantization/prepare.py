@@ -36,7 +36,7 @@ from qir.march import March, get_march
 from qir.qat_mode import QATMode, get_qat_mode
 from qir.quantization.exact_validation import install as install_exact_validation
 from qir.quantization.fake_quantize import FakeQuantize
-from qir.quantization.functional_swap import swap_functionals
+from qir.quantization.functional_swap import quantized_values, swap_functionals
 from qir.quantization.fuse import ALL_FUNCTIONALS, FuseRecord, build_fused
 from qir.quantization.hybrid import HYBRID_KEY, HybridSpec, check_cpu_calls, cpu_modules, place_boundaries
 from qir.quantization.integer_grid import bind_integer_grid
@@ -303,6 +303,8 @@ def _prepare_float(
         keep_whole=frozenset(cpu),
         prepare_objects=lambda g: swapped.update(swap_functionals(g, inputs_quantized=hybrid is not None)),
         pipeline=pipeline,
+        # hybrid: float values may go to the BPU through generated QuantStubs, so every call counts
+        quantized_values=None if hybrid is not None else quantized_values,
     )
     check_cpu_calls(gm, cpu)
     check_shared_batch_norms(gm, cpu)

@@ -117,3 +117,25 @@ def dequantize(inst: Instruction, args: list[Any], state: torch.Tensor) -> list[
     else:
         s = s.reshape(())
     return [x.to(torch.float32) * s]
+
+
+def _constant_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
+    c = consts[inst.consts["value"]]
+    return [meta(c.shape, c.dtype)]
+
+
+def _prepare_constant(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return consts[inst.consts["value"]]
+
+
+@register_kernel(
+    "constant",
+    prepare=_prepare_constant,
+    schema=KernelSchema(
+        inputs=(0, 0), consts={"value": Const(("int8", "int16", "int32"), (0, 8))}, shape=_constant_shape
+    ),
+)
+def constant(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
+    """The codes of a parameter a QuantStub quantizes (a DETR query embedding), quantized when the
+    program was compiled; a copy, so a caller that edits an output cannot change the program."""
+    return [state.clone()]
