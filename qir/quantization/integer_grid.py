@@ -103,31 +103,52 @@ def _source_of_module(m: nn.Module, first: FakeQuantize | None) -> FakeQuantize 
     return None
 
 
-def _trace_sources(gm: torch.fx.GraphModule) -> dict[str, list[list[FakeQuantize | None]]]:
-    """Per called module path: per call site, the source fake quant of each tensor argument."""
+def _functional_site(gm: torch.fx.GraphModule, n: torch.fx.Node) -> str | None:
+    """The module path of a FloatFunctional method call (``self.ff.mul(x, y)`` traces to a
+    call_method on the module's get_attr), or None."""
+    owner = n.args[0] if n.op == "call_method" and n.args else None
+    if not isinstance(owner, torch.fx.Node) or owner.op != "get_attr":
+        return None
+    m = gm.get_submodule(str(owner.target))
+    return str(owner.target) if getattr(type(m), "grid_inputs", 0) < 0 else None
+
+
+def _trace_sources(
+    gm: torch.fx.GraphModule,
+) -> tuple[dict[str, list[list[FakeQuantize | None]]], dict[str, set[str]]]:
+    """Per called module path: per call site, the source fake quant of each tensor argument; and per
+    FloatFunctional path, the methods called."""
     from qir.quantization.scale_ops import is_preserving_call
 
     src: dict[str, FakeQuantize | None] = {}
     sites: dict[str, list[list[FakeQuantize | None]]] = {}
+    methods: dict[str, set[str]] = {}
     for n in gm.graph.nodes:
         ins = [a for a in n.args if isinstance(a, torch.fx.Node)]
         first = src.get(ins[0].name) if ins else None
+        ff = _functional_site(gm, n)
         if n.op == "call_module":
             m = gm.get_submodule(str(n.target))
             sites.setdefault(str(n.target), []).append([src.get(a.name) for a in ins])
             src[n.name] = _source_of_module(m, first)
+        elif ff is not None:  # its tensor operands, a cat's list flattened
+            operands: list[torch.fx.Node] = []
+            torch.fx.node.map_arg((n.args[1:], n.kwargs), operands.append)  # in order, repeats kept
+            sites.setdefault(ff, []).append([src.get(a.name) for a in operands])
+            methods.setdefault(ff, set()).add(str(n.target))
+            src[n.name] = _source_of_module(gm.get_submodule(ff), None)
         elif n.op in ("call_function", "call_method") and is_preserving_call(n):
             src[n.name] = first
         else:
             src[n.name] = None
-    return sites
+    return sites, methods
 
 
 def bind_integer_grid(gm: torch.fx.GraphModule, march: str) -> dict[str, str]:
     """Bind every grid-capable module of ``gm`` (class attribute ``grid_inputs``) whose tensor
     inputs come from known fake quants; in place. Returns ``{path: reason}`` for those left on
     float fake quantization."""
-    sites = _trace_sources(gm)
+    sites, methods = _trace_sources(gm)
     unbound: dict[str, str] = {}
     for path, m in gm.named_modules():
         want = getattr(type(m), "grid_inputs", 0)
@@ -138,6 +159,12 @@ def bind_integer_grid(gm: torch.fx.GraphModule, march: str) -> dict[str, str]:
         if not calls:
             unbound[path] = "not called in the graph"
             continue
+        if want < 0:  # a FloatFunctional: the operands of its call site, for the methods the grid computes
+            off = sorted(methods.get(path, set()) - type(m).grid_methods)
+            if off:
+                unbound[path] = f"FloatFunctional.{off[0]} trains with float fake quantization"
+                continue
+            want = len(calls[0])
         first = calls[0][:want]
         if any(len(c) < want or any(a is not b for a, b in zip(c[:want], first, strict=True)) for c in calls):
             unbound[path] = "called at several places with inputs of different scales"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import nn
 
@@ -12,6 +12,7 @@ from qir.nn.modules.functional import FLOAT_FUNCTIONAL_METHODS, FunctionalBase
 from qir.nn.qat._base import QATModule, make_activation_fq, resolve_qconfig
 from qir.quantization.eager_record import functional_call
 from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.integer_grid_functional import GRID_METHODS, functional_forward
 from qir.quantization.qconfig import QConfig
 
 __all__ = ["FloatFunctional"]
@@ -31,7 +32,14 @@ def _float_functional_types() -> tuple[type, ...]:
 
 
 class FloatFunctional(QATModule, FunctionalBase):
-    """QAT functional wrapper; ``activation_post_process`` None only for a high-precision ``matmul``."""
+    """QAT functional wrapper; ``activation_post_process`` None only for a high-precision ``matmul``.
+
+    In an fx-prepared model, add / sub / mul / cat / stack train on the integer grid
+    (qir.quantization.integer_grid_functional) when the call site's inputs carry known scales."""
+
+    #: as many grid inputs as the call site has tensor operands (qir.quantization.integer_grid)
+    grid_inputs: ClassVar[int] = -1
+    grid_methods: ClassVar[frozenset[str]] = GRID_METHODS
 
     def __init__(self, activation_post_process: FakeQuantize | None, qconfig: QConfig | None = None) -> None:
         super().__init__()
@@ -56,6 +64,9 @@ def _recorded(name: str) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def method(self: FloatFunctional, *args: Any, **kwargs: Any) -> Any:
+        grid = functional_forward(self, name, args, kwargs)  # None unless bound (fx-prepared models only)
+        if grid is not None:
+            return grid
         # a method call, not a module call: eager recording sees it here (eager_record.py)
         return functional_call(self, fn, args, kwargs)
 

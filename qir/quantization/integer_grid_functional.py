@@ -1,0 +1,134 @@
+"""QAT training on the integer grid for FloatFunctional add / sub / mul / cat / stack.
+
+A bound QAT ``FloatFunctional`` (``prepare_qat_fx`` binds one whose call site's tensor inputs
+all carry the scale of a known per-tensor fake quant, as for convs) computes, in its QAT
+forward, what the converted ``QFunctional`` computes on the input codes (``x / s_x``):
+
+* ``add`` / ``add_relu`` / ``sub``: ``numerics.add_params`` + ``add_int`` (``sub`` adds ``-y``,
+  ``add_relu`` clamps at 0),
+* ``mul``: the exact product requantized with ``numerics.conv_requant_params(s_x, s_y, s_out)``,
+* ``cat`` / ``concat`` / ``concatenate`` / ``stack``: each input requantized to the output scale
+  (``requant_params``; a saturating copy when the scales are equal as float32),
+
+and returns ``codes * s_out``. The output fake quant observes the float result first, as in the
+float forward, and the gradient is the float forward's: that of ``fq(f(x, y))`` (through
+``f``, masked where ``f``'s value rounds outside the output range). So the step's output equals
+what ``convert_fx`` of the state after the step's observer updates computes (docs/semantics.md,
+"Training on the integer grid").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from backends.common import numerics
+from backends.common.integer_rules import f32
+from qir.ir.types import DType
+from qir.quantization.fake_quantize import FakeQuantize, float_fake_quant_active
+from qir.quantization.integer_grid import _ATTR, GridBinding, _observe, _on, _plain_fq
+
+__all__ = ["GRID_METHODS", "functional_forward"]
+
+_BINARY = frozenset({"add", "add_relu", "sub", "mul"})
+_JOIN = frozenset({"cat", "concat", "concatenate", "stack"})
+#: the FloatFunctional methods that train on the integer grid
+GRID_METHODS = _BINARY | _JOIN
+
+
+class _GridOut(torch.autograd.Function):
+    """Forward: the integer result ``codes * s_out``; backward: the float fake quant's gradient of
+    ``y`` (the float result), passed where ``round(y / s_out)`` is inside ``[qmin, qmax]``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, y: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, qmin: int, qmax: int
+    ) -> torch.Tensor:
+        q = numerics.round_half_up(y.detach() / scale)
+        ctx.save_for_backward((q >= qmin) & (q <= qmax))
+        return codes.to(torch.float32).mul_(scale)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (inside,) = ctx.saved_tensors
+        return grad * inside.to(grad.dtype), None, None, None, None
+
+
+def _codes(t: torch.Tensor, fq: FakeQuantize) -> torch.Tensor:
+    """The int64 codes of ``t``, a tensor on ``fq``'s grid (``q * s`` up to float32 rounding)."""
+    return (t.detach() * (1.0 / fq.scale.detach()).reshape(())).round_().to(torch.int64)
+
+
+def _scale(fq: FakeQuantize) -> float:
+    return float(fq.scale.reshape(-1)[0])
+
+
+def _operands(method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[Any], int]:
+    """The call's tensor operands and, for cat / stack, the dim."""
+    if method in _JOIN:
+        xs = args[0] if args else kwargs.get("x", ())
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        return list(xs), int(dim)
+    return [args[0] if args else kwargs.get("x"), args[1] if len(args) > 1 else kwargs.get("y")], 0
+
+
+def _float_result(method: str, ts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """What the float forward computes before its output fake quant (FunctionalBase)."""
+    if method == "add":
+        return torch.add(ts[0], ts[1])
+    if method == "add_relu":
+        return torch.relu(torch.add(ts[0], ts[1]))
+    if method == "sub":
+        return torch.sub(ts[0], ts[1])
+    if method == "mul":
+        return torch.mul(ts[0], ts[1])
+    if method == "stack":
+        return torch.stack(ts, dim=dim)
+    return torch.cat(ts, dim=dim)
+
+
+def _integer_result(
+    method: str, qs: list[torch.Tensor], scales: list[float], s_out: float, march: str, dt: DType, dim: int
+) -> torch.Tensor:
+    """The converted QFunctional's rule on the input codes (qir.nn.quantized.functional)."""
+    if method in ("add", "add_relu", "sub"):
+        p = numerics.add_params(scales[0], scales[1], s_out, march, dt)
+        out = numerics.add_int(qs[0], qs[1].neg() if method == "sub" else qs[1], p, dt)
+        return out.clamp(min=0) if method == "add_relu" else out
+    if method == "mul":
+        m, s = numerics.conv_requant_params(scales[0], scales[1], s_out, march, dt)
+        return numerics.requantize(qs[0] * qs[1], m.reshape(()), s.reshape(()), dt)
+    moved = []
+    for q, s_in in zip(qs, scales, strict=True):
+        if f32(s_in) == f32(s_out):
+            moved.append(numerics.saturate(q, dt))
+        else:
+            m, s = numerics.requant_params(s_in, s_out, march, dt)
+            moved.append(numerics.requantize(q, m, s, dt))
+    return torch.stack(moved, dim=dim) if method == "stack" else torch.cat(moved, dim=dim)
+
+
+def functional_forward(m: Any, method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The integer-grid QAT forward of a bound FloatFunctional's ``method`` call, or None when it does
+    not apply (not bound, a method off the grid, a fake quant disabled or in validation, not float32
+    operands, inside :func:`~qir.quantization.fake_quantize.float_fake_quant`)."""
+    binding: GridBinding | None = m.__dict__.get(_ATTR)
+    if binding is None or method not in GRID_METHODS or float_fake_quant_active():
+        return None
+    ofq = _plain_fq(m.activation_post_process)
+    if ofq is None or not _on([*binding.inputs, ofq]):
+        return None
+    ts, dim = _operands(method, args, kwargs)
+    if len(ts) != len(binding.inputs) or not all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in ts):
+        return None
+    y = _float_result(method, ts, dim)
+    _observe(ofq, y)
+    s_out = _scale(ofq)
+    dt = DType(ofq.dtype)
+    with torch.no_grad():
+        qs = [_codes(t, fq) for t, fq in zip(ts, binding.inputs, strict=True)]
+        codes = _integer_result(method, qs, [_scale(fq) for fq in binding.inputs], s_out, binding.march, dt, dim)
+    out: torch.Tensor = _GridOut.apply(y, codes, ofq.scale.detach().reshape(()), ofq.qmin, ofq.qmax)
+    return out
