@@ -1,17 +1,20 @@
 """Mutation fuzzer over IR text: hostile or careless edits must be ParseErrors or VerifyErrors.
 
-Seeds are real graphs: the golden files under tests/golden that parse, verify and run, and
-the text of small models traced by qir's front end (conv-bn-relu-pool-linear, a residual
+Seeds are real graphs: the golden files under tests/golden that parse, verify and run, the
+text of small models traced by qir's front end (conv-bn-relu-pool-linear, a residual
 block with cat / interpolate / sigmoid gating, an attention-style block with matmul,
-softmax and layer norm). Each case applies one to three seeded mutations to one seed's
-text (numbers and dimensions set to edge values, dtypes and op names swapped, operands
-rewired, kwargs dropped or replaced, lines deleted, duplicated, swapped or spliced from
+softmax and layer norm), and the integer IR of two converted models on both marches
+(benchmarks/fuzz_ir_converted.py: qconv, qadd, qlut, qsoftmax, qlayer_norm, qcat, qmatmul, ...
+with their weights, multipliers, shifts and tables as constants). Each case applies one to
+three seeded mutations to one seed's text (numbers and dimensions set to edge values, dtypes
+and op names swapped, operands rewired, kwargs dropped or replaced, lines deleted, duplicated, swapped or spliced from
 another seed, NUL / unicode / bracket noise, hostile call targets, truncation, deep
 nesting), then
 
-1. parses it (``allow_unbound=True``: constants are filled with seeded random values of
-   their declared type, under ``max_constant_bytes``),
-2. verifies it,
+1. parses it (``allow_unbound=True``, under ``max_constant_bytes``) and binds its constants:
+   the seed's own tensor where the key and declared type still match, otherwise seeded random
+   values of the declared type,
+2. verifies it (with those constants bound: what verify sees is what runs),
 3. runs it on seeded random inputs of the declared input types.
 
 Outcomes: ``parse-error`` and ``verify-error`` are correct refusals, ``ran`` is a graph
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import platform
 import random
@@ -62,6 +66,11 @@ from qir.ir import (
     verify,
 )
 from qir.ir.types import DType
+
+try:
+    from benchmarks.fuzz_ir_converted import converted_seeds
+except ImportError:  # run as a script: benchmarks/ is on sys.path, not the repository root
+    from fuzz_ir_converted import converted_seeds  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
@@ -130,16 +139,21 @@ def _body(text: str) -> str:
     return "\n".join(out)
 
 
-def seed_texts() -> list[tuple[str, str]]:
-    """(name, text) of every seed that parses, verifies and runs unmutated."""
-    seeds: list[tuple[str, str]] = []
+Seed = tuple[str, str, dict[str, torch.Tensor]]
+
+
+@functools.cache
+def seed_texts() -> tuple[Seed, ...]:
+    """(name, text, constants) of every seed that parses, verifies and runs unmutated."""
+    seeds: list[Seed] = []
     for path in sorted(GOLDEN.rglob("*.qir")):
-        seeds.append((f"golden:{path.relative_to(GOLDEN)}", _body(path.read_text())))
+        seeds.append((f"golden:{path.relative_to(GOLDEN)}", _body(path.read_text()), {}))
     torch.manual_seed(0)
     for name, make, shape in SEED_MODELS:
         model = make().eval()
-        seeds.append((name, print_graph(trace(model, (torch.randn(shape),)))))
-    return [(n, t) for n, t in seeds if run_case(t, 0)[0] == "ran"]
+        seeds.append((name, print_graph(trace(model, (torch.randn(shape),))), {}))
+    seeds.extend(converted_seeds())
+    return tuple((n, t, c) for n, t, c in seeds if run_case(t, 0, constants=c)[0] == "ran")
 
 
 # ----------------------------------------------------------------------------- mutations
@@ -360,9 +374,13 @@ def _random_value(t: Any, g: torch.Generator) -> Any:
     raise LookupError(f"no random value of type {t}")
 
 
-def _bind_random_constants(graph: Graph, g: torch.Generator) -> None:
+def _bind_constants(graph: Graph, g: torch.Generator, seed: dict[str, torch.Tensor]) -> None:
+    """The seed's tensor where key, shape and dtype match the text's constant, else random values."""
     for key, t in list(graph.constants.items()):
-        if t.dtype.is_floating_point:
+        real = seed.get(key)
+        if real is not None and real.shape == t.shape and real.dtype == t.dtype:
+            graph.constants[key] = real
+        elif t.dtype.is_floating_point:
             graph.constants[key] = torch.randn(t.shape, generator=g).to(t.dtype)
         elif t.dtype != torch.bool:
             graph.constants[key] = torch.randint(-8, 8, t.shape, generator=g).to(t.dtype)
@@ -374,8 +392,10 @@ def _where(e: BaseException) -> str:
     return m.group(1) if m else "?"
 
 
-def run_case(text: str, seed: int, timeout: float = 0.0) -> tuple[str, str]:
-    """(outcome class, detail) of parsing, verifying and running ``text``."""
+def run_case(
+    text: str, seed: int, timeout: float = 0.0, constants: dict[str, torch.Tensor] | None = None
+) -> tuple[str, str]:
+    """(outcome class, detail) of parsing, verifying and running ``text`` (``constants``: the seed's)."""
     stage = "parse"
     try:
         with _deadline(timeout), warnings.catch_warnings():
@@ -384,14 +404,14 @@ def run_case(text: str, seed: int, timeout: float = 0.0) -> tuple[str, str]:
                 graph = parse_graph(text, allow_unbound=True, max_constant_bytes=MAX_CONSTANT_BYTES, source="<fuzz>")
             except ParseError as e:
                 return "parse-error", e.reason
+            g = torch.Generator().manual_seed(seed)
+            _bind_constants(graph, g, constants or {})
             stage = "verify"
             try:
                 verify(graph)
             except VerifyError as e:
                 return "verify-error", str(e)
             stage = "inputs"
-            g = torch.Generator().manual_seed(seed)
-            _bind_random_constants(graph, g)
             try:
                 inputs = [_random_value(a.type, g) for a in graph.inputs if not a.has_default]
             except LookupError as e:
@@ -440,10 +460,13 @@ def address_space_limit(extra_bytes: int) -> Iterator[int]:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def fuzz(cases: int, seed: int = 0, mem_bytes: int = 2 * 2**30, timeout: float = 5.0) -> dict[str, Any]:
-    """Run ``cases`` mutations; return counts per outcome class and the first example of each bug."""
-    seeds = seed_texts()
-    pool = [t for _, t in seeds]
+def fuzz(cases: int, seed: int = 0, mem_bytes: int = 2 * 2**30, timeout: float = 5.0, only: str = "") -> dict[str, Any]:
+    """Run ``cases`` mutations of the seeds whose name starts with ``only``; return counts per
+    outcome class and the first example of each bug."""
+    seeds = [s for s in seed_texts() if s[0].startswith(only)]
+    if not seeds:
+        raise ValueError(f"no seed name starts with {only!r}: names are {[n for n, _, _ in seed_texts()]}")
+    pool = [t for _, t, _ in seeds]
     rng = random.Random(seed)
     counts: Counter[str] = Counter()
     examples: dict[str, dict[str, str]] = {}
@@ -453,9 +476,9 @@ def fuzz(cases: int, seed: int = 0, mem_bytes: int = 2 * 2**30, timeout: float =
     try:
         with address_space_limit(mem_bytes) as limit:
             for i in range(cases):
-                name, text = seeds[rng.randrange(len(seeds))]
+                name, text, constants = seeds[rng.randrange(len(seeds))]
                 mutated = mutate(text, rng, pool)
-                outcome, detail = run_case(mutated, seed + i, timeout)
+                outcome, detail = run_case(mutated, seed + i, timeout, constants)
                 counts[outcome] += 1
                 if outcome not in OK_CLASSES and outcome not in examples:
                     examples[outcome] = {"seed": name, "case": str(i), "detail": detail, "text": mutated}
@@ -465,7 +488,7 @@ def fuzz(cases: int, seed: int = 0, mem_bytes: int = 2 * 2**30, timeout: float =
     return {
         "cases": cases,
         "seed": seed,
-        "seeds": [n for n, _ in seeds],
+        "seeds": [n for n, _, _ in seeds],
         "address_space_limit_bytes": limit,
         "seconds": round(time.perf_counter() - t0, 1),
         "counts": dict(counts.most_common()),
@@ -496,10 +519,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mem-gib", type=float, default=2.0, help="address space allowed above the process's size")
     ap.add_argument("--timeout", type=float, default=5.0, help="seconds per case")
+    ap.add_argument("--only", default="", help="mutate only the seeds whose name starts with this (converted:)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--txt", type=Path)
     args = ap.parse_args(argv)
-    result = fuzz(args.cases, args.seed, int(args.mem_gib * 2**30), args.timeout)
+    result = fuzz(args.cases, args.seed, int(args.mem_gib * 2**30), args.timeout, args.only)
     result["machine"] = f"{platform.machine()}, torch {torch.__version__}, python {platform.python_version()}"
     text = table(result)
     print(text)

@@ -10,7 +10,7 @@ from benchmarks.fuzz_ir import OK_CLASSES, fuzz, run_case, seed_texts, table
 
 
 def test_seeds_are_real_graphs_that_run() -> None:
-    names = [n for n, _ in seed_texts()]
+    names = [n for n, _, _ in seed_texts()]
     assert any(n.startswith("golden:") for n in names) and any(n.startswith("frontend:") for n in names)
     assert len(names) >= 8
 

@@ -216,6 +216,12 @@ class QConv(IntegerModuleOp):
             raise IRError("qconv: a fused add has no qint32 (high-precision) output")
         if self.kind != "linear":
             self._check_conv_fields()
+        if self.march not in ("bayes", "bernoulli2"):
+            raise IRError(f"qconv: march must be 'bayes' or 'bernoulli2', got {self.march!r}")
+        for name, lo, hi in (("add_multiplier", -(2**31) + 1, 2**31 - 1), ("add_shift", 0, 62), ("extra_bits", 0, 62)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise IRError(f"qconv: {name} must be an integer in [{lo}, {hi}], got {v!r}")
 
     def _check_conv_fields(self) -> None:
         """A conv's hyper-parameters, as torch would accept them (the module runs torch's conv)."""
@@ -249,6 +255,48 @@ class QConv(IntegerModuleOp):
         w = operand_types[self.num_inputs()]
         if isinstance(w, TensorType) and w.dtype not in (DType.int8, DType.int16, DType.qint8, DType.qint16):
             raise IRError(f"qconv: weight must hold int8 / int16 codes, got {w}")
+        for v in (*self.in_scales, *self.out.scale):
+            if not 0.0 < v < 3.4e38 or float(torch.tensor(v, dtype=torch.float32)) == 0.0:
+                raise IRError(f"qconv: scales must be positive and finite float32 values, got {v!r}")
+        if self.add and isinstance(operand_types[1], TensorType) and operand_types[1].dtype.is_float:
+            raise IRError(f"qconv: the fused add's addend holds codes, got {operand_types[1]}")
+        self._check_state(operand_types[self.num_inputs() :])
+
+    def _out_channels(self, w: TensorType) -> int:
+        return w.shape[1] * self.groups if self.kind == "conv_transpose2d" else w.shape[0]
+
+    def _check_state(self, state: Sequence[Type]) -> None:
+        """bias / multiplier / shift / relu6_bound: one integer per output channel (the module
+        broadcasts them along the channel axis); a per-channel ``out`` as many scales."""
+        w = state[0]
+        assert isinstance(w, TensorType)
+        if w.rank < 2:
+            raise IRError(f"qconv: weight must have at least 2 dimensions, got {w}")
+        c = self._out_channels(w)
+        for role, t in zip(self.state_roles[1:], state[1:], strict=True):
+            assert isinstance(t, TensorType)
+            if t.shape != (c,) or t.dtype.is_float:
+                raise IRError(f"qconv: {role} must hold {c} integers (one per output channel), got {t}")
+        if self.out.axis is not None and len(self.out.scale) != c:
+            raise IRError(f"qconv: a per-channel out needs {c} scales, got {len(self.out.scale)}")
+
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        """The float conv's shape rule on meta tensors (its operands ``input, weight, bias[, addend]``)."""
+        self.verify_(operand_types)
+        n = self.num_inputs()
+        x, w, b = operand_types[0], operand_types[n], operand_types[n + 1]
+        floats = [t for t in (x, w, b, *operand_types[1:n]) if isinstance(t, TensorType)]
+        if len(floats) != n + 2:
+            raise IRError(f"qconv: input, weight, bias and addend must be tensors, got {list(operand_types)}")
+        as_float = [TensorType(t.shape, DType.float32) for t in floats]
+        try:
+            shape = self.float_op().infer_type(as_float)
+        except IRError as e:
+            raise IRError(f"qconv: {e}") from None
+        except (RuntimeError, ValueError, IndexError, TypeError) as e:
+            raise IRError(f"qconv ({self.kind}) rejects its operand shapes {[str(t) for t in floats]}: {e}") from None
+        assert isinstance(shape, TensorType)
+        return self.result_type(shape.shape)
 
     def hyper_parameters(self) -> dict[str, Any]:
         """The conv hyper-parameters under the names the integer module keeps them (``hp``)."""

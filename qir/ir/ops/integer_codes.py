@@ -33,6 +33,7 @@ __all__ = [
     "check_window",
     "code_dtype",
     "float_class",
+    "float_shaped",
     "input_values",
     "per_tensor_scale",
     "register_float_class",
@@ -101,6 +102,21 @@ def shaped_like(op: str, t: Type, out: QuantSpec | None) -> TensorType:
     if not isinstance(t, TensorType):
         raise IRError(f"op {op!r} takes a tensor, got {t}")
     return TensorType(t.shape, DType.float32) if out is None else TensorType(t.shape, out.dtype, out)
+
+
+def float_shaped(op: Any, operand_types: Sequence[Type], out: QuantSpec) -> TensorType:
+    """The result type of a layer whose shape rule is its float op's (a pool window, a resize):
+    that op's shape on a float32 input of ``operand_types[0]``'s shape, at ``out``."""
+    x = operand_types[0]
+    if not isinstance(x, TensorType):
+        raise IRError(f"op {op.name!r} takes a tensor, got {x}")
+    try:
+        t = op.float_op().infer_type([TensorType(x.shape, DType.float32)])
+    except (RuntimeError, ValueError, IndexError, TypeError) as e:
+        raise IRError(f"op {op.name!r} rejects its input {x}: {e}") from None
+    if not isinstance(t, TensorType):
+        raise IRError(f"op {op.name!r}: its float op gives {t}, not a tensor")
+    return TensorType(t.shape, out.dtype, out)
 
 
 def per_tensor_scale(m: Any, buffer: str) -> float:

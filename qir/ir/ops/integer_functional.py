@@ -19,10 +19,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import attrs
+import torch
 
 from qir.ir.op import OP_REGISTRY, IRError, Op, register_op
 from qir.ir.ops.integer import IntegerModuleOp
-from qir.ir.types import DType, QuantSpec, TensorType, Type
+from qir.ir.ops.integer_codes import check_march, check_scales, code_dtype
+from qir.ir.ops.integer_probe import probe
+from qir.ir.types import DType, QuantSpec, ScalarType, TensorType, Type
 
 __all__ = [
     "QAdd",
@@ -75,6 +78,9 @@ class QFunctionalOp(IntegerModuleOp):
             raise IRError(
                 f"{self.name}: {self.scaled_inputs()} tensor input(s) need as many input scales, got {self.in_scales}"
             )
+        check_march(self.name, self.march)
+        if self.out.dtype is DType.qint32 and self.method != "matmul":
+            raise IRError(f"{self.name}: only matmul has a qint32 output; {self.method} needs qint8 / qint16")
 
     def num_inputs(self) -> int:
         return self.tensor_inputs
@@ -92,9 +98,32 @@ class QFunctionalOp(IntegerModuleOp):
 
     def verify_(self, operand_types: Sequence[Type]) -> None:
         super().verify_(operand_types)
+        check_scales(self.name, "scales", (*self.in_scales, *self.out.scale))
         for t in operand_types[: self.scaled_inputs()]:
-            if isinstance(t, TensorType) and t.dtype.is_float:
-                raise IRError(f"op {self.name!r} takes integer codes, got {t}; quantize the input first")
+            code_dtype(self.name, t)
+        for t in operand_types[self.scaled_inputs() :]:  # a number computed at run time
+            if not isinstance(t, ScalarType) or t.kind not in ("int", "float"):
+                raise IRError(f"op {self.name!r}: the number operand must be an int or a float, got {t}")
+        self.infer_type(operand_types)
+        # the requantization parameters the module derives from the scales (their limits per
+        # march and dtype) are the module's own code: run it on zero codes where that is cheap
+        probe(self, operand_types)
+
+    def result_shape(self, inputs: Sequence[torch.Tensor]) -> Sequence[int]:
+        """The result shape from meta tensors of the code operands (elementwise: broadcast)."""
+        return torch.broadcast_shapes(*(t.shape for t in inputs))
+
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        metas = []
+        for t in operand_types[: self.scaled_inputs()]:
+            if not isinstance(t, TensorType):
+                raise IRError(f"op {self.name!r} takes tensors of codes, got {t}")
+            metas.append(torch.empty(t.shape, dtype=torch.int64, device="meta"))
+        try:
+            shape = self.result_shape(metas)
+        except (RuntimeError, IndexError, ValueError, TypeError) as e:
+            raise IRError(f"op {self.name!r} ({self.method}) rejects its operand shapes: {e}") from None
+        return self.result_type(shape)
 
     def float_op(self) -> Op | None:
         name, kwargs = self.float_form()
@@ -156,8 +185,20 @@ class _ScalarOp(QFunctionalOp):
 
     scalar: float | None = None
 
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if self.scalar is not None and (
+            isinstance(self.scalar, bool) or not isinstance(self.scalar, (int, float)) or not abs(self.scalar) < 2**62
+        ):
+            raise IRError(
+                f"{self.name}: scalar must be a finite number (or None for a run-time operand), got {self.scalar!r}"
+            )
+
     def num_inputs(self) -> int:
         return 1 if self.scalar is not None else 2
+
+    def result_shape(self, inputs: Sequence[torch.Tensor]) -> Sequence[int]:
+        return inputs[0].shape
 
     def scaled_inputs(self) -> int:
         return 1
@@ -223,6 +264,19 @@ class QMatmul(QFunctionalOp):
     x_trans: bool = False
     y_trans: bool = False
 
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if not isinstance(self.x_trans, bool) or not isinstance(self.y_trans, bool):
+            raise IRError(f"qmatmul: x_trans / y_trans must be booleans, got {self.x_trans!r}, {self.y_trans!r}")
+
+    def result_shape(self, inputs: Sequence[torch.Tensor]) -> Sequence[int]:
+        x, y = inputs
+        if x.dim() < 2 or y.dim() < 2:
+            raise ValueError(f"both operands need at least 2 dimensions, got {tuple(x.shape)} and {tuple(y.shape)}")
+        xs = x.transpose(-2, -1) if self.x_trans else x
+        ys = y.transpose(-2, -1) if self.y_trans else y
+        return torch.matmul(xs, ys).shape
+
     def method_call(self, inputs: Sequence[Any]) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
         return self.method, tuple(inputs), {"x_trans": self.x_trans, "y_trans": self.y_trans}
 
@@ -259,8 +313,20 @@ class QCat(QFunctionalOp):
     count: int = 1
     dim: int = 0
 
+    def __attrs_post_init__(self) -> None:
+        for name in ("count", "dim"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise IRError(f"qcat: {name} must be an integer, got {v!r}")
+        if not 1 <= self.count <= 65536:
+            raise IRError(f"qcat: count must be in [1, 65536], got {self.count}")
+        super().__attrs_post_init__()
+
     def num_inputs(self) -> int:
         return self.count
+
+    def result_shape(self, inputs: Sequence[torch.Tensor]) -> Sequence[int]:
+        return (torch.stack if self.method == "stack" else torch.cat)(list(inputs), dim=self.dim).shape
 
     def method_call(self, inputs: Sequence[Any]) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
         return self.method, (list(inputs),), {"dim": self.dim}
@@ -298,6 +364,15 @@ class QReduce(QFunctionalOp):
     dim: tuple[int, ...] | None = attrs.field(default=None, converter=_dims)
     keepdim: bool = False
 
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if not isinstance(self.keepdim, bool):
+            raise IRError(f"qreduce: keepdim must be a boolean, got {self.keepdim!r}")
+
+    def result_shape(self, inputs: Sequence[torch.Tensor]) -> Sequence[int]:
+        x = inputs[0]
+        return x.sum().shape if self.dim is None else x.sum(dim=list(self.dim), keepdim=self.keepdim).shape
+
     def method_call(self, inputs: Sequence[Any]) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
         dim = None if self.dim is None else list(self.dim)
         return self.method, tuple(inputs), {"dim": dim, "keepdim": self.keepdim}
@@ -313,7 +388,21 @@ class QReduce(QFunctionalOp):
 @register_op
 @attrs.frozen
 class QLutMethod(QFunctionalOp):
-    """``exp`` / ``ceil`` / ``floor`` of qint8 codes through a 256-entry table."""
+    """``exp`` / ``ceil`` / ``floor`` of qint8 codes through a 256-entry table (``exp`` of qint16
+    codes through a segmented table)."""
 
     name: ClassVar[str] = "qlut_method"
     ff_methods: ClassVar[tuple[str, ...]] = ("exp", "ceil", "floor")
+
+    def result_shape(self, inputs: Sequence[torch.Tensor]) -> Sequence[int]:
+        return inputs[0].shape
+
+    def verify_(self, operand_types: Sequence[Type]) -> None:
+        dtype = code_dtype(self.name, operand_types[0])
+        if dtype is not DType.qint8 and not (dtype is DType.qint16 and self.method == "exp"):
+            raise IRError(
+                f"qlut_method: {self.method} reads qint8 codes"
+                + (" (exp also qint16)" if self.method != "exp" else " or qint16 codes")
+                + f", got {operand_types[0]}"
+            )
+        super().verify_(operand_types)

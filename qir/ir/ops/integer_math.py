@@ -24,7 +24,7 @@ from qir.ir.op import IRError, Op, register_op
 from qir.ir.ops import activation as float_act
 from qir.ir.ops import norm as float_norm
 from qir.ir.ops.integer import IntegerModuleOp, _floats
-from qir.ir.ops.integer_codes import code_dtype, per_tensor_scale
+from qir.ir.ops.integer_codes import check_int, check_scales, code_dtype, per_tensor_scale, shaped_like
 from qir.ir.types import DType, QuantSpec, TensorType, Type
 
 __all__ = ["QGlu", "QLayerNorm", "QPrelu", "QSoftmax"]
@@ -40,9 +40,21 @@ class _MathOp(IntegerModuleOp):
     def __attrs_post_init__(self) -> None:
         if len(self.in_scales) != 1 or self.out.axis is not None:
             raise IRError(f"{self.name}: one per-tensor input and output scale, got {self.in_scales} and {self.out}")
+        # the integer attributes the layer's requantization reads: int64 arithmetic, shifts below 63
+        for name in ("multiplier", "pos_multiplier"):
+            if hasattr(self, name):
+                check_int(self.name, name, getattr(self, name), -(2**31) + 1, 2**31 - 1)
+        for name in ("shift", "pos_shift"):
+            if hasattr(self, name):
+                check_int(self.name, name, getattr(self, name), 0, 62)
+
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        """The input's shape at ``out`` (GLU halves its ``dim``)."""
+        return shaped_like(self.name, operand_types[0], self.out)
 
     def verify_(self, operand_types: Sequence[Type]) -> None:
         super().verify_(operand_types)
+        check_scales(self.name, "scales", (*self.in_scales, *self.out.scale))
         code_dtype(self.name, operand_types[0])
 
 
@@ -107,8 +119,19 @@ class QGlu(_MathOp):
     multiplier: int = 0
     shift: int = 0
 
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        self.verify_(operand_types)  # dim in range, an even size
+        x = operand_types[0]
+        assert isinstance(x, TensorType)
+        shape = list(x.shape)
+        shape[self.dim] //= 2
+        return TensorType(tuple(shape), self.out.dtype, self.out)
+
     def verify_(self, operand_types: Sequence[Type]) -> None:
         super().verify_(operand_types)
+        check_scales(self.name, "sigmoid scale", self.sigmoid.scale)
+        if not isinstance(self.dim, int) or isinstance(self.dim, bool):
+            raise IRError(f"qglu: dim must be an integer, got {self.dim!r}")
         _int8_input(self.name, operand_types[0], "the 256-entry sigmoid table")
         _table(self.name, operand_types[1], 256)
         x = operand_types[0]
@@ -149,6 +172,8 @@ class QSoftmax(_MathOp):
         _int8_input(self.name, operand_types[0], "the 256-entry exp table")
         _table(self.name, operand_types[1], 256)
         x = operand_types[0]
+        if not isinstance(self.dim, int) or isinstance(self.dim, bool):
+            raise IRError(f"qsoftmax: dim must be an integer, got {self.dim!r}")
         if isinstance(x, TensorType) and not -x.rank <= self.dim < x.rank:
             raise IRError(f"qsoftmax: dim {self.dim} is out of range for {x}")
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import attrs
 from torch import nn
 
-from qir.ir.op import CannotInfer, IRError, Op, register_op
+from qir.ir.op import IRError, Op, register_op
 from qir.ir.ops import pool as float_ops
 from qir.ir.ops.integer import IntegerModuleOp, _floats
 from qir.ir.ops.integer_codes import (
@@ -25,6 +25,7 @@ from qir.ir.ops.integer_codes import (
     check_scales,
     check_window,
     code_dtype,
+    float_shaped,
     per_tensor_scale,
     same_scale_spec,
 )
@@ -60,7 +61,8 @@ class QMaxPool2d(SameScaleOp):
     ceil_mode: bool = False
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
-        raise CannotInfer(f"op {self.name!r}: the result type is the traced one")
+        self.verify_(operand_types)  # a window torch accepts
+        return float_shaped(self, operand_types, self.out)
 
     def verify_(self, operand_types: Sequence[Type]) -> None:
         super().verify_(operand_types)
@@ -90,6 +92,10 @@ class _AvgPool(IntegerModuleOp):
     def __attrs_post_init__(self) -> None:
         if len(self.in_scales) != 1 or self.out.axis is not None:
             raise IRError(f"{self.name}: one per-tensor input and output scale, got {self.in_scales} and {self.out}")
+
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        self.verify_(operand_types)
+        return float_shaped(self, operand_types, self.out)
 
     def verify_(self, operand_types: Sequence[Type]) -> None:
         super().verify_(operand_types)

@@ -17,10 +17,10 @@ import attrs
 from torch import nn
 
 from qir.ir.graph import Value
-from qir.ir.op import IRError, Op, register_op
+from qir.ir.op import CannotInfer, IRError, Op, register_op
 from qir.ir.ops import vision as float_ops
 from qir.ir.ops.integer import IntegerModuleOp, _floats
-from qir.ir.ops.integer_codes import check_int, check_scales, code_dtype, per_tensor_scale
+from qir.ir.ops.integer_codes import check_int, check_scales, code_dtype, float_shaped, per_tensor_scale
 from qir.ir.types import DType, QuantSpec, TensorType, Type
 
 __all__ = ["QInterpolate"]
@@ -88,6 +88,12 @@ class QInterpolate(IntegerModuleOp):
         module = self.to_module({})
         args, kwargs = self.module_call(self.module_inputs(operands))
         return module(*args, **kwargs)
+
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        if self.run_time_size:
+            raise CannotInfer("qinterpolate: the output size is a run-time value")
+        self.verify_(operand_types)  # an output size that is not empty nor huge
+        return float_shaped(self, operand_types, self.out)
 
     def verify_(self, operand_types: Sequence[Type]) -> None:
         super().verify_(operand_types)
