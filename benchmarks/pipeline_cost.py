@@ -8,7 +8,8 @@ baseline measured in the same run. Prints seconds per 1,000 IR nodes per stage a
 growth of that figure from the smallest to the largest size (flat = linear cost).
 
 It also times the user-facing flow on the same chains (between a QuantStub and a
-DeQuantStub, march bayes): qir's ``prepare_qat_fx`` and ``convert_fx`` beside torch.ao's
+DeQuantStub, march bayes): qir's ``prepare_qat_fx`` and ``convert_fx`` (by module swapping,
+and with ``example_inputs`` by the ``quantize`` pass) beside torch.ao's
 ``torch.ao.quantization.quantize_fx.prepare_qat_fx`` / ``convert_fx`` with the x86
 (fbgemm) qconfig mapping, and prints the qir / torch.ao ratio per stage. torch.ao's fx
 flow is deprecated upstream; its deprecation warnings are suppressed here. torch.ao runs
@@ -80,7 +81,11 @@ def measure_flows(n: int, repeat: int, nodes: int, with_ao: bool) -> dict[str, A
         prepared.eval()
         with torch.no_grad():
             prepared(x)
-        out["qir convert_fx"], _ = best_of(repeat, lambda: convert_fx(prepared))
+        out["qir convert_fx"], swapped = best_of(repeat, lambda: convert_fx(prepared))
+        # with example inputs the chain converts by the quantize pass (trace -> quantize -> emit)
+        out["qir convert_fx (quantize pass)"], by_pass = best_of(repeat, lambda: convert_fx(prepared, example_inputs=x))
+        if by_pass.meta.get("qir.convert_path") != "quantize pass" or not torch.equal(by_pass(x), swapped(x)):
+            raise SystemExit(f"chain({n}): the quantize pass path did not run or differs from module swapping")
     if with_ao:
         from torch.ao.quantization import get_default_qat_qconfig_mapping
         from torch.ao.quantization.quantize_fx import convert_fx as ao_convert_fx
@@ -227,12 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         "\nprepare_qat_fx / convert_fx, seconds per 1,000 IR nodes "
         "(torch.ao: x86 qconfig mapping, deprecation warnings suppressed)"
     )
-    print(f"{'blocks':>7} {'nodes':>7} " + " ".join(f"{s:>24}" for s in flows))
+    w = max(24, *(len(s) for s in flows))
+    print(f"{'blocks':>7} {'nodes':>7} " + " ".join(f"{s:>{w}}" for s in flows))
     for r in rows:
         d = r["flows"]["per_1000_nodes"]
         print(
             f"{r['blocks']:>7} {r['nodes']:>7} "
-            + " ".join(f"{d[s]:>24.4f}" if s in d else f"{'capped':>24}" for s in flows)
+            + " ".join(f"{d[s]:>{w}.4f}" if s in d else f"{'capped':>{w}}" for s in flows)
         )
     if any(r["blocks"] > args.ao_max_blocks for r in rows):
         print(f"torch.ao capped at {args.ao_max_blocks} blocks (--ao-max-blocks)")
@@ -240,15 +246,19 @@ def main(argv: list[str] | None = None) -> int:
     for s in flows:
         have = [r for r in rows if s in r["flows"]["per_1000_nodes"]]
         g = have[-1]["flows"]["per_1000_nodes"][s] / have[0]["flows"]["per_1000_nodes"][s]
-        print(f"  {s:<24} {g:6.2f}x  ({have[0]['blocks']} -> {have[-1]['blocks']} blocks)")
+        print(f"  {s:<{w}} {g:6.2f}x  ({have[0]['blocks']} -> {have[-1]['blocks']} blocks)")
     print("\nqir / torch.ao (below 1.0: qir faster):")
     for r in rows:
         sec = r["flows"]["seconds"]
         if "torch.ao prepare_qat_fx" in sec:
             rp = sec["qir prepare_qat_fx"] / sec["torch.ao prepare_qat_fx"]
             rc = sec["qir convert_fx"] / sec["torch.ao convert_fx"]
-            r["flows"]["qir_over_ao"] = {"prepare_qat_fx": rp, "convert_fx": rc}
-            print(f"  {r['blocks']:>5} blocks: prepare_qat_fx {rp:5.2f}x   convert_fx {rc:5.2f}x")
+            rq = sec["qir convert_fx (quantize pass)"] / sec["torch.ao convert_fx"]
+            r["flows"]["qir_over_ao"] = {"prepare_qat_fx": rp, "convert_fx": rc, "convert_fx (quantize pass)": rq}
+            print(
+                f"  {r['blocks']:>5} blocks: prepare_qat_fx {rp:5.2f}x   convert_fx {rc:5.2f}x   "
+                f"convert_fx (quantize pass) {rq:5.2f}x"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

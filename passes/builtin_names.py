@@ -15,5 +15,6 @@ BUILTIN_PASSES: dict[str, str] = {
     "fuse": "passes.fuse",
     "legalize": "passes.legalize",
     "lower": "backends.common.lower_pass",
+    "quantize": "passes.quantize",
     "remove-identity": "passes.remove_identity",
 }

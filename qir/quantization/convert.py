@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.common import numerics
+from passes.pipeline import Pipeline
+from passes.quantize import Quantize, uncovered
 from qir.frontend.convert import gc_paused
 from qir.ir.types import DType
 from qir.march import March, march_scope
@@ -54,6 +56,7 @@ from qir.quantization.wrapped_self import follow_training
 from qir.utils.fx_helper import wrapped_original
 
 __all__ = [
+    "CONVERT_PATH_KEY",
     "ConvertError",
     "ScalePlan",
     "convert_fx",
@@ -568,6 +571,8 @@ def convert_fx(
     """
     march = _march_for(qat_model, "convert_fx")
     pipe = resolve_pipeline("convert", pipeline, march)
+    if not any(isinstance(p, Quantize) for p in pipe.passes):
+        pipe = pipe + Pipeline((Quantize(march=march.value),))  # the conversion itself always runs
     from qir.nn.qat import fold_batch_norms
 
     model = copy.deepcopy(qat_model)
@@ -576,15 +581,63 @@ def convert_fx(
         gm = model
     else:
         gm = torch.fx.GraphModule(model, trace_fx(model), class_name=type(model).__name__)
+    graph, why = _qat_ir(gm, mapping, example_inputs)
+    if graph is not None:
+        return follow_training(_convert_by_passes(gm, graph, pipe))
     _convert_modules(gm, gm, march, mapping)
     gm.eval()
     gm.meta.pop(PREPARE_RECORD_KEY, None)
+    gm.meta[CONVERT_PATH_KEY] = f"module swap: {why}"
     uninstall_exact_validation(gm)
-    if len(pipe):
-        emitted, _ = run_on_module(gm, pipe, example_inputs)
+    rest = Pipeline(tuple(p for p in pipe.passes if not isinstance(p, Quantize)))
+    if len(rest):  # the integer model has no QAT op left: the passes besides quantize run on it
+        emitted, _ = run_on_module(gm, rest, example_inputs)
         if emitted is not None:
+            emitted.meta[CONVERT_PATH_KEY] = gm.meta[CONVERT_PATH_KEY]
             gm = emitted
     return follow_training(gm)
+
+
+#: ``meta`` key of a ``convert_fx`` result: how it was converted ("quantize pass", or
+#: "module swap: <why the pass could not>")
+CONVERT_PATH_KEY = "qir.convert_path"
+
+
+def _qat_ir(gm: torch.fx.GraphModule, mapping: Mapping[type, type] | None, example_inputs: Any) -> tuple[Any, str]:
+    """The QAT model's IR when the ``quantize`` pass converts all of it, else ``(None, why not)``.
+
+    The pass converts conv / linear layers and the stubs with the layout ops between them
+    (passes/quantize.py); a model with any other layer converts by module swapping, which the
+    pass's rules reuse, so both paths give the same integer model (tests/quantization/test_convert_paths.py).
+    """
+    if mapping is not None:
+        return None, "a custom mapping= is honoured by module swapping only"
+    if hybrid_plan_of(gm) is not None:
+        return None, "hybrid models convert by module swapping"
+    if example_inputs is None:
+        return None, "no example_inputs to type the QAT model's IR"
+    from qir.frontend import trace
+
+    graph = trace(gm, example_inputs)
+    bad = uncovered(graph)
+    if bad:
+        node, reason = bad[0]
+        return None, f"the quantize pass does not cover %{node}: {reason}"
+    return graph, ""
+
+
+def _convert_by_passes(gm: torch.fx.GraphModule, graph: Any, pipe: Pipeline) -> torch.fx.GraphModule:
+    """Run the convert pipeline (``quantize`` and the user's passes) on the QAT IR and emit it."""
+    from passes.base import PassContext
+    from passes.manager import run_pipeline
+    from qir.frontend import emit
+
+    result = run_pipeline(graph, pipe, ctx=PassContext(), verify_each=True)
+    out = emit(result.graph, class_name=type(gm).__name__)
+    out.meta.update({k: v for k, v in gm.meta.items() if k != PREPARE_RECORD_KEY})
+    out.meta[CONVERT_PATH_KEY] = "quantize pass"
+    out.eval()
+    return out
 
 
 def _integer_twin(qat_model: nn.Module) -> nn.Module:

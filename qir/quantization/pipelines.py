@@ -30,6 +30,7 @@ from passes.dce import DeadCodeElimination
 from passes.fuse import Fuse
 from passes.legalize import Legalize
 from passes.pipeline import Pipeline, as_pipeline
+from passes.quantize import Quantize
 from qir.march import March
 
 __all__ = ["STAGES", "PipelineArg", "Stage", "default_pipeline", "resolve_pipeline"]
@@ -63,7 +64,7 @@ def default_pipeline(stage: str, march: Any = None) -> Pipeline:
         # followed by an op the conv cannot fuse, as the plugin's fuser does
         return Pipeline((Fuse(absorb_bn=True, force_bn=True), DeadCodeElimination()))
     if stage == "convert":
-        return Pipeline(())
+        return Pipeline((Quantize(march=_march_name(march)),))
     if stage == "compile":
         name = _march_name(march)
         return Pipeline((Legalize(march=name), Lower(march=name)))

@@ -38,7 +38,7 @@ def test_passes_prints_the_default_pipelines(qir: Qir) -> None:
     rows = dict(line.split(None, 1) for line in r.out.splitlines())
     assert set(rows) == {"prepare", "convert", "compile"}
     assert rows["compile"] == "legalize{march=bernoulli2},lower{march=bernoulli2}"
-    assert rows["convert"] == "(empty)"
+    assert rows["convert"] == "quantize{march=bernoulli2}"
     assert passes.Pipeline.parse(rows["prepare"]) == default_pipeline("prepare")
     bad = qir("passes", "--pipelines", "--march", "x3000")
     assert bad.code != 0 and "x3000" in bad.err and "Traceback" not in bad.err

@@ -114,3 +114,6 @@ __all__ = [
 ]
 __all__ += ["GLU", "LayerNorm", "PReLU", "Softmax"]
 __all__ += ["LSTMCell", "MultiheadAttention"]
+
+# registers the quantize pass's rules for the IR's QAT ops
+from qir.nn.quantized import quantize_rules as _quantize_rules  # noqa: E402, F401

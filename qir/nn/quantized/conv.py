@@ -298,13 +298,15 @@ def _from_qconv(op: Any, tensors: dict[str, torch.Tensor]) -> QuantizedConvBase:
     m.num_input_scales = len(op.in_scales)
     for i, s in enumerate(op.in_scales):
         m.register_buffer(f"input_scale_{i}", torch.tensor([s], dtype=torch.float32))
-    for role in ("weight", "bias", "multiplier", "shift", "relu6_bound"):
-        m.register_buffer(role, tensors[role])
+    m.register_buffer("weight", tensors["weight"])
+    m.register_buffer("bias", tensors["bias"])
     m.dtype = op.out.dtype
     scale = torch.tensor(op.out.scale, dtype=torch.float32)
     if op.out.axis is not None:  # a qint32 accumulator's per-channel scale, shaped to broadcast
         scale = scale.reshape([len(op.out.scale)] + [1] * m._out_ndim_after_channel())
-    m.register_buffer("scale", scale)
+    m.register_buffer("scale", scale)  # where from_qat registers it: the state-dict order is the same
+    for role in ("multiplier", "shift", "relu6_bound"):
+        m.register_buffer(role, tensors[role])
     w_axis = 1 if kind == "ConvTranspose2d" else 0
     w_abs = m.weight.to(torch.int64).abs().transpose(0, w_axis)
     m.weight_l1_max = int(w_abs.reshape(w_abs.shape[0], -1).sum(dim=1).max()) if m.weight.numel() else 0

@@ -1,0 +1,185 @@
+"""``quantize``: the convert step as a pass — QAT ops become integer ops.
+
+Each QAT op (``qat_conv``, ``qat_quant_stub``, ``qat_dequant_stub``: :mod:`qir.ir.ops.qat`)
+is replaced by the integer op its conversion rule builds (``qconv``, ``qquant_stub``,
+``qdequant_stub``) from the op, its state tensors, the scales of its inputs and the march:
+int32 bias at ``s_in * s_w``, the integer multiplier / shift of the march's requantization.
+The rules are registered by op name with :func:`register_quantize_rule` by the layer that
+defines the integer modules (``qir.nn.quantized``, whose ``from_qat`` conversions they reuse),
+so this pass imports no module library.
+
+Scales flow through the graph in the types: an integer op's result type carries its output
+``QuantSpec``, and the layout ops between layers (:data:`LAYOUT_OPS`: reshape, permute, ...)
+are retyped to carry their input's, so a rule reads each input's scale from its operand type.
+The integer state replaces the QAT state under the same state-dict prefix (``conv.weight``
+is the int8 weight afterwards); the graph leaves training mode.
+
+The pass covers a graph when every value it touches is one of these; :func:`uncovered` lists
+the nodes it does not (``convert_fx`` then converts by module swapping and says why). Run
+on such a graph the pass raises :class:`QuantizeError` naming the first one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import attrs
+import torch
+
+from passes.base import Pass, PassContext, register_pass
+from passes.legalize import resolve_march
+from qir.ir.graph import Graph, Node, Value
+from qir.ir.op import IRError, Op
+from qir.ir.ops.core import Constant
+from qir.ir.ops.qat import QATModuleOp
+from qir.ir.types import TensorType
+
+__all__ = ["LAYOUT_OPS", "Quantize", "QuantizeError", "QuantizeRule", "register_quantize_rule", "uncovered"]
+
+#: rule(op, state tensors by role, input scales (float32 tensors), march) -> (integer op, its state by role)
+QuantizeRule = Callable[
+    [QATModuleOp, dict[str, torch.Tensor], list[torch.Tensor], str], tuple[Op, dict[str, torch.Tensor]]
+]
+
+_RULES: dict[str, QuantizeRule] = {}
+
+#: ops that move codes without changing them: their result keeps the input's scale and dtype
+LAYOUT_OPS = frozenset({"reshape", "flatten", "permute", "transpose", "contiguous", "squeeze", "unsqueeze", "identity"})
+
+
+class QuantizeError(IRError):
+    """The graph holds a node the ``quantize`` pass has no rule for; the message names it."""
+
+
+def register_quantize_rule(op_name: str, rule: QuantizeRule) -> None:
+    """Convert nodes of the QAT op ``op_name`` with ``rule`` (called by ``qir.nn.quantized``)."""
+    _RULES[op_name] = rule
+
+
+def uncovered(graph: Graph) -> list[tuple[str, str]]:
+    """``(node, reason)`` for each node the pass cannot convert (empty: it converts the whole graph).
+
+    Only values the QAT ops make codes count: an already-integer graph is covered (nothing to do)."""
+    return _walk(graph)[1]
+
+
+def _walk(graph: Graph) -> tuple[list[Node], list[tuple[str, str]]]:
+    """The layout nodes that carry codes after conversion, and the nodes the pass cannot convert."""
+    out: list[tuple[str, str]] = []
+    layout: list[Node] = []
+    quantized: set[Value] = set()  # values that are codes after conversion
+    for n in graph.nodes:
+        op = n.op
+        if isinstance(op, Constant):
+            continue
+        if isinstance(op, QATModuleOp):
+            if op.name not in _RULES:
+                out.append((n.name, f"op {op.name!r} has no quantize rule (import qir.nn.quantized registers qir's)"))
+            elif op.name != "qat_dequant_stub":
+                quantized.add(n)
+            continue
+        if not any(v in quantized for v in n.operands):
+            continue
+        if op.name in LAYOUT_OPS and len([v for v in n.operands if isinstance(v.type, TensorType)]) == 1:
+            quantized.add(n)
+            layout.append(n)
+            continue
+        what = f"call of {op.target!r}" if op.name == "call" else f"op {op.name!r}"  # type: ignore[attr-defined]
+        out.append((n.name, f"{what} on quantized values has no quantize rule"))
+    return layout, out
+
+
+def _state(graph: Graph, op: QATModuleOp, node: Node) -> tuple[dict[str, torch.Tensor], list[Node]]:
+    tensors: dict[str, torch.Tensor] = {}
+    nodes: list[Node] = []
+    for role, v in zip(op.param_roles(), op.module_params(node.operands), strict=True):
+        if not (isinstance(v, Node) and isinstance(v.op, Constant)):
+            raise QuantizeError(f"%{node.name} ({op.name}): state operand {role} is not a constant; cannot convert")
+        tensors[role] = graph.constants[v.op.key]
+        nodes.append(v)
+    return tensors, nodes
+
+
+def _input_scale(node: Node, v: Value) -> torch.Tensor:
+    t = v.type
+    if not isinstance(t, TensorType) or t.quant is None:
+        raise QuantizeError(f"%{node.name}: input %{v.name} has no scale ({t}); it must come from a quantized layer")
+    scale = torch.tensor(t.quant.scale, dtype=torch.float32)
+    if t.quant.axis is not None and t.rank:
+        # per channel (a qint32 accumulator): shaped to broadcast from its axis, as the layer keeps it
+        scale = scale.reshape([scale.numel()] + [1] * (t.rank - 1 - t.quant.axis % t.rank))
+    return scale
+
+
+@register_pass
+@attrs.frozen
+class Quantize(Pass):
+    """Replace every QAT op by its integer op, converted for ``march`` (default: ``ctx.options['march']``,
+    then ``qir.march.get_march()``).
+
+    Reports ``quantize.converted`` in the context's stats.
+    """
+
+    name: ClassVar[str] = "quantize"
+    summary: ClassVar[str] = "QAT ops -> integer ops (int32 bias, integer multiplier / shift)"
+
+    march: str | None = None
+
+    def apply(self, ctx: PassContext, graph: Graph) -> bool:
+        layout, bad = _walk(graph)
+        if bad:
+            node, why = bad[0]
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            raise QuantizeError(f"quantize: %{node}: {why}{more}")
+        if not any(isinstance(n.op, QATModuleOp) for n in graph.nodes):
+            return False  # nothing to convert (an integer or float graph)
+        march = resolve_march(self.march, ctx)
+        if march in ("", "none"):
+            raise QuantizeError("quantize needs a march: quantize{march=bayes}, or qir.march.set_march(...) first")
+        converted = 0
+        moves = set(layout)
+        for n in list(graph.nodes):
+            op = n.op
+            if isinstance(op, QATModuleOp):
+                self._convert(graph, n, op, str(march))
+                converted += 1
+            elif n in moves and isinstance(n.type, TensorType):
+                src = next(v.type for v in n.operands if isinstance(v.type, TensorType))
+                if isinstance(src, TensorType) and src.quant is not None:
+                    n.type = TensorType(n.type.shape, src.dtype, src.quant)
+        if converted:
+            graph.training = False
+        ctx.count("quantize.converted", converted)
+        return converted > 0
+
+    def _convert(self, graph: Graph, n: Node, op: QATModuleOp, march: str) -> None:
+        tensors, const_nodes = _state(graph, op, n)
+        inputs = op.module_inputs(n.operands)
+        scales = [_input_scale(n, v) for v in inputs if op.name != "qat_quant_stub"]
+        try:
+            new_op, new_state = _RULES[op.name](op, tensors, scales, march)
+        except (ValueError, TypeError, NotImplementedError) as e:
+            where = f" (module {n.scope})" if n.scope else ""
+            raise QuantizeError(f"quantize: %{n.name}{where}: {e}") from e
+        name, scope = n.name, n.scope
+        shape = n.type.shape if isinstance(n.type, TensorType) else ()
+        result_type = getattr(new_op, "result_type", None)
+        new_type = result_type(shape) if result_type is not None else n.type
+        new = graph.create_node(new_op, list(inputs), new_type, name=f"{name}_q", scope=scope)
+        graph.insert_node(new, after=n)
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+        for c in const_nodes:
+            if c.graph is graph and not c.users:
+                graph.erase_node(c)
+                graph.constants.pop(c.op.key, None)  # type: ignore[attr-defined]
+        graph.rename(new, name)
+        prefix = f"{scope}." if scope else ""
+        params = [self._constant(graph, prefix + role, t) for role, t in new_state.items()]
+        new.set_operands([*inputs, *params])
+
+    @staticmethod
+    def _constant(graph: Graph, key: str, tensor: torch.Tensor) -> Node:
+        kind = "parameter" if isinstance(tensor, torch.nn.Parameter) else "buffer"
+        return graph.add_constant(key, tensor, kind, name=key.replace(".", "_"))

@@ -1,0 +1,205 @@
+"""convert_fx by the ``quantize`` pass and by module swapping give the same integer model.
+
+With ``example_inputs`` (to type the QAT model's IR) a model whose layers the pass covers
+(conv / linear, fused add / ReLU / ReLU6, high-precision output, stubs, layout ops) converts by
+the pass; otherwise by module swapping, and ``meta[CONVERT_PATH_KEY]`` says why. The module-swap
+result is the oracle: outputs, state-dict keys (in order) and tensors equal exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import passes
+import qir
+from passes.quantize import Quantize, QuantizeError, uncovered
+from qir.frontend import trace
+from qir.quantization import (
+    DeQuantStub,
+    QuantStub,
+    compile_model,
+    convert_fx,
+    default_pipeline,
+    get_default_qat_out_qconfig,
+    get_default_qat_qconfig,
+    prepare_qat_fx,
+)
+from qir.quantization.convert import CONVERT_PATH_KEY
+
+
+class Block(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+        self.conv2, self.bn2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU()
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        short = x if self.down is None else self.down(x)
+        y = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(y)) + short)
+
+
+class ResNetShaped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.layer1, self.layer2 = Block(8, 8, 1), Block(8, 16, 2)
+        self.fc = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.layer2(self.layer1(self.stem(self.quant(x))))
+        return self.dequant(self.fc(torch.flatten(y, 1)))
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, c: int, expand: int) -> None:
+        super().__init__()
+        h = c * expand
+        self.pw = nn.Sequential(nn.Conv2d(c, h, 1, bias=False), nn.BatchNorm2d(h), nn.ReLU6())
+        self.dw = nn.Sequential(nn.Conv2d(h, h, 3, 1, 1, groups=h, bias=False), nn.BatchNorm2d(h), nn.ReLU6())
+        self.pwl = nn.Sequential(nn.Conv2d(h, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.pwl(self.dw(self.pw(x)))
+
+
+class MobileNetShaped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6())
+        self.blocks = nn.Sequential(InvertedResidual(8, 4), InvertedResidual(8, 6))
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.blocks(self.stem(self.quant(x)))
+        return self.dequant(self.head(y.permute(0, 2, 3, 1).reshape(-1, 8)))
+
+
+class AddCat(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.quant(x)
+        y = self.a(x)
+        return self.dequant(torch.cat([y + self.b(x), y], dim=1))
+
+
+def _qat(model: nn.Module, march: str, qconfig: dict[str, Any] | None = None) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    qir.set_march(march)
+    x = torch.randn(2, 3, 16, 16)
+    qat = prepare_qat_fx(model, qconfig or {"": get_default_qat_qconfig()}, x)
+    for _ in range(3):
+        qat(torch.randn(2, 3, 16, 16) * 2)
+    return qat.eval(), x
+
+
+def _same(a: nn.Module, b: nn.Module, x: torch.Tensor) -> None:
+    assert torch.equal(a(x), b(x))
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    assert all(torch.equal(sa[k], sb[k]) and sa[k].dtype == sb[k].dtype for k in sa)
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+@pytest.mark.parametrize("net", [ResNetShaped, MobileNetShaped])
+def test_pass_path_equals_module_swap(net: type[nn.Module], march: str) -> None:
+    torch.manual_seed(1)
+    qat, x = _qat(net(), march)
+    swapped = convert_fx(qat)
+    by_pass = convert_fx(qat, example_inputs=x)
+    assert swapped.meta[CONVERT_PATH_KEY] == "module swap: no example_inputs to type the QAT model's IR"
+    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
+    _same(swapped, by_pass, x)
+    batch = torch.randn(4, 3, 16, 16) * 3
+    assert torch.equal(swapped(batch), by_pass(batch))
+    if march == "bayes":  # bernoulli2's tables refuse the linear head
+        assert torch.equal(compile_model(by_pass, [x])(x), by_pass(x))
+
+
+def test_high_precision_head_by_the_pass() -> None:
+    qc = {"": get_default_qat_qconfig(), "module_name": {"fc": get_default_qat_out_qconfig()}}
+    qat, x = _qat(ResNetShaped(), "bayes", qc)
+    by_pass = convert_fx(qat, example_inputs=x)
+    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
+    assert by_pass.fc.dtype.name == "qint32"
+    _same(convert_fx(qat), by_pass, x)
+
+
+def test_an_uncovered_op_falls_back_to_module_swap_and_says_which() -> None:
+    qat, x = _qat(AddCat(), "bayes")
+    out = convert_fx(qat, example_inputs=x)
+    why = out.meta[CONVERT_PATH_KEY]
+    assert why.startswith("module swap: the quantize pass does not cover %")
+    assert "has no quantize rule" in why
+    _same(convert_fx(qat), out, x)
+
+
+def test_the_pass_refuses_an_uncovered_graph_naming_the_node() -> None:
+    qat, x = _qat(AddCat(), "bayes")
+    g = trace(qat, (x,))
+    (node, reason), *_ = uncovered(g)
+    with pytest.raises(passes.PassFailure) as e:
+        passes.run_pipeline(g, Quantize(march="bayes"))
+    assert isinstance(e.value.__cause__, QuantizeError) and f"%{node}" in str(e.value.__cause__)
+    assert reason in str(e.value.__cause__)
+
+
+def test_default_convert_pipeline_is_quantize_and_parses_back() -> None:
+    p = default_pipeline("convert", "bernoulli2")
+    assert str(p) == "quantize{march=bernoulli2}"
+    assert passes.Pipeline.parse(str(p)) == p
+
+
+def test_the_pass_leaves_an_integer_graph_alone() -> None:
+    qat, x = _qat(ResNetShaped(), "bayes")
+    converted = convert_fx(qat)
+    g = trace(converted, (x,))
+    assert uncovered(g) == []
+    result = passes.run_pipeline(g, Quantize(march="bayes"))
+    assert not result.any_changed
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv1, self.bn1, self.relu1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()
+        self.conv2, self.relu2 = nn.Conv2d(8, 8, 3, padding=1), nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.relu2(self.conv2(self.relu1(self.bn1(self.conv1(self.quant(x)))))))
+
+
+def test_a_user_pass_from_its_own_module_changes_the_converted_model_and_the_artifact() -> None:
+    from pathlib import Path
+
+    if "test-qat-relu-to-relu6" not in passes.available_passes():
+        passes.load_pass_module(str(Path(__file__).resolve().parents[1] / "data" / "qat_relu6_pass.py"))
+    torch.manual_seed(0)
+    qir.set_march("bayes")
+    x = torch.randn(2, 3, 8, 8) * 20
+    qat = prepare_qat_fx(Tiny(), {"": get_default_qat_qconfig()}, x)
+    qat(x)
+    qat.eval()
+    plain = convert_fx(qat, example_inputs=x)
+    clipped = convert_fx(qat, pipeline="test-qat-relu-to-relu6", example_inputs=x)  # quantize is appended
+    assert clipped.meta[CONVERT_PATH_KEY] == "quantize pass"
+    assert type(plain.conv2).__name__ == "ConvReLU2d" and type(clipped.conv2).__name__ == "ConvReLU62d"
+    assert float(plain(x).max()) > 6.5 and float(clipped(x).max()) <= 6.0
+    compiled = compile_model(clipped, [x])
+    assert [i.attrs["act"] for i in compiled.program.instructions if i.op == "conv2d"] == ["relu6", "relu6"]
+    assert torch.equal(compiled(x), clipped(x))
