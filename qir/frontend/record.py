@@ -89,6 +89,8 @@ class Specialization:
 _SIZE_READS = {"size", "numel", "__len__", "shape", "nelement"}
 # rank reads: the runtime fixes the rank anyway, so they specialize nothing
 _RANK_READS = {"dim", "ndim", "ndimension"}
+# calls whose number of outputs follows a size: Python loops over them run that many times
+_SPLITS = {"unbind", "split", "chunk", "tensor_split", "split_with_sizes", "hsplit", "vsplit", "dsplit"}
 # reads of tensor values into Python: a decision on them cannot be frozen
 _VALUE_READS = {
     "__bool__",
@@ -224,6 +226,8 @@ class _Recorder(TorchFunctionMode):
         if name == "__iter__" and found:  # `for row in x`: the rows are unbind's outputs
             rows = list(func(*args, **kwargs))
             (target,), dep = self.lift(tuple(args[:1]))
+            if dep:
+                self.read("unbind gives a number of tensors set by a size", len(rows))
             self.bind(rows, self.graph.call_method("unbind", (target, 0)), dep)
             return iter(rows)
         if name in _VALUE_READS or name in _SIZE_READS or name in _RANK_READS or name in _NEUTRAL:
@@ -258,9 +262,16 @@ class _Recorder(TorchFunctionMode):
         return out
 
     def record_call(self, func: Any, name: str, args: Any, kwargs: Any, out: Any, found: bool) -> None:
-        if not _has_tensor(out) and name != "__setitem__":
+        if name == "__setitem__":
+            raise TraceError(
+                f"{self.where()}: `x[...] = value` writes into a tensor in place, which the recorded graph cannot "
+                "express; build the tensor with torch.cat, torch.where or masked_fill instead"
+            )
+        if not _has_tensor(out):
             return  # no tensor comes out: nothing later can read it from the graph
         (largs, lkwargs), dep = self.lift((tuple(args), dict(kwargs)))
+        if dep and name in _SPLITS and isinstance(out, (tuple, list)):
+            self.read(f"{name} gives a number of tensors set by a size", len(out))  # `for r in x` unbinds
         if name.startswith("__") and name.endswith("__"):
             base = name[2:-2]
             target: Callable[..., Any] | None = getattr(operator, base, None)
@@ -274,10 +285,6 @@ class _Recorder(TorchFunctionMode):
             node = self.graph.call_method(name, largs, lkwargs)
         else:
             node = self.graph.call_function(func, largs, lkwargs)
-        if name == "__setitem__":
-            # x[i] = v writes into x: later reads of x see the written value
-            self.bind(args[0], node, dep)
-            return
         self.bind(out, node, dep)
 
     # -- module calls ---------------------------------------------------------

@@ -16,15 +16,18 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
 import torch.fx
 from torch import nn
 
 from passes.absorb_bn import fold_batch_norm
 from qir.frontend.lookup import tables
+from qir.march import march_scope
 from qir.nn.intrinsic.fused import FUSED_CLASSES, FusedModule
 from qir.qat_mode import QATMode, get_qat_mode
 from qir.quantization import eager_record
 from qir.quantization.convert import ConvertError, _convert_modules
+from qir.quantization.exact_validation import EAGER_FLAG, exact_twin, forget_failure
 from qir.quantization.fuse import trace_fx
 from qir.quantization.prepare import check_kinds, qat_class_for, require_march, set_submodule
 from qir.quantization.qconfig import QConfig, as_qir_qconfig
@@ -211,7 +214,7 @@ def prepare_qat(model: nn.Module, mapping: Mapping[type, type] | None = None, in
     ``propagate_qconfig_``); modules without one stay float. ``mapping`` defaults to
     ``qir.nn.qat.QAT_MODULE_MAP``.
     """
-    require_march("prepare_qat")
+    march = require_march("prepare_qat")
     if get_qat_mode() is not QATMode.FuseBN:
         raise NotImplementedError(
             f"prepare_qat (eager mode) in the {get_qat_mode().value} QAT mode: eager fusion folds the batch norm "
@@ -241,7 +244,43 @@ def prepare_qat(model: nn.Module, mapping: Mapping[type, type] | None = None, in
     _refuse_shared_observers(model, [path for path, _, _, _ in plan])
     # forwards record which module feeds which: convert needs no fx trace (eager_record.py)
     eager_record.install(model, [path for path, _, _, _ in plan])
+    model.forward = ExactForward(model, march.value)  # type: ignore[method-assign]
     return model
+
+
+class ExactForward:
+    """The instance ``forward`` of an eager QAT model: in validation state (every fake quant in
+    VALIDATION) it runs the model's integer twin, the eager :func:`convert` of its current state
+    (built on first use, rebuilt when a parameter, buffer or submodule changes;
+    :mod:`qir.quantization.exact_validation`), so QAT validation equals the converted model bit for
+    bit. Otherwise it is the class's ``forward``. An instance attribute, not a subclass, so the
+    model keeps its class and pickles; ``set_exact_validation(model, False)`` turns it off."""
+
+    def __init__(self, model: nn.Module, march: str) -> None:
+        self.model = model
+        self.march = march  # the twin is converted for the march the model was prepared for
+        setattr(self, EAGER_FLAG, True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        m = self.model
+        twin = exact_twin(m, self._twin) if getattr(self, EAGER_FLAG) else None
+        if twin is not None:
+            with torch.no_grad():
+                return twin(*args, **kwargs)
+        recorded = eager_record.has_records(m)
+        out = type(m).forward(m, *args, **kwargs)
+        if not recorded and eager_record.has_records(m):
+            forget_failure(m)  # an untraceable model could not convert before this first forward recorded
+        return out
+
+    def _twin(self, model: nn.Module) -> nn.Module:
+        with march_scope(self.march):
+            return convert(model, inplace=False)
+
+
+def _drop_exact_forward(model: nn.Module) -> None:
+    if isinstance(model.__dict__.get("forward"), ExactForward):
+        del model.__dict__["forward"]
 
 
 def _refuse_shared_observers(model: nn.Module, paths: Sequence[str]) -> None:
@@ -285,6 +324,7 @@ def convert(model: nn.Module, mapping: Mapping[type, type] | None = None, inplac
     except Exception as e:
         if eager_record.has_records(model):
             eager_record.convert_recorded(model, march, mapping, ConvertError)
+            _drop_exact_forward(model)
             model.eval()
             return model
         raise ConvertError(
@@ -295,5 +335,6 @@ def convert(model: nn.Module, mapping: Mapping[type, type] | None = None, inplac
     gm = torch.fx.GraphModule(model, fx_graph)  # shares model's submodules
     _convert_modules(model, gm, march, mapping, eager=True)
     eager_record.uninstall(model)
+    _drop_exact_forward(model)
     model.eval()
     return model

@@ -7,14 +7,15 @@ is in ``FakeQuantState.VALIDATION``, its forward runs the model's *integer twin*
 ``convert_fx`` result of its current state, built on first use and rebuilt whenever a
 parameter, buffer or submodule changed. QAT-validation output ≡ ``convert_fx`` output ≡
 compiled artifact output, bit for bit, by construction: one implementation serves all three.
+Eager ``prepare_qat`` models do the same with eager ``convert`` as the twin's builder (their
+instance ``forward``, qir.quantization.eager).
 
     set_fake_quantize(qat_model, "validation")
     qat_model(x)                                  # == convert_fx(qat_model)(x), exactly
     set_exact_validation(qat_model, False)        # back to float fake quantization
 
 The twin runs without autograd (it is the deployed model); turn exactness off to get
-gradients in validation state. Calibration and QAT states are unchanged. Eager-prepared
-models (``prepare_qat``) keep float fake quantization (docs/semantics.md).
+gradients in validation state. Calibration and QAT states are unchanged (docs/semantics.md).
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ import torch.fx
 from torch import nn
 
 __all__ = [
+    "EAGER_FLAG",
     "EXACT_VALIDATION_KEY",
     "ExactValidationMixin",
     "QATGraphModule",
     "exact_twin",
+    "forget_failure",
     "install",
     "set_exact_validation",
     "set_twin_builder",
@@ -78,11 +81,12 @@ def set_twin_builder(build: Callable[[nn.Module], nn.Module]) -> None:
     _BUILDER[0] = build
 
 
-def exact_twin(model: nn.Module) -> nn.Module | None:
+def exact_twin(model: nn.Module, builder: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module | None:
     """The integer model ``model``'s validation forward runs, or None when it runs float fake quant.
 
     None when exactness is off (:func:`set_exact_validation`), some fake quant is not in
-    VALIDATION state, or the model cannot be converted (warned once, naming the reason)."""
+    VALIDATION state, or the model cannot be converted (warned once, naming the reason).
+    ``builder`` converts the model (default: ``convert_fx``; eager models pass eager ``convert``)."""
     from qir.quantization.fake_quantize import float_fake_quant, float_fake_quant_active
 
     meta = getattr(model, "meta", {})
@@ -96,7 +100,7 @@ def exact_twin(model: nn.Module) -> nn.Module | None:
         return cached[1]
     if _FAILED.get(model) == key:
         return None
-    build = _BUILDER[0]
+    build = builder or _BUILDER[0]
     if build is None:
         return None
     try:
@@ -106,14 +110,20 @@ def exact_twin(model: nn.Module) -> nn.Module | None:
         _FAILED[model] = key
         warnings.warn(
             f"validation of {type(model).__name__} runs float fake quantization, not the integer model: "
-            f"convert_fx failed ({type(e).__name__}: {e}). Its outputs may differ from the deployed model's by "
-            "a few LSB per layer",
+            f"{'convert_fx' if builder is None else 'convert'} failed ({type(e).__name__}: {e}). Its outputs may "
+            "differ from the deployed model's by a few LSB per layer",
             RuntimeWarning,
             stacklevel=3,
         )
         return None
     _TWINS[model] = (key, twin)
     return twin
+
+
+def forget_failure(model: nn.Module) -> None:
+    """Try building ``model``'s twin again on its next validation forward (an eager model whose
+    first forward just recorded what convert needs)."""
+    _FAILED.pop(model, None)
 
 
 class ExactValidationMixin:
@@ -157,12 +167,21 @@ def uninstall(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
+#: attribute of an eager QAT model's instance ``forward`` (qir.quantization.eager): exactness on / off
+EAGER_FLAG = "exact_validation"
+
+
 def set_exact_validation(model: nn.Module, enabled: bool = True) -> nn.Module:
-    """Turn integer-exact validation of a ``prepare_qat_fx`` model on (default) or off, in place."""
+    """Turn integer-exact validation of a ``prepare_qat_fx`` or eager ``prepare_qat`` model on
+    (default) or off, in place."""
+    eager_forward = model.__dict__.get("forward")
+    if hasattr(eager_forward, EAGER_FLAG):
+        setattr(eager_forward, EAGER_FLAG, bool(enabled))
+        return model
     if not isinstance(model, ExactValidationMixin):
         raise TypeError(
-            f"{type(model).__name__} is not a model made by prepare_qat_fx: integer-exact validation needs the "
-            "fx-prepared GraphModule (eager prepare_qat models validate with float fake quantization)"
+            f"{type(model).__name__} is not a model made by prepare_qat_fx or prepare_qat: integer-exact "
+            "validation needs the prepared model"
         )
     meta: dict[str, Any] = model.meta  # type: ignore[assignment]
     meta[EXACT_VALIDATION_KEY] = bool(enabled)

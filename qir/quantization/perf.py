@@ -11,6 +11,7 @@ compiled artifact runs. Times are a roofline estimate from :mod:`backends.common
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from torch import nn
 from backends.common.perf import ProgramProfile, ValueInfo, profile_program, value_infos
 from backends.common.program import Program
 from backends.common.roofline import get_roofline
+from qir.frontend.tracer import TraceError
 from qir.quantization.compile import _inputs, _march_of, _resolve, compile_model
 
 __all__ = ["Lowered", "lower_for_analysis", "perf_model"]
@@ -90,16 +92,27 @@ def lower_for_analysis(
     useful exactly when a model is not legal yet. ``module`` is not modified.
     """
     inputs = _inputs(example_inputs)
-    from qir.quantization.fuse import trace_fx
-
     root = _resolve(module)
     # the fx graph names the modules behind the program's instruction sources (IR names are fx names)
-    graph = root.graph if isinstance(root, torch.fx.GraphModule) else trace_fx(root)
+    graph = root.graph if isinstance(root, torch.fx.GraphModule) else _fx_graph(root, inputs)
     march_name = _march_of(root, march)
     compiled = compile_model(root, list(inputs), march=march_name, opt=opt, input_source=input_source, check=False)
     program = compiled.program
     infos = value_infos(program, [x for x in inputs])
     return Lowered(program, root, graph, inputs, march_name, infos)
+
+
+def _fx_graph(root: nn.Module, inputs: tuple[Any, ...]) -> torch.fx.Graph:
+    """The fx graph ``compile_model`` lowers: the symbolic trace, or for a model fx cannot trace the
+    path recorded on ``inputs`` (the same node names as the program's instruction sources)."""
+    from qir.frontend.record import record
+    from qir.quantization.fuse import trace_fx
+
+    try:
+        return trace_fx(root)
+    except TraceError:
+        subject = copy.deepcopy(root).eval() if root.training else root
+        return record(subject, inputs)[0]
 
 
 def perf_model(

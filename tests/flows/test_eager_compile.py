@@ -7,7 +7,10 @@ on (and on other inputs of the same shape)."""
 from __future__ import annotations
 
 import copy
+import pickle
+import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,8 +31,12 @@ from qir.quantization import (
     get_default_calib_qconfig,
     get_default_qat_qconfig,
     load_compiled,
+    perf_model,
     prepare_calibration,
     prepare_qat,
+    set_exact_validation,
+    set_fake_quantize,
+    visualize_model,
 )
 
 
@@ -134,7 +141,7 @@ class FPNDetector(nn.Module):
 
 
 def test_fpn_head_over_a_python_list_of_levels() -> None:
-    _, converted = _flow(FPNDetector, [torch.randn(2, 3, 32, 32) for _ in range(3)])
+    qat, converted = _flow(FPNDetector, [torch.randn(2, 3, 32, 32) for _ in range(3)])
     _untraceable(converted)
     x = torch.randn(1, 3, 32, 32)
     report = check_model(converted, x)
@@ -142,6 +149,8 @@ def test_fpn_head_over_a_python_list_of_levels() -> None:
     assert any("`while feats[-1].shape[-1] > 4" in s for s in report.specialized)
     compiled = compile_model(converted, [x], opt=1)
     assert _equal(compiled(x), converted(x)) and len(compiled(x)) == 4
+    set_fake_quantize(qat, "validation")  # the QAT model validates as the integer model
+    assert _equal(qat(x), compiled(x))
     other = torch.randn(1, 3, 32, 32) * 2
     assert _equal(compiled(other), converted(other))
     spec = compiled.program.meta["specialized"]
@@ -224,7 +233,7 @@ class Stages(nn.Module):
         return self.dequant(self.fc(self.pool(x)).flatten(1))
 
 
-def test_range_len_blocks_with_float_functional_adds() -> None:
+def test_range_len_blocks_with_float_functional_adds(tmp_path: Path) -> None:
     _, converted = _flow(Stages, [torch.randn(4, 3, 16, 16) for _ in range(3)])
     _untraceable(converted)
     x = torch.randn(2, 3, 16, 16)
@@ -236,6 +245,10 @@ def test_range_len_blocks_with_float_functional_adds() -> None:
     assert spec is not None and spec.exact_shapes
     adds = [n.scope for n in graph.nodes if n.op.name == "qadd"]
     assert adds == ["adds.1", "adds.3"]  # the blocks that keep the shape
+    # perf_model and visualize_model lower the same recorded path and name its modules
+    profile = perf_model(converted, x, out_dir=str(tmp_path))
+    svg = visualize_model(converted, x, save_path=f"{tmp_path}/stages.svg")
+    assert "adds.3" in str(profile) and "adds.3" in svg.read_text()
 
 
 # --------------------------------------------------------------------------- fused adds, traceable
@@ -337,3 +350,90 @@ def test_a_path_that_does_not_replay_is_refused() -> None:
     _, converted = _flow(Stateful, [torch.randn(2, 3, 4, 4) for _ in range(4)])
     with pytest.raises(Exception, match="does not reproduce"):
         compile_model(converted, [torch.randn(1, 3, 4, 4)])
+
+
+# --------------------------------------------------------------------------- QAT validation
+
+
+def test_eager_qat_validation_is_the_converted_model() -> None:
+    qat, converted = _flow(Stages, [torch.randn(4, 3, 16, 16) for _ in range(3)])
+    x = torch.randn(16, 3, 16, 16)
+    set_fake_quantize(qat, "validation")
+    want = converted(x)
+    assert torch.equal(qat(x), want)
+    assert torch.equal(compile_model(converted, [x], opt=1)(x), want)
+    # float fake quantization (opted out): up to an LSB per layer, compounding
+    set_exact_validation(qat, False)
+    with torch.no_grad():
+        simulated = qat(x)
+    lsb = float(converted.fc.scale.max())
+    assert not torch.equal(simulated, want) and (simulated - want).abs().max() <= 8 * lsb
+    set_exact_validation(qat, True)
+    # copies keep it; the twin follows the model's state
+    assert torch.equal(copy.deepcopy(qat)(x), want)
+    assert torch.equal(pickle.loads(pickle.dumps(qat))(x), want)
+    with torch.no_grad():
+        qat.fc.weight.mul_(1.5)
+    assert torch.equal(qat(x), convert(qat)(x)) and not torch.equal(qat(x), want)
+    # the converted model has no validating forward of its own
+    assert "forward" not in converted.__dict__ and "forward" not in convert(qat).__dict__
+
+
+def test_eager_validation_of_a_loaded_checkpoint_before_any_forward() -> None:
+    """A fresh QAT model that loaded a checkpoint has recorded no forward, so an untraceable one
+    cannot convert yet: its first validation forward runs float fake quantization (with a
+    warning) and records, the next ones are exact."""
+    trained, converted = _flow(SizeBranch, [torch.randn(2, 3, 48, 48), torch.randn(2, 3, 24, 24)])
+    torch.manual_seed(0)
+    base = _randomize_bn(SizeBranch()).eval()
+    _fuse_cbr(base)
+    base.qconfig = get_default_qat_qconfig()  # type: ignore[assignment]
+    qat = prepare_qat(base)
+    qat.load_state_dict(trained.state_dict(), strict=True)
+    qat.eval()
+    set_fake_quantize(qat, "validation")
+    x = torch.randn(1, 3, 48, 48)
+    with pytest.warns(RuntimeWarning, match="convert failed"):
+        qat(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = qat(x)
+    assert torch.equal(got, converted(x))
+
+
+# --------------------------------------------------------------------------- the recorder on plain modules
+
+
+class _Rows(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([r * 2 + 1 for r in x])
+
+
+class _Writes(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.zeros_like(x)
+        if x.shape[-1] > 2:
+            y[:, :1] = x[:, :1]
+        return y
+
+
+class _Outside(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.offset = torch.ones(1)  # a plain attribute, not a buffer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, : x.shape[1] // 2] + self.offset
+
+
+def test_recorder_iterates_rows_and_refuses_writes_and_unnamed_tensors() -> None:
+    from qir.frontend import TraceError, emit
+
+    x = torch.randn(3, 2, 4)
+    graph, spec = trace_or_record(_Rows(), x)  # fx cannot iterate a proxy
+    assert spec is not None and any("unbind gives a number of tensors set by a size = 3" in r for r in spec.size_reads)
+    assert torch.equal(emit(graph)(x), _Rows()(x))
+    with pytest.raises(TraceError, match=r"(?s)_Writes.forward at .*`y\[:, :1\] = x\[:, :1\]`.*torch\.where"):
+        record(_Writes(), (x,))
+    with pytest.raises(TraceError, match="register it as a buffer"):
+        record(_Outside(), (x,))
