@@ -229,7 +229,6 @@ def _fused_finish(
     """Requantize the int32 ``acc`` (first ``rows`` rows; channels contiguous, rows ``acc.stride(0)``
     apart) in one native pass; ``addend``: the fused add's other operand, (rows, C); ``out``: where
     to write the (rows, C) codes (a fresh tensor when None)."""
-    lib = fr.lib
     n = fr.n
     if acc.dtype != torch.int32 or acc.dim() != 2 or acc.shape[1] != n or acc.stride(1) != 1 or acc.shape[0] < rows:
         raise ValueError(
@@ -245,19 +244,18 @@ def _fused_finish(
     p = native.ptr
     lda = int(acc.stride(0))
     if fr.add is None:
-        fn = getattr(lib, f"qir_requant_rows_{tag}")
+        name = f"qir_requant_rows_{tag}"
         args: tuple[int, ...] = (p(acc), lda, n, p(fr.scale), p(fr.offset), p(fr.lo), p(fr.hi))
     else:
         if addend is None or addend.dtype not in (torch.int8, torch.int16):
             raise TypeError(f"fused add: addend codes must be int8 or int16, got {getattr(addend, 'dtype', None)}")
         addend = addend.reshape(rows, n).contiguous()
         atag = "i8" if addend.dtype == torch.int8 else "i16"
-        fn = getattr(lib, f"qir_fused_add_rows_{atag}_{tag}")
+        name = f"qir_fused_add_rows_{atag}_{tag}"
         am, ah, ash, ep = fr.add
         args = (p(acc), lda, n, p(addend), p(fr.bias), p(fr.mult), p(fr.half), p(fr.shift), am, ah, ash, ep)
         args = (*args, p(fr.lo_i), p(fr.hi_i))
-    dst = p(out)
-    native.run_rows(lambda r0, r1: fn(*args, dst, r0, r1), rows, rows * n)
+    native.run(name, (*args, p(out)), rows, rows * n)
     return out
 
 
@@ -332,15 +330,14 @@ def _im2col(
             f"conv input of shape {tuple(x.shape)} does not fit the layer ({kh}x{kw} kernel over at most "
             f"{kp // (kh * kw)} input channels): pass the input shape the model was compiled for"
         )
-    lib = native.library()
     copy_free = kh == kw == 1 and sh == sw == 1 and not (ph or pw) and kp == k and m > 16
-    if lib is not None and x.dtype == torch.int8 and not copy_free:
+    if native.library() is not None and x.dtype == torch.int8 and not copy_free:
         # one pass from NHWC codes into the columns, padding included (no zero-padded copy of x)
         xh = x.permute(0, 2, 3, 1).contiguous()
         cols = scratch(("im2col", k, m), (max(m, 17), kp), x.dtype)
         p = native.ptr
         args = (p(xh), h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, p(cols), kp)
-        native.run_rows(lambda r0, r1: lib.qir_im2col_i8(*args, r0, r1), n * oh, m * k)
+        native.run("qir_im2col_i8", args, n * oh, m * k)
         return cols, oh, ow
     xh = x.permute(0, 2, 3, 1)
     if ph or pw:
@@ -451,16 +448,12 @@ def _gemm_vnni(a: torch.Tensor, m: int, st: ConvState, addend: torch.Tensor | No
         )
     assert a.stride(0) >= 4 * kq and panels.is_contiguous() and panels.shape[2:] == (16, 4)
     assert comp.is_contiguous() and comp.numel() == nblocks * 16 and st.fused.n <= nblocks * 16
-    lib = st.fused.lib
     e, keep = _epilogue(st.fused, m, addend, out, st)
     p = native.ptr
-    args = (p(a), int(a.stride(0)), p(panels), kq, nblocks, p(comp), ctypes.byref(e))
-
-    def rows(r0: int, r1: int) -> None:
-        if lib.qir_gemm_vnni(*args, r0, r1) != 0:
-            raise MemoryError("int8 matrix product: out of memory for a chunk of accumulators")
-
-    native.run_rows(rows, m, m * st.n * max(1, kq // 16))
+    args = (p(a), int(a.stride(0)), p(panels), kq, nblocks, p(comp), ctypes.addressof(e))
+    # parts cut at multiples of the 6-row register tile
+    if native.run("qir_gemm_vnni", args, m, m * st.n * 4 * kq, grain=6, per=native.gemm_parts(m)) != 0:
+        raise MemoryError("int8 matrix product: out of memory for a chunk of accumulators")
     del keep
     return out
 
@@ -495,16 +488,13 @@ def _conv_vnni(x: torch.Tensor, st: ConvState, a: Mapping[str, Any], addend: tor
     # kh * kw * c column bytes per row of 4 kq: both bounded here
     assert xh.is_contiguous() and xh.numel() == nb * h * w * c and st.k <= 4 * kq
     assert panels.is_contiguous() and comp.numel() == nblocks * 16 and st.fused.n <= nblocks * 16
-    lib = st.fused.lib
     e, keep = _epilogue(st.fused, m, addend, out, st)
     p = native.ptr
-    args = (p(xh), h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, p(panels), kq, nblocks, p(comp), ctypes.byref(e))
-
-    def rows(r0: int, r1: int) -> None:
-        if lib.qir_conv_vnni(*args, r0, r1) != 0:
-            raise MemoryError("int8 conv: out of memory for a chunk of columns and accumulators")
-
-    native.run_rows(rows, m, m * st.n * max(1, kq // 16))
+    geometry = (p(xh), h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)
+    args = (*geometry, p(panels), kq, nblocks, p(comp), ctypes.addressof(e))
+    # parts cut at multiples of the 6-row register tile
+    if native.run("qir_conv_vnni", args, m, m * st.n * 4 * kq, grain=6, per=native.gemm_parts(m)) != 0:
+        raise MemoryError("int8 conv: out of memory for a chunk of columns and accumulators")
     del keep
     return out.view(nb, oh, ow, st.n)
 
@@ -532,16 +522,12 @@ def _dw_native(
     out = (
         st.output((nb, oh, ow, c), fr.out_dtype) if st is not None else torch.empty((nb, oh, ow, c), dtype=fr.out_dtype)
     )
-    fn = fr.lib.qir_dw_rows_i8 if fr.out_dtype == torch.int8 else fr.lib.qir_dw_rows_i16
+    name = "qir_dw_rows_i8" if fr.out_dtype == torch.int8 else "qir_dw_rows_i16"
     p = native.ptr
     geometry = (p(xh), h, wd, c, p(w), kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)
     args = (*geometry, p(fr.scale), p(fr.offset), p(fr.lo), p(fr.hi), p(out))
-
-    def rows(r0: int, r1: int) -> None:
-        if fn(*args, r0, r1) != 0:
-            raise MemoryError("depthwise conv: out of memory for a row of accumulators")
-
-    native.run_rows(rows, nb * oh, nb * oh * ow * c)
+    if native.run(name, args, nb * oh, nb * oh * ow * c * kh * kw) != 0:
+        raise MemoryError("depthwise conv: out of memory for a row of accumulators")
     return out
 
 

@@ -3,13 +3,16 @@
  * Every function computes exactly what the int64 reference rules compute (qir.ir.numerics,
  * backends.common.integer_rules): int64 products, an arithmetic right shift after adding
  * 2**(shift-1), saturation. Built with -fwrapv so int64 overflow wraps as torch's int64 does.
- * Each works on a range of rows [r0, r1) so the caller can split one call across threads.
+ * Each works on a range of rows [r0, r1) and writes only those rows' outputs, so qir_run (at the
+ * end) splits one call across the thread pool of native_pool.c with results independent of the split.
  * Channels are the innermost (contiguous) axis everywhere: NHWC activations, (rows, C) accumulators.
  */
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "native_pool.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
@@ -36,6 +39,51 @@ int qir_caps(void) { return QIR_VNNI; }
  * offset = (bias * mult + 2**(shift-1)) * 2**-shift. Exact (and so equal to the int64 rule) when
  * |acc * mult| + |bias * mult + 2**(shift-1)| < 2**53, which the caller checks: the product and the
  * sum are integers below 2**53 scaled by a power of two, and floor of v * 2**-shift is the shift. */
+#if QIR_VNNI
+/* The same on 16 int32 lanes, the first of them selected by m (per-channel arrays read only there):
+ * one fused multiply-add, floor and clamp per lane in double, the IEEE operations of the scalar
+ * loop, so the same codes; one masked pass per 16 channels instead of a scalar tail. */
+static inline __m512i requant16(__m512i acc, const double *scale, const double *offset, const double *lo,
+                                const double *hi, __mmask16 m) {
+    const __mmask8 m0 = (__mmask8)m, m1 = (__mmask8)(m >> 8);
+    const int rnd = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
+    __m512d v0 = _mm512_cvtepi32_pd(_mm512_castsi512_si256(acc));
+    __m512d v1 = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(acc, 1));
+    v0 = _mm512_roundscale_pd(_mm512_fmadd_pd(v0, _mm512_maskz_loadu_pd(m0, scale), _mm512_maskz_loadu_pd(m0, offset)), rnd);
+    v1 = _mm512_roundscale_pd(
+        _mm512_fmadd_pd(v1, _mm512_maskz_loadu_pd(m1, scale + 8), _mm512_maskz_loadu_pd(m1, offset + 8)), rnd);
+    v0 = _mm512_min_pd(_mm512_max_pd(v0, _mm512_maskz_loadu_pd(m0, lo)), _mm512_maskz_loadu_pd(m0, hi));
+    v1 = _mm512_min_pd(_mm512_max_pd(v1, _mm512_maskz_loadu_pd(m1, lo + 8)), _mm512_maskz_loadu_pd(m1, hi + 8));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvttpd_epi32(v0)), _mm512_cvttpd_epi32(v1), 1);
+}
+
+/* Store the first lanes (mask m) of 16 codes already inside OUT_T's range (int8 or int16). */
+#define QIR_STORE16(OUT_T, dst, m, v)                                       \
+    do {                                                                    \
+        if (sizeof(OUT_T) == 1)                                             \
+            _mm512_mask_cvtepi32_storeu_epi8((void *)(dst), (m), (v));      \
+        else                                                                \
+            _mm512_mask_cvtepi32_storeu_epi16((void *)(dst), (m), (v));     \
+    } while (0)
+
+static inline __mmask16 lanes16(int64_t k) { return k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << k) - 1); }
+
+#define REQUANT_ROWS(NAME, OUT_T)                                                                          \
+    void NAME(const int32_t *restrict acc, int64_t lda, int64_t n, const double *restrict scale,         \
+              const double *restrict offset, const double *restrict lo, const double *restrict hi,        \
+              OUT_T *restrict out, int64_t r0, int64_t r1) {                                              \
+        for (int64_t r = r0; r < r1; ++r) {                                                                \
+            const int32_t *restrict a = acc + r * lda;                                                     \
+            OUT_T *restrict o = out + r * n;                                                               \
+            for (int64_t c = 0; c < n; c += 16) {                                                          \
+                const __mmask16 m = lanes16(n - c);                                                        \
+                const __m512i v = requant16(_mm512_maskz_loadu_epi32(m, a + c), scale + c, offset + c,     \
+                                            lo + c, hi + c, m);                                            \
+                QIR_STORE16(OUT_T, o + c, m, v);                                                           \
+            }                                                                                              \
+        }                                                                                                  \
+    }
+#else
 #define REQUANT_ROWS(NAME, OUT_T)                                                                          \
     void NAME(const int32_t *restrict acc, int64_t lda, int64_t n, const double *restrict scale,         \
               const double *restrict offset, const double *restrict lo, const double *restrict hi,        \
@@ -44,13 +92,14 @@ int qir_caps(void) { return QIR_VNNI; }
             const int32_t *restrict a = acc + r * lda;                                                     \
             OUT_T *restrict o = out + r * n;                                                               \
             for (int64_t c = 0; c < n; ++c) {                                                              \
-                double v = floor(QIR_MULADD((double)a[c], scale[c], offset[c]));                                \
+                double v = floor(QIR_MULADD((double)a[c], scale[c], offset[c]));                           \
                 v = v < lo[c] ? lo[c] : v;                                                                 \
                 v = v > hi[c] ? hi[c] : v;                                                                 \
                 o[c] = (OUT_T)(int32_t)v;                                                                  \
             }                                                                                              \
         }                                                                                                  \
     }
+#endif
 
 REQUANT_ROWS(qir_requant_rows_i8, int8_t)
 REQUANT_ROWS(qir_requant_rows_i16, int16_t)
@@ -141,7 +190,6 @@ DW_ROWS(dw_rows_generic_i16, int16_t)
                     OUT_T *restrict out, int64_t r0, int64_t r1) {                                         \
         const int64_t cp = (c + 63) / 64 * 64;                                                             \
         int32_t *w32 = (int32_t *)calloc((size_t)(kh * kw * cp), sizeof(int32_t));                        \
-        int32_t acc[64];                                                                                   \
         if (!w32) return 1;                                                                                \
         for (int64_t t = 0; t < kh * kw; ++t)                                                              \
             for (int64_t k = 0; k < c; ++k) w32[t * cp + k] = (int32_t)(uint16_t)(int16_t)wt[t * c + k];  \
@@ -182,15 +230,13 @@ DW_ROWS(dw_rows_generic_i16, int16_t)
                                            _mm512_loadu_si512((const void *)(pk + 48)));                   \
                         }                                                                                  \
                     }                                                                                      \
-                    _mm512_storeu_si512((void *)acc, a0);                                                  \
-                    _mm512_storeu_si512((void *)(acc + 16), a1);                                           \
-                    _mm512_storeu_si512((void *)(acc + 32), a2);                                           \
-                    _mm512_storeu_si512((void *)(acc + 48), a3);                                           \
-                    for (int64_t k = 0; k < cn; ++k) {                                                     \
-                        double v = floor(QIR_MULADD((double)acc[k], scale[cb + k], offset[cb + k]));          \
-                        v = v < lo[cb + k] ? lo[cb + k] : v;                                               \
-                        v = v > hi[cb + k] ? hi[cb + k] : v;                                               \
-                        o[cb + k] = (OUT_T)(int32_t)v;                                                     \
+                    {                                                                                      \
+                        OUT_T *oc = o + cb;                                                                \
+                        const double *sc = scale + cb, *of = offset + cb, *lc = lo + cb, *hc = hi + cb;    \
+                        QIR_STORE16(OUT_T, oc, m0, requant16(a0, sc, of, lc, hc, m0));                     \
+                        if (cn > 16) QIR_STORE16(OUT_T, oc + 16, m1, requant16(a1, sc + 16, of + 16, lc + 16, hc + 16, m1)); \
+                        if (cn > 32) QIR_STORE16(OUT_T, oc + 32, m2, requant16(a2, sc + 32, of + 32, lc + 32, hc + 32, m2)); \
+                        if (cn > 48) QIR_STORE16(OUT_T, oc + 48, m3, requant16(a3, sc + 48, of + 48, lc + 48, hc + 48, m3)); \
                     }                                                                                      \
                 }                                                                                          \
             }                                                                                              \
@@ -334,6 +380,23 @@ void qir_im2col_i8(const int8_t *restrict x, int64_t h, int64_t w, int64_t c, in
 
 MAXPOOL_ROWS(qir_maxpool_rows_i8, int8_t)
 MAXPOOL_ROWS(qir_maxpool_rows_i16, int16_t)
+
+/* Global sum pool: out[b, ch] = the sum over the hw pixels of NHWC codes x[b, p, ch], in int32 (exact:
+ * the caller checks hw * 2**15 < 2**31). Rows are batch entries; the loop over channels vectorises. */
+#define SUM_PIXELS(NAME, T)                                                                               \
+    void NAME(const T *restrict x, int64_t hw, int64_t c, int32_t *restrict out, int64_t r0, int64_t r1) { \
+        for (int64_t b = r0; b < r1; ++b) {                                                               \
+            int32_t *restrict o = out + b * c;                                                            \
+            for (int64_t k = 0; k < c; ++k) o[k] = 0;                                                     \
+            for (int64_t p = 0; p < hw; ++p) {                                                            \
+                const T *restrict px = x + (b * hw + p) * c;                                              \
+                for (int64_t k = 0; k < c; ++k) o[k] += px[k];                                            \
+            }                                                                                             \
+        }                                                                                                 \
+    }
+
+SUM_PIXELS(qir_sum_pixels_i8, int8_t)
+SUM_PIXELS(qir_sum_pixels_i16, int16_t)
 
 /* What follows the int32 accumulator of qir_gemm_vnni, per chunk of rows (see native.py's Epilogue). */
 typedef struct {
@@ -563,3 +626,123 @@ int qir_conv_vnni(const int8_t *x, int64_t h, int64_t w, int64_t c, int64_t kh, 
 
 QUANTIZE_PLANES(qir_quantize_planes_i8, int8_t, -128.0f, 127.0f)
 QUANTIZE_PLANES(qir_quantize_planes_i16, int16_t, -32768.0f, 32767.0f)
+
+/* ---------------------------------------------------------------------------------------------
+ * Row-range tasks for the thread pool (native_pool.c): each entry point above with its arguments
+ * packed in one int64 array (pointers as integers, the quantize scale as its float32 bits), so one
+ * exported qir_run splits any of them across threads. native.py packs the arrays in the order of
+ * the entry point's parameters, by the names qir_task_name lists. */
+#define QIR_A(T, i) ((T)(intptr_t)a[i])
+#define QIR_D(i) QIR_A(const double *, i)
+#define QIR_I(i) QIR_A(const int64_t *, i)
+
+#define TASK_REQUANT(T, OUT_T)                                                                              \
+    static int64_t task_requant_##T(const int64_t *a, int64_t r0, int64_t r1) {                             \
+        qir_requant_rows_##T(QIR_A(const int32_t *, 0), a[1], a[2], QIR_D(3), QIR_D(4), QIR_D(5), QIR_D(6), \
+                             QIR_A(OUT_T *, 7), r0, r1);                                                    \
+        return 0;                                                                                           \
+    }
+TASK_REQUANT(i8, int8_t)
+TASK_REQUANT(i16, int16_t)
+
+#define TASK_FUSED_ADD(A, O, ADD_T, OUT_T)                                                                    \
+    static int64_t task_fused_add_##A##_##O(const int64_t *a, int64_t r0, int64_t r1) {                       \
+        qir_fused_add_rows_##A##_##O(QIR_A(const int32_t *, 0), a[1], a[2], QIR_A(const ADD_T *, 3), QIR_I(4), \
+                                     QIR_I(5), QIR_I(6), QIR_I(7), a[8], a[9], a[10], a[11], QIR_I(12),       \
+                                     QIR_I(13), QIR_A(OUT_T *, 14), r0, r1);                                  \
+        return 0;                                                                                             \
+    }
+TASK_FUSED_ADD(i8, i8, int8_t, int8_t)
+TASK_FUSED_ADD(i8, i16, int8_t, int16_t)
+TASK_FUSED_ADD(i16, i8, int16_t, int8_t)
+TASK_FUSED_ADD(i16, i16, int16_t, int16_t)
+
+#define TASK_DW(T, OUT_T)                                                                                     \
+    static int64_t task_dw_##T(const int64_t *a, int64_t r0, int64_t r1) {                                    \
+        return qir_dw_rows_##T(QIR_A(const int8_t *, 0), a[1], a[2], a[3], QIR_A(const int8_t *, 4), a[5], a[6], \
+                               a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], QIR_D(15), QIR_D(16),      \
+                               QIR_D(17), QIR_D(18), QIR_A(OUT_T *, 19), r0, r1);                            \
+    }
+TASK_DW(i8, int8_t)
+TASK_DW(i16, int16_t)
+
+static int64_t task_im2col_i8(const int64_t *a, int64_t r0, int64_t r1) {
+    qir_im2col_i8(QIR_A(const int8_t *, 0), a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11],
+                  a[12], a[13], QIR_A(int8_t *, 14), a[15], r0, r1);
+    return 0;
+}
+
+#define TASK_MAXPOOL(T, ET)                                                                                  \
+    static int64_t task_maxpool_##T(const int64_t *a, int64_t r0, int64_t r1) {                              \
+        qir_maxpool_rows_##T(QIR_A(const ET *, 0), a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], \
+                             a[11], a[12], a[13], QIR_A(ET *, 14), r0, r1);                                 \
+        return 0;                                                                                            \
+    }
+TASK_MAXPOOL(i8, int8_t)
+TASK_MAXPOOL(i16, int16_t)
+
+static int64_t task_gemm_vnni(const int64_t *a, int64_t r0, int64_t r1) {
+    return qir_gemm_vnni(QIR_A(const int8_t *, 0), a[1], QIR_A(const int8_t *, 2), a[3], a[4],
+                         QIR_A(const int32_t *, 5), QIR_A(const qir_epilogue *, 6), r0, r1);
+}
+
+static int64_t task_conv_vnni(const int64_t *a, int64_t r0, int64_t r1) {
+    return qir_conv_vnni(QIR_A(const int8_t *, 0), a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10],
+                         a[11], a[12], a[13], QIR_A(const int8_t *, 14), a[15], a[16], QIR_A(const int32_t *, 17),
+                         QIR_A(const qir_epilogue *, 18), r0, r1);
+}
+
+#define TASK_QUANTIZE(T, OUT_T)                                                                              \
+    static int64_t task_quantize_##T(const int64_t *a, int64_t r0, int64_t r1) {                             \
+        const uint32_t bits = (uint32_t)a[3];                                                                \
+        float scale;                                                                                         \
+        memcpy(&scale, &bits, sizeof scale);                                                                 \
+        return qir_quantize_planes_##T(QIR_A(const float *, 0), a[1], a[2], scale, QIR_A(OUT_T *, 4), r0, r1); \
+    }
+TASK_QUANTIZE(i8, int8_t)
+TASK_QUANTIZE(i16, int16_t)
+
+#define TASK_SUM_PIXELS(T, ET)                                                                     \
+    static int64_t task_sum_pixels_##T(const int64_t *a, int64_t r0, int64_t r1) {                 \
+        qir_sum_pixels_##T(QIR_A(const ET *, 0), a[1], a[2], QIR_A(int32_t *, 3), r0, r1);          \
+        return 0;                                                                                  \
+    }
+TASK_SUM_PIXELS(i8, int8_t)
+TASK_SUM_PIXELS(i16, int16_t)
+
+static const struct {
+    const char *name; /* the entry point's name */
+    qir_rows_fn fn;
+    int64_t nargs; /* its parameters before r0, r1 */
+} qir_tasks[] = {
+    {"qir_requant_rows_i8", task_requant_i8, 8},
+    {"qir_requant_rows_i16", task_requant_i16, 8},
+    {"qir_fused_add_rows_i8_i8", task_fused_add_i8_i8, 15},
+    {"qir_fused_add_rows_i8_i16", task_fused_add_i8_i16, 15},
+    {"qir_fused_add_rows_i16_i8", task_fused_add_i16_i8, 15},
+    {"qir_fused_add_rows_i16_i16", task_fused_add_i16_i16, 15},
+    {"qir_dw_rows_i8", task_dw_i8, 20},
+    {"qir_dw_rows_i16", task_dw_i16, 20},
+    {"qir_im2col_i8", task_im2col_i8, 16},
+    {"qir_maxpool_rows_i8", task_maxpool_i8, 15},
+    {"qir_maxpool_rows_i16", task_maxpool_i16, 15},
+    {"qir_gemm_vnni", task_gemm_vnni, 7},
+    {"qir_conv_vnni", task_conv_vnni, 19},
+    {"qir_quantize_planes_i8", task_quantize_i8, 5},
+    {"qir_quantize_planes_i16", task_quantize_i16, 5},
+    {"qir_sum_pixels_i8", task_sum_pixels_i8, 4},
+    {"qir_sum_pixels_i16", task_sum_pixels_i16, 4},
+};
+#define QIR_NTASKS ((int64_t)(sizeof qir_tasks / sizeof qir_tasks[0]))
+
+/* The name of task id, "" past the last (native.py maps names to ids once, at load). */
+const char *qir_task_name(int64_t id) { return id >= 0 && id < QIR_NTASKS ? qir_tasks[id].name : ""; }
+
+/* Task id over rows [0, rows) on up to nt threads, about per parts per thread cut at multiples of
+ * grain (qir_pool_run); returns the sum of the parts' results (a kernel's failure flag or count), or
+ * -1 for an unknown id or a wrong nargs. */
+int64_t qir_run(int64_t id, const int64_t *argv, int64_t nargs, int64_t rows, int64_t nt, int64_t grain,
+                int64_t per) {
+    if (id < 0 || id >= QIR_NTASKS || nargs != qir_tasks[id].nargs) return -1;
+    return qir_pool_run(qir_tasks[id].fn, argv, rows, nt, grain, per);
+}

@@ -14,8 +14,10 @@ a C compiler, or with ``QIR_NATIVE=0``, :func:`library` returns None and the ker
 their torch paths, which compute the same results (tests compare both against the int64
 reference). :func:`status` says which and why.
 
-ctypes releases the GIL during a call, so :func:`run_rows` splits the rows of one call
-across ``torch.get_num_threads()`` Python threads.
+:func:`run` splits the rows of one call across ``torch.get_num_threads()`` threads (the compiled
+model's ``num_threads`` during a call) in C (``native_pool.c``: persistent pthreads that spin
+briefly between kernels, then sleep); every kernel writes only its own rows, so the codes do
+not depend on the split.
 
 Memory safety: the C functions trust the sizes they are given. Every caller checks them against
 the tensors first, in Python (the ``_check_*`` helpers here and in the kernels); docs/security.md
@@ -29,28 +31,43 @@ import hashlib
 import os
 import platform
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-__all__ = ["Epilogue", "has_vnni", "library", "pack_vnni", "ptr", "run_rows", "status"]
+__all__ = ["Epilogue", "float_bits", "gemm_parts", "has_vnni", "library", "pack_vnni", "ptr", "run", "status"]
 
 _SRC = Path(__file__).with_name("native.c")
+#: compiled together (the header is part of the cache key)
+_SOURCES = (_SRC, _SRC.with_name("native_pool.c"))
+_HEADERS = (_SRC.with_name("native_pool.h"),)
 # -fno-trapping-math -fno-math-errno let floor() vectorise; neither changes an IEEE result (no fast-math)
-_FLAGS = ["-O3", "-march=native", "-fwrapv", "-fno-trapping-math", "-fno-math-errno", "-shared", "-fPIC", "-std=c99"]
-#: below this many output elements a call runs on the calling thread (thread hand-off costs ~50 us)
-_SPLIT_MIN = 1 << 15
+_FLAGS = [
+    "-O3",
+    "-march=native",
+    "-fwrapv",
+    "-fno-trapping-math",
+    "-fno-math-errno",
+    "-shared",
+    "-fPIC",
+    "-std=c11",
+    "-pthread",
+]
+#: below this much work (``run``'s estimate) a call stays on the calling thread: the pool's hand-off
+#: costs a few microseconds while its threads spin, tens when they have to be woken
+_SPLIT_MIN = 1 << 16
+#: parts per thread of a split call: the threads claim them one at a time, so a thread that the
+#: (shared) machine runs late leaves its parts to the others instead of holding up the call
+PARTS_PER_THREAD = 3
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _status: str | None = None
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
+_tasks: dict[str, tuple[int, int]] = {}  # entry point -> (qir_run's task id, number of arguments)
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -74,10 +91,18 @@ _SIGNATURES: dict[str, list[type]] = {
     # x, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, bp, kq, nblocks, comp, epilogue, r0, r1
     "qir_conv_vnni": [_P, *[_I64] * 13, _P, _I64, _I64, _P, _P, _I64, _I64],
     "qir_caps": [],
+    # x, hw, c, out, r0, r1
+    **{f"qir_sum_pixels_{t}": [_P, _I64, _I64, _P, _I64, _I64] for t in ("i8", "i16")},
+    # id, argv, nargs, rows, nt, grain, per
+    "qir_run": [_I64, _P, _I64, _I64, _I64, _I64, _I64],
+    "qir_task_name": [_I64],
+    "qir_pool_threads": [],
+    "qir_pool_spin_us": [_I64],
     # x, c, hw, scale, out, r0, r1
     **{f"qir_quantize_planes_{t}": [_P, _I64, _I64, ctypes.c_float, _P, _I64, _I64] for t in ("i8", "i16")},
 }
 _RETURNS_INT = ("qir_dw_", "qir_gemm_vnni", "qir_conv_vnni", "qir_caps")
+_RETURNS_I64 = ("qir_quantize_planes", "qir_run", "qir_pool_")
 
 
 class Epilogue(ctypes.Structure):
@@ -111,7 +136,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None, "no C compiler found (set CC): torch kernels"
-    src = _SRC.read_bytes()
+    src = b"".join(p.read_bytes() for p in (*_SOURCES, *_HEADERS))
     key = hashlib.sha256(src + " ".join([cc, *_FLAGS]).encode() + _cpu_key().encode()).hexdigest()[:16]
     cache = Path(
         os.environ.get("QIR_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qir"
@@ -123,7 +148,8 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
             # build beside the target and rename: concurrent processes never load a half-written file
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
             os.close(fd)
-            proc = subprocess.run([cc, *_FLAGS, str(_SRC), "-o", tmp], capture_output=True, text=True, timeout=120)
+            cmd = [cc, *_FLAGS, *(str(p) for p in _SOURCES), "-o", tmp]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             if proc.returncode != 0:
                 os.unlink(tmp)
                 return None, f"{cc} failed on {_SRC.name}: {proc.stderr.strip()[:300]}: torch kernels"
@@ -138,8 +164,15 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         fn = getattr(lib, name)
         fn.argtypes = args
         fn.restype = ctypes.c_int if name.startswith(_RETURNS_INT) else None
-        if name.startswith("qir_quantize_planes"):
+        if name.startswith(_RETURNS_I64):
             fn.restype = ctypes.c_int64
+    lib.qir_task_name.restype = ctypes.c_char_p
+    _tasks.clear()
+    for i in range(64):
+        task = lib.qir_task_name(i).decode()
+        if not task:
+            break
+        _tasks[task] = (i, len(_SIGNATURES[task]) - 2)  # the parameters before r0, r1
     return lib, f"native kernels from {so}"
 
 
@@ -181,29 +214,39 @@ def pack_vnni(b: torch.Tensor, k_rows: int) -> tuple[torch.Tensor, torch.Tensor]
     return panels, comp
 
 
+def gemm_parts(m: int) -> int:
+    """Parts per thread for an int8 product over ``m`` rows: each part streams the whole packed
+    weight through the cache once, so parts keep at least 4 register tiles (24 rows) each."""
+    return max(1, min(PARTS_PER_THREAD, m // (24 * max(1, torch.get_num_threads()))))
+
+
 def ptr(t: torch.Tensor) -> int:
     return int(t.data_ptr())
 
 
-def _executor(n: int) -> ThreadPoolExecutor:
-    global _pool, _pool_size
-    with _lock:
-        if _pool is None or _pool_size < n:
-            if _pool is not None:
-                _pool.shutdown(wait=False)
-            _pool, _pool_size = ThreadPoolExecutor(max_workers=n, thread_name_prefix="qir-native"), n
-        return _pool
+def float_bits(v: float) -> int:
+    """``v`` rounded to float32, as the integer of its bits (how :func:`run` passes a float argument)."""
+    return int(struct.unpack("<I", struct.pack("<f", v))[0])
 
 
-def run_rows(fn: Callable[[int, int], object], rows: int, work: int) -> None:
-    """``fn(r0, r1)`` over ``[0, rows)``, split across ``torch.get_num_threads()`` threads when
-    ``work`` (elements written) is large enough to pay for the hand-off."""
-    nt = min(torch.get_num_threads(), rows)
-    if nt <= 1 or work < _SPLIT_MIN:
-        fn(0, rows)
-        return
-    bounds = [rows * i // nt for i in range(nt + 1)]
-    futures = [_executor(nt - 1).submit(fn, bounds[i], bounds[i + 1]) for i in range(1, nt)]
-    fn(bounds[0], bounds[1])
-    for f in futures:
-        f.result()
+def run(name: str, args: tuple[int, ...], rows: int, work: int, grain: int = 1, per: int = PARTS_PER_THREAD) -> int:
+    """Entry point ``name`` of the loaded library over rows ``[0, rows)`` with ``args`` (its
+    parameters before ``r0, r1``: integers, pointers as integers, floats through :func:`float_bits`),
+    on ``torch.get_num_threads()`` threads (``per`` parts each, cut at multiples of ``grain`` rows)
+    when ``work`` (about the multiply-adds or bytes the call moves) pays for the hand-off. Returns
+    the sum of the parts' results (a failure flag or count for the kernels that return one, else 0)."""
+    lib = _lib or library()  # the loaded library even where a test stubs library() out for new states
+    if lib is None:
+        raise RuntimeError(f"native kernel {name}: the library is not available ({status()})")
+    task = _tasks.get(name)
+    if task is None:
+        raise ValueError(f"native kernel {name}: not a row-range entry point of {_SRC.name}")
+    tid, nargs = task
+    if len(args) != nargs:
+        raise ValueError(f"native kernel {name}: takes {nargs} arguments before r0, r1, got {len(args)}")
+    nt = torch.get_num_threads() if work >= _SPLIT_MIN else 1
+    argv = (ctypes.c_int64 * nargs)(*args)
+    res = int(lib.qir_run(tid, argv, nargs, rows, nt, grain, per))
+    if res < 0:
+        raise RuntimeError(f"native kernel {name}: qir_run refused task {tid} with {nargs} arguments")
+    return res

@@ -78,16 +78,11 @@ def _quantize_native(x: torch.Tensor, scale: float, dtype: str) -> torch.Tensor 
     out = torch.empty((nb, h, w, c), dtype=_TORCH[dtype])
     # the C loop reads planes [r0, r1) of nb * c planes of h * w floats and writes their codes into out
     assert xc.numel() == out.numel() == nb * c * h * w
-    fn = lib.qir_quantize_planes_i8 if dtype == "qint8" else lib.qir_quantize_planes_i16
-    s = float(torch.tensor(scale, dtype=torch.float32))
+    name = "qir_quantize_planes_i8" if dtype == "qint8" else "qir_quantize_planes_i16"
     p = native.ptr
-    bad: list[int] = []  # one count per thread's call (list.append is atomic)
-
-    def planes(r0: int, r1: int) -> None:
-        bad.append(int(fn(p(xc), c, h * w, s, p(out), r0, r1)))
-
-    native.run_rows(planes, nb * c, xc.numel())
-    return None if any(bad) else out.permute(0, 3, 1, 2)
+    # the float32 scale the torch path divides by, passed as its bits; returns the non-finite count
+    bad = native.run(name, (p(xc), c, h * w, native.float_bits(scale), p(out)), nb * c, xc.numel())
+    return None if bad else out.permute(0, 3, 1, 2)
 
 
 def _prepare_dequant(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> torch.Tensor:

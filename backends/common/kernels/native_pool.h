@@ -1,0 +1,24 @@
+/* The native kernels' thread pool (native_pool.c): one call's rows split across persistent threads. */
+#ifndef QIR_NATIVE_POOL_H
+#define QIR_NATIVE_POOL_H
+#include <stdint.h>
+
+/* A kernel over rows [r0, r1) whose arguments are packed in argv (pointers as integers); returns 0,
+ * or a count / failure flag the caller sums over the parts. */
+typedef int64_t (*qir_rows_fn)(const int64_t *argv, int64_t r0, int64_t r1);
+
+/* fn over [0, rows) on the calling thread and up to nt - 1 pool threads, in about per parts per
+ * thread (cut at multiples of grain rows) that the threads claim one at a time; returns the sum of
+ * the parts' results. Runs everything on the calling thread when nt <= 1, when another thread is
+ * using the pool, or when no thread can be started. */
+int64_t qir_pool_run(qir_rows_fn fn, const int64_t *argv, int64_t rows, int64_t nt, int64_t grain, int64_t per);
+
+/* Threads the pool has started (they persist: parked on a condition variable when idle). */
+int64_t qir_pool_threads(void);
+
+/* How long an idle pool thread (and the caller waiting for the others) spins before sleeping, in
+ * microseconds: the gap between two kernels of one model call is shorter, so the next call's
+ * hand-off costs no wake-up. 0: sleep at once. Returns the previous value. */
+int64_t qir_pool_spin_us(int64_t us);
+
+#endif

@@ -1,0 +1,197 @@
+"""The native kernels split across threads (native_pool.c, ``native.run``): a compiled model gives the
+same codes at 1, 2 and 3 threads on odd shapes (every kernel split, however small), row ranges
+cut at tile multiples and past the row count, two callers at once, and a forked child."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from bitexact_models import Stubbed, fx_converted, randomize_bn
+from torch import nn
+
+import qir
+from backends.common.kernels import conv as conv_mod
+from backends.common.kernels import native
+from backends.common.kernels import pool as pool_mod
+from qir.quantization import compile_model
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason=f"native kernels unavailable: {native.status()}")
+
+
+class _Mixed(nn.Module):
+    """A strided stem, max pool, depthwise + pointwise convs, a residual add and a linear head: every
+    native kernel the runtime splits (quantize, conv, max pool, depthwise, fused add, matrix product)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 20, 3, stride=2, padding=1), nn.BatchNorm2d(20), nn.ReLU())
+        self.pool = nn.MaxPool2d(3, stride=2, padding=1)
+        self.dw = nn.Sequential(nn.Conv2d(20, 20, 3, padding=1, groups=20), nn.BatchNorm2d(20), nn.ReLU())
+        self.pw = nn.Sequential(nn.Conv2d(20, 24, 1), nn.BatchNorm2d(24))
+        self.res = nn.Sequential(nn.Conv2d(24, 24, 3, padding=1), nn.BatchNorm2d(24))
+        self.relu = nn.ReLU()
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(1), nn.Linear(24, 7))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.pw(self.dw(self.pool(self.stem(x))))
+        return self.head(self.relu(self.res(y) + y))
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, nn.Module]:
+    shape = (3, 3, 29, 23)  # odd batch and sizes: no split lands on a tile or row boundary by luck
+    converted = fx_converted(Stubbed(randomize_bn(_Mixed())), shape, "bayes", batches=2)
+    path = tmp_path_factory.mktemp("threads") / "mixed.hbm"
+    compile_model(converted, [torch.randn(*shape)], hbm=path, march="bayes", opt=1, check=False)
+    return path, converted
+
+
+def test_codes_equal_at_one_two_and_three_threads(
+    mixed: tuple[Path, nn.Module], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, converted = mixed
+    monkeypatch.setattr(native, "_SPLIT_MIN", 0)  # split every call, however small
+    x = torch.randn(3, 3, 29, 23, generator=torch.Generator().manual_seed(1)) * 1.5
+    with torch.no_grad():
+        want = converted(x)
+    engines = set()
+    for nt in (1, 2, 3):
+        model = qir.load_compiled(path, num_threads=nt)
+        engines |= {i.attrs.get("engine") for i in model.program.instructions}
+        assert torch.equal(model(x), want), f"{nt} threads"
+        assert torch.equal(model(x[:1]), want[:1]), f"{nt} threads, batch 1"
+    assert {"dw", "int_mm"} <= engines or {"dw", "int_mm_t"} <= engines
+    assert native.library().qir_pool_threads() >= 2  # the 3-thread calls really ran on the pool
+
+
+def test_row_ranges_cut_at_the_grain_and_past_the_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requantization rows through ``native.run`` with more threads than rows or grains: equal to one call."""
+    monkeypatch.setattr(native, "_SPLIT_MIN", 0)
+    g = torch.Generator().manual_seed(3)
+    n = 11
+    scale = torch.rand(n, generator=g, dtype=torch.float64) * 2**-10
+    offset = torch.rand(n, generator=g, dtype=torch.float64) * 4 - 2
+    lo, hi = torch.full((n,), -128.0, dtype=torch.float64), torch.full((n,), 127.0, dtype=torch.float64)
+    p = native.ptr
+    for rows in (1, 2, 5, 7, 13):
+        acc = torch.randint(-(2**20), 2**20, (rows, n), generator=g, dtype=torch.int32)
+        outs = []
+        for nt, grain in ((1, 1), (2, 1), (3, 1), (3, 6), (8, 2)):
+            out = torch.full((rows, n), 99, dtype=torch.int8)
+            args = (p(acc), n, n, p(scale), p(offset), p(lo), p(hi), p(out))
+            torch.set_num_threads(nt)
+            try:
+                assert native.run("qir_requant_rows_i8", args, rows, 1, grain) == 0
+            finally:
+                torch.set_num_threads(1)
+            outs.append(out)
+        want = ((acc.double() * scale + offset).floor().clamp(-128, 127)).to(torch.int8)
+        for out in outs:
+            assert torch.equal(out, want), rows
+
+
+def test_two_callers_at_once_get_their_own_codes(
+    mixed: tuple[Path, nn.Module], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One pool, two calling threads: the second runs its call alone while the first holds the pool."""
+    path, converted = mixed
+    monkeypatch.setattr(native, "_SPLIT_MIN", 0)
+    xs = [torch.randn(2, 3, 29, 23, generator=torch.Generator().manual_seed(s)) for s in (5, 6)]
+    with torch.no_grad():
+        want = [converted(x) for x in xs]
+    models = [qir.load_compiled(path, num_threads=2) for _ in xs]
+    got: list[list[torch.Tensor]] = [[], []]
+
+    def work(i: int) -> None:
+        for _ in range(15):
+            got[i].append(models[i](xs[i]))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for i in range(2):
+        assert len(got[i]) == 15 and all(torch.equal(y, want[i]) for y in got[i])
+
+
+def _child(path: str, x: torch.Tensor, q: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    native._SPLIT_MIN = 0
+    q.put(qir.load_compiled(path, num_threads=2)(x).tolist())  # plain data: no shared-memory handle
+
+
+def test_a_forked_child_restarts_the_pool(mixed: tuple[Path, nn.Module], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool's threads do not survive fork(): the child starts its own instead of waiting on the parent's."""
+    path, converted = mixed
+    monkeypatch.setattr(native, "_SPLIT_MIN", 0)
+    x = torch.randn(1, 3, 29, 23, generator=torch.Generator().manual_seed(7))
+    qir.load_compiled(path, num_threads=2)(x)  # the parent's pool is running
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(str(path), x, q))
+    proc.start()
+    got = q.get(timeout=60)
+    proc.join(timeout=60)
+    with torch.no_grad():
+        assert torch.equal(torch.tensor(got), converted(x))
+    assert proc.exitcode == 0
+
+
+def test_run_refuses_unknown_entry_points_and_wrong_arguments() -> None:
+    with pytest.raises(ValueError, match="not a row-range entry point"):
+        native.run("qir_caps", (), 1, 1)
+    with pytest.raises(ValueError, match="takes 8 arguments"):
+        native.run("qir_requant_rows_i8", (0, 1), 1, 1)
+
+
+def test_fused_finish_splits_like_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused conv + add rows at 3 threads equal the 1-thread rows (the int64 path of native.c)."""
+    monkeypatch.setattr(native, "_SPLIT_MIN", 0)
+    g = torch.Generator().manual_seed(9)
+    n, rows = 13, 29
+    fr = conv_mod.fused_requant(
+        "qint8",
+        "relu",
+        torch.randint(1 << 14, 1 << 15, (n,), generator=g),
+        torch.randint(18, 24, (n,), generator=g),
+        torch.randint(-999, 999, (n,), generator=g),
+        torch.zeros(n, dtype=torch.int64),
+        n,
+        (20000, 15, 2),
+    )
+    assert fr is not None
+    acc = torch.randint(-(2**24), 2**24, (rows, n), generator=g, dtype=torch.int32)
+    addend = torch.randint(-128, 128, (rows, n), generator=g, dtype=torch.int8)
+    outs = []
+    for nt in (1, 3):
+        torch.set_num_threads(nt)
+        try:
+            outs.append(conv_mod._fused_finish(acc, addend, fr, rows))
+        finally:
+            torch.set_num_threads(1)
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16])
+def test_native_global_sums_equal_torch(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The global average pool's sums (one native pass over NHWC codes) at 1 and 3 threads equal torch's."""
+    monkeypatch.setattr(native, "_SPLIT_MIN", 0)
+    lo, hi = (-128, 127) if dtype == torch.int8 else (-32768, 32767)
+    g = torch.Generator().manual_seed(11)
+    for nb, c, h, w in ((1, 1, 1, 1), (3, 37, 7, 5), (5, 130, 3, 9)):
+        x = torch.randint(lo, hi + 1, (nb, h, w, c), generator=g, dtype=torch.int64).to(dtype).permute(0, 3, 1, 2)
+        x[0, 0] = hi  # a saturated plane: the largest sum
+        want = x.to(torch.int64).sum(dim=(-2, -1), keepdim=True)
+        for nt in (1, 3):
+            torch.set_num_threads(nt)
+            try:
+                got = pool_mod._global_sums_native(x)
+            finally:
+                torch.set_num_threads(1)
+            assert got is not None and got.dtype == torch.int32
+            assert torch.equal(got.to(torch.int64), want)
+    assert pool_mod._global_sums_native(torch.zeros(1, 2, 3, 3)) is None  # float input: the torch path
