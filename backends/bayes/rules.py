@@ -11,4 +11,4 @@ from backends.common.op_families import register_families
 
 MARCH = "bayes"
 
-register_families(MARCH, ("conv", "layers", "functional", "math", "sampling"))
+register_families(MARCH, ("conv", "layers", "functional", "math", "sampling", "sequence"))

@@ -175,9 +175,10 @@ def _legacy(ctx: LowerContext, graph: Graph, n: Node, operands: list[Any]) -> An
 def _module(ctx: LowerContext, n: Node, m: nn.Module, path: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
     rule = module_rule(ctx.march, m)
     if rule is None:
+        note = n.meta.get("frontend_note")  # why the front end kept the call opaque (a call that did not bind)
         raise LoweringError(
             f"node '{n.name}': module '{path}' ({type(m).__module__}.{type(m).__name__}) "
-            f"has no lowering rule on {ctx.march}"
+            f"has no lowering rule on {ctx.march}" + (f" (not traced to an IR op: {note})" if note else "")
         )
     return rule(ctx, RuleNode(n.name, path, tuple(args)), m, args, kwargs)
 

@@ -1,12 +1,11 @@
 """The lowering rules every march shares: op rules keyed by IR op name (the layout ops, relu,
-identity, dropout; pad and getattr in lower_rules_codes), and the legacy rules the IR walk's
-adapter reaches: one per quantized module class and QFunctional method, and the torch
-functions / tensor methods a converted graph keeps between modules that have no op rule.
+identity, dropout; pad and getattr in lower_rules_codes), the conv / linear rule body the
+integer layers' op rules call (``lower_conv``), and the legacy rules the IR walk's adapter
+reaches: the torch functions / tensor methods a converted graph keeps between layers.
 
-Each rule reads the module's integer buffers and fixed scales and derives integer
-parameters with :mod:`backends.common.numerics` (and the module library's shared rule
-helpers); it never calls the module's forward. Marches override a rule by registering
-their own under their name (``register_op_rule("permute", rule, march="bayes")``,
+Each rule reads the layer's integer data and fixed scales and derives integer parameters
+with :mod:`backends.common.numerics`; it never calls a module's forward. Marches override a
+rule by registering their own under their name (``register_op_rule("permute", rule, march="bayes")``,
 ``register_module_rule(cls, rule, march="bayes")``).
 """
 
@@ -328,11 +327,7 @@ register_method_rule("__getitem__", lambda ctx, node, name, args, kwargs: shape_
 
 __all__: Sequence[str] = ["lower_conv"]
 
-# The rule families in their own files register on import (they import this module's helpers):
-# lower_rules_codes (abs, clamp, compare, pad, max, topk, gather), lower_rules_sequence (LSTMCell,
-# MultiheadAttention). The integer layers (PReLU ... GridSample, RoIAlign) are op rules
-# (backends/common/rules_*.py) the marches register.
-from backends.common import (  # noqa: E402,F401
-    lower_rules_codes,
-    lower_rules_sequence,
-)
+# The rule family in its own file registers on import (it imports this module's helpers):
+# lower_rules_codes (abs, clamp, compare, pad, max, topk, gather). The integer layers (qconv ...
+# LSTMCell, MultiheadAttention) are op rules (backends/common/rules_*.py) the marches register.
+from backends.common import lower_rules_codes  # noqa: E402,F401

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from backends.common import rules_layers, rules_math, rules_sampling
+from backends.common import rules_layers, rules_math, rules_sampling, rules_sequence
 from backends.common.lower import OpRule, register_op_rule
 from backends.common.rules_conv import lower_qconv
 from backends.common.rules_functional import FUNCTIONAL_RULES
@@ -28,6 +28,8 @@ FAMILIES: dict[str, Mapping[str, OpRule]] = {
     "math": rules_math.OP_RULES,
     # GridSample, RoIAlign, MultiScaleRoIAlign, AnchorGenerator
     "sampling": rules_sampling.OP_RULES,
+    # LSTMCell, MultiheadAttention (composed of the linear, add, lut, mul, matmul, softmax kernels)
+    "sequence": rules_sequence.OP_RULES,
 }
 
 

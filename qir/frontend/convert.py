@@ -28,7 +28,7 @@ from qir.ir.op import IRError, ModuleOp, Op
 from qir.ir.ops.core import Call, Identity
 from qir.ir.ops.integer import IntegerModuleOp, integer_method_op
 from qir.ir.ops.shape import Transpose
-from qir.ir.types import TensorType, Type, type_of
+from qir.ir.types import Type, type_of
 from qir.utils.fx_helper import wrapped_original
 
 #: ``Graph.objects`` key of the source model's module names in definition order (emitters
@@ -210,8 +210,8 @@ class _Converter:
 
     def add(self, n: torch.fx.Node, op: Op, operands: list[Value], scope: str | None = None) -> Node:
         t = self.type_of(n)
-        if isinstance(op, IntegerModuleOp) and isinstance(t, TensorType):
-            t = op.result_type(t.shape)  # codes typed with the layer's output QuantSpec
+        if isinstance(op, IntegerModuleOp):
+            t = op.typed_result(t)  # codes typed with the layer's output QuantSpec
         node = self.g.add_node(op, operands, t, name=n.name, scope=scope)
         self.env[n.name] = node
         return node

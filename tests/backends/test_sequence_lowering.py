@@ -18,6 +18,8 @@ import qir
 from backends.common.lower import LoweringError
 from backends.common.lower_ir import lower_ir
 from qir.frontend import trace
+from qir.ir import IRError
+from qir.ir.ops.core import Call
 from qir.march import march_scope
 from qir.nn import quantized
 from qir.quantization import (
@@ -122,14 +124,30 @@ def test_bernoulli2_refuses_the_qint16_cell_state() -> None:
         _flow(True, march="bernoulli2")
 
 
-def test_lowering_names_the_call_form() -> None:
+def test_the_call_form_is_the_one_converted() -> None:
     _, converted = _flow(True)
     graph = trace(converted, _inputs(0, 2))
-    converted.get_submodule("cell").has_state = False  # the graph holds the module object itself
-    with pytest.raises(LoweringError, match=r"node 'cell'.*converted for calls without \(h, c\)"):
-        lower_ir(graph, _inputs(0, 2), "bayes", opt=1)
+    node = next(n for n in graph.nodes if n.scope == "cell")
+    assert node.op.name == "qlstm_cell" and node.op.has_state  # the op's form follows its input scales
+    x = node.operands[0]
+    with pytest.raises(IRError, match=r"converted for calls with \(h, c\) and is called without them"):
+        node.op.bind_call([x], {})
+    converted.get_submodule("cell").has_state = False
     with pytest.raises(ValueError, match=r"converted for calls without a state and is called with \(h, c\)"):
         converted(*_inputs(0, 2))
+
+
+def test_a_cell_that_did_not_trace_to_its_op_is_refused_naming_why() -> None:
+    _, converted = _flow(True)
+    graph = trace(converted, _inputs(0, 2))
+    node = next(n for n in graph.nodes if n.scope == "cell")
+    # the layer as an opaque module call (an op the front end could not bind): lowering says why
+    call = Call(kind="module", target="cell", args=(), kwargs={})
+    graph.objects["module:cell"] = converted.get_submodule("cell")
+    node.op = call
+    node.meta["frontend_note"] = "qlstm_cell: hx must be a pair of graph values (h, c)"
+    with pytest.raises(LoweringError, match=r"node 'cell'.*no lowering rule on bayes.*hx must be a pair"):
+        lower_ir(graph, _inputs(0, 2), "bayes", opt=1)
 
 
 # ----------------------------------------------------------------------------- MultiheadAttention

@@ -12,6 +12,7 @@ from qir.ir.ops import (  # noqa: F401
     integer_pool,
     integer_resize,
     integer_sampling,
+    integer_sequence,
     integer_stubs,
     misc,
     nn,

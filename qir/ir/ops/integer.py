@@ -152,6 +152,11 @@ class IntegerModuleOp(ModuleOp):
         out: QuantSpec = self.out  # type: ignore[attr-defined]
         return TensorType(tuple(shape), out.dtype, out)
 
+    def typed_result(self, t: Type) -> Type:
+        """The front end's type ``t`` of the example result, with the layer's QuantSpec attached
+        (a tuple-valued layer, ``qlstm_cell``, overrides it to type each element)."""
+        return self.result_type(t.shape) if isinstance(t, TensorType) else t
+
     def compute(self, *operands: Any) -> Any:
         # no meta-tensor reference: the result type cannot be inferred (CannotInfer), the front end
         # types it from the example run with ``result_type``

@@ -14,7 +14,7 @@ from qir.nn.quantized.conv import QUANTIZED_CONV_CLASSES, QuantizedConvBase
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.qconfig import QConfig
 
-__all__ = ["fq_scale", "integer_linear", "product_params"]
+__all__ = ["fq_scale", "integer_linear", "linear_from_spec", "product_params"]
 
 
 def fq_scale(fq: FakeQuantize) -> float:
@@ -49,3 +49,16 @@ def product_params(s_a: float, s_b: float, s_out: float, march: str, dtype: DTyp
     """``(multiplier, shift)`` requantizing an exact product at ``s_a * s_b`` to ``s_out``."""
     m, s = numerics.conv_requant_params(s_a, s_b, s_out, march, dtype)
     return int(m.reshape(-1)[0]), int(s.reshape(-1)[0])
+
+
+def linear_from_spec(
+    march: str, in_scale: float, out: Any, tensors: dict[str, torch.Tensor], prefix: str
+) -> QuantizedConvBase:
+    """The integer ``Linear`` a composed IR op holds (``qlstm_cell``'s ``ih``, attention's ``q_proj``):
+    the ``qconv`` builder on a linear op with these scales and the ``<prefix>.<role>`` tensors."""
+    from qir.ir.ops.integer import QConv
+    from qir.nn.quantized.conv import _from_qconv
+
+    op = QConv(kind="linear", out=out, in_scales=(in_scale,), march=march)
+    own = {r: tensors[f"{prefix}.{r}"] for r in op.param_roles()}
+    return _from_qconv(op, own)

@@ -16,7 +16,7 @@ from qir.ir.types import DType
 from qir.nn.qat.attention import MultiheadAttention as QATMultiheadAttention
 from qir.nn.qat.attention import attention_masks, check_attention_call
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name
-from qir.nn.quantized._composed import fq_scale, integer_linear, product_params
+from qir.nn.quantized._composed import fq_scale, integer_linear, linear_from_spec, product_params
 from qir.nn.quantized.conv import QuantizedConvBase
 from qir.nn.quantized.softmax import Softmax
 
@@ -200,3 +200,35 @@ def _legality_view(m: nn.Module) -> nn.Module | None:
 
 
 register_module_view(_legality_view)
+
+
+# ----------------------------------------------------------------------------- the IR's qmultihead_attention op
+
+
+def _from_qmultihead_attention(op: Any, tensors: dict[str, torch.Tensor]) -> MultiheadAttention:
+    m = MultiheadAttention()
+    m._set_scales(op.in_scales, torch.tensor(op.out.scale), op.out.dtype)
+    m.register_buffer("weights_scale", torch.tensor(op.weights.scale, dtype=torch.float32))
+    m.embed_dim, m.num_heads, m.batch_first = int(op.embed_dim), int(op.num_heads), bool(op.batch_first)
+    m.has_bias, m.march = bool(op.has_bias), str(op.march)
+    for i, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+        setattr(m, proj, linear_from_spec(op.march, op.in_scales[i], op.proj_outs[i], tensors, proj))
+    sm = Softmax()
+    sm._set_scales(op.scores.scale, torch.tensor(op.softmax.scale), op.softmax.dtype)
+    sm.dim, sm.multiplier, sm.shift = int(op.softmax_dim), int(op.softmax_multiplier), int(op.softmax_shift)
+    sm.register_buffer("table", tensors["softmax.table"])
+    m.softmax = sm
+    m.rq = {k: (mult, shift) for k, (mult, shift, _) in op.requant_dict().items()}
+    m.dtypes = {k: d for k, (_, _, d) in op.requant_dict().items()}
+    m.out_proj = linear_from_spec(op.march, op.context.scale[0], op.out, tensors, "out_proj")
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import register_integer_module
+    from qir.ir.ops.integer_sequence import QMultiheadAttention
+
+    register_integer_module(QMultiheadAttention, MultiheadAttention, _from_qmultihead_attention)
+
+
+_register_ir()

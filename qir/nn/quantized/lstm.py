@@ -14,7 +14,7 @@ from passes.legality_facts import register_module_view
 from qir.ir.types import DType
 from qir.nn.qat.lstm import LSTMCell as QATLSTMCell
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name
-from qir.nn.quantized._composed import fq_scale, integer_linear, product_params
+from qir.nn.quantized._composed import fq_scale, integer_linear, linear_from_spec, product_params
 from qir.nn.quantized.conv import QuantizedConvBase
 from qir.quantization.fake_quantize import FakeQuantize
 
@@ -195,3 +195,37 @@ def _legality_view(m: nn.Module) -> nn.Module | None:
 
 
 register_module_view(_legality_view)
+
+
+# ----------------------------------------------------------------------------- the IR's qlstm_cell op
+
+
+def _add_params(p: Any) -> numerics.AddParams | None:
+    return None if p is None else numerics.AddParams(*p)
+
+
+def _from_qlstm_cell(op: Any, tensors: dict[str, torch.Tensor]) -> LSTMCell:
+    m = LSTMCell()
+    m._set_scales(op.in_scales, torch.tensor(op.out.scale), op.out.dtype, len(op.in_scales))
+    m.register_buffer("cell_scale", torch.tensor(op.cell.scale, dtype=torch.float32))
+    m.cell_dtype = op.cell.dtype
+    m.input_size, m.hidden_size, m.has_bias = int(op.input_size), int(op.hidden_size), bool(op.has_bias)
+    m.has_state, m.march = bool(op.has_state), str(op.march)
+    m.ih = linear_from_spec(op.march, op.in_scales[0], op.ih_out, tensors, "ih")
+    m.hh = linear_from_spec(op.march, op.in_scales[1], op.hh_out, tensors, "hh") if op.has_state else None
+    m.gates_add, m.cell_add = _add_params(op.gates_add), _add_params(op.cell_add)
+    m.rq = {k: (mult, shift) for k, (mult, shift, _) in op.requant_dict().items()}
+    m.dtypes = {k: d for k, (_, _, d) in op.requant_dict().items()}
+    for role in ("sigmoid_table", "tanh_g_table", "tanh_c_table"):
+        m.register_buffer(role, tensors[role])
+    return m
+
+
+def _register_ir() -> None:
+    from qir.ir.ops.integer import register_integer_module
+    from qir.ir.ops.integer_sequence import QLstmCell
+
+    register_integer_module(QLstmCell, LSTMCell, _from_qlstm_cell)
+
+
+_register_ir()
