@@ -1,4 +1,4 @@
-"""QAT training on the integer grid for FloatFunctional add / sub / mul / cat / stack.
+"""QAT training on the integer grid for FloatFunctional add / sub / mul / cat / stack and bilinear resize.
 
 A bound QAT ``FloatFunctional`` (``prepare_qat_fx`` binds one whose call site's tensor inputs
 all carry the scale of a known per-tensor fake quant, as for convs) computes, in its QAT
@@ -10,11 +10,12 @@ forward, what the converted ``QFunctional`` computes on the input codes (``x / s
 * ``cat`` / ``concat`` / ``concatenate`` / ``stack``: each input requantized to the output scale
   (``requant_params``; a saturating copy when the scales are equal as float32),
 
-and returns ``codes * s_out``. The output fake quant observes the float result first, as in the
-float forward, and the gradient is the float forward's: that of ``fq(f(x, y))`` (through
-``f``, masked where ``f``'s value rounds outside the output range). So the step's output equals
-what ``convert_fx`` of the state after the step's observer updates computes (docs/semantics.md,
-"Training on the integer grid").
+and a bound bilinear ``Interpolate`` computes the quantized module's fixed-point rule
+(``integer_rules.bilinear_taps``, one requantization). Each returns ``codes * s_out``. The
+output fake quant observes the float result first, as in the float forward, and the gradient
+is the float forward's: that of ``fq(f(x, y))`` (through ``f``, masked where ``f``'s value
+rounds outside the output range). So the step's output equals what ``convert_fx`` of the state
+after the step's observer updates computes (docs/semantics.md, "Training on the integer grid").
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from typing import Any
 import torch
 
 from backends.common import numerics
-from backends.common.integer_rules import f32
+from backends.common.integer_rules import bilinear_taps, bilinear_weight_bits, f32, resize_out_size
 from qir.ir.types import DType
 from qir.quantization.fake_quantize import FakeQuantize, float_fake_quant_active
 from qir.quantization.integer_grid import _ATTR, GridBinding, _observe, _on, _plain_fq
 
-__all__ = ["GRID_METHODS", "functional_forward"]
+__all__ = ["GRID_METHODS", "functional_forward", "interpolate_forward"]
 
 _BINARY = frozenset({"add", "add_relu", "sub", "mul"})
 _JOIN = frozenset({"cat", "concat", "concatenate", "stack"})
@@ -130,5 +131,39 @@ def functional_forward(m: Any, method: str, args: Sequence[Any], kwargs: dict[st
     with torch.no_grad():
         qs = [_codes(t, fq) for t, fq in zip(ts, binding.inputs, strict=True)]
         codes = _integer_result(method, qs, [_scale(fq) for fq in binding.inputs], s_out, binding.march, dt, dim)
+    out: torch.Tensor = _GridOut.apply(y, codes, ofq.scale.detach().reshape(()), ofq.qmin, ofq.qmax)
+    return out
+
+
+def interpolate_forward(m: Any, x: torch.Tensor, size: Any = None) -> torch.Tensor | None:
+    """The integer-grid QAT forward of a bound bilinear ``Interpolate`` (qir.nn.qat), or None when it
+    does not apply (nearest copies codes and is exact anyway; not bound; a fake quant off)."""
+    binding: GridBinding | None = m.__dict__.get(_ATTR)
+    if binding is None or m.mode != "bilinear" or float_fake_quant_active():
+        return None
+    ofq = _plain_fq(m.activation_post_process)
+    in_fq = binding.inputs[0]
+    if ofq is None or not _on([in_fq, ofq]) or x.dtype != torch.float32 or x.dim() != 4:
+        return None
+    y = m.float_forward(x, size)
+    _observe(ofq, y)
+    s_in, s_out = _scale(in_fq), _scale(ofq)
+    dt = DType(ofq.dtype)
+    with torch.no_grad():
+        q = _codes(x, in_fq)
+        h, w = int(x.shape[-2]), int(x.shape[-1])
+        oh, ow, fh, fw = resize_out_size(
+            h, w, m.size if size is None else size, m.scale_factor, m.recompute_scale_factor
+        )
+        bits = bilinear_weight_bits(DType(in_fq.dtype).to_torch())
+        ac = bool(m.align_corners)
+        hi0, hi1, hw0, hw1 = bilinear_taps(h, oh, fh, ac, bits)
+        wi0, wi1, ww0, ww1 = bilinear_taps(w, ow, fw, ac, bits)
+        rows = q[..., hi0, :] * hw0[:, None] + q[..., hi1, :] * hw1[:, None]
+        acc = rows[..., wi0] * ww0 + rows[..., wi1] * ww1
+        mult, sh = numerics.requant_params(s_in, s_out, binding.march, dt)
+        codes = numerics.requantize(acc, int(mult), int(sh) + 2 * bits, dt)
+    if codes.shape != y.shape:
+        return None  # torch chose another output size than the integer rule: the float forward decides
     out: torch.Tensor = _GridOut.apply(y, codes, ofq.scale.detach().reshape(()), ofq.qmin, ofq.qmax)
     return out

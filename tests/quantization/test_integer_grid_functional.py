@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from qir.march import march_scope
@@ -171,3 +172,54 @@ def test_a_floatfunctional_called_at_several_places() -> None:
         out = qat(x, y)
         with march_scope("bayes"):
             assert torch.equal(out, convert_fx(qat)(x, y))
+
+
+class _FPN(nn.Module):
+    """Bilinear upsampling by a factor and to a run-time size (FPN's lateral add)."""
+
+    def __init__(self, align_corners: bool) -> None:
+        super().__init__()
+        import qir.nn as qnn
+
+        self.quant = QuantStub()
+        self.down = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.lateral = nn.Conv2d(3, 4, 1)
+        self.up = qnn.Interpolate(scale_factor=2, mode="bilinear", align_corners=align_corners)
+        self.up_to = qnn.Interpolate(mode="bilinear", align_corners=align_corners)
+        self.add = FloatFunctional()
+        self.head = nn.Conv2d(4, 2, 1)
+        self.dq = DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.quant(x)
+        d = self.down(x)
+        lat = self.lateral(x)
+        top = self.up_to(self.up(d), lat.shape[2:])
+        top = F.interpolate(top, size=(lat.shape[2] + 1, lat.shape[3]), mode="bilinear")  # prepared as a module
+        lat = F.interpolate(lat, size=top.shape[2:], mode="bilinear")
+        return self.dq(self.head(self.add.add(top, lat)))
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_bilinear_resize_steps_are_the_converted_model(march: str, align_corners: bool) -> None:
+    torch.manual_seed(0)
+    qconfig: dict[str, object] = {"": get_default_qat_qconfig()}
+    if march == "bayes":
+        qconfig["module_name"] = {"down": get_default_qat_qconfig(dtype="qint16")}  # a qint16 resize input
+    with march_scope(march):
+        qat = prepare_qat_fx(_FPN(align_corners), qconfig).train()
+    report = integer_grid_report(qat)
+    assert [p for p in report if "interpolate" in p] == ["_generated_interpolate_0", "_generated_interpolate_1"]
+    assert set(report.values()) == {"grid"}
+    g = torch.Generator().manual_seed(4)
+    opt = torch.optim.SGD(qat.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(3):
+        x = torch.randn(2, 3, 9, 7, generator=g)  # odd sizes: the run-time size differs from 2x
+        out = qat(x)
+        with march_scope(march):
+            want = convert_fx(qat)(x)
+        assert torch.equal(out, want), float((out - want).abs().max())
+        opt.zero_grad()
+        out.square().mean().backward()
+        opt.step()

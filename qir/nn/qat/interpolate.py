@@ -9,6 +9,7 @@ from torch import nn
 
 from qir.nn.modules.interpolate import Interpolate as FloatInterpolate
 from qir.nn.qat._base import QATModule, make_activation_fq, resolve_qconfig
+from qir.quantization.integer_grid_functional import interpolate_forward
 from qir.quantization.qconfig import QConfig
 
 __all__ = ["Interpolate"]
@@ -19,9 +20,18 @@ class Interpolate(QATModule, FloatInterpolate):
 
     #: ``size`` (forward position 1) is a run-time size (ints from ``y.shape[2:]``), never codes
     float_inputs: ClassVar[tuple[int, ...]] = (1,)
+    #: bilinear trains on the integer grid when its input's scale is known (qir.quantization.integer_grid)
+    grid_inputs: ClassVar[int] = 1
+
+    def float_forward(self, x: torch.Tensor, size: Any = None) -> torch.Tensor:
+        """The float resize, before the output fake quant."""
+        return super().forward(x, size)
 
     def forward(self, x: torch.Tensor, size: Any = None) -> torch.Tensor:
-        y = super().forward(x, size)
+        grid = interpolate_forward(self, x, size)
+        if grid is not None:
+            return grid
+        y = self.float_forward(x, size)
         return y if self.activation_post_process is None else self.activation_post_process(y)
 
     @property
