@@ -8,13 +8,19 @@ tables allow it on Bayes and refuse it on Bernoulli2, as the seeds' operator tab
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
+import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 import qir.nn as qnn
+from backends.common.artifact import MAGIC, ArtifactError
 from qir.frontend import trace
 from qir.ir import parse_graph, print_graph, run_graph
 from qir.march import march_scope
@@ -185,3 +191,50 @@ def test_floatfunctional_ceil_of_qint16_codes_is_refused() -> None:
     for model in (m, conv):  # validation runs the converted model
         with pytest.raises(NotImplementedError, match=r"QFunctional\.ceil: torch\.int16 input has no table"):
             model(x)
+
+
+def _header_and_section(path: Path) -> tuple[dict[str, Any], bytes]:
+    data = path.read_bytes()
+    _, _, hlen = struct.unpack_from("<8sIQ", data, 0)
+    start = 20 + hlen + (-(20 + hlen)) % 64
+    return json.loads(data[20 : 20 + hlen]), data[start:-32]
+
+
+def _forged(path: Path, header: dict[str, Any], section: bytes) -> Path:
+    head = struct.pack("<8sIQ", MAGIC, 1, len(text := json.dumps(header).encode())) + text
+    body = head + b"\x00" * ((-len(head)) % 64) + section
+    out = path.with_name("forged.hbm")
+    out.write_bytes(body + hashlib.sha256(body).digest())
+    return out
+
+
+def _converted(qconfig: Any) -> nn.Module:
+    with march_scope("bayes"):
+        m = prepare_qat_fx(_Stub16().eval(), {"": qconfig})
+        m(torch.tensor([-3.0, 3.0]))
+        set_fake_quantize(m, "validation")
+        return convert_fx(m)
+
+
+def test_a_forged_lut16_instruction_is_refused_at_load(tmp_path: Path) -> None:
+    x = torch.randn(4, 8)
+    compile_model(_converted(get_default_qat_qconfig(dtype="qint16")), x, hbm=tmp_path / "m16.hbm", march="bayes")
+    compile_model(_converted(get_default_qat_qconfig()), x, hbm=tmp_path / "m8.hbm", march="bayes")
+    h16, s16 = _header_and_section(tmp_path / "m16.hbm")
+    h8, s8 = _header_and_section(tmp_path / "m8.hbm")
+    (i16,) = [i for i in h16["program"]["instructions"] if i["op"] == "lut16"]
+    (i8,) = [i for i in h8["program"]["instructions"] if i["op"] == "lut"]
+    cases = []
+    i16["attrs"]["out_dtype"] = "qint32"
+    cases.append((h16, s16, "'qint32' is not one of 'qint8', 'qint16'"))
+    h16 = copy.deepcopy(h16)
+    (i16,) = [i for i in h16["program"]["instructions"] if i["op"] == "lut16"]
+    i16["op"] = "lut"
+    del i16["attrs"]["out_dtype"]
+    cases.append((h16, s16, "lut takes qint8 codes"))
+    i8["op"] = "lut16"
+    i8["attrs"]["out_dtype"] = "qint8"
+    cases.append((h8, s8, r"consts\.table: dtype int8 is not one of int32 \(lut16"))  # a 256-entry table
+    for header, section, why in cases:
+        with pytest.raises(ArtifactError, match=why):
+            load_compiled(_forged(tmp_path / "m.hbm", header, section))
