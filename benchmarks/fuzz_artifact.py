@@ -7,7 +7,8 @@ structure, raw header text, data bytes, the container) and loads each with a mem
 limit (``RLIMIT_AS``, 2 GiB above the start-up mapping), so a huge allocation fails fast and is
 counted instead of swapping. Every case ends in one class:
 
-* ``refused at load (ArtifactError)`` / ``refused at run (input check)`` / ``loads and runs``: fine;
+* ``refused at load (ArtifactError)`` / ``refused at run (input check)`` / ``refused at run (data
+  check)`` / ``loads and runs``: fine;
 * ``load: <Exception>`` / ``run: <Exception>``: any other exception is a bug (at run: a kernel
   refusing operands that the loader's shape inference let through);
 * ``... huge allocation``: the allocator refused a request under the limit (a bug: the loader
@@ -42,7 +43,12 @@ import torch
 from torch import nn
 from torch.ao.quantization import DeQuantStub
 
-OK_CLASSES = ("loads and runs", "refused at load (ArtifactError)", "refused at run (input check)")
+OK_CLASSES = (
+    "loads and runs",
+    "refused at load (ArtifactError)",
+    "refused at run (input check)",
+    "refused at run (data check)",
+)
 #: the memory bound every case is loaded with
 MAX_MEMORY = 2**30
 
@@ -333,7 +339,7 @@ def _is_alloc(e: BaseException) -> bool:
 def classify(path: Path, inputs: tuple[torch.Tensor, ...], timeout: float) -> str:
     """Load and run one file; the class of what happened."""
     from backends.common.artifact import ArtifactError
-    from backends.common.runtime import InputError
+    from backends.common.runtime import DataError, InputError
     from qir.quantization import load_compiled
 
     stage = "load"
@@ -347,6 +353,8 @@ def classify(path: Path, inputs: tuple[torch.Tensor, ...], timeout: float) -> st
         return f"refused at {stage} (ArtifactError)"
     except InputError:  # a forged input shape: the call is refused before any kernel runs
         return "refused at run (input check)"
+    except DataError:  # a value from the data a kernel would index with (a gather index, RoI boxes)
+        return "refused at run (data check)"
     except _Timeout:
         return f"{stage}: hang (> {timeout:g} s)"
     except Exception as e:

@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import get_kernel
+from backends.common.kernels.data_checks import DataError
 from backends.common.program import Instruction, Program, build_outputs, output_names, refs_in
 
-__all__ = ["DEFAULT_THREADS", "CompiledModel", "InputError"]
+__all__ = ["DEFAULT_THREADS", "CompiledModel", "DataError", "InputError"]
 
 
 class InputError(ValueError):
@@ -84,6 +85,8 @@ class CompiledModel:
                 for inst, run, state, free in self._steps:
                     try:
                         outs = run(inst, [env[v] for v in inst.inputs], state)
+                    except DataError as e:  # a value from the data: the same class, with the place
+                        raise DataError(f"compiled model{self._where()}: {inst.op} for '{inst.source}': {e}") from e
                     except Exception as e:
                         raise RuntimeError(
                             f"compiled model{self._where()}: {inst.op} for '{inst.source}' failed: {e}"

@@ -61,6 +61,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "text.npz": b"PK not really a zip",
         "notes.txt": b"just text\n",
         "binary_passes.py": b"\xff\xfe\x00garbage",
+        # converted-model IR: a cat along a dim the codes do not have, a march that is not one,
+        # a FloatFunctional whose output scale is too small for its inputs (the multiplier limit)
+        "qcat_dim.qir": _integer_ir("count=2, dim=7"),
+        "qcat_march.qir": _integer_ir("count=2, dim=1").replace(b'march="bayes"', b'march="numpy"'),
+        "qcat_scale.qir": _integer_ir("count=2, dim=1").replace(b"(0.1,)), in_scales", b"(1e-9,)), in_scales"),
     }
     for name, b in writes.items():
         (d / name).write_bytes(b)
@@ -86,6 +91,16 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     good_ir.write_text("graph @g(%x: tensor<1x3xf32>) {\n  %y: tensor<1x3xf32> = relu(%x)\n  return %y\n}\n")
     out["good.qir"] = good_ir
     return out
+
+
+def _integer_ir(cat_tail: str) -> bytes:
+    return (
+        "graph @g(%x: tensor<1x4xf32>) {\n"
+        "  %q: tensor<1x4xqi8,scale=[0.1]> = qquant_stub(%x, out=QuantSpec(scale=(0.1,)))\n"
+        '  %c: tensor<1x8xqi8,scale=[0.1]> = qcat(%q, %q, method="cat", out=QuantSpec(scale=(0.1,)), '
+        f'in_scales=(0.1, 0.1), march="bayes", {cat_tail})\n'
+        "  return %c\n}\n"
+    ).encode()
 
 
 #: (case id, argv with {name} placeholders for ``files``, words the one stderr line must hold)
@@ -188,6 +203,9 @@ CASES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     ("opt-empty", ("opt", "{empty.qir}"), ("empty.qir",)),
     ("opt-nul", ("opt", "{nul.qir}"), ("nul.qir",)),
     ("opt-truncated", ("opt", "{cut.qir}"), ("cut.qir",)),
+    ("opt-qcat-dim", ("opt", "{qcat_dim.qir}"), ("qcat", "Dimension out of range")),
+    ("opt-qcat-march", ("opt", "{qcat_march.qir}"), ("qcat_march.qir", "march must be one of")),
+    ("opt-qcat-scale", ("opt", "{qcat_scale.qir}"), ("qcat", "multiplier limit")),
     ("opt-artifact", ("opt", "{good}"), ("tiny.hbm",)),
     ("opt-unknown-pass", ("opt", "{good.qir}", "-p", "no-such-pass"), ("no-such-pass",)),
     ("opt-bad-option", ("opt", "{good.qir}", "-p", "legalize{march=nope}"), ("nope",)),

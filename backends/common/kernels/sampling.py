@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import qbounds, register_kernel, requant_i64, sat_to
+from backends.common.kernels.data_checks import DataError, check_finite, check_index
 from backends.common.kernels.infer import ShapeError, code, meta, tensor_arg
 from backends.common.kernels.schema import (
     MAX_COUNT,
@@ -241,15 +242,43 @@ def _rois(boxes: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0, 5)
 
 
+#: the widest box, in multiples of its feature map's size, an adaptive sampling ratio samples
+#: (its samples per bin grow with the extent: a forged coordinate would size the loop)
+MAX_ROI_EXTENT = 16
+
+
+def _check_rois(kernel: str, rois: torch.Tensor, fixed: torch.Tensor, n: int, hw: tuple[int, int], a: Any) -> None:
+    """The boxes' values before they index: a batch index of an image of ``x``, finite
+    coordinates exact in float64, and (adaptive sampling, whose sample count follows a box's
+    extent) boxes at most :data:`MAX_ROI_EXTENT` map sizes wide."""
+    check_finite(kernel, "the box coordinates", rois[:, 1:])
+    check_index(kernel, "the box batch index (column 0 of the boxes)", rois[:, 0], n)
+    if fixed.numel() and float(fixed.abs().max()) > 2**52:
+        raise DataError(f"{kernel}: a box coordinate is beyond 2**52 / 2**bits feature-map pixels")
+    if fixed.numel() and int(a["sampling_ratio"]) <= 0:
+        one = 1 << int(a["bits"])
+        for (c0, c1), size, axis in (((0, 2), hw[1], "x"), ((1, 3), hw[0], "y")):
+            extent = float((fixed[:, c1] - fixed[:, c0]).abs().max()) / one
+            if extent > MAX_ROI_EXTENT * max(size, 1):
+                raise DataError(
+                    f"{kernel}: a box spans {extent:g} feature-map pixels along {axis}, over {MAX_ROI_EXTENT} times "
+                    f"the size-{size} map: with an adaptive sampling ratio the samples per bin follow the box's "
+                    "extent; clip the boxes to the image"
+                )
+
+
 def _roi_means(
-    x: torch.Tensor, rois: torch.Tensor, a: Mapping[str, Any], spatial_scale: float, aligned: bool
+    x: torch.Tensor, rois: torch.Tensor, a: Mapping[str, Any], spatial_scale: float, aligned: bool, kernel: str
 ) -> torch.Tensor:
     """Per RoI and output bin: exact int64 sum of tap products, exact rounded mean at ``2**-mean_bits``."""
+    if rois.dim() != 2 or rois.shape[-1] != 5:
+        raise DataError(f"{kernel}: the boxes must be (K, 5) rows (batch, x1, y1, x2, y2), got {list(rois.shape)}")
     bits, mean_bits = int(a["bits"]), int(a["mean_bits"])
     ph, pw = (int(v) for v in a["output_size"])
     h, w = int(x.shape[-2]), int(x.shape[-1])
     v = rois[:, 1:].to(torch.float64) * float(spatial_scale) * float(1 << bits)
     fixed = torch.floor(v) + (v - torch.floor(v) >= 0.5)  # half up, exactly (v + 0.5 can round)
+    _check_rois(kernel, rois, fixed, int(x.shape[0]), (h, w), a)
     q = x.to(torch.int64)
     out = torch.zeros(int(rois.shape[0]), int(x.shape[1]), ph, pw, dtype=torch.int64)
     for k, (r, b) in enumerate(zip(fixed.to(torch.int64).tolist(), rois[:, 0].tolist(), strict=True)):
@@ -293,7 +322,7 @@ def roi_align(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tens
     a = inst.attrs
     x = args[0]
     rois = _rois(list(args[1:])) if a["box_list"] else args[1]
-    out = _roi_means(x, rois, a, float(a["spatial_scale"]), bool(a["aligned"]))
+    out = _roi_means(x, rois, a, float(a["spatial_scale"]), bool(a["aligned"]), "roi_align")
     return [_requant_sat(out, int(a["multiplier"]), int(a["shift"]), str(a["out_dtype"]))]
 
 
@@ -315,6 +344,7 @@ def roi_levels(inst: Instruction, args: list[Any], state: Mapping[str, torch.Ten
     """Level index of every box at run time, in float on the float boxes (torchvision's LevelMapper, FPN eq. 1)."""
     a = inst.attrs
     cat = torch.cat(list(args)) if args else torch.zeros(0, 4)
+    check_finite("roi_levels", "the box coordinates", cat)  # a NaN level would match no level
     s = torch.sqrt((cat[:, 2] - cat[:, 0]) * (cat[:, 3] - cat[:, 1]))
     eps = torch.tensor(float(a["eps"]), dtype=s.dtype)
     lvl = torch.floor(int(a["canonical_level"]) + torch.log2(s / int(a["canonical_scale"])) + eps)
@@ -350,12 +380,15 @@ def multi_scale_roi_align(inst: Instruction, args: list[Any], state: Mapping[str
                 f"{[list(t.shape[-2:]) for t in feats]}; compile again for this input size"
             )
     rois = _rois(boxes)
+    if levels.shape != (rois.shape[0],):
+        raise DataError(f"multi_scale_roi_align: {list(levels.shape)} level indices for {rois.shape[0]} boxes")
+    check_index("multi_scale_roi_align", "the level input", levels, n_lvl)  # a row of no level stays 0
     ph, pw = (int(v) for v in a["output_size"])
     dt = str(a["out_dtype"])
     out = sat_to(torch.zeros(int(rois.shape[0]), int(feats[0].shape[1]), ph, pw, dtype=torch.int64), dt)
     for lvl, f in enumerate(feats):
         idx = torch.where(levels == lvl)[0]
         if idx.numel():
-            means = _roi_means(f, rois[idx], a, float(a["spatial_scales"][lvl]), False)
+            means = _roi_means(f, rois[idx], a, float(a["spatial_scales"][lvl]), False, "multi_scale_roi_align")
             out[idx] = _requant_sat(means, int(a["multipliers"][lvl]), int(a["shifts"][lvl]), dt)
     return [out]

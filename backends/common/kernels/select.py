@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import register_kernel
+from backends.common.kernels.data_checks import check_index
 from backends.common.kernels.infer import ShapeError, meta, meta_call, tensor_arg
 from backends.common.kernels.schema import DIM, MAX_COUNT, Const, KernelSchema, boolean, integer, one_of, optional
 from backends.common.program import Instruction
@@ -137,5 +138,10 @@ def topk(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
 )
 def gather(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
     """``torch.gather(x, dim, index)``; the index is the second input or the constant ``index``."""
-    index = args[1] if len(args) > 1 else state["index"]
-    return [torch.gather(args[0], int(inst.attrs["dim"]), index)]
+    x, dim = args[0], int(inst.attrs["dim"])
+    if len(args) > 1:  # an index from the data (a constant one was checked at load)
+        index = args[1]
+        check_index("gather", "the index input", index, int(x.shape[dim]) if x.dim() else 1)
+    else:
+        index = state["index"]
+    return [torch.gather(x, dim, index)]

@@ -24,6 +24,20 @@ def softmax_input(inst: Instruction, x: torch.Tensor, consts: Mapping[str, torch
     table = consts[inst.consts["table"]]
     if table.numel() < 256:
         raise ShapeError(f"{inst.op}: the exp table has {table.numel()} entries, the kernel reads 256")
+    # the table's values are what the kernel divides by and shifts: check them as it will use them
+    t = table.reshape(-1)[:256].to(torch.int64)
+    if int(t.min()) < 0 or int(t[255]) <= 0:
+        raise ShapeError(
+            f"{inst.op}: the exp table's entries must be >= 0 and its entry 255 (exp(0), the row maximum's) "
+            f"> 0, got min {int(t.min())} and entry 255 {int(t[255])}: a row's sum could be 0 or negative"
+        )
+    n = int(x.shape[dim]) if x.dim() else 1
+    top, shift, mult = int(t.max()), int(inst.attrs["shift"]), abs(int(inst.attrs["multiplier"]))
+    if (top * n) << shift >= 2**62 or 2 * top * mult >= 2**62:
+        raise ShapeError(
+            f"{inst.op}: a row sum of up to {n} entries of at most {top}, shifted by {shift}, or an entry times "
+            f"the multiplier {mult} overflows int64"
+        )
 
 
 def _softmax_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
