@@ -9,10 +9,12 @@ import re
 
 import pytest
 
+from backends.common.math_rules import LN_EPS_MAX_BITS, LN_MAX_ELEMENTS, LN_MAX_SUM
 from benchmarks import fuzz_ir
 from benchmarks.fuzz_ir import run_case, seed_texts
 from qir.ir import IRError
 from qir.ir.ops.integer_functional import QLutMethod
+from qir.ir.ops.integer_math import QLayerNorm
 from qir.ir.types import DType, QuantSpec, TensorType
 
 REFUSED = ("parse-error", "verify-error")
@@ -86,3 +88,23 @@ def test_two_hundred_converted_mutations_find_no_bug() -> None:
     result = fuzz_ir.fuzz(200, seed=7, mem_bytes=2 * 2**30, timeout=10.0, only="converted:")
     assert result["counts"].get("ran", 0) > 0
     assert result["bugs"] == 0, fuzz_ir.table(result)
+
+
+def test_layer_norm_eps_terms_stay_in_the_integer_rules_ranges() -> None:
+    """The bounds the op checks are the rule's own (backends.common.math_rules): at the limit it
+    verifies, one past it is refused (an E of 2**63 overflowed int64 when run)."""
+
+    x = TensorType((2, 4), DType.qint8)
+    state = [TensorType((4,), DType.int64)] * 3
+
+    def ln(f: int, e: int, shape: tuple[int, ...] = (4,)) -> QLayerNorm:
+        return QLayerNorm(out=QuantSpec((0.1,)), in_scales=(0.1,), normalized_shape=shape, eps_terms=(("int8", f, e),))
+
+    ln(LN_EPS_MAX_BITS, LN_MAX_SUM // 2 - 1).verify([x, *state])
+    ln(0, -1).verify([x, *state])
+    for f, e in ((LN_EPS_MAX_BITS + 1, 5), (3, LN_MAX_SUM // 2), (3, 2**63), (-1, 5), (3, -2)):
+        with pytest.raises(IRError, match="eps_terms for int8"):
+            ln(f, e).verify([x, *state])
+    big = (LN_MAX_ELEMENTS + 1,)
+    with pytest.raises(IRError, match="1 to 2\\*\\*20 elements"):
+        ln(3, 5, big).verify([TensorType((1, *big), DType.qint8), *[TensorType(big, DType.int64)] * 3])

@@ -218,6 +218,10 @@ class QLayerNorm(_MathOp):
         for d, f, e in self.eps_terms:
             if d not in ("int8", "int16"):
                 raise IRError(f"qlayer_norm: eps_terms names input dtype {d!r}; the codes it reads are int8 or int16")
+            # the integer rule's ranges (docs/semantics.md "LayerNorm"): f eps bits <= 8, E below
+            # 2**59 (-1: eps too large for this dtype), so the int64 variance term cannot overflow
+            if not (0 <= f <= 8 and -1 <= e < 2**59):
+                raise IRError(f"qlayer_norm: eps_terms for {d} must be (f in [0, 8], E in [-1, 2**59)), got ({f}, {e})")
             out[getattr(torch, d)] = (f, e)
         return out
 
@@ -231,6 +235,8 @@ class QLayerNorm(_MathOp):
         n = 1
         for d in self.normalized_shape:
             n *= d
+        if not 1 <= n <= 2**20:  # the integer rule's exact sums hold at most 2**20 elements
+            raise IRError(f"qlayer_norm: normalized_shape {self.normalized_shape} must hold 1 to 2**20 elements")
         for role, t in zip(self.state_roles, operand_types[1:], strict=True):
             if not isinstance(t, TensorType) or t.numel != n or t.dtype.is_float:
                 raise IRError(f"qlayer_norm: {role} must hold {n} integers (one per normalized element), got {t}")
