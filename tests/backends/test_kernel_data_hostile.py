@@ -14,7 +14,7 @@ from backends.common.kernels.base import get_kernel
 from backends.common.kernels.data_checks import DataError, check_index
 from backends.common.kernels.infer import ShapeError
 from backends.common.kernels.softmax import softmax_input
-from backends.common.program import Instruction, Program
+from backends.common.program import Instruction, Program, ValueRef
 from backends.common.runtime import CompiledModel
 
 ROI = {"output_size": [2, 2], "sampling_ratio": -1, "bits": 8, "mean_bits": 8, "out_dtype": "qint8"}
@@ -143,3 +143,18 @@ def test_softmax_table_values_are_checked_at_load() -> None:
         _softmax_table_check(negative)
     with pytest.raises(ShapeError, match="overflows int64"):
         _softmax_table_check(good, shift=60)
+
+
+def test_a_repeat_count_from_the_data_is_bounded_before_anything_is_built() -> None:
+    """``x.repeat(n)`` with ``n`` computed at run time: the layout function checks the count it
+    is handed (a value, not an attribute the loader saw) before torch allocates."""
+    inst = Instruction("shape_fn", ("x", "n"), ("y",), {"fn": "repeat", "args": [ValueRef("x"), 1, ValueRef("n")]})
+    run = CompiledModel(Program("bayes", ("x", "n"), "y", [inst], {}), source="r.hbm")
+    x = torch.zeros(2, 3, dtype=torch.int8)
+    assert run(x, 2).shape == (2, 6)
+    with pytest.raises(RuntimeError, match=r"shape_fn .*repeat\(1, 1000000000\) of a \[2, 3\] tensor .*limit"):
+        run(x, 10**9)
+    with pytest.raises(RuntimeError, match="repetitions must be non-negative"):
+        run(x, -1)
+    with pytest.raises(RuntimeError, match="integer sizes"):
+        run(x, torch.tensor(2))
