@@ -6,11 +6,15 @@ lowered by
 
 1. the **op rule** registered for its IR op name (:func:`backends.common.lower.register_op_rule`),
    called with the node and its lowered operands; else
-2. the **legacy adapter**, for what is still keyed the old way (quantized module classes,
-   QFunctional methods, torch functions, tensor methods), mapping the node back to the
-   torch call it stands for, as the torch emitter does:
+2. the **adapter**, for rules keyed by what a node stands for in torch rather than by IR
+   op name (torch functions and tensor methods without an IR op, and module classes a user
+   registers with ``register_module_rule`` — no built-in quantized layer needs one: each is
+   an integer IR op), mapping the node back to the torch call it stands for, as the torch
+   emitter does:
 
-   * ``call`` of kind ``module``: the module object in ``graph.objects`` -> module rules;
+   * ``call`` of kind ``module``: the module object in ``graph.objects`` -> module rules
+     (a built-in layer that stayed opaque because it failed to bind is refused, with the
+     front end's reason);
    * ``call`` of kind ``method`` -> method rules (a QFunctional method call is an integer op,
      ``qadd`` ..., when it traced; one that did not is refused naming it);
    * ``call`` of kind ``function``: the resolved callable -> function rules;
