@@ -121,6 +121,9 @@ class ScalePlan:
     #: calls of ``fx_helper.wrap``-ed functions / methods that receive quantized tensors: they get
     #: float (dequantized) arguments and run on the CPU (:func:`_dequantize_wrapped_inputs`)
     wrapped_calls: list[str] = field(default_factory=list)
+    #: ``x.float()`` / ``x.to(torch.float32)`` of a quantized tensor: an identity in QAT (fake-quantized
+    #: values are float32 already), so the converted model keeps the codes (:func:`_drop_float_casts`)
+    float_casts: list[str] = field(default_factory=list)
 
     def inputs_of(self, path: str) -> list[torch.Tensor]:
         sites = self.module_inputs.get(path, [])
@@ -305,6 +308,10 @@ def input_scales(
             elif res.kind == EXACT:
                 plan.exact_values.add(n.name)
             continue
+        if _is_float32_cast(n) and first_q is not None and len(quantized) == 1:
+            plan.float_casts.append(n.name)
+            keep(n, first_q)
+            continue
         if (n.op == "call_function" and target in _PRESERVING_FUNCTIONS) or (
             n.op == "call_method" and target in _PRESERVING_METHODS
         ):
@@ -322,6 +329,36 @@ def input_scales(
             "again with a qconfig that covers it, or put a DeQuantStub before it"
         )
     return plan
+
+
+def _is_float32_cast(n: torch.fx.Node) -> bool:
+    """``x.float()``, ``x.to(torch.float32)``, ``x.type(torch.float32)`` (a dtype-only cast to float32)."""
+    if n.op != "call_method":
+        return False
+    if n.target == "float" and len(n.args) == 1 and not n.kwargs:
+        return True
+    if n.target in ("to", "type"):
+        dtypes = [*n.args[1:], *n.kwargs.values()]
+        return dtypes in ([torch.float32], ["torch.FloatTensor"])
+    return False
+
+
+def _drop_float_casts(gm: torch.fx.GraphModule, plan: ScalePlan, eager: bool) -> None:
+    """Remove the float32 casts of quantized tensors: on codes they would make float codes."""
+    if not plan.float_casts:
+        return
+    if eager:  # the eager forward runs as written: its cast would turn the codes into float codes
+        raise ConvertError(
+            f"node '{plan.float_casts[0]}' casts a quantized tensor to float32 (x.float() / x.to(torch.float32)), "
+            "an identity in QAT; the eager forward would cast the integer codes: drop the cast, or use "
+            "prepare_qat_fx / convert_fx, which remove it"
+        )
+    nodes = {n.name: n for n in gm.graph.nodes}
+    for name in plan.float_casts:
+        n = nodes[name]
+        n.replace_all_uses_with(n.args[0])  # type: ignore[arg-type]
+        gm.graph.erase_node(n)
+    gm.recompile()
 
 
 def _check_wrapped_args(n: torch.fx.Node, plan: ScalePlan) -> None:
@@ -440,6 +477,7 @@ def _convert_modules(
     except CodeOpError as e:
         raise ConvertError(str(e)) from e
     _bypass_exact_dequants(gm, plan, eager)
+    _drop_float_casts(gm, plan, eager)
     _dequantize_wrapped_inputs(gm, plan, eager)
     for path in plan.float_dequants - plan.module_inputs.keys():
         set_submodule(root, path, FloatDeQuantStub())  # float in, float out: the float stub (identity)
