@@ -22,7 +22,14 @@ from torch import nn
 
 from qir.frontend.bind import Unbindable, bind
 from qir.frontend.lookup import ff_op_class, is_float_functional, qualified_name, tables
-from qir.frontend.tracer import QirTracer, TraceError, patch_float_functional, patch_len, trace_error
+from qir.frontend.tracer import (
+    QirTracer,
+    TraceError,
+    functionalize_inplace,
+    patch_float_functional,
+    patch_len,
+    trace_error,
+)
 from qir.ir.graph import Graph, Node, Value, split_operands
 from qir.ir.op import IRError, ModuleOp, Op
 from qir.ir.ops.core import Call, Identity
@@ -74,6 +81,7 @@ def _trace(module: nn.Module, example_inputs: tuple[Any, ...], concrete_args: di
         try:
             with patch_float_functional(tracer), patch_len(module):
                 fx_graph = tracer.trace(module, concrete_args)
+            functionalize_inplace(fx_graph)
         except TraceError:
             raise
         except Exception as e:

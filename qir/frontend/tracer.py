@@ -7,6 +7,7 @@ import builtins
 import contextlib
 import functools
 import linecache
+import operator
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -113,6 +114,71 @@ def _static_piece_count(node: torch.fx.Node) -> int | None:
         if isinstance(sizes, (list, tuple)) and all(isinstance(v, int) for v in sizes):
             return len(sizes)
     return None
+
+
+#: Tensor methods whose in-place form (``x.sigmoid_()``, CenterNet's ``_sigmoid``) is traced as the
+#: out-of-place call, so it gets the same IR op (a table lookup, a FloatFunctional, ...)
+_INPLACE_METHODS = frozenset(
+    {"sigmoid", "tanh", "relu", "clamp", "clamp_min", "clamp_max", "exp", "abs", "neg", "add", "sub", "mul", "div"}
+)
+#: producers whose result may share memory with another value: mutating it in place would show
+#: through the other value too, which the out-of-place call cannot, so those calls stay as written
+_VIEW_METHODS = frozenset(
+    {
+        "view",
+        "view_as",
+        "reshape",
+        "reshape_as",
+        "permute",
+        "transpose",
+        "narrow",
+        "select",
+        "expand",
+        "expand_as",
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "unflatten",
+        "contiguous",
+        "t",
+        "as_strided",
+        "detach",
+        "chunk",
+        "split",
+        "unbind",
+        "__getitem__",
+    }
+)
+
+
+def functionalize_inplace(graph: torch.fx.Graph) -> None:
+    """Rewrite ``y = x.sigmoid_()`` (and the other :data:`_INPLACE_METHODS`) as ``y = x.sigmoid()``
+    with every later use of ``x`` reading ``y``: the values are the same, and the call becomes the
+    op its out-of-place spelling is. Receivers that may be views, parameters or other nodes' storage
+    keep the in-place call."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for n in list(graph.nodes):
+        if n.op != "call_method" or not isinstance(n.target, str) or not n.target.endswith("_"):
+            continue
+        base = n.target[:-1]
+        if base not in _INPLACE_METHODS or not n.args or not isinstance(n.args[0], torch.fx.Node):
+            continue
+        x = n.args[0]
+        if x.op in ("get_attr", "placeholder") or _may_alias(x):
+            continue
+        n.target = base
+        for u in list(x.users):
+            if u is not n and order[u] > order[n]:
+                u.replace_input_with(x, n)
+
+
+def _may_alias(x: torch.fx.Node) -> bool:
+    if x.op == "call_method":
+        return str(x.target) in _VIEW_METHODS
+    if x.op == "call_function":
+        name = getattr(x.target, "__name__", "")
+        return x.target is operator.getitem or name in _VIEW_METHODS or name in ("flatten", "reshape", "squeeze")
+    return False
 
 
 def _ff_method_names(cls: type) -> list[str]:

@@ -19,7 +19,14 @@ import torch.fx
 from torch import nn
 
 from qir.frontend.convert import _Converter, propagate
-from qir.frontend.tracer import QirTracer, TraceError, patch_float_functional, patch_len, trace_error
+from qir.frontend.tracer import (
+    QirTracer,
+    TraceError,
+    functionalize_inplace,
+    patch_float_functional,
+    patch_len,
+    trace_error,
+)
 from qir.ir.graph import Graph
 from qir.quantization.names import owner_of_stack
 
@@ -35,7 +42,9 @@ def trace_fx(root: nn.Module, leaves: frozenset[str] = frozenset()) -> torch.fx.
     tracer = QirTracer(leaves)
     try:
         with patch_float_functional(tracer), patch_len(root):
-            return tracer.trace(root)
+            graph = tracer.trace(root)
+        functionalize_inplace(graph)
+        return graph
     except TraceError:
         raise
     except Exception as e:
