@@ -26,6 +26,7 @@ from backends.common.numerics import (
     round_half_up,
     scale_denominator,
 )
+from qir.quantization.blockwise import blocks, part
 from qir.quantization.observer import (
     FixedScaleObserver,
     ModuleFactory,
@@ -56,21 +57,39 @@ M = TypeVar("M", bound=nn.Module)
 
 
 class _FakeQuantFn(torch.autograd.Function):
-    """Fused fake quant; backward passes the gradient where ``floor(x/s + 0.5)`` is in range, else 0."""
+    """Fused fake quant; backward passes the gradient where ``floor(x/s + 0.5)`` is in range, else 0.
+
+    Float32 and float64 inputs run block by block (:mod:`qir.quantization.blockwise`): only the
+    result and the gradient mask are allocated at full size. The mask is a float tensor of 1s and
+    0s in the input's dtype: multiplying by it is vectorized, masking by a bool tensor is not.
+    """
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, scale: torch.Tensor, qmin: int, qmax: int, axis: int | None) -> torch.Tensor:
         ct = torch.float64 if x.dtype == torch.float64 else torch.float32
         s = broadcast_along(scale.to(ct), axis, x.dim())
-        q = round_half_up(x.to(ct) / s)
-        qc = q.clamp(qmin, qmax)
-        ctx.save_for_backward(qc == q)  # in range <=> clamping changed nothing
-        return qc.mul_(s).to(x.dtype)
+        if x.dtype != ct:  # float16 / bfloat16: computed in float32 at once
+            q = round_half_up(x.to(ct) / s)
+            qc = q.clamp(qmin, qmax)
+            ctx.save_for_backward(torch.eq(qc, q).to(x.dtype))  # in range <=> clamping changed nothing
+            return qc.mul_(s).to(x.dtype)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        keep = torch.empty_like(out)
+        nd = x.dim()
+        for idx in blocks(x.shape):
+            v = torch.div(x[idx], part(s, idx, nd))
+            f = torch.floor(v)
+            f.add_(v.sub_(f).ge_(0.5))  # numerics.round_half_up, in place
+            qc = f.clamp(qmin, qmax)
+            torch.eq(qc, f, out=keep[idx])  # in range <=> clamping changed nothing
+            torch.mul(qc, part(s, idx, nd), out=out[idx])
+        ctx.save_for_backward(keep)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        (inside,) = ctx.saved_tensors
-        return grad * inside.to(grad.dtype), None, None, None, None
+        (keep,) = ctx.saved_tensors
+        return grad * keep, None, None, None, None
 
 
 def fake_quantize(

@@ -41,10 +41,12 @@ from backends.common.integer_rules import (
     adaptive_pool_counts,
     avg_pool_divisor,
     avg_pool_params,
+    check_out_dtype,
     fused_add_int,
     fused_add_params,
 )
 from qir.ir.types import DType
+from qir.quantization.blockwise import blocks, part
 from qir.quantization.fake_quantize import CalibFakeQuantize, FakeQuantize, FakeQuantState, float_fake_quant_active
 from qir.quantization.observer import (
     MinMaxObserver,
@@ -272,7 +274,8 @@ class _Requant(torch.autograd.Function):
     ``M < 2**16``) and scaling by ``2**-shift`` is exact, so the float64 evaluation equals
     ``numerics.requantize`` (tested bit for bit); ReLU / ReLU6 are ``lo`` / ``hi``. Gradient
     (straight through): ``grad * acc_scale`` where the result was not clamped, to ``acc`` and,
-    summed to its shape, to ``bias``.
+    summed to its shape, to ``bias``. The chain runs block by block (:mod:`qir.quantization.blockwise`): only the
+    result and the clamp mask are allocated at full size.
     """
 
     @staticmethod
@@ -287,16 +290,27 @@ class _Requant(torch.autograd.Function):
         acc_scale: torch.Tensor,
     ) -> torch.Tensor:
         off = bias.to(torch.float64) * ratio + 0.5
-        q = torch.addcmul(off, acc, ratio).floor_().to(torch.float32)  # |q| <= 2**31: float32 keeps lo / hi right
-        qc = q.clamp(lo, hi)  # type: ignore[arg-type]  # ints or tensors, both accepted
-        ctx.save_for_backward(qc == q, acc_scale)
+        out = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
+        # the backward's factor: acc_scale where the result was not clamped, else 0 (a float
+        # tensor: multiplying by it is vectorized, masking by a bool tensor is not)
+        gain = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
+        nd = acc.dim()
+        for idx in blocks(acc.shape):
+            q = acc[idx].to(torch.float64, copy=True)
+            q.mul_(part(ratio, idx, nd)).add_(part(off, idx, nd))  # exact: products and sums below 2**53
+            o = out[idx]
+            o.copy_(q.floor_())  # |q| <= 2**31: float32 keeps lo / hi right
+            qc = o.clamp(part(lo, idx, nd), part(hi, idx, nd))  # ints or tensors, both accepted
+            torch.eq(qc, o, out=gain[idx]).mul_(part(acc_scale, idx, nd))
+            torch.mul(qc, out_scale, out=o)
+        ctx.save_for_backward(gain)
         ctx.bias_shape = bias.shape
-        return qc.mul_(out_scale)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        inside, acc_scale = ctx.saved_tensors
-        g = grad.mul(acc_scale).mul_(inside)
+        (gain,) = ctx.saved_tensors
+        g = grad * gain
         gb = g.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[1] else None
         return g if ctx.needs_input_grad[0] else None, gb, None, None, None, None, None
 
@@ -329,20 +343,29 @@ class _FusedAdd64(torch.autograd.Function):
         out_scale: torch.Tensor,
         acc_scale: torch.Tensor,
     ) -> torch.Tensor:
-        a = torch.clamp(acc, acc_lo, acc_hi)  # acc_lo / acc_hi: -T - bias, T - bias, in acc's dtype
-        mid = torch.addcmul(bias * r1 + 0.5, a, r1).floor_()
-        codes = torch.round(addend * inv_add_scale)
-        mid += torch.addcmul(torch.full_like(r2, 0.5), codes, r2).floor_()
-        q = mid.mul_(2.0**-extra_bits).add_(0.5).floor_().to(torch.float32)
-        qc = q.clamp(lo, hi)
-        ctx.save_for_backward(qc == q, acc_scale)
+        out = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
+        keep = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)  # 1 where not clamped, else 0
+        nd = acc.dim()
+        off1 = bias * r1 + 0.5
+        for idx in blocks(acc.shape):
+            # acc_lo / acc_hi: -T - bias, T - bias, in acc's dtype
+            a = acc[idx].clamp(part(acc_lo, idx, nd), part(acc_hi, idx, nd)).to(torch.float64)
+            a.mul_(part(r1, idx, nd)).add_(part(off1, idx, nd)).floor_()  # mid1, exact
+            codes = torch.mul(part(addend, idx, nd), inv_add_scale).round_().to(torch.float64)
+            a.add_(codes.mul_(r2).add_(0.5).floor_())  # + mid2, exact
+            o = out[idx]
+            o.copy_(a.mul_(2.0**-extra_bits).add_(0.5).floor_())
+            qc = o.clamp(lo, hi)
+            torch.eq(qc, o, out=keep[idx])
+            torch.mul(qc, out_scale, out=o)
+        ctx.save_for_backward(keep, acc_scale)
         ctx.bias_shape = bias.shape
-        return qc.mul_(out_scale)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        inside, acc_scale = ctx.saved_tensors
-        g = grad.mul(inside)
+        keep, acc_scale = ctx.saved_tensors
+        g = grad * keep
         ga = g * acc_scale
         gb = ga.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[1] else None
         return (ga, gb, g) + (None,) * 10
@@ -581,7 +604,7 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     _observe_output(ofq, acc, bq.detach(), acc_scale, m.act, addend)
     s_out = float(ofq.scale.reshape(-1)[0])
     dtype = DType(ofq.dtype)
-    bound6 = int(numerics.quantize(torch.tensor([6.0]), s_out, dtype).reshape(-1)[0])
+    bound6 = int(numerics.quantize(torch.tensor([6.0]), s_out, dtype).reshape(-1)[0]) if m.act == "relu6" else None
     lo, hi = _act_bounds(m.act, dtype, bound6)
     out_scale = ofq.scale.detach().reshape(())
     if add_fq is not None:
@@ -596,7 +619,10 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
             return out
         out = _FusedAdd.apply(acc, bq, addend, inv_add, p, dtype, lo, hi, out_scale, acc_scale, axis)
         return out
-    mult, sh = numerics.conv_requant_params(s_in, s_w_out, s_out, binding.march, dtype)
+    # numerics.conv_requant_params from the accumulator scale already at hand (s_acc / s_out)
+    check_out_dtype(binding.march, dtype, "conv / linear")
+    lim = numerics.requant_limits(binding.march)
+    mult, sh = numerics.multiplier_shift(s_acc / s_out, lim.max_multiplier, lim.max_shift)
     ratio = torch.ldexp(mult.to(torch.float64), -sh).reshape(-1).expand(c_out).contiguous()
     out = _Requant.apply(acc, bq, numerics.broadcast_along(ratio, axis, acc.dim()), lo, hi, out_scale, acc_scale)
     return out
