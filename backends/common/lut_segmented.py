@@ -21,6 +21,7 @@ codes and keeps it in the table (``max_error_lsb``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -78,9 +79,14 @@ def _evaluate(entries: torch.Tensor, q: torch.Tensor, lo: int, hi: int) -> torch
 
 
 def lut_int16(
-    fn: Callable[[torch.Tensor], torch.Tensor], in_scale: float, out_scale: float, out_dtype: DTypeLike = "qint8"
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    in_scale: float,
+    out_scale: float,
+    out_dtype: DTypeLike = "qint8",
+    measure: bool = True,
 ) -> SegmentedTable:
-    """The segmented table of ``fn`` for qint16 input at ``in_scale``, output at ``out_scale`` in ``out_dtype``."""
+    """The segmented table of ``fn`` for qint16 input at ``in_scale``, output at ``out_scale`` in ``out_dtype``;
+    ``measure=False`` skips the error measurement over all 65,536 codes (``max_error_lsb`` is NaN)."""
     qd = qdtype(out_dtype)
     if qd not in (DType.qint8, DType.qint16):
         raise ValueError(f"LUT output dtype must be qint8 or qint16, got {qd.name}")
@@ -89,6 +95,8 @@ def lut_int16(
     s_out = float(torch.tensor(float(out_scale), dtype=torch.float32))
     knots = _QMIN + (torch.arange(KNOTS, dtype=torch.int64) << SHIFT)
     entries = round_half_up(_ideal(fn, s_in, s_out, knots)).clamp(-KNOT_LIMIT, KNOT_LIMIT).to(torch.int32)
+    if not measure:
+        return SegmentedTable(entries, qd, math.nan)
     codes = torch.arange(_QMIN, -_QMIN, dtype=torch.int64)
     ideal = _ideal(fn, s_in, s_out, codes).clamp(lo, hi)
     err = float((_evaluate(entries, codes, lo, hi).to(torch.float64) - ideal).abs().max())

@@ -10,7 +10,9 @@ forward, what the converted ``QFunctional`` computes on the input codes (``x / s
 * ``cat`` / ``concat`` / ``concatenate`` / ``stack``: each input requantized to the output scale
   (``requant_params``; a saturating copy when the scales are equal as float32),
 
-and a bound bilinear ``Interpolate`` computes the quantized module's fixed-point rule
+a bound table lookup (``UnaryLUT``: sigmoid, tanh, exp, ...) looks its input codes up in the
+table ``convert_fx`` builds from the current scales (256 entries for qint8 input, the segmented
+513-knot table for qint16), and a bound bilinear ``Interpolate`` computes the quantized module's fixed-point rule
 (``integer_rules.bilinear_taps``, one requantization). Each returns ``codes * s_out``. The
 output fake quant observes the float result first, as in the float forward, and the gradient
 is the float forward's: that of ``fq(f(x, y))`` (through ``f``, masked where ``f``'s value
@@ -27,11 +29,12 @@ import torch
 
 from backends.common import numerics
 from backends.common.integer_rules import bilinear_taps, bilinear_weight_bits, f32, resize_out_size
+from backends.common.lut_segmented import lut_int16, lut_int16_apply
 from qir.ir.types import DType
 from qir.quantization.fake_quantize import FakeQuantize, float_fake_quant_active
 from qir.quantization.integer_grid import _ATTR, GridBinding, _observe, _on, _plain_fq
 
-__all__ = ["GRID_METHODS", "functional_forward", "interpolate_forward"]
+__all__ = ["GRID_METHODS", "functional_forward", "interpolate_forward", "lut_forward"]
 
 _BINARY = frozenset({"add", "add_relu", "sub", "mul"})
 _JOIN = frozenset({"cat", "concat", "concatenate", "stack"})
@@ -165,5 +168,36 @@ def interpolate_forward(m: Any, x: torch.Tensor, size: Any = None) -> torch.Tens
         codes = numerics.requantize(acc, int(mult), int(sh) + 2 * bits, dt)
     if codes.shape != y.shape:
         return None  # torch chose another output size than the integer rule: the float forward decides
+    out: torch.Tensor = _GridOut.apply(y, codes, ofq.scale.detach().reshape(()), ofq.qmin, ofq.qmax)
+    return out
+
+
+def lut_forward(m: Any, x: torch.Tensor) -> torch.Tensor | None:
+    """The integer-grid QAT forward of a bound ``UnaryLUT`` (qir.nn.qat): the converted module's table
+    at the current scales, or None when it does not apply (or ``f`` is NaN on the input range: the
+    float forward runs and convert names the problem)."""
+    binding: GridBinding | None = m.__dict__.get(_ATTR)
+    if binding is None or float_fake_quant_active():
+        return None
+    ofq = _plain_fq(m.activation_post_process)
+    in_fq = binding.inputs[0]
+    if ofq is None or not _on([in_fq, ofq]) or x.dtype != torch.float32:
+        return None
+    fn = m.function()
+    y = fn(x)
+    _observe(ofq, y)
+    s_in, s_out = _scale(in_fq), _scale(ofq)
+    dt, in_dt = DType(ofq.dtype), DType(in_fq.dtype)
+    with torch.no_grad():
+        q = _codes(x, in_fq)
+        try:
+            if in_dt is DType.qint8:
+                codes = numerics.lut_apply(numerics.lut_int8(fn, s_in, s_out, dt), q)
+            elif in_dt is DType.qint16:
+                codes = lut_int16_apply(lut_int16(fn, s_in, s_out, dt, measure=False).entries, q, dt)
+            else:
+                return None
+        except ValueError:
+            return None
     out: torch.Tensor = _GridOut.apply(y, codes, ofq.scale.detach().reshape(()), ofq.qmin, ofq.qmax)
     return out

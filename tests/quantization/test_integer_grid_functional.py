@@ -223,3 +223,47 @@ def test_bilinear_resize_steps_are_the_converted_model(march: str, align_corners
         opt.zero_grad()
         out.square().mean().backward()
         opt.step()
+
+
+class _Tables(nn.Module):
+    """Table lookups on qint8 and (Bayes) qint16 codes between convs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.conv8, self.conv16 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)
+        self.sig, self.tanh, self.silu = nn.Sigmoid(), nn.Tanh(), nn.SiLU()
+        self.head = nn.Conv2d(12, 2, 1)
+        self.cat = FloatFunctional()
+        self.dq = DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.quant(x)
+        a, b = self.conv8(x), self.conv16(x)
+        return self.dq(self.head(self.cat.cat([self.sig(a), self.tanh(b), self.silu(b)], dim=1)))
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+def test_table_lookup_steps_are_the_converted_model(march: str) -> None:
+    torch.manual_seed(0)
+    qconfig: dict[str, object] = {"": get_default_qat_qconfig()}
+    if march == "bayes":  # qint16 codes into tanh and silu (segmented tables), silu with a qint16 output
+        q16 = get_default_qat_qconfig(dtype="qint16")
+        qconfig["module_name"] = {"conv16": q16, "silu": q16}
+    with march_scope(march):
+        qat = prepare_qat_fx(_Tables(), qconfig).train()
+    assert {p: integer_grid_report(qat)[p] for p in ("sig", "tanh", "silu")} == dict.fromkeys(
+        ("sig", "tanh", "silu"), "grid"
+    )
+    g = torch.Generator().manual_seed(5)
+    opt = torch.optim.SGD(qat.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(3):
+        x = torch.randn(2, 3, 6, 6, generator=g) * 2
+        out = qat(x)
+        with march_scope(march):
+            want = convert_fx(qat)(x)
+        assert torch.equal(out, want), float((out - want).abs().max())
+        opt.zero_grad()
+        out.square().mean().backward()
+        opt.step()
+    assert qat.conv8.weight.grad is not None and bool(qat.conv8.weight.grad.abs().sum() > 0)

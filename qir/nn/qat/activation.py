@@ -12,6 +12,7 @@ from torch import nn
 from qir.nn.modules.unary import UnaryModule
 from qir.nn.qat._base import QATModule, make_activation_fq, resolve_qconfig
 from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.integer_grid_functional import lut_forward
 from qir.quantization.qconfig import QConfig
 
 __all__ = ["LUT_FLOAT_CLASSES", "ReLU", "ReLU6", "UnaryLUT"]
@@ -73,6 +74,9 @@ class UnaryLUT(QATModule):
     no parameters. The quantized counterpart tabulates the same function.
     """
 
+    #: trains on the integer grid (the converted table) when its input's scale is known
+    grid_inputs: ClassVar[int] = 1
+
     def __init__(self, function: nn.Module, activation_post_process: FakeQuantize) -> None:
         super().__init__()
         if any(True for _ in function.parameters()):
@@ -99,6 +103,9 @@ class UnaryLUT(QATModule):
         return fm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        grid = lut_forward(self, x)
+        if grid is not None:
+            return grid
         assert self.activation_post_process is not None
         return self.activation_post_process(self.function()(x))
 
