@@ -602,10 +602,12 @@ def convert_fx(
     modules stay float between the generated stubs (docs/hybrid.md); its placement stays
     in ``meta`` for ``check_model`` / ``compile_model``.
 
-    ``pipeline``: IR passes run on the converted model (default
-    ``qir.quantization.default_pipeline("convert")``, empty); when one changes the graph,
-    the result is emitted from the rewritten IR. ``example_inputs`` types that IR
-    (optional; docs/pipelines.md).
+    ``pipeline``: the convert pipeline (default ``qir.quantization.default_pipeline("convert")``,
+    ``quantize{march=M}``; ``quantize`` is appended when missing). With ``example_inputs``
+    (default: the ones given to ``prepare_qat_fx``) and a model whose layers the ``quantize``
+    pass covers, it runs on the QAT model's IR and the result is emitted from it; otherwise the
+    model converts by module swapping and the other passes run on its IR. ``meta["qir.convert_path"]``
+    of the result says which (docs/pipelines.md).
     """
     march = _march_for(qat_model, "convert_fx")
     pipe = resolve_pipeline("convert", pipeline, march)
@@ -619,7 +621,9 @@ def convert_fx(
         gm = model
     else:
         gm = torch.fx.GraphModule(model, trace_fx(model), class_name=type(model).__name__)
-    graph, why = _qat_ir(gm, mapping, example_inputs)
+    record = gm.meta.get(PREPARE_RECORD_KEY)
+    recorded = record.example_inputs if isinstance(record, PrepareRecord) else None
+    graph, why = _qat_ir(gm, mapping, example_inputs if example_inputs is not None else recorded)
     if graph is not None:
         return follow_training(_convert_by_passes(gm, graph, pipe))
     _convert_modules(gm, gm, march, mapping)
@@ -653,15 +657,41 @@ def _qat_ir(gm: torch.fx.GraphModule, mapping: Mapping[type, type] | None, examp
     if hybrid_plan_of(gm) is not None:
         return None, "hybrid models convert by module swapping"
     if example_inputs is None:
-        return None, "no example_inputs to type the QAT model's IR"
+        return None, "no example_inputs to type the QAT model's IR (give them to prepare_qat_fx or convert_fx)"
+    screened = _without_qat_op(gm)
+    if screened is not None:  # known before tracing: the pass cannot cover the model
+        return None, f"the quantize pass does not cover {screened}"
     from qir.frontend import trace
+    from qir.frontend.tracer import TraceError
+    from qir.ir.op import IRError
 
-    graph = trace(gm, example_inputs)
+    try:
+        graph = trace(gm, example_inputs)
+    except (TraceError, IRError) as e:
+        return None, f"the QAT model's IR could not be built: {e}"
     bad = uncovered(graph)
     if bad:
         node, reason = bad[0]
         return None, f"the quantize pass does not cover %{node}: {reason}"
     return graph, ""
+
+
+def _without_qat_op(gm: torch.fx.GraphModule) -> str | None:
+    """The first module call of ``gm`` that cannot become a QAT op, or None (one walk of the fx
+    graph, so a model the pass cannot cover is not traced for nothing)."""
+    from qir.frontend.lookup import tables
+    from qir.ir.ops.qat import QATModuleOp
+
+    ops = tables()
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            m = gm.get_submodule(str(n.target))
+            cls = ops.for_module(m)
+            if type(m) not in (nn.Identity, nn.Flatten) and (cls is None or not issubclass(cls, QATModuleOp)):
+                return f"module '{n.target}' ({type(m).__name__}): it has no QAT op"
+        elif n.op == "call_method" and module_self(gm, n) is not None:
+            return f"'{n.args[0].target}.{n.target}' (a FloatFunctional method): it has no QAT op"  # type: ignore[union-attr]
+    return None
 
 
 def _convert_by_passes(gm: torch.fx.GraphModule, graph: Any, pipe: Pipeline) -> torch.fx.GraphModule:

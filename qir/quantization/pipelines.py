@@ -1,6 +1,7 @@
 """The IR pipelines the public API runs, one per stage, and how a ``pipeline=`` argument is read.
 
     qir.quantization.default_pipeline("prepare")          # fuse{force_bn=true},dce
+    qir.quantization.default_pipeline("convert", "bayes")  # quantize{march=bayes}
     qir.quantization.default_pipeline("compile", "bayes")  # legalize{march=bayes},lower{march=bayes}
     prepare_qat_fx(model, qconfig_dict, x, pipeline="fuse{force_bn=true},dce,my-pass")
 
@@ -9,14 +10,15 @@ Where each stage runs its pipeline (docs/pipelines.md):
 * ``prepare`` (``prepare_qat_fx``, ``fuse_fx``): on the traced float model's IR, before the
   IR is emitted as a GraphModule and its modules are swapped for QAT modules. A pass here
   changes what is trained, converted and deployed.
-* ``convert`` (``convert_fx``): on the IR of the converted integer model, which is then
-  emitted again. The default is empty (nothing is traced or emitted).
+* ``convert`` (``convert_fx``): on the QAT model's IR; ``quantize`` turns its QAT ops into
+  integer ops, and the result is emitted. A model the pass does not cover converts by module
+  swapping, and the passes besides ``quantize`` run on the converted model's IR.
 * ``compile`` (``compile_model``): on the IR of the converted model; ``legalize`` checks
   it against the march's operator table and ``lower`` (the last pass) turns the graph as
   the passes before it left it into the Program of integer kernels.
 
-Observer insertion and the integer conversion themselves are not IR passes yet (module
-swapping runs them; docs/pipelines.md "Not yet passes").
+Observer insertion is not an IR pass yet (module swapping runs it; docs/pipelines.md
+"Not yet passes").
 """
 
 from __future__ import annotations

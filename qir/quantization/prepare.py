@@ -72,6 +72,17 @@ class PrepareRecord:
     #: fused module path -> (path, copy) of the batch norm folded into it at the first prepare;
     #: the with_bn QAT mode unfolds it again (qir/quantization/with_bn.py)
     batch_norms: dict[str, tuple[str, nn.Module]] = field(default_factory=dict)
+    #: detached copies of the ``example_inputs`` prepare was given (None: none): ``convert_fx``
+    #: types the QAT model's IR with them to convert by the ``quantize`` pass
+    example_inputs: Any = None
+
+
+def _detached(example_inputs: Any) -> Any:
+    if example_inputs is None:
+        return None
+    return torch.utils._pytree.tree_map(
+        lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, example_inputs
+    )
 
 
 def require_march(what: str) -> March:
@@ -326,6 +337,7 @@ def _prepare_float(
         cpu=dict(cpu),
         call_sites=sites,
         batch_norms=dict(batch_norms),
+        example_inputs=_detached(example_inputs),
     )
     gm.train(model.training)
     follow_training(gm)
@@ -403,6 +415,9 @@ def prepare_qat_fx(
             record.float_model, qconfig_dict, example_inputs, march, spec, record.cpu, resolved, record.batch_norms
         )
         _carry_scales(model, new)
+        new_record = new.meta[PREPARE_RECORD_KEY]
+        if new_record.example_inputs is None:
+            new_record.example_inputs = record.example_inputs  # the first prepare's, for convert_fx
         new.train(model.training)
         return _apply_qat_mode(new)
     return _apply_qat_mode(_prepare_float(model, qconfig_dict, example_inputs, march, spec, pipeline=resolved))
