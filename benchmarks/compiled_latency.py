@@ -289,13 +289,18 @@ def run_model(name: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         "rows": [],
         "engines": {},
         "ao_x86": ao if isinstance(ao, str) else "ok",
+        # the native pool runs on --threads; torch's own pool on this many during a qir call
+        "qir_torch_threads": compiled.torch_threads,
         "onnxruntime": {"optimized_ops": {}},
     }
     for inst in compiled.program.instructions:
         eng = inst.attrs.get("engine")
         if eng:
             out["engines"][eng] = out["engines"].get(eng, 0) + 1
-    print(f"{name}: compiled in {compile_s:.1f} s; engines per layer: {out['engines']}")
+    print(
+        f"{name}: compiled in {compile_s:.1f} s; engines per layer: {out['engines']}; "
+        f"torch threads during a qir call: {compiled.torch_threads}"
+    )
     ops = out["onnxruntime"]["optimized_ops"]
     for batch in args.batches:
         x = torch.randn(batch, 3, 224, 224)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from backends.common.kernels import native
 from backends.common.kernels.base import get_kernel
 from backends.common.kernels.data_checks import DataError
 from backends.common.program import Instruction, Program, build_outputs, output_names, refs_in
@@ -28,9 +29,17 @@ class InputError(ValueError):
 #: Intra-op threads a compiled model runs with unless told otherwise.
 DEFAULT_THREADS = 2
 
+#: Kernels that either run in the native library (when it is loaded) or only touch small tensors
+#: (shape changes, the final dequantize of a model's output).
+_LIGHT_OPS = frozenset({"quantize", "dequantize", "maxpool2d", "adaptive_avgpool2d", "shape_fn"})
+
 
 class CompiledModel:
-    """A callable over a Program. ``num_threads``: torch intra-op threads during a call (None: leave as is)."""
+    """A callable over a Program. ``num_threads``: threads during a call (None: torch's intra-op count
+    as it is): the native kernels' pool splits each call across that many, and torch's intra-op
+    threads are set to it too, unless every instruction runs in the native library or is light
+    (``torch_threads``), in which case torch runs on one thread so that its OpenMP workers,
+    which spin after each parallel region, do not compete with the pool for the same cores."""
 
     def __init__(self, program: Program, num_threads: int | None = DEFAULT_THREADS, source: str = "") -> None:
         program.validate()
@@ -51,6 +60,16 @@ class CompiledModel:
         for inst, free in zip(program.instructions, frees, strict=True):
             kernel = get_kernel(inst.op)
             self._steps.append((inst, kernel.run, kernel.prepare(inst, program.constants), free))
+        self._all_native = native.library() is not None and all(
+            inst.op in _LIGHT_OPS or getattr(state, "native", False) for inst, _, state, _ in self._steps
+        )
+
+    @property
+    def torch_threads(self) -> int | None:
+        """Torch's intra-op threads during a call (None: left as they are)."""
+        if self.num_threads is None:
+            return None
+        return 1 if self._all_native else self.num_threads
 
     @property
     def march(self) -> str:
@@ -77,10 +96,11 @@ class CompiledModel:
     def _call(self, inputs: tuple[Any, ...]) -> Any:
         names = self.program.inputs
         prev = torch.get_num_threads()
-        if self.num_threads is not None and prev != self.num_threads:
-            torch.set_num_threads(self.num_threads)
+        want = self.torch_threads
+        if want is not None and prev != want:
+            torch.set_num_threads(want)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), native.using_threads(self.num_threads):
                 env: dict[str, Any] = dict(zip(names, inputs, strict=True))
                 for inst, run, state, free in self._steps:
                     try:
@@ -98,7 +118,7 @@ class CompiledModel:
                 result = build_outputs(self.program.outputs, env)
                 return _detach_owned(result, self._owned())
         finally:
-            if self.num_threads is not None and prev != self.num_threads:
+            if want is not None and prev != want:
                 torch.set_num_threads(prev)
 
     def _owned(self) -> set[int]:

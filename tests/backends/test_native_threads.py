@@ -17,6 +17,7 @@ import qir
 from backends.common.kernels import conv as conv_mod
 from backends.common.kernels import native
 from backends.common.kernels import pool as pool_mod
+from backends.common.runtime import CompiledModel
 from qir.quantization import compile_model
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"native kernels unavailable: {native.status()}")
@@ -195,3 +196,37 @@ def test_native_global_sums_equal_torch(dtype: torch.dtype, monkeypatch: pytest.
             assert got is not None and got.dtype == torch.int32
             assert torch.equal(got.to(torch.int64), want)
     assert pool_mod._global_sums_native(torch.zeros(1, 2, 3, 3)) is None  # float input: the torch path
+
+
+def test_torch_runs_on_one_thread_when_every_kernel_is_native(
+    mixed: tuple[Path, nn.Module], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every instruction native or light, the pool gets num_threads and torch one thread (its
+    OpenMP workers would spin against the pool); with a torch-path layer, torch keeps num_threads."""
+    path, converted = mixed
+    monkeypatch.setattr(native, "_SPLIT_MIN", 0)
+    seen: list[tuple[int, int]] = []
+    run = native.run
+
+    def spy(*args: object, **kw: object) -> int:
+        seen.append((torch.get_num_threads(), native.threads()))
+        return run(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(native, "run", spy)
+    x = torch.randn(2, 3, 29, 23, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = converted(x)
+    model = qir.load_compiled(path, num_threads=2)
+    head = [i for i in model.program.instructions if i.op == "linear"]
+    assert [i.attrs["engine"] for i in head] == ["f32"]  # opt=1's preference: a torch-path linear
+    assert model.torch_threads == 2
+    assert torch.equal(model(x), want)
+    assert seen and all(s == (2, 2) for s in seen)
+    head[0].attrs["engine"] = "int_mm"  # exact too (24 inputs); native with AVX-512 VNNI
+    all_native = CompiledModel(model.program, num_threads=2)
+    assert all_native.torch_threads == (1 if native.has_vnni() else 2)
+    seen.clear()
+    assert torch.equal(all_native(x), want)
+    assert seen and all(s == (all_native.torch_threads, 2) for s in seen)
+    assert torch.get_num_threads() == 1  # restored (the suite runs torch on one thread)
+    assert qir.load_compiled(path, num_threads=None).torch_threads is None

@@ -74,6 +74,7 @@ class ConvState:
     fused: FusedRequant | None = None  # the one-pass native requantization, where it applies
     vnni: tuple[torch.Tensor, torch.Tensor] | None = None  # native.pack_vnni's panels and column sums
     epilogue: tuple[tuple[Any, ...], Any] | None = None  # the last native.Epilogue and what it was built for
+    native: bool = False  # every call runs in the native library (the runtime's thread policy reads it)
     spaces: dict[tuple[int, tuple[int, ...]], torch.Tensor] = field(default_factory=dict)
     outs: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = field(default_factory=dict)
 
@@ -308,6 +309,7 @@ def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> ConvState
         n=c_out,
         fused=fused,
         vnni=vnni,
+        native=fused is not None and (engine == "dw" or vnni is not None),
     )
 
 

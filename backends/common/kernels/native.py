@@ -14,8 +14,8 @@ a C compiler, or with ``QIR_NATIVE=0``, :func:`library` returns None and the ker
 their torch paths, which compute the same results (tests compare both against the int64
 reference). :func:`status` says which and why.
 
-:func:`run` splits the rows of one call across ``torch.get_num_threads()`` threads (the compiled
-model's ``num_threads`` during a call) in C (``native_pool.c``: persistent pthreads that spin
+:func:`run` splits the rows of one call across :func:`threads` threads (the compiled model's
+``num_threads`` during a call, else torch's intra-op count) in C (``native_pool.c``: persistent pthreads that spin
 briefly between kernels, then sleep); every kernel writes only its own rows, so the codes do
 not depend on the split.
 
@@ -35,11 +35,25 @@ import struct
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-__all__ = ["Epilogue", "float_bits", "gemm_parts", "has_vnni", "library", "pack_vnni", "ptr", "run", "status"]
+__all__ = [
+    "Epilogue",
+    "float_bits",
+    "gemm_parts",
+    "has_vnni",
+    "library",
+    "pack_vnni",
+    "ptr",
+    "run",
+    "status",
+    "threads",
+    "using_threads",
+]
 
 _SRC = Path(__file__).with_name("native.c")
 #: compiled together (the header is part of the cache key)
@@ -68,6 +82,7 @@ _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _status: str | None = None
 _tasks: dict[str, tuple[int, int]] = {}  # entry point -> (qir_run's task id, number of arguments)
+_local = threading.local()  # this Python thread's pool size, set by the runtime during a call
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -214,10 +229,28 @@ def pack_vnni(b: torch.Tensor, k_rows: int) -> tuple[torch.Tensor, torch.Tensor]
     return panels, comp
 
 
+def threads() -> int:
+    """Threads :func:`run` splits a call across: the compiled model's ``num_threads`` during its call
+    (:func:`using_threads`), else torch's intra-op thread count."""
+    n = getattr(_local, "threads", None)
+    return int(n) if n is not None else torch.get_num_threads()
+
+
+@contextmanager
+def using_threads(n: int | None) -> Iterator[None]:
+    """Within the block, :func:`run` on this Python thread uses ``n`` threads (None: torch's count)."""
+    prev = getattr(_local, "threads", None)
+    _local.threads = n
+    try:
+        yield
+    finally:
+        _local.threads = prev
+
+
 def gemm_parts(m: int) -> int:
     """Parts per thread for an int8 product over ``m`` rows: each part streams the whole packed
     weight through the cache once, so parts keep at least 4 register tiles (24 rows) each."""
-    return max(1, min(PARTS_PER_THREAD, m // (24 * max(1, torch.get_num_threads()))))
+    return max(1, min(PARTS_PER_THREAD, m // (24 * max(1, threads()))))
 
 
 def ptr(t: torch.Tensor) -> int:
@@ -232,7 +265,7 @@ def float_bits(v: float) -> int:
 def run(name: str, args: tuple[int, ...], rows: int, work: int, grain: int = 1, per: int = PARTS_PER_THREAD) -> int:
     """Entry point ``name`` of the loaded library over rows ``[0, rows)`` with ``args`` (its
     parameters before ``r0, r1``: integers, pointers as integers, floats through :func:`float_bits`),
-    on ``torch.get_num_threads()`` threads (``per`` parts each, cut at multiples of ``grain`` rows)
+    on :func:`threads` threads (``per`` parts each, cut at multiples of ``grain`` rows)
     when ``work`` (about the multiply-adds or bytes the call moves) pays for the hand-off. Returns
     the sum of the parts' results (a failure flag or count for the kernels that return one, else 0)."""
     lib = _lib or library()  # the loaded library even where a test stubs library() out for new states
@@ -244,7 +277,7 @@ def run(name: str, args: tuple[int, ...], rows: int, work: int, grain: int = 1, 
     tid, nargs = task
     if len(args) != nargs:
         raise ValueError(f"native kernel {name}: takes {nargs} arguments before r0, r1, got {len(args)}")
-    nt = torch.get_num_threads() if work >= _SPLIT_MIN else 1
+    nt = threads() if work >= _SPLIT_MIN else 1
     argv = (ctypes.c_int64 * nargs)(*args)
     res = int(lib.qir_run(tid, argv, nargs, rows, nt, grain, per))
     if res < 0:
