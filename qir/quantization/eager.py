@@ -8,6 +8,11 @@ the same :mod:`qir.nn.intrinsic` classes, with the children stored under ``"0"``
 parents to children; ``convert`` needs each module's input scales: it fx-traces the QAT model
 once (QAT modules as leaves) to learn which module feeds which, or, for a model fx cannot
 trace, reads what the QAT model's forwards recorded (:mod:`qir.quantization.eager_record`).
+
+A prepared model's instance ``forward`` (:class:`ExactForward`) makes what it computes what it
+deploys: in validation state it runs its eager ``convert``, and in QAT state its conv / linear /
+average pool modules train on the integer grid, bound from the recorded forwards
+(:mod:`qir.quantization.eager_grid`).
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ from qir.nn.intrinsic.fused import FUSED_CLASSES, FusedModule
 from qir.qat_mode import QATMode, get_qat_mode
 from qir.quantization import eager_record
 from qir.quantization.convert import ConvertError, _convert_modules
+from qir.quantization.eager_grid import bind_eager_grid
 from qir.quantization.exact_validation import EAGER_FLAG, exact_twin, forget_failure
 from qir.quantization.fuse import trace_fx
+from qir.quantization.integer_grid import unbind_all
 from qir.quantization.prepare import check_kinds, qat_class_for, require_march, set_submodule
 from qir.quantization.qconfig import QConfig, as_qir_qconfig
 from qir.quantization.shared_calls import call_sites
@@ -253,13 +260,18 @@ class ExactForward:
     VALIDATION) it runs the model's integer twin, the eager :func:`convert` of its current state
     (built on first use, rebuilt when a parameter, buffer or submodule changes;
     :mod:`qir.quantization.exact_validation`), so QAT validation equals the converted model bit for
-    bit. Otherwise it is the class's ``forward``. An instance attribute, not a subclass, so the
-    model keeps its class and pickles; ``set_exact_validation(model, False)`` turns it off."""
+    bit. Otherwise it is the class's ``forward``, after which the integer-grid bindings are
+    refreshed when the forward recorded a new call site. An instance attribute, not a subclass, so
+    the model keeps its class and pickles; ``set_exact_validation(model, False)`` /
+    ``set_integer_grid(model, False)`` turn the two off."""
 
     def __init__(self, model: nn.Module, march: str) -> None:
         self.model = model
         self.march = march  # the twin is converted for the march the model was prepared for
         setattr(self, EAGER_FLAG, True)
+        #: train on the integer grid, bound from the recorded forwards (eager_grid.py)
+        self.integer_grid = True
+        self.bound_version = -1
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         m = self.model
@@ -267,11 +279,24 @@ class ExactForward:
         if twin is not None:
             with torch.no_grad():
                 return twin(*args, **kwargs)
-        recorded = eager_record.has_records(m)
+        before = m.__dict__.get(eager_record.VERSION, 0)
         out = type(m).forward(m, *args, **kwargs)
-        if not recorded and eager_record.has_records(m):
-            forget_failure(m)  # an untraceable model could not convert before this first forward recorded
+        version = m.__dict__.get(eager_record.VERSION, 0)
+        if version != before:
+            forget_failure(m)  # a model that could not convert before this forward recorded may now
+        if self.integer_grid and version != self.bound_version:
+            bind_eager_grid(m, self.march)  # the next forwards run on the grid
+            self.bound_version = version
         return out
+
+    def set_integer_grid(self, enabled: bool) -> None:
+        """Train on the integer grid (bound now, from the records so far) or on float fake quant."""
+        self.integer_grid = bool(enabled)
+        if enabled:
+            bind_eager_grid(self.model, self.march)
+            self.bound_version = self.model.__dict__.get(eager_record.VERSION, 0)
+        else:
+            unbind_all(self.model)
 
     def _twin(self, model: nn.Module) -> nn.Module:
         with march_scope(self.march):

@@ -33,6 +33,9 @@ from torch.overrides import TorchFunctionMode
 from qir.quantization.scale_ops import same_scales
 
 __all__ = [
+    "SOURCES",
+    "VERSION",
+    "Source",
     "convert_recorded",
     "functional_call",
     "has_own_observer",
@@ -50,6 +53,8 @@ SOURCES = "_qir_input_sources"
 PATH = "_qir_path"
 #: root attribute: {"train"/"eval": [problem messages]}
 PROBLEMS = "_qir_eager_problems"
+#: root attribute: how many call sites its forwards have recorded (grid bindings follow it: eager_grid.py)
+VERSION = "_qir_records_version"
 
 Source = tuple[str, int]
 
@@ -220,6 +225,7 @@ def _enter(m: nn.Module, args: Any) -> None:
         sites = m.__dict__.setdefault(SOURCES, {}).setdefault(_mode(rec.root), [])
         if site not in sites:
             sites.append(site)
+            rec.root.__dict__[VERSION] = rec.root.__dict__.get(VERSION, 0) + 1
     rec.depth += 1
 
 

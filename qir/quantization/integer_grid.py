@@ -58,9 +58,12 @@ __all__ = [
     "INTEGER_GRID_KEY",
     "GridBinding",
     "bind_integer_grid",
+    "bind_sites",
     "grid_requantize",
     "integer_grid_report",
     "set_integer_grid",
+    "source_of_module",
+    "unbind_all",
 ]
 
 #: ``GraphModule.meta`` key: False turns training on the integer grid off for that model
@@ -92,7 +95,9 @@ def _plain_fq(fq: Any) -> FakeQuantize | None:
     return fq if type(fq) in _PLAIN_FQ and fq.ch_axis is None else None
 
 
-def _source_of_module(m: nn.Module, first: FakeQuantize | None) -> FakeQuantize | None:
+def source_of_module(m: nn.Module, first: FakeQuantize | None) -> FakeQuantize | None:
+    """The per-tensor fake quant whose grid ``m``'s output is on (``first``: its first input's,
+    for a scale-preserving module), or None."""
     from qir.quantization.scale_ops import PRESERVING_MODULES
 
     if callable(getattr(m, "output_fake_quants", None)):
@@ -132,13 +137,13 @@ def _trace_sources(
         if n.op == "call_module":
             m = gm.get_submodule(str(n.target))
             sites.setdefault(str(n.target), []).append([src.get(a.name) for a in ins])
-            src[n.name] = _source_of_module(m, first)
+            src[n.name] = source_of_module(m, first)
         elif ff is not None:  # its tensor operands, a cat's list flattened
             operands: list[torch.fx.Node] = []
             torch.fx.node.map_arg((n.args[1:], n.kwargs), operands.append)  # in order, repeats kept
             sites.setdefault(ff, []).append([src.get(a.name) for a in operands])
             methods.setdefault(ff, set()).add(str(n.target))
-            src[n.name] = _source_of_module(gm.get_submodule(ff), None)
+            src[n.name] = source_of_module(gm.get_submodule(ff), None)
         elif n.op in ("call_function", "call_method") and is_preserving_call(n):
             src[n.name] = first
         else:
@@ -151,8 +156,20 @@ def bind_integer_grid(gm: torch.fx.GraphModule, march: str) -> dict[str, str]:
     inputs come from known fake quants; in place. Returns ``{path: reason}`` for those left on
     float fake quantization."""
     sites, methods = _trace_sources(gm)
+    unbound = bind_sites(gm, sites, methods, march)
+    gm.meta[INTEGER_GRID_KEY] = True
+    gm.meta[_MARCH_KEY] = march
+    return unbound
+
+
+def bind_sites(
+    root: nn.Module, sites: dict[str, list[list[FakeQuantize | None]]], methods: dict[str, set[str]], march: str
+) -> dict[str, str]:
+    """Bind every grid-capable module of ``root`` from ``sites`` (per module path, per call site, the
+    source fake quant of each tensor argument; ``methods``: per FloatFunctional path, the methods
+    called); in place. ``{path: reason}`` for the modules left on float fake quantization."""
     unbound: dict[str, str] = {}
-    for path, m in gm.named_modules():
+    for path, m in root.named_modules():
         want = getattr(type(m), "grid_inputs", 0)
         if not want:
             continue
@@ -175,9 +192,14 @@ def bind_integer_grid(gm: torch.fx.GraphModule, march: str) -> dict[str, str]:
             unbound[path] = "an input's scale does not come from a per-tensor fake quant the scale walk can follow"
             continue
         _set_binding(m, GridBinding(tuple(s for s in first if s is not None), march))
-    gm.meta[INTEGER_GRID_KEY] = True
-    gm.meta[_MARCH_KEY] = march
     return unbound
+
+
+def unbind_all(model: nn.Module) -> None:
+    """Every module of ``model`` back on float fake quantization."""
+    for m in model.modules():
+        if getattr(type(m), "grid_inputs", 0):
+            _set_binding(m, None)
 
 
 def _set_binding(m: nn.Module, b: GridBinding | None) -> None:
@@ -188,27 +210,41 @@ def _set_binding(m: nn.Module, b: GridBinding | None) -> None:
 
 def set_integer_grid(model: nn.Module, enabled: bool = True) -> nn.Module:
     """Train ``model`` (a ``prepare_qat_fx`` result) on the integer grid (default) or with float
-    fake quantization (``enabled=False``, a little faster), in place."""
+    fake quantization (``enabled=False``, a little faster), in place. An eager ``prepare_qat``
+    model too (its bindings come from its recorded forwards: qir.quantization.eager_grid)."""
+    eager = _eager_forward(model)
+    if eager is not None:
+        eager.set_integer_grid(enabled)
+        return model
     if not isinstance(model, torch.fx.GraphModule) or INTEGER_GRID_KEY not in model.meta:
         raise TypeError(
-            f"{type(model).__name__} is not a model made by prepare_qat_fx: training on the integer grid needs "
-            "the fx-prepared GraphModule (eager prepare_qat models train with float fake quantization)"
+            f"{type(model).__name__} is not a model made by prepare_qat_fx or prepare_qat: training on the "
+            "integer grid needs the prepared model"
         )
     if enabled:
         bind_integer_grid(model, model.meta[_MARCH_KEY])
     else:
-        for m in model.modules():
-            if getattr(type(m), "grid_inputs", 0):
-                _set_binding(m, None)
+        unbind_all(model)
         model.meta[INTEGER_GRID_KEY] = False
     return model
 
 
+def _eager_forward(model: nn.Module) -> Any:
+    """An eager QAT model's instance ``forward`` (qir.quantization.eager.ExactForward), or None."""
+    fwd = model.__dict__.get("forward")
+    return fwd if callable(getattr(fwd, "set_integer_grid", None)) else None
+
+
 def integer_grid_report(model: nn.Module) -> dict[str, str]:
     """``{path: "grid" | reason}`` for every conv / linear module of a prepared model."""
-    if not isinstance(model, torch.fx.GraphModule):
-        raise TypeError(f"integer_grid_report takes a prepare_qat_fx model, got {type(model).__name__}")
-    if model.meta.get(INTEGER_GRID_KEY) is not True:
+    eager = _eager_forward(model)
+    if eager is not None:
+        on = bool(eager.integer_grid)
+    elif isinstance(model, torch.fx.GraphModule):
+        on = model.meta.get(INTEGER_GRID_KEY) is True
+    else:
+        raise TypeError(f"integer_grid_report takes a prepare_qat_fx or prepare_qat model, got {type(model).__name__}")
+    if not on:
         return {p: "integer grid off" for p, m in model.named_modules() if getattr(type(m), "grid_inputs", 0)}
     out: dict[str, str] = {}
     for path, m in model.named_modules():

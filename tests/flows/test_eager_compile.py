@@ -30,12 +30,14 @@ from qir.quantization import (
     fuse_known_modules,
     get_default_calib_qconfig,
     get_default_qat_qconfig,
+    integer_grid_report,
     load_compiled,
     perf_model,
     prepare_calibration,
     prepare_qat,
     set_exact_validation,
     set_fake_quantize,
+    set_integer_grid,
     visualize_model,
 )
 
@@ -437,3 +439,37 @@ def test_recorder_iterates_rows_and_refuses_writes_and_unnamed_tensors() -> None
         record(_Writes(), (x,))
     with pytest.raises(TraceError, match="register it as a buffer"):
         record(_Outside(), (x,))
+
+
+# --------------------------------------------------------------------------- training on the integer grid
+
+
+@pytest.mark.parametrize(
+    ("make", "shape"),
+    [(SizeBranch, (2, 3, 48, 48)), (_resnet_tiny, (2, 3, 12, 12)), (FPNDetector, (2, 3, 32, 32))],
+    ids=["size_branch", "fused_add", "fpn_list"],
+)
+def test_eager_training_steps_are_the_converted_model(make: Callable[[], nn.Module], shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    base = _randomize_bn(make()).eval()
+    _fuse_cbr(base)
+    base.qconfig = get_default_qat_qconfig()  # type: ignore[assignment]
+    qat = prepare_qat(base).train()
+    g = torch.Generator().manual_seed(0)
+    qat(torch.randn(*shape, generator=g))  # the first forward records which module feeds which
+    report = integer_grid_report(qat)
+    assert report and set(report.values()) == {"grid"}, report
+    opt = torch.optim.SGD(qat.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(3):
+        x = torch.randn(*shape, generator=g)
+        y = qat(x)
+        assert _equal(y, convert(qat)(x))  # each step computes what its state deploys
+        loss = sum(o.square().mean() for o in (y if isinstance(y, list) else [y]))
+        opt.zero_grad()
+        loss.backward()  # type: ignore[union-attr]
+        opt.step()
+    set_integer_grid(qat, False)
+    assert set(integer_grid_report(qat).values()) == {"integer grid off"}
+    x = torch.randn(*shape, generator=g)
+    with torch.no_grad():
+        assert not _equal(qat(x), convert(qat)(x))  # float fake quantization: LSBs apart

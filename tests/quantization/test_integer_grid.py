@@ -220,8 +220,11 @@ def test_opt_out_and_report() -> None:
     float_model.qconfig = get_default_qat_qconfig()
     with march_scope("bayes"):
         eager = prepare_qat(float_model)
-    with pytest.raises(TypeError, match="prepare_qat_fx"):
-        set_integer_grid(eager)
+    # eager models train on the grid too (tests/flows/test_eager_compile.py); a float model cannot
+    assert set_integer_grid(eager, False) is eager
+    assert set(integer_grid_report(eager).values()) == {"integer grid off"}
+    with pytest.raises(TypeError, match="prepare_qat_fx or prepare_qat"):
+        set_integer_grid(float_model)
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,0 +1,63 @@
+"""Eager QAT models train on the integer grid too: bindings from what their forwards recorded.
+
+``prepare_qat_fx`` binds each conv / linear / average pool to the fake quants that put its
+inputs on their grids by walking the fx graph (:mod:`qir.quantization.integer_grid`). An eager
+model may not trace, so its bindings come from its recorded forwards
+(:mod:`qir.quantization.eager_record`): each call site's tensor arguments were produced by QAT
+modules (through views, max pools, relu, ...) whose output fake quant sets the argument's grid.
+Records grow while the first forwards run, so the bindings are refreshed after every forward
+that recorded a new call site: a freshly prepared model's first forward runs float fake
+quantization, the following ones run on the grid (docs/semantics.md, "Training on the integer
+grid").
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from qir.quantization.eager_record import SOURCES, Source
+from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.integer_grid import bind_sites, source_of_module
+
+__all__ = ["bind_eager_grid"]
+
+#: why an eager model's FloatFunctional methods keep float fake quantization
+FUNCTIONAL_REASON = (
+    "a FloatFunctional method of an eager model trains with float fake quantization (on the grid its call "
+    "would not be recorded, and convert needs the records)"
+)
+
+
+def _fake_quant_of(root: nn.Module, src: Source | None) -> FakeQuantize | None:
+    """The per-tensor fake quant whose grid the recorded producer's output is on, or None."""
+    if src is None:
+        return None
+    path, index = src
+    if index != 0:
+        return None  # one output of several: several scales
+    return source_of_module(root.get_submodule(path), None)
+
+
+def bind_eager_grid(root: nn.Module, march: str) -> dict[str, str]:
+    """Bind every grid-capable QAT module of eager ``root`` whose recorded inputs come from known
+    fake quants (all call sites, training and eval forwards); in place. ``{path: reason}`` for
+    the modules left on float fake quantization."""
+    sites: dict[str, list[list[FakeQuantize | None]]] = {}
+    functional: list[str] = []
+    for path, m in root.named_modules():
+        want = getattr(type(m), "grid_inputs", 0)
+        if want < 0:
+            functional.append(path)
+        if want <= 0:
+            continue
+        calls = [
+            [_fake_quant_of(root, src) for src in site]
+            for mode_sites in m.__dict__.get(SOURCES, {}).values()
+            for site in mode_sites
+        ]
+        if calls:
+            sites[path] = calls
+    unbound = bind_sites(root, sites, {}, march)
+    for path in functional:
+        unbound[path] = FUNCTIONAL_REASON
+    return unbound
