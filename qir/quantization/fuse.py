@@ -37,7 +37,9 @@ from qir.ir.graph import Graph, Node
 from qir.ir.op import ModuleOp, Ref
 from qir.ir.ops.core import Call, Constant
 from qir.ir.ops.elementwise import Add, BinaryOp, Div, Mul, Sub
+from qir.ir.ops.misc import Einsum, Matmul
 from qir.ir.ops.nn import ConvNd, ConvTransposeNd, Linear
+from qir.ir.ops.shape import Transpose
 from qir.ir.types import ScalarType, SequenceType, TensorType, Type
 from qir.quantization.fx_trace import build_ir, trace_fx
 from qir.quantization.names import NameAllocator
@@ -239,6 +241,44 @@ def _difference_as_sum(g: Graph, n: Node) -> bool:
     return True
 
 
+def _einsum_as_matmul(g: Graph, n: Node) -> bool:
+    """Rewrite a batched-matmul ``torch.einsum`` (``"bhqd,bhkd->bhqk"``, ``"bhqk,bhkd->bhqd"``: same
+    leading batch letters, one contracted letter) in place as ``matmul`` with the operands' last two
+    dims transposed where the equation says, so attention written with einsum gets a FloatFunctional
+    ``matmul``; other equations stay einsum (no integer form: convert refuses them)."""
+    if not isinstance(n.op, Einsum) or len(n.operands) != 2 or not computes_tensor(n):
+        return False
+    eq = n.op.equation.replace(" ", "")
+    if "->" not in eq or "." in eq:
+        return False
+    lhs, out = eq.split("->")
+    if lhs.count(",") != 1:
+        return False
+    a, b = lhs.split(",")
+    if not (len(a) == len(b) == len(out) >= 2) or len(set(out)) != len(out) or a[:-2] != b[:-2] or a[:-2] != out[:-2]:
+        return False
+    i, k = out[-2], out[-1]
+    contracted = set(a[-2:]) - {i}
+    if len(contracted) != 1:
+        return False
+    (j,) = contracted
+    if j in out or set(a[-2:]) != {i, j} or set(b[-2:]) != {j, k} or i == k:
+        return False
+    operands = []
+    for v, want in ((n.operands[0], i + j), (n.operands[1], j + k)):
+        if v.type is None or not isinstance(v.type, TensorType):
+            return False
+        if (a if v is n.operands[0] else b)[-2:] != want:  # stored the other way round: transpose it
+            shape = (*v.type.shape[:-2], v.type.shape[-1], v.type.shape[-2])
+            t = g.create_node(Transpose(dim0=-2, dim1=-1), (v,), v.type.with_shape(shape), g.unique_name(f"{n.name}_t"))
+            g.insert_node(t, before=n)
+            v = t
+        operands.append(v)
+    n.op = Matmul()
+    n.set_operands(tuple(operands))
+    return True
+
+
 def _replace_functionals(
     g: Graph,
     owners: Mapping[str, str],
@@ -260,7 +300,7 @@ def _replace_functionals(
     if "mul_scalar" in methods and "add_scalar" in methods:  # prepare's set; fuse_fx keeps ``-`` as written
         for n in list(g.nodes):
             if n.scope is None and not isinstance(n.op, (Call, Constant)) and n.name not in built and on_quantized(n):
-                if _difference_as_sum(g, n) and quantized is not None:
+                if (_difference_as_sum(g, n) or _einsum_as_matmul(g, n)) and quantized is not None:
                     quantized.update(v.name for v in n.operands if isinstance(v.type, TensorType))
     for n in list(g.nodes):
         if n.scope is not None or isinstance(n.op, (Call, Constant)) or n.name in built or not on_quantized(n):

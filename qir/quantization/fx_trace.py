@@ -101,7 +101,26 @@ class _RankOnly(torch.fx.Interpreter):
             return getattr(self, n.op)(n.target, args, kwargs)
         except Exception:  # shapes are invented here: keep the first input's value
             first = _first_tensor((args, kwargs))
+            if first is None and _all_numbers((args, kwargs)):
+                # arithmetic on invented sizes (1 // 2 = 0, then 0 ** -0.5): still a number, not a tensor
+                return _number_like(n.target, (args, kwargs))
             return first if first is not None else _meta_like(4)
+
+
+def _all_numbers(args: Any) -> bool:
+    leaves: list[Any] = []
+    torch.fx.node.map_aggregate(args, leaves.append)
+    numbers = [a for a in leaves if a is not None]
+    return bool(numbers) and all(isinstance(a, (int, float)) for a in numbers)
+
+
+def _number_like(target: Any, args: Any) -> int | float:
+    """A stand-in for the number ``target(*args)`` would give on real sizes: a float for true division,
+    a power and anything with a float operand, else an int."""
+    leaves: list[Any] = []
+    torch.fx.node.map_aggregate(args, leaves.append)
+    floating = target in (operator.truediv, operator.pow) or any(isinstance(a, float) for a in leaves)
+    return 1.0 if floating else 1
 
 
 _WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
