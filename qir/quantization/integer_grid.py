@@ -28,6 +28,7 @@ observer updates computes (docs/semantics.md, "Training on the integer grid").
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,13 @@ from backends.common.integer_rules import (
 )
 from qir.ir.types import DType
 from qir.quantization.blockwise import blocks, part
-from qir.quantization.fake_quantize import CalibFakeQuantize, FakeQuantize, FakeQuantState, float_fake_quant_active
+from qir.quantization.fake_quantize import (
+    CalibFakeQuantize,
+    FakeQuantize,
+    FakeQuantState,
+    fake_quantize,
+    float_fake_quant_active,
+)
 from qir.quantization.observer import (
     MinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,
@@ -769,7 +776,21 @@ def avg_pool_forward(m: Any, x: torch.Tensor, adaptive: bool) -> torch.Tensor | 
             _observe(ofq, sums.detach() * acc_scale)
     s_out = float(ofq.scale.reshape(-1)[0])
     dtype = DType(ofq.dtype)
-    mult, sh = avg_pool_params(s_in, s_out, top, binding.march)
+    try:
+        mult, sh = avg_pool_params(s_in, s_out, top, binding.march)
+    except ValueError as err:
+        # An output range far narrower than the input's (typical of the first steps, before the
+        # observers settle) needs a ratio the march cannot requantize with. Training goes on with
+        # the float fake quant of the exact mean for this call; convert_fx refuses the layer if
+        # the ranges still disagree then.
+        warnings.warn(
+            f"integer grid: {type(m).__name__} cannot requantize on {binding.march} this step ({err}); "
+            "this call uses float fake quantization",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        fallback: torch.Tensor = fake_quantize(sums * acc_scale, ofq.scale, ofq.dtype)
+        return fallback
     idx = (d - 1).to(torch.int64)
     ratio = torch.ldexp(mult[idx].to(torch.float64), -sh[idx])
     lo, hi = dtype.qrange

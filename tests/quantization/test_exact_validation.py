@@ -164,3 +164,21 @@ def test_the_switches_are_public() -> None:
 
     assert q.set_exact_validation is set_exact_validation and q.float_fake_quant is float_fake_quant
     assert q.QATGraphModule is QATGraphModule
+
+
+def test_training_goes_on_when_the_march_cannot_requantize_a_pool_this_step() -> None:
+    # found by the property test: the first steps' global pool output range is over 255x narrower
+    # than its input's, a ratio Bernoulli2 cannot requantize; training must not stop on it
+    spec = [("conv", 2, 1, 1), ("convrelu", 9, 1, 2), ("convbn", 8, 3, 1), ("convbnrelu", 7, 3, 2)]
+    spec += [("convrelu", 2, 3, 2), ("maxpool", 2, 1, 2)]
+    torch.manual_seed(0)
+    shape = (3, 3, 12, 12)
+    with pytest.warns(RuntimeWarning, match="cannot requantize on bernoulli2"):
+        qat = _trained(randomize_bn(chain(spec, 3, "conv"), 0), shape, "bernoulli2", 0)
+    x = torch.randn(*shape)
+    with march_scope("bernoulli2"):
+        converted = convert_fx(qat)
+    # an adaptive pool's divisor, and so its ratio, depends on the input size: the converted pool
+    # finds the ratio it cannot requantize when it runs, and says what the output scale must exceed
+    with pytest.raises(ValueError, match=r"must exceed in_scale / 255\.5"):
+        converted(x)
