@@ -9,8 +9,6 @@ of the same model traced with the modules kept opaque; the compiled program equa
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import attrs
 import pytest
 import torch
@@ -19,7 +17,6 @@ from torch import nn
 
 from qir.frontend import emit, trace
 from qir.ir import IRError, parse_graph, print_graph, run_graph
-from qir.ir.op import bump_registry_version
 from qir.ir.ops.integer import IntegerModuleOp
 from qir.ir.ops.integer_sampling import QAnchorGenerator, QGridSample, QMultiScaleRoIAlign, QRoIAlign
 from qir.ir.types import DType, QuantSpec, TensorType
@@ -28,12 +25,12 @@ from qir.nn import AnchorGenerator, MultiScaleRoIAlign, RoIAlign
 from qir.quantization import (
     DeQuantStub,
     QuantStub,
-    check_model,
     compile_model,
     convert_fx,
     get_default_qat_qconfig,
     prepare_qat_fx,
 )
+from tests.ir.integer_family import assert_check_model_unchanged
 
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 
@@ -218,31 +215,8 @@ def test_verify_names_the_op_and_the_fault() -> None:
         anc.verify_([TensorType((3, 16, 16), DType.float32), x, x])
 
 
-@pytest.fixture
-def opaque_family() -> Iterator[None]:
-    """Trace this family's modules as opaque calls (as before the ops existed)."""
-    saved = {c: c.module_types for c in FAMILY}
-    for c in FAMILY:
-        c.module_types = ()
-    bump_registry_version()
-    try:
-        yield
-    finally:
-        for c, types in saved.items():
-            c.module_types = types
-        bump_registry_version()
-
-
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
-def test_check_model_reports_what_the_opaque_calls_reported(march: str, request: pytest.FixtureRequest) -> None:
+def test_check_model_reports_what_the_opaque_calls_reported(march: str) -> None:
     conv = _converted(march)
     x = _inputs(2)
-    report = check_model(conv, x, march=march)
-    ops = {n.op.name for n in trace(conv, x).nodes}
-    assert set(OPS.values()) <= ops
-    request.getfixturevalue("opaque_family")
-    assert not set(OPS.values()) & {n.op.name for n in trace(conv, x).nodes}
-    before = check_model(conv, x, march=march)
-    assert str(report) == str(before)
-    for now, was in ((report.violations, before.violations), (report.unknown, before.unknown)):
-        assert [attrs.evolve(v, op="call") if v.op in ops else v for v in now] == list(was)
+    assert_check_model_unchanged(conv, x, march, FAMILY, expect=set(OPS.values()), gone=set(OPS.values()))

@@ -12,8 +12,6 @@ compiled program equals the model.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import attrs
 import pytest
 import torch
@@ -21,20 +19,19 @@ from torch import nn
 
 from qir.frontend import emit, trace
 from qir.ir import IRError, parse_graph, print_graph, run_graph
-from qir.ir.op import bump_registry_version
 from qir.ir.ops.integer_sequence import QLstmCell, QMultiheadAttention
 from qir.ir.types import DType, QuantSpec, SequenceType, TensorType
 from qir.march import march_scope
 from qir.quantization import (
     DeQuantStub,
     QuantStub,
-    check_model,
     compile_model,
     convert_fx,
     get_default_qat_qconfig,
     prepare_qat_fx,
     set_fake_quantize,
 )
+from tests.ir.integer_family import assert_check_model_unchanged
 
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 
@@ -225,32 +222,9 @@ def test_verify_names_the_op_and_the_fault(converted: nn.Module) -> None:
         attn.op.verify_(atypes[:-1])
 
 
-@pytest.fixture
-def opaque_family() -> Iterator[None]:
-    """Trace this family's modules as opaque calls (as before the ops existed)."""
-    saved = {c: c.module_types for c in FAMILY}
-    for c in FAMILY:
-        c.module_types = ()
-    bump_registry_version()
-    try:
-        yield
-    finally:
-        for c, types in saved.items():
-            c.module_types = types
-        bump_registry_version()
-
-
-def test_check_model_reports_what_the_opaque_calls_reported(request: pytest.FixtureRequest) -> None:
+def test_check_model_reports_what_the_opaque_calls_reported() -> None:
     # Bernoulli2 converts neither layer (no qint16 cell state, no attention in its tables)
     march = "bayes"
     conv = _converted(march)
     x = _inputs(2)
-    report = check_model(conv, x, march=march)
-    ops = {n.op.name for n in trace(conv, x).nodes}
-    assert set(OPS.values()) <= ops
-    request.getfixturevalue("opaque_family")
-    assert not set(OPS.values()) & {n.op.name for n in trace(conv, x).nodes}
-    before = check_model(conv, x, march=march)
-    assert str(report) == str(before)
-    for now, was in ((report.violations, before.violations), (report.unknown, before.unknown)):
-        assert [attrs.evolve(v, op="call") if v.op in ops else v for v in now] == list(was)
+    assert_check_model_unchanged(conv, x, march, FAMILY, expect=set(OPS.values()), gone=set(OPS.values()))

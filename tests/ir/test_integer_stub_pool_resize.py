@@ -9,9 +9,6 @@ reports equal those of the same model traced with the modules kept opaque.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import attrs
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,7 +17,6 @@ from torch import nn
 import qir
 from qir.frontend import emit, trace
 from qir.ir import IRError, parse_graph, print_graph, run_graph, verify
-from qir.ir.op import bump_registry_version
 from qir.ir.ops.integer import IntegerModuleOp
 from qir.ir.ops.integer_elementwise import QDiv, QLut, QRelu, QRelu6
 from qir.ir.ops.integer_pool import QAdaptiveAvgPool2d, QAvgPool2d, QMaxPool2d
@@ -31,7 +27,6 @@ from qir.march import march_scope
 from qir.quantization import (
     DeQuantStub,
     QuantStub,
-    check_model,
     compile_model,
     convert_fx,
     get_default_qat_qconfig,
@@ -39,6 +34,7 @@ from qir.quantization import (
 )
 from qir.quantization.fake_quantize import default_weight_8bit_fake_quant
 from qir.quantization.qconfig import QConfig
+from tests.ir.integer_family import assert_check_model_unchanged
 
 OPS = {
     "quant": "qquant_stub",
@@ -146,40 +142,33 @@ def test_text_form_round_trips(converted: nn.Module) -> None:
     assert _same(run_graph(g2, *x), converted(*x))
 
 
-@pytest.fixture
-def opaque_family() -> Iterator[None]:
-    """Trace this family's modules as opaque calls (as before the ops existed)."""
-    classes = [QQuantStub, QDequantStub, QRelu, QRelu6, QLut, QDiv, QMaxPool2d, QAvgPool2d, QInterpolate]
+def _family() -> list[type]:
+    """The integer op classes of this family (traced as opaque calls in the check_model test)."""
     from qir.ir.ops.integer_elementwise import QIdentity
     from qir.ir.ops.integer_pool import QAdaptiveAvgPool2d
 
-    classes += [QIdentity, QAdaptiveAvgPool2d]
-    saved = {c: c.module_types for c in classes}
-    for c in classes:
-        c.module_types = ()
-    bump_registry_version()
-    try:
-        yield
-    finally:
-        for c, types in saved.items():
-            c.module_types = types
-        bump_registry_version()
+    return [
+        QQuantStub,
+        QDequantStub,
+        QRelu,
+        QRelu6,
+        QLut,
+        QDiv,
+        QMaxPool2d,
+        QAvgPool2d,
+        QInterpolate,
+        QIdentity,
+        QAdaptiveAvgPool2d,
+    ]
 
 
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
-def test_check_model_reports_what_the_opaque_calls_reported(march: str, request: pytest.FixtureRequest) -> None:
+def test_check_model_reports_what_the_opaque_calls_reported(march: str) -> None:
     conv = _converted(march)
     x = _inputs(2)
-    report = check_model(conv, x, march=march)
-    ops = {n.op.name for n in trace(conv, x).nodes}
-    assert {"qlut", "qdiv", "qquant_stub", "qinterpolate"} <= ops
-    request.getfixturevalue("opaque_family")
-    assert "qlut" not in {n.op.name for n in trace(conv, x).nodes}
-    before = check_model(conv, x, march=march)
-    assert str(report) == str(before)
-    # the same findings; only the op a finding names is the integer op now, not the opaque 'call'
-    for now, was in ((report.violations, before.violations), (report.unknown, before.unknown)):
-        assert [attrs.evolve(v, op="call") if v.op in ops else v for v in now] == list(was)
+    assert_check_model_unchanged(
+        conv, x, march, _family(), expect={"qlut", "qdiv", "qquant_stub", "qinterpolate"}, gone={"qlut"}
+    )
 
 
 def test_per_channel_dequant_stub_of_a_high_precision_output() -> None:
