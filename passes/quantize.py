@@ -76,7 +76,7 @@ def _walk(graph: Graph) -> tuple[list[Node], list[tuple[str, str]]]:
         if isinstance(op, QATModuleOp):
             if op.name not in _RULES:
                 out.append((n.name, f"op {op.name!r} has no quantize rule (import qir.nn.quantized registers qir's)"))
-            elif op.name != "qat_dequant_stub":
+            elif op.makes_codes:
                 quantized.add(n)
             continue
         if not any(v in quantized for v in n.operands):
@@ -156,7 +156,7 @@ class Quantize(Pass):
     def _convert(self, graph: Graph, n: Node, op: QATModuleOp, march: str) -> None:
         tensors, const_nodes = _state(graph, op, n)
         inputs = op.module_inputs(n.operands)
-        scales = [_input_scale(n, v) for v in inputs if op.name != "qat_quant_stub"]
+        scales = [_input_scale(n, v) for v in inputs] if op.reads_codes else []
         try:
             new_op, new_state = _RULES[op.name](op, tensors, scales, march)
         except (ValueError, TypeError, NotImplementedError) as e:

@@ -22,40 +22,23 @@ from backends.common.math_rules import (
     layer_norm_eps_term,
 )
 from backends.common.program import ValueRef
+from backends.common.rule_state import layer_path, layer_state
 from qir.ir.graph import Node
 
 __all__ = ["OP_RULES", "emit_softmax", "op_qglu", "op_qlayer_norm", "op_qprelu", "op_qsoftmax"]
 
 
-def _path(node: Node) -> str:
-    """The instructions' hint and the constants' prefix: the layer's module path."""
-    return node.scope or node.name
-
-
-def _state(node: Node, operands: list[Any]) -> dict[str, torch.Tensor]:
-    """The op's integer state by role; refuses a state operand computed at run time."""
-    op: Any = node.op
-    out: dict[str, torch.Tensor] = {}
-    for role, v in zip(op.param_roles(), op.module_params(operands), strict=True):
-        if not isinstance(v, torch.Tensor):
-            raise LoweringError(
-                f"node '{node.name}': {op.name} state '{role}' must be a constant, not a run-time value"
-            )
-        out[role] = v
-    return out
-
-
 def _int8_input(ctx: LowerContext, node: Node, x: str, what: str) -> None:
     if ctx.values[x].dtype != torch.int8:
         raise LoweringError(
-            f"node '{node.name}': {what} '{_path(node)}' takes qint8 codes (a 256-entry table), got "
+            f"node '{node.name}': {what} '{layer_path(node)}' takes qint8 codes (a 256-entry table), got "
             f"{ctx.values[x].dtype}; give its producer a qint8 qconfig"
         )
 
 
 def op_qprelu(ctx: LowerContext, node: Node, operands: list[Any]) -> ValueRef:
     op: Any = node.op
-    x, path, state = tensor_ref(operands[0], node), _path(node), _state(node, operands)
+    x, path, state = tensor_ref(operands[0], node), layer_path(node), layer_state(node, operands)
     attrs = {"pos_multiplier": int(op.pos_multiplier), "pos_shift": int(op.pos_shift), "out_dtype": op.out.dtype.name}
     consts = {
         "neg_multiplier": ctx.const(f"{path}.neg_multiplier", state["neg_multiplier"]),
@@ -66,7 +49,7 @@ def op_qprelu(ctx: LowerContext, node: Node, operands: list[Any]) -> ValueRef:
 
 def op_qglu(ctx: LowerContext, node: Node, operands: list[Any]) -> ValueRef:
     op: Any = node.op
-    x, path, state = tensor_ref(operands[0], node), _path(node), _state(node, operands)
+    x, path, state = tensor_ref(operands[0], node), layer_path(node), layer_state(node, operands)
     _int8_input(ctx, node, x, "GLU")
     halves = shape_call(ctx, node, "chunk", [operands[0], 2], {"dim": int(op.dim)})
     a = shape_call(ctx, node, "getitem", [halves, 0])
@@ -99,15 +82,23 @@ def emit_softmax(
 
 def op_qsoftmax(ctx: LowerContext, node: Node, operands: list[Any]) -> ValueRef:
     op: Any = node.op
-    x, state = tensor_ref(operands[0], node), _state(node, operands)
+    x, state = tensor_ref(operands[0], node), layer_state(node, operands)
     return emit_softmax(
-        ctx, node, _path(node), x, int(op.dim), int(op.multiplier), int(op.shift), op.out.dtype.name, state["table"]
+        ctx,
+        node,
+        layer_path(node),
+        x,
+        int(op.dim),
+        int(op.multiplier),
+        int(op.shift),
+        op.out.dtype.name,
+        state["table"],
     )
 
 
 def op_qlayer_norm(ctx: LowerContext, node: Node, operands: list[Any]) -> ValueRef:
     op: Any = node.op
-    x, path, state = tensor_ref(operands[0], node), _path(node), _state(node, operands)
+    x, path, state = tensor_ref(operands[0], node), layer_path(node), layer_state(node, operands)
     p = LayerNormParams(op.eps_term_dict(), state["multiplier"], state["shift"], state["bias"])
     try:
         f, e = layer_norm_eps_term(p, ctx.values[x].dtype, f"node '{node.name}'")

@@ -17,15 +17,11 @@ import torch
 from backends.common.lower import LowerContext, LoweringError, OpRule, tensor_ref
 from backends.common.program import ValueRef
 from backends.common.roi_rules import LEVEL_EPS, ROI_BITS, ROI_MEAN_BITS, level_scales
+from backends.common.rule_state import layer_path
 from backends.common.sampling_rules import GRID_COORD_BITS, grid_axis
 from qir.ir.graph import Node
 
 __all__ = ["OP_RULES", "op_qanchor_generator", "op_qgrid_sample", "op_qmulti_scale_roi_align", "op_qroi_align"]
-
-
-def _path(node: Node) -> str:
-    """The instructions' hint and the constants' prefix: the layer's module path."""
-    return node.scope or node.name
 
 
 def op_qgrid_sample(ctx: LowerContext, node: Node, operands: list[Any]) -> ValueRef:
@@ -34,7 +30,7 @@ def op_qgrid_sample(ctx: LowerContext, node: Node, operands: list[Any]) -> Value
     xv, gv = ctx.values[x], ctx.values[grid]
     if gv.dtype not in (torch.int8, torch.int16):
         raise LoweringError(
-            f"node '{node.name}': GridSample '{_path(node)}' takes a qint8 / qint16 grid, got {gv.dtype}; "
+            f"node '{node.name}': GridSample '{layer_path(node)}' takes a qint8 / qint16 grid, got {gv.dtype}; "
             "quantize the grid with a QuantStub"
         )
     h, w = int(xv.shape[-2]), int(xv.shape[-1])
@@ -53,7 +49,7 @@ def op_qgrid_sample(ctx: LowerContext, node: Node, operands: list[Any]) -> Value
     if op.mode == "bilinear":
         # the weights' 2**-2B folds into the shift, as for bilinear resize
         attrs["multiplier"], attrs["shift"] = int(op.multiplier), int(op.shift) + 2 * bits
-    return ValueRef(ctx.emit("grid_sample", [x, grid], attrs, {}, node.name, _path(node)))
+    return ValueRef(ctx.emit("grid_sample", [x, grid], attrs, {}, node.name, layer_path(node)))
 
 
 def op_qroi_align(ctx: LowerContext, node: Node, operands: list[Any]) -> ValueRef:
@@ -73,7 +69,7 @@ def op_qroi_align(ctx: LowerContext, node: Node, operands: list[Any]) -> ValueRe
         "shift": int(op.shift) + ROI_MEAN_BITS,
         "out_dtype": op.out.dtype.name,
     }
-    return ValueRef(ctx.emit("roi_align", [x, *boxes], attrs, {}, node.name, _path(node)))
+    return ValueRef(ctx.emit("roi_align", [x, *boxes], attrs, {}, node.name, layer_path(node)))
 
 
 def op_qmulti_scale_roi_align(ctx: LowerContext, node: Node, operands: list[Any]) -> ValueRef:
@@ -81,7 +77,7 @@ def op_qmulti_scale_roi_align(ctx: LowerContext, node: Node, operands: list[Any]
     the level scales follow from the compiled feature sizes and the op's image shapes, as the
     module infers them."""
     op: Any = node.op
-    path = _path(node)
+    path = layer_path(node)
     n = len(op.feature_names)
     where = f"node '{node.name}': MultiScaleRoIAlign '{path}'"
     chosen = [
@@ -135,7 +131,7 @@ def op_qanchor_generator(ctx: LowerContext, node: Node, operands: list[Any]) -> 
     shapes += [[int(ctx.values[r].shape[-2]), int(ctx.values[r].shape[-1])] for r in refs[1:]]
     const = ctx.const(f"{node.name}.anchors", anchors[0])
     attrs = {"shapes": shapes, "images": len(anchors)}
-    return ValueRef(ctx.emit("anchors", refs, attrs, {"anchors": const}, node.name, _path(node)))
+    return ValueRef(ctx.emit("anchors", refs, attrs, {"anchors": const}, node.name, layer_path(node)))
 
 
 #: IR op name -> its shared rule (the marches register them: backends/<march>/rules.py)

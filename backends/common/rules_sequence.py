@@ -20,6 +20,7 @@ from backends.common.lower import LowerContext, LoweringError, OpRule, RuleNode,
 from backends.common.lower_rules import lower_conv
 from backends.common.numerics import AddParams
 from backends.common.program import ValueRef
+from backends.common.rule_state import layer_path, layer_state
 from backends.common.rules_conv import ConvLayer
 from backends.common.rules_functional import add_attrs
 from backends.common.rules_math import emit_softmax
@@ -29,24 +30,6 @@ from qir.ir.ops.integer import QConv
 __all__ = ["OP_RULES", "op_qlstm_cell", "op_qmultihead_attention"]
 
 
-def _path(node: Node) -> str:
-    """The instructions' hint and the constants' prefix: the layer's module path."""
-    return node.scope or node.name
-
-
-def _state(node: Node, operands: list[Any]) -> dict[str, torch.Tensor]:
-    """The op's integer state by role; refuses a state operand computed at run time."""
-    op: Any = node.op
-    out: dict[str, torch.Tensor] = {}
-    for role, v in zip(op.param_roles(), op.module_params(operands), strict=True):
-        if not isinstance(v, torch.Tensor):
-            raise LoweringError(
-                f"node '{node.name}': {op.name} state '{role}' must be a constant, not a run-time value"
-            )
-        out[role] = v
-    return out
-
-
 def _linear(
     ctx: LowerContext, node: Node, proj: str, in_scale: float, out: Any, state: dict[str, torch.Tensor], x: ValueRef
 ) -> ValueRef:
@@ -54,7 +37,7 @@ def _linear(
     op: Any = node.op
     lin = QConv(kind="linear", out=out, in_scales=(in_scale,), march=op.march)
     tensors = {r: state[f"{proj}.{r}"] for r in lin.param_roles()}
-    target = f"{_path(node)}.{proj}"
+    target = f"{layer_path(node)}.{proj}"
     return lower_conv(ctx, RuleNode(node.name, target, (x,)), ConvLayer(lin, tensors), [x], {})
 
 
@@ -76,14 +59,14 @@ def _chunks(ctx: LowerContext, node: Node, x: str) -> list[str]:
 
 
 def _lut(ctx: LowerContext, node: Node, x: str, what: str, table: str, state: dict[str, torch.Tensor]) -> str:
-    tgt = _path(node)
+    tgt = layer_path(node)
     const = ctx.const(f"{tgt}.{table}", state[table])
     return ctx.emit("lut", [x], {"what": what}, {"table": const}, node.name, f"{tgt}.{table.removesuffix('_table')}")
 
 
 def op_qlstm_cell(ctx: LowerContext, node: Node, operands: list[Any]) -> tuple[ValueRef, ValueRef]:
     op: Any = node.op
-    tgt, state = _path(node), _state(node, operands)
+    tgt, state = layer_path(node), layer_state(node, operands)
     x = tensor_ref(operands[0], node)
     if ctx.values[x].dim() != 2:
         raise LoweringError(f"node '{node.name}': LSTMCell '{tgt}' takes a 2-dimensional input (batch, features)")
@@ -112,7 +95,7 @@ def op_qlstm_cell(ctx: LowerContext, node: Node, operands: list[Any]) -> tuple[V
 
 def op_qmultihead_attention(ctx: LowerContext, node: Node, operands: list[Any]) -> Any:
     op: Any = node.op
-    tgt, state = _path(node), _state(node, operands)
+    tgt, state = layer_path(node), layer_state(node, operands)
     inputs = op.module_inputs(operands)
     ins = [tensor_ref(v, node, k) for k, v in zip(("query", "key", "value"), inputs[:3], strict=True)]
     if ctx.values[ins[0]].dim() != 3:
@@ -172,7 +155,7 @@ def _attention_softmax(
     """The softmax of the scores, with the masks: finite float entries added as codes on the scores'
     grid (an exact saturating add), excluded entries (bool True, ``-inf``) left out of the softmax."""
     op: Any = node.op
-    tgt = _path(node)
+    tgt = layer_path(node)
     table = state["softmax.table"]
     inputs: list[str] = []
     roles: list[str] = []

@@ -22,7 +22,7 @@ import attrs
 import torch
 
 from qir.ir.op import OP_REGISTRY, IRError, Op, register_op
-from qir.ir.ops.integer import IntegerModuleOp
+from qir.ir.ops.integer import IntegerModuleOp, _floats
 from qir.ir.ops.integer_codes import check_march, check_scales, code_dtype
 from qir.ir.ops.integer_probe import probe
 from qir.ir.types import DType, QuantSpec, ScalarType, TensorType, Type
@@ -40,10 +40,6 @@ __all__ = [
     "QReduce",
     "QTensorDiv",
 ]
-
-
-def _floats(v: Any) -> tuple[float, ...]:
-    return tuple(float(x) for x in v)
 
 
 def _dims(v: Any) -> tuple[int, ...] | None:

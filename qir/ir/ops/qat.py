@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from qir.ir.op import IRError, ModuleOp, Op, Quantization, Trait, bump_registry_version, register_op
 from qir.ir.ops import nn as float_ops
+from qir.ir.ops.integer import _opt_ints, _padding
 from qir.ir.ops.quant import ObserverSpec
 from qir.ir.printer import register_attr_class
 from qir.ir.types import TensorType, Type
@@ -135,6 +136,11 @@ class QATModuleOp(ModuleOp):
 
     traits: ClassVar[frozenset[type[Trait]]] = frozenset({Quantization})
     legality_form: ClassVar[str] = "module"
+    #: its input is on a quantized grid (the producer's scale is an input scale of the conversion);
+    #: False for the QuantStub, which reads float
+    reads_codes: ClassVar[bool] = True
+    #: its result is integer codes after conversion; False for the DeQuantStub, which gives float
+    makes_codes: ClassVar[bool] = True
     #: who registers the module classes (docs/ir-ops.md lists this, not the import-dependent classes)
     registered_by: ClassVar[str] = "QAT modules of qir.nn.qat"
 
@@ -184,18 +190,6 @@ class QATModuleOp(ModuleOp):
 
 _KINDS = ("conv1d", "conv2d", "conv3d", "conv_transpose2d", "linear")
 _ACTS = (None, "relu", "relu6")
-
-
-def _opt_ints(v: Any) -> tuple[int, ...] | None:
-    if v is None:
-        return None
-    if isinstance(v, int):
-        return (v,)
-    return tuple(int(x) for x in v)
-
-
-def _padding(v: Any) -> Any:
-    return v if v is None or isinstance(v, str) else _opt_ints(v)
 
 
 @register_op
@@ -344,6 +338,7 @@ class QATQuantStub(QATModuleOp):
     """The model input's fake quant: ``out_fq(x)``; its state is ``activation_post_process.*``."""
 
     name: ClassVar[str] = "qat_quant_stub"
+    reads_codes: ClassVar[bool] = False
     operand_names: ClassVar[tuple[str, ...]] = ("input",)
 
     out_fq: FakeQuantSpec
@@ -363,6 +358,7 @@ class QATDequantStub(QATModuleOp):
     """The end of quantized computation: the identity in QAT (the value stays float)."""
 
     name: ClassVar[str] = "qat_dequant_stub"
+    makes_codes: ClassVar[bool] = False
     operand_names: ClassVar[tuple[str, ...]] = ("input",)
 
     def float_op(self) -> type:
