@@ -4,14 +4,19 @@ its ops existed) and ``check_model``'s report compared between the two."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 import attrs
+import torch
 from torch import nn
 
-from qir.frontend import trace
+from qir.frontend import emit, trace
+from qir.ir.graph import Graph
+from qir.ir.interpreter import run_graph
 from qir.ir.op import bump_registry_version
+from qir.ir.parser import parse_graph
+from qir.ir.printer import print_graph
 from qir.quantization import check_model
 
 
@@ -49,3 +54,28 @@ def assert_check_model_unchanged(
     assert str(report) == str(before)
     for now, was in ((report.violations, before.violations), (report.unknown, before.unknown)):
         assert [attrs.evolve(v, op="call") if v.op in ops else v for v in now] == list(was)
+
+
+def same(a: object, b: object) -> bool:
+    """Equal tensors, or equal tuples / lists of them (layers with tuple or list results)."""
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+
+
+def assert_runs_and_emits_as(g: Graph, converted: nn.Module, inputs: Callable[[int], tuple[Any, ...]], x: Any) -> None:
+    """``run_graph`` of ``g`` on ``x`` and its emitted module on three input draws equal the converted
+    model, and the emitted module has the converted model's state-dict keys."""
+    assert same(run_graph(g, *x), converted(*x))
+    back = emit(g)
+    assert sorted(back.state_dict()) == sorted(converted.state_dict())
+    for seed in range(3):
+        assert same(back(*inputs(seed)), converted(*inputs(seed)))
+
+
+def assert_round_trips(g: Graph, converted: nn.Module, x: Any) -> None:
+    """The text form parses back to the same text, and the parsed graph runs as the converted model."""
+    text = print_graph(g)
+    g2 = parse_graph(text, constants=g.constants, objects=g.objects)
+    assert print_graph(g2) == text
+    assert same(run_graph(g2, *x), converted(*x))

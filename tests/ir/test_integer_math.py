@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from qir.frontend import emit, trace
-from qir.ir import IRError, parse_graph, print_graph, run_graph
+from qir.frontend import trace
+from qir.ir import IRError, print_graph
 from qir.ir.ops.integer import IntegerModuleOp
 from qir.ir.ops.integer_math import QGlu, QLayerNorm, QPrelu, QSoftmax
 from qir.ir.types import DType, QuantSpec, TensorType
@@ -26,7 +26,7 @@ from qir.quantization import (
     get_default_qat_qconfig,
     prepare_qat_fx,
 )
-from tests.ir.integer_family import assert_check_model_unchanged
+from tests.ir.integer_family import assert_check_model_unchanged, assert_round_trips, assert_runs_and_emits_as
 
 OPS = {
     "prelu": "qprelu",
@@ -80,12 +80,6 @@ def converted(request: pytest.FixtureRequest) -> nn.Module:
     return _converted(request.param)
 
 
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
-
-
 def test_layers_trace_to_integer_ops_that_run_exactly(converted: nn.Module) -> None:
     x = _inputs(5)
     g = trace(converted, x)
@@ -99,12 +93,7 @@ def test_layers_trace_to_integer_ops_that_run_exactly(converted: nn.Module) -> N
     want16 = DType.qint16 if by_scope["conv16"].op.march == "bayes" else DType.qint8
     assert by_scope["ln16"].operands[0].type.dtype is want16
     assert by_scope["prelu"].operands[1].type.shape == (8,)
-    want = converted(*x)
-    assert _same(run_graph(g, *x), want)
-    back = emit(g)
-    assert sorted(back.state_dict()) == sorted(converted.state_dict())
-    for seed in range(3):
-        assert _same(back(*_inputs(seed)), converted(*_inputs(seed)))
+    assert_runs_and_emits_as(g, converted, _inputs, x)
 
 
 def test_text_form_round_trips(converted: nn.Module) -> None:
@@ -112,9 +101,7 @@ def test_text_form_round_trips(converted: nn.Module) -> None:
     g = trace(converted, x)
     text = print_graph(g)
     assert "qglu(%prelu1, %glu_table" in text and 'eps_terms=(("int16", ' in text
-    g2 = parse_graph(text, constants=g.constants, objects=g.objects)
-    assert print_graph(g2) == text
-    assert _same(run_graph(g2, *x), converted(*x))
+    assert_round_trips(g, converted, x)
 
 
 def test_verify_names_the_op_and_the_fault() -> None:

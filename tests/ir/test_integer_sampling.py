@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qir.frontend import emit, trace
-from qir.ir import IRError, parse_graph, print_graph, run_graph
+from qir.frontend import trace
+from qir.ir import IRError, print_graph
 from qir.ir.ops.integer import IntegerModuleOp
 from qir.ir.ops.integer_sampling import QAnchorGenerator, QGridSample, QMultiScaleRoIAlign, QRoIAlign
 from qir.ir.types import DType, QuantSpec, TensorType
@@ -30,7 +30,7 @@ from qir.quantization import (
     get_default_qat_qconfig,
     prepare_qat_fx,
 )
-from tests.ir.integer_family import assert_check_model_unchanged
+from tests.ir.integer_family import assert_check_model_unchanged, assert_round_trips, assert_runs_and_emits_as, same
 
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 
@@ -101,12 +101,6 @@ def converted(request: pytest.FixtureRequest) -> nn.Module:
     return _converted(request.param)
 
 
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
-
-
 def test_layers_trace_to_integer_ops_that_run_exactly(converted: nn.Module) -> None:
     x = _inputs(5)
     g = trace(converted, x)
@@ -122,12 +116,7 @@ def test_layers_trace_to_integer_ops_that_run_exactly(converted: nn.Module) -> N
     assert by_scope["msr"].op.feature_names == ("p2", "p3")
     assert by_scope["msr"].op.image_shapes == ((32, 40), (32, 40))
     assert by_scope["_generated_grid_sample_1"].op.out.scale == by_scope["_generated_grid_sample_1"].op.in_scales[:1]
-    want = converted(*x)
-    assert _same(run_graph(g, *x), want)
-    back = emit(g)
-    assert sorted(back.state_dict()) == sorted(converted.state_dict())
-    for seed in range(3):
-        assert _same(back(*_inputs(seed)), converted(*_inputs(seed)))
+    assert_runs_and_emits_as(g, converted, _inputs, x)
 
 
 def test_text_form_round_trips(converted: nn.Module) -> None:
@@ -135,9 +124,7 @@ def test_text_form_round_trips(converted: nn.Module) -> None:
     g = trace(converted, x)
     text = print_graph(g)
     assert "image_shapes=((32, 40), (32, 40))" in text and "sizes=((16, 32), (64,))" in text
-    g2 = parse_graph(text, constants=g.constants, objects=g.objects)
-    assert print_graph(g2) == text
-    assert _same(run_graph(g2, *x), converted(*x))
+    assert_round_trips(g, converted, x)
 
 
 def test_compiled_program_equals_the_converted_model(converted: nn.Module) -> None:
@@ -147,7 +134,7 @@ def test_compiled_program_equals_the_converted_model(converted: nn.Module) -> No
     assert {"grid_sample", "roi_align", "roi_levels", "multi_scale_roi_align", "anchors"} <= ops
     with torch.no_grad():
         for seed in (7, 8):
-            assert _same(compiled(*_inputs(seed)), converted(*_inputs(seed)))
+            assert same(compiled(*_inputs(seed)), converted(*_inputs(seed)))
 
 
 def test_verify_names_the_op_and_the_fault() -> None:

@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch import nn
 
-from qir.frontend import emit, trace
-from qir.ir import IRError, parse_graph, print_graph, run_graph
+from qir.frontend import trace
+from qir.ir import IRError, print_graph
 from qir.ir.ops.integer_sequence import QLstmCell, QMultiheadAttention
 from qir.ir.types import DType, QuantSpec, SequenceType, TensorType
 from qir.march import march_scope
@@ -31,7 +31,7 @@ from qir.quantization import (
     prepare_qat_fx,
     set_fake_quantize,
 )
-from tests.ir.integer_family import assert_check_model_unchanged
+from tests.ir.integer_family import assert_check_model_unchanged, assert_round_trips, assert_runs_and_emits_as, same
 
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 
@@ -107,12 +107,6 @@ def converted() -> nn.Module:
     return _converted("bayes")
 
 
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
-
-
 def test_layers_trace_to_integer_ops_that_run_exactly(converted: nn.Module) -> None:
     x = _inputs(5)
     g = trace(converted, x)
@@ -129,12 +123,7 @@ def test_layers_trace_to_integer_ops_that_run_exactly(converted: nn.Module) -> N
     assert c.dtype is DType.qint16
     assert by_scope["masked"].op.attn_mask and not by_scope["masked"].op.need_weights
     assert not by_scope["cross"].op.average_attn_weights and not by_scope["cross"].op.batch_first
-    want = converted(*x)
-    assert _same(run_graph(g, *x), want)
-    back = emit(g)
-    assert sorted(back.state_dict()) == sorted(converted.state_dict())
-    for seed in range(3):
-        assert _same(back(*_inputs(seed)), converted(*_inputs(seed)))
+    assert_runs_and_emits_as(g, converted, _inputs, x)
 
 
 def test_text_form_round_trips(converted: nn.Module) -> None:
@@ -142,9 +131,7 @@ def test_text_form_round_trips(converted: nn.Module) -> None:
     g = trace(converted, x)
     text = print_graph(g)
     assert "qlstm_cell(%qx, %qh, %qc, %cell_ih_weight" in text and '("c8", ' in text
-    g2 = parse_graph(text, constants=g.constants, objects=g.objects)
-    assert print_graph(g2) == text
-    assert _same(run_graph(g2, *x), converted(*x))
+    assert_round_trips(g, converted, x)
 
 
 def test_compiled_program_equals_the_converted_model(converted: nn.Module) -> None:
@@ -153,7 +140,7 @@ def test_compiled_program_equals_the_converted_model(converted: nn.Module) -> No
     assert {"linear", "lut", "mul", "rescale", "matmul", "softmax", "masked_softmax", "reduce_sum"} <= ops
     with torch.no_grad():
         for seed in (7, 8):
-            assert _same(compiled(*_inputs(seed)), converted(*_inputs(seed)))
+            assert same(compiled(*_inputs(seed)), converted(*_inputs(seed)))
 
 
 def _lstm(**kw: object) -> QLstmCell:

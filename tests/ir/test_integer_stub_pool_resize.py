@@ -34,7 +34,7 @@ from qir.quantization import (
 )
 from qir.quantization.fake_quantize import default_weight_8bit_fake_quant
 from qir.quantization.qconfig import QConfig
-from tests.ir.integer_family import assert_check_model_unchanged
+from tests.ir.integer_family import assert_check_model_unchanged, assert_round_trips, assert_runs_and_emits_as, same
 
 OPS = {
     "quant": "qquant_stub",
@@ -103,12 +103,6 @@ def converted(request: pytest.FixtureRequest) -> nn.Module:
     return _converted(request.param)
 
 
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
-
-
 def test_layers_trace_to_integer_ops_that_run_exactly(converted: nn.Module) -> None:
     x = _inputs(5)
     g = trace(converted, x)
@@ -124,12 +118,7 @@ def test_layers_trace_to_integer_ops_that_run_exactly(converted: nn.Module) -> N
             assert n.type.quant == n.op.out and n.type.dtype is n.op.out.dtype
     assert by_scope["_generated_interpolate_0"].op.run_time_size
     assert isinstance(by_scope["_generated_interpolate_0"].operands[1].type, SequenceType)
-    want = converted(*x)
-    assert _same(run_graph(g, *x), want)
-    back = emit(g)
-    assert sorted(back.state_dict()) == sorted(converted.state_dict())
-    for seed in range(3):
-        assert _same(back(*_inputs(seed)), converted(*_inputs(seed)))
+    assert_runs_and_emits_as(g, converted, _inputs, x)
 
 
 def test_text_form_round_trips(converted: nn.Module) -> None:
@@ -137,9 +126,7 @@ def test_text_form_round_trips(converted: nn.Module) -> None:
     g = trace(converted, x)
     text = print_graph(g)
     assert 'qinterpolate(%up, %getitem, mode="bilinear"' in text and "qlut(%ap, %sig_table" in text
-    g2 = parse_graph(text, constants=g.constants, objects=g.objects)
-    assert print_graph(g2) == text
-    assert _same(run_graph(g2, *x), converted(*x))
+    assert_round_trips(g, converted, x)
 
 
 def _family() -> list[type]:
@@ -307,7 +294,7 @@ def test_compiled_program_equals_the_converted_model(converted: nn.Module) -> No
     assert {"adaptive_avgpool2d", "resize_nearest", "resize_bilinear"} <= set(ops)
     for seed in range(3):
         x = _inputs(seed)
-        assert _same(compiled(*x), converted(*x))
+        assert same(compiled(*x), converted(*x))
 
 
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
