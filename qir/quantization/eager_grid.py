@@ -4,7 +4,9 @@
 inputs on their grids by walking the fx graph (:mod:`qir.quantization.integer_grid`). An eager
 model may not trace, so its bindings come from its recorded forwards
 (:mod:`qir.quantization.eager_record`): each call site's tensor arguments were produced by QAT
-modules (through views, max pools, relu, ...) whose output fake quant sets the argument's grid.
+modules (through views, max pools, relu, ...) whose output fake quant sets the argument's grid;
+a FloatFunctional's methods are recorded by the QAT class, which runs the grid inside the recorded
+call.
 Records grow while the first forwards run, so the bindings are refreshed after every forward
 that recorded a new call site: a freshly prepared model's first forward runs float fake
 quantization, the following ones run on the grid (docs/semantics.md, "Training on the integer
@@ -19,13 +21,10 @@ from qir.quantization.eager_record import SOURCES, Source
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.integer_grid import bind_sites, source_of_module
 
-__all__ = ["bind_eager_grid"]
+__all__ = ["CALLED_METHODS", "bind_eager_grid"]
 
-#: why an eager model's FloatFunctional methods keep float fake quantization
-FUNCTIONAL_REASON = (
-    "a FloatFunctional method of an eager model trains with float fake quantization (on the grid its call "
-    "would not be recorded, and convert needs the records)"
-)
+#: QAT FloatFunctional attribute: the methods its forwards called (qir.nn.qat.functional)
+CALLED_METHODS = "_qir_called_methods"
 
 
 def _fake_quant_of(root: nn.Module, src: Source | None) -> FakeQuantize | None:
@@ -43,13 +42,13 @@ def bind_eager_grid(root: nn.Module, march: str) -> dict[str, str]:
     fake quants (all call sites, training and eval forwards); in place. ``{path: reason}`` for
     the modules left on float fake quantization."""
     sites: dict[str, list[list[FakeQuantize | None]]] = {}
-    functional: list[str] = []
+    methods: dict[str, set[str]] = {}
     for path, m in root.named_modules():
         want = getattr(type(m), "grid_inputs", 0)
-        if want < 0:
-            functional.append(path)
-        if want <= 0:
+        if not want:
             continue
+        if want < 0:  # a FloatFunctional: its recorded call site and the methods it called
+            methods[path] = set(m.__dict__.get(CALLED_METHODS, ()))
         calls = [
             [_fake_quant_of(root, src) for src in site]
             for mode_sites in m.__dict__.get(SOURCES, {}).values()
@@ -57,7 +56,4 @@ def bind_eager_grid(root: nn.Module, march: str) -> dict[str, str]:
         ]
         if calls:
             sites[path] = calls
-    unbound = bind_sites(root, sites, {}, march)
-    for path in functional:
-        unbound[path] = FUNCTIONAL_REASON
-    return unbound
+    return bind_sites(root, sites, methods, march)

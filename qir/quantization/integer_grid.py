@@ -82,6 +82,8 @@ _F32_EXACT = 2**24
 _ATTR = "integer_grid"
 #: observers whose update depends on a batch's minimum and maximum only
 _MIN_MAX_OBSERVERS = (MinMaxObserver, MovingAveragePerChannelMinMaxObserver, MovingAveragePerTensorMinMaxObserver)
+#: FloatFunctional methods whose second operand is a number (not a grid input)
+_NUMBER_OPERAND = frozenset({"add_scalar", "mul_scalar"})
 #: the fake quants whose forward the grid reproduces (a learnable-scale subclass is not one of them)
 _PLAIN_FQ = (FakeQuantize, CalibFakeQuantize)
 
@@ -148,6 +150,8 @@ def _trace_sources(
         elif ff is not None:  # its tensor operands, a cat's list flattened
             operands: list[torch.fx.Node] = []
             torch.fx.node.map_arg((n.args[1:], n.kwargs), operands.append)  # in order, repeats kept
+            if str(n.target) in _NUMBER_OPERAND:  # x + w / 4: the number may be a node computed from sizes
+                operands = operands[:1]
             sites.setdefault(ff, []).append([src.get(a.name) for a in operands])
             methods.setdefault(ff, set()).add(str(n.target))
             src[n.name] = source_of_module(gm.get_submodule(ff), None)
@@ -197,6 +201,11 @@ def bind_sites(
             continue
         if len(first) < want or any(s is None for s in first):
             unbound[path] = "an input's scale does not come from a per-tensor fake quant the scale walk can follow"
+            continue
+        refuse = getattr(type(m), "grid_refusal", None)  # a method without an integer form on these inputs
+        why = refuse(m, methods.get(path, set()), first) if refuse is not None else None
+        if why is not None:
+            unbound[path] = why
             continue
         _set_binding(m, GridBinding(tuple(s for s in first if s is not None), march))
     return unbound

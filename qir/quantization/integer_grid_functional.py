@@ -1,4 +1,4 @@
-"""QAT training on the integer grid for FloatFunctional add / sub / mul / cat / stack and bilinear resize.
+"""QAT training on the integer grid for the FloatFunctional methods, table lookups and bilinear resize.
 
 A bound QAT ``FloatFunctional`` (``prepare_qat_fx`` binds one whose call site's tensor inputs
 all carry the scale of a known per-tensor fake quant, as for convs) computes, in its QAT
@@ -9,6 +9,8 @@ forward, what the converted ``QFunctional`` computes on the input codes (``x / s
 * ``mul``: the exact product requantized with ``numerics.conv_requant_params(s_x, s_y, s_out)``,
 * ``cat`` / ``concat`` / ``concatenate`` / ``stack``: each input requantized to the output scale
   (``requant_params``; a saturating copy when the scales are equal as float32),
+* every other method (``add_scalar``, ``mul_scalar``, ``div``, ``matmul``, ``sum``, ``mean``,
+  ``maximum``, ``minimum``, ``exp``, ``ceil``, ``floor``): :mod:`qir.quantization.integer_grid_methods`,
 
 a bound table lookup (``UnaryLUT``: sigmoid, tanh, exp, ...) looks its input codes up in the
 table ``convert_fx`` builds from the current scales (256 entries for qint8 input, the segmented
@@ -22,6 +24,7 @@ after the step's observer updates computes (docs/semantics.md, "Training on the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,15 +34,17 @@ from backends.common import numerics
 from backends.common.integer_rules import bilinear_taps, bilinear_weight_bits, f32, resize_out_size
 from backends.common.lut_segmented import lut_int16, lut_int16_apply
 from qir.ir.types import DType
+from qir.quantization import integer_grid_methods as methods
 from qir.quantization.fake_quantize import FakeQuantize, float_fake_quant_active
 from qir.quantization.integer_grid import _ATTR, GridBinding, _observe, _on, _plain_fq
 
-__all__ = ["GRID_METHODS", "functional_forward", "interpolate_forward", "lut_forward"]
+__all__ = ["GRID_METHODS", "functional_forward", "interpolate_forward", "lut_forward", "refusal"]
 
 _BINARY = frozenset({"add", "add_relu", "sub", "mul"})
 _JOIN = frozenset({"cat", "concat", "concatenate", "stack"})
-#: the FloatFunctional methods that train on the integer grid
-GRID_METHODS = _BINARY | _JOIN
+_SCALAR_NUMBER = methods.SCALAR_METHODS
+#: the FloatFunctional methods that train on the integer grid (every one the QAT class has)
+GRID_METHODS = _BINARY | _JOIN | methods.METHODS
 
 
 class _GridOut(torch.autograd.Function):
@@ -122,20 +127,63 @@ def functional_forward(m: Any, method: str, args: Sequence[Any], kwargs: dict[st
     if binding is None or method not in GRID_METHODS or float_fake_quant_active():
         return None
     ofq = _plain_fq(m.activation_post_process)
-    if ofq is None or not _on([*binding.inputs, ofq]):
+    if ofq is None and not (method == "matmul" and m.activation_post_process is None):
+        return None  # only a high-precision matmul has no output fake quant
+    if not _on([*binding.inputs] + ([ofq] if ofq is not None else [])):
         return None
-    ts, dim = _operands(method, args, kwargs)
+    if method in methods.METHODS:
+        ts, opts = methods.operands(method, args, kwargs)
+    else:
+        ts, dim = _operands(method, args, kwargs)
+        opts = {"dim": dim}
     if len(ts) != len(binding.inputs) or not all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in ts):
         return None
-    y = _float_result(method, ts, dim)
+    in_dts = [DType(fq.dtype) for fq in binding.inputs]
+    if method in methods.METHODS and methods.refusal(method, in_dts) is not None:
+        return None
+    if method in _SCALAR_NUMBER and not _finite_number(opts["y"]):
+        return None  # the float forward runs; convert names the operand
+    y = methods.float_result(method, ts, opts) if method in methods.METHODS else _float_result(method, ts, opts["dim"])
+    scales = [_scale(fq) for fq in binding.inputs]
+    if ofq is None:  # high-precision matmul: the int32 product at s_x * s_y (DeQuantStub's float32 product)
+        acc_scale = numerics.accumulator_scale(scales[0], scales[1]).to(torch.float32).reshape(())
+        with torch.no_grad():
+            qs = [_codes(t, fq) for t, fq in zip(ts, binding.inputs, strict=True)]
+            codes = methods.integer_result(method, qs, scales, in_dts, None, binding.march, DType.qint32, opts)
+        assert codes is not None
+        lo, hi = DType.qint32.qrange
+        hp: torch.Tensor = _GridOut.apply(y, codes, acc_scale, lo, hi)
+        return hp
     _observe(ofq, y)
     s_out = _scale(ofq)
     dt = DType(ofq.dtype)
     with torch.no_grad():
         qs = [_codes(t, fq) for t, fq in zip(ts, binding.inputs, strict=True)]
-        codes = _integer_result(method, qs, [_scale(fq) for fq in binding.inputs], s_out, binding.march, dt, dim)
+        if method in methods.METHODS:
+            codes = methods.integer_result(method, qs, scales, in_dts, s_out, binding.march, dt, opts)
+        else:
+            codes = _integer_result(method, qs, scales, s_out, binding.march, dt, opts["dim"])
+    if codes is None:
+        return None
     out: torch.Tensor = _GridOut.apply(y, codes, ofq.scale.detach().reshape(()), ofq.qmin, ofq.qmax)
     return out
+
+
+def _finite_number(y: Any) -> bool:
+    return isinstance(y, (int, float)) and not isinstance(y, bool) and math.isfinite(float(y))
+
+
+def refusal(m: Any, called: set[str], inputs: Sequence[FakeQuantize]) -> str | None:
+    """Why FloatFunctional ``m``, whose call site calls ``called`` on inputs from the fake quants
+    ``inputs``, cannot train on the grid, or None (the binding hook of qir.quantization.integer_grid)."""
+    in_dts = [DType(fq.dtype) for fq in inputs]
+    for method in sorted(called):
+        why = methods.refusal(method, in_dts)
+        if why is not None:
+            return why
+    if m.activation_post_process is not None and _plain_fq(m.activation_post_process) is None:
+        return "its output fake quant is not a plain per-tensor FakeQuantize"
+    return None
 
 
 def interpolate_forward(m: Any, x: torch.Tensor, size: Any = None) -> torch.Tensor | None:

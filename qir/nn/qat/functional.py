@@ -10,9 +10,10 @@ from torch import nn
 
 from qir.nn.modules.functional import FLOAT_FUNCTIONAL_METHODS, FunctionalBase
 from qir.nn.qat._base import QATModule, make_activation_fq, resolve_qconfig
+from qir.quantization.eager_grid import CALLED_METHODS
 from qir.quantization.eager_record import functional_call
 from qir.quantization.fake_quantize import FakeQuantize
-from qir.quantization.integer_grid_functional import GRID_METHODS, functional_forward
+from qir.quantization.integer_grid_functional import GRID_METHODS, functional_forward, refusal
 from qir.quantization.qconfig import QConfig
 
 __all__ = ["FloatFunctional"]
@@ -34,12 +35,15 @@ def _float_functional_types() -> tuple[type, ...]:
 class FloatFunctional(QATModule, FunctionalBase):
     """QAT functional wrapper; ``activation_post_process`` None only for a high-precision ``matmul``.
 
-    In an fx-prepared model, add / sub / mul / cat / stack train on the integer grid
-    (qir.quantization.integer_grid_functional) when the call site's inputs carry known scales."""
+    Every method trains on the integer grid (qir.quantization.integer_grid_functional) when the call
+    site's inputs carry known scales, in fx-prepared and eager models; ``ceil`` / ``floor`` of qint16
+    codes, which have no integer form, stay float fake quantization."""
 
     #: as many grid inputs as the call site has tensor operands (qir.quantization.integer_grid)
     grid_inputs: ClassVar[int] = -1
     grid_methods: ClassVar[frozenset[str]] = GRID_METHODS
+    #: why a call site cannot train on the grid (methods called, input fake quants), or None
+    grid_refusal = staticmethod(refusal)
 
     def __init__(self, activation_post_process: FakeQuantize | None, qconfig: QConfig | None = None) -> None:
         super().__init__()
@@ -62,13 +66,17 @@ class FloatFunctional(QATModule, FunctionalBase):
 def _recorded(name: str) -> Callable[..., Any]:
     fn = getattr(FunctionalBase, name)
 
+    def grid_or_float(self: FloatFunctional, *args: Any, **kwargs: Any) -> Any:
+        grid = functional_forward(self, name, args, kwargs)  # None unless bound
+        return fn(self, *args, **kwargs) if grid is None else grid
+
     @functools.wraps(fn)
     def method(self: FloatFunctional, *args: Any, **kwargs: Any) -> Any:
-        grid = functional_forward(self, name, args, kwargs)  # None unless bound (fx-prepared models only)
-        if grid is not None:
-            return grid
-        # a method call, not a module call: eager recording sees it here (eager_record.py)
-        return functional_call(self, fn, args, kwargs)
+        # the methods called, for the eager grid binding (an eager model has no graph to read them from)
+        self.__dict__.setdefault(CALLED_METHODS, set()).add(name)
+        # a method call, not a module call: eager recording sees it here (eager_record.py), on
+        # the grid or not, so eager convert learns its input scales either way
+        return functional_call(self, grid_or_float, args, kwargs)
 
     return method
 
