@@ -110,8 +110,9 @@ class _Recorder(torch.fx.Interpreter):
 def propagate(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Sequence[Any]) -> dict[str, Any]:
     """Run the traced graph once on the example inputs; node name -> value.
 
-    A run may update buffers (batch-norm statistics, observers): they are restored
-    afterwards, so the user's module does not change.
+    A run may update buffers (batch-norm statistics, observers): it updates clones that
+    stand in for them, and the originals are put back untouched afterwards (not even their
+    version counters move, which integer-exact validation reads to know its twin is current).
     """
     placeholders = [n for n in fx_graph.nodes if n.op == "placeholder"]
     required = [n for n in placeholders if not n.args]
@@ -121,19 +122,30 @@ def propagate(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Sequenc
             f"trace needs example_inputs for the model inputs ({names}) to type the graph; got {len(example_inputs)}"
         )
     gm = torch.fx.GraphModule(root, copy.deepcopy(fx_graph))
-    saved = [
-        (m, name, t, t.detach().clone()) for m in root.modules() for name, t in m._buffers.items() if t is not None
-    ]
     rec = _Recorder(gm)
-    try:
-        with torch.no_grad():
-            rec.run(*example_inputs)
-    finally:
-        with torch.no_grad():
-            for m, name, t, data in saved:
-                m._buffers[name] = t
-                t.copy_(data)
+    with torch.no_grad(), scratch_buffers(root):
+        rec.run(*example_inputs)
     return rec.values
+
+
+@contextlib.contextmanager
+def scratch_buffers(module: nn.Module) -> Iterator[None]:
+    """Inside the block, the buffers of ``module`` and its submodules are clones; the originals
+    are put back after it untouched (values and version counters), whatever the block wrote.
+
+    How a forward run or an observation reads a model without changing it, at the cost of one
+    clone per buffer instead of a deep copy of the model."""
+    saved = [(m, name, t) for m in module.modules() for name, t in m._buffers.items() if t is not None]
+    clones: dict[int, torch.Tensor] = {}  # a buffer two modules share stays shared
+    for m, name, t in saved:
+        if id(t) not in clones:
+            clones[id(t)] = t.detach().clone()
+        m._buffers[name] = clones[id(t)]
+    try:
+        yield
+    finally:
+        for m, name, t in saved:
+            m._buffers[name] = t
 
 
 def _fetch(root: nn.Module, target: str) -> Any:

@@ -613,19 +613,31 @@ def convert_fx(
     pipe = resolve_pipeline("convert", pipeline, march)
     if not any(isinstance(p, Quantize) for p in pipe.passes):
         pipe = pipe + Pipeline((Quantize(march=march.value),))  # the conversion itself always runs
-    from qir.nn.qat import fold_batch_norms
+    from qir.nn.qat import QATConvBNBase, fold_batch_norms
 
-    model = copy.deepcopy(qat_model)
+    record = getattr(qat_model, "meta", {}).get(PREPARE_RECORD_KEY)
+    recorded = record.example_inputs if isinstance(record, PrepareRecord) else None
+    inputs = example_inputs if example_inputs is not None else recorded
+    graph, why = None, ""
+    if isinstance(qat_model, torch.fx.GraphModule) and not any(
+        isinstance(m, QATConvBNBase) for m in qat_model.modules()
+    ):
+        # The pass path reads the QAT model without copying it: the trace runs it on scratch
+        # buffers and the conversion rules write new tensors only (the model is left as it was,
+        # tests/quantization/test_convert_untouched.py).
+        graph, why = _qat_ir(qat_model, mapping, inputs)
+        if graph is not None:
+            return follow_training(_convert_by_passes(qat_model, graph, pipe))
+    model = copy.deepcopy(qat_model)  # module swapping rebuilds the model in place
     fold_batch_norms(model)  # with_bn QAT convs become their fuse_bn classes (the eval forward's fold)
     if isinstance(model, torch.fx.GraphModule):
         gm = model
     else:
         gm = torch.fx.GraphModule(model, trace_fx(model), class_name=type(model).__name__)
-    record = gm.meta.get(PREPARE_RECORD_KEY)
-    recorded = record.example_inputs if isinstance(record, PrepareRecord) else None
-    graph, why = _qat_ir(gm, mapping, example_inputs if example_inputs is not None else recorded)
-    if graph is not None:
-        return follow_training(_convert_by_passes(gm, graph, pipe))
+    if not why:
+        graph, why = _qat_ir(gm, mapping, inputs)
+        if graph is not None:
+            return follow_training(_convert_by_passes(gm, graph, pipe))
     _convert_modules(gm, gm, march, mapping)
     gm.eval()
     gm.meta.pop(PREPARE_RECORD_KEY, None)
@@ -702,7 +714,7 @@ def _convert_by_passes(gm: torch.fx.GraphModule, graph: Any, pipe: Pipeline) -> 
 
     result = run_pipeline(graph, pipe, ctx=PassContext(), verify_each=True)
     out = emit(result.graph, class_name=type(gm).__name__)
-    out.meta.update({k: v for k, v in gm.meta.items() if k != PREPARE_RECORD_KEY})
+    out.meta.update(copy.deepcopy({k: v for k, v in gm.meta.items() if k != PREPARE_RECORD_KEY}))
     out.meta[CONVERT_PATH_KEY] = "quantize pass"
     out.eval()
     return out

@@ -13,7 +13,6 @@ accumulator as qint32 with the per-channel scale ``s_in * s_w[c]``.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -23,6 +22,7 @@ from torch import nn
 
 from backends.common import numerics
 from backends.common.integer_rules import fused_add_int, fused_add_params
+from qir.frontend.convert import scratch_buffers
 from qir.ir.types import DType
 from qir.nn.qat.conv import QAT_CONV_CLASSES, QATConvBase, class_name
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
@@ -33,16 +33,18 @@ Q = TypeVar("Q", bound="QuantizedConvBase")
 
 
 def weight_scale_of(qat: QATConvBase) -> tuple[torch.Tensor, DType]:
-    """The weight scale the QAT forward would use now (observed on a copy; the QAT module is untouched)."""
-    fq = copy.deepcopy(qat.weight_fake_quant)
-    with torch.no_grad():
+    """The weight scale the QAT forward would use now (observed into scratch buffers: the QAT
+    module is untouched, and no module is copied)."""
+    fq = qat.weight_fake_quant
+    with torch.no_grad(), scratch_buffers(fq):
         fq(qat.weight.detach())
-    if fq.scale.numel() == 0:
+        scale = fq.scale.detach().to(torch.float32).clone()
+    if scale.numel() == 0:
         raise ValueError(
             f"{type(qat).__name__}: the weight fake quant has no scale (observer disabled before any batch); "
             "enable its observer or load a QAT state dict that holds weight_fake_quant.scale"
         )
-    return fq.scale.detach().to(torch.float32).clone(), fq.dtype
+    return scale, fq.dtype
 
 
 class QuantizedConvBase(QuantizedModule):
