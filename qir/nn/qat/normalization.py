@@ -1,4 +1,4 @@
-"""QAT LayerNorm: ``fq(layer_norm(x))``; the integer form's only other rounding is far below an LSB."""
+"""QAT LayerNorm: ``fq(layer_norm(x))``, or on the integer grid the converted module's rule on the codes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from torch import nn
 
 from qir.nn.qat._base import QATModule, make_activation_fq, resolve_qconfig
 from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.integer_grid_math import layer_norm_forward
 from qir.quantization.qconfig import QConfig
 
 __all__ = ["LayerNorm"]
@@ -24,6 +25,8 @@ class LayerNorm(QATModule):
     """
 
     _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.LayerNorm
+    #: one grid input: trains on the integer grid when bound (qir.quantization.integer_grid_math)
+    grid_inputs: ClassVar[int] = 1
 
     def __init__(
         self,
@@ -42,6 +45,9 @@ class LayerNorm(QATModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         assert self.activation_post_process is not None
+        on_grid = layer_norm_forward(self, x)
+        if on_grid is not None:
+            return on_grid
         return self.activation_post_process(F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps))
 
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
@@ -9,8 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.common.math_rules import SOFTMAX_EXP_DTYPE, SOFTMAX_EXP_SCALE
+from qir.ir.types import DType
 from qir.nn.qat._base import QATModule, make_activation_fq, resolve_qconfig
 from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.integer_grid_math import softmax_forward
 from qir.quantization.qconfig import QConfig
 
 __all__ = ["Softmax"]
@@ -29,6 +32,15 @@ class Softmax(QATModule):
     """
 
     _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.Softmax
+    #: one grid input: trains on the integer grid when bound (qir.quantization.integer_grid_math)
+    grid_inputs: ClassVar[int] = 1
+
+    @staticmethod
+    def grid_refusal(m: nn.Module, called: object, inputs: Sequence[FakeQuantize]) -> str | None:
+        """Why the bound inputs cannot train on the grid: the integer form takes qint8 codes only."""
+        if DType(inputs[0].dtype) is not DType.qint8:
+            return f"Softmax of {DType(inputs[0].dtype).name} codes has no integer form (qint8 only)"
+        return None
 
     def __init__(self, dim: int, exp_post_process: FakeQuantize, activation_post_process: FakeQuantize) -> None:
         super().__init__()
@@ -38,6 +50,9 @@ class Softmax(QATModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         assert self.activation_post_process is not None
+        on_grid = softmax_forward(self, x)
+        if on_grid is not None:
+            return on_grid
         if not self.exp_post_process.fake_quant_enabled:
             return self.activation_post_process(F.softmax(x, self.dim))
         e = self.exp_post_process(torch.exp(x - x.amax(dim=self.dim, keepdim=True).detach()))
