@@ -41,6 +41,24 @@ def _requant_windows(
     return out.reshape(n, c, oh, ow)
 
 
+def _expressible(s_in: float, s_out: float, march: str, what: str) -> None:
+    """Refuse, with the fix, an output scale the march cannot requantize a pool's window sums to.
+
+    The divisor table holds every window size from 1 up, and ``d = 1`` has the largest ratio
+    ``s_in / s_out``: when that one exceeds the multiplier limit the pool fails on every input, so
+    convert says so (the module path is added by convert) instead of the first run."""
+    try:
+        avg_pool_params(s_in, s_out, 1, march)
+    except ValueError as e:
+        bound = s_in / (numerics.requant_limits(march).max_multiplier + 0.5)
+        raise ValueError(
+            f"{what}: output scale {s_out:.6g} is too small for input scale {s_in:.6g} on {march} ({e}). The output "
+            "range is far narrower than the input's, typical of an output observer that has seen only the first "
+            "steps; calibrate or train until it has seen the pool's real range, or give the pool's output fake quant "
+            f"a fixed scale of at least {bound:.6g}"
+        ) from None
+
+
 class MaxPool2d(QuantizedModule):
     """Max pool on codes (exact; the output keeps the input's scale and dtype)."""
 
@@ -108,6 +126,7 @@ class AvgPool2d(QuantizedModule):
         new.divisor_override = m.divisor_override
         kh, kw = new.kernel_size
         top = int(m.divisor_override) if m.divisor_override else kh * kw
+        _expressible(new.per_tensor_input(0), float(new.scale[0]), mname, cls.__name__)
         mult, sh = avg_pool_params(new.per_tensor_input(0), float(new.scale[0]), top, mname)
         new.register_buffer("multipliers", mult)
         new.register_buffer("shifts", sh)
@@ -150,6 +169,7 @@ class AdaptiveAvgPool2d(QuantizedModule):
         new._set_scales(input_scales, fq.scale.detach(), fq.dtype)
         new.march = march_name(march)
         check_out_dtype(new.march, fq.dtype, cls.__name__)
+        _expressible(new.per_tensor_input(0), float(new.scale[0]), new.march, cls.__name__)
         new.output_size = getattr(qat, "output_size")  # noqa: B009
         return new
 
