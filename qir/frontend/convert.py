@@ -25,9 +25,12 @@ from qir.frontend.lookup import ff_op_class, is_float_functional, qualified_name
 from qir.frontend.tracer import (
     QirTracer,
     TraceError,
+    bind_example_inputs,
     functionalize_inplace,
+    input_sequences,
     patch_float_functional,
     patch_len,
+    placeholders_first,
     trace_error,
 )
 from qir.ir.graph import Graph, Node, Value, split_operands
@@ -77,10 +80,11 @@ def _trace(module: nn.Module, example_inputs: tuple[Any, ...], concrete_args: di
         fx_graph = module.graph
     else:
         root = module
-        tracer = QirTracer()
+        tracer = QirTracer(sequences=input_sequences(bind_example_inputs(module, example_inputs)))
         try:
             with patch_float_functional(tracer), patch_len(module):
                 fx_graph = tracer.trace(module, concrete_args)
+            placeholders_first(fx_graph)
             functionalize_inplace(fx_graph)
         except TraceError:
             raise

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import copy
 import functools
+import inspect
 import linecache
 import operator
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -38,13 +40,29 @@ class QirTracer(torch.fx.Tracer):
     class some registered op is built from, qir's module library and torch.nn built-ins,
     and the module paths in ``leaves`` (hybrid CPU modules: one call, their forward runs as written)."""
 
-    def __init__(self, leaves: frozenset[str] = frozenset()) -> None:
+    def __init__(self, leaves: frozenset[str] = frozenset(), sequences: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.leaves = leaves
+        #: forward parameter name -> the list / tuple shape of its example input (see input_sequences)
+        self.sequences: Mapping[str, Any] = sequences or {}
+        #: chunk node name -> how many pieces torch returned on the example inputs (see pieces_of)
+        self.piece_counts: dict[str, int] = {}
+        #: names of the chunk nodes whose piece count was taken from the call (``chunk(n)``: n)
+        self.assumed_pieces: set[str] = set()
         self._qir_stack: list[tuple[str, type]] = []
         #: the module stack when a call first failed (the stack unwinds before the error is reported)
         self.failed_in: list[tuple[str, type]] | None = None
         self._ff_paths: dict[int, str] = {}
+
+    def pieces_of(self, node: torch.fx.Node) -> int | None:
+        """How many pieces a ``chunk`` / ``split`` node is unpacked into: the count measured on the
+        example inputs when known (``chunk(4)`` of 5 channels gives 3), else what the call says."""
+        if node.name in self.piece_counts:
+            return self.piece_counts[node.name]
+        n = static_piece_count(node)
+        if n is not None and _is_chunk(node):
+            self.assumed_pieces.add(node.name)
+        return n
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaves:
@@ -71,10 +89,18 @@ class QirTracer(torch.fx.Tracer):
     def proxy(self, node: torch.fx.Node) -> torch.fx.Proxy:
         return _PiecesProxy(node, self)
 
+    def create_proxy(self, kind: str, target: Any, args: Any, kwargs: Any, *rest: Any, **kw: Any) -> Any:
+        proxy = super().create_proxy(kind, target, args, kwargs, *rest, **kw)
+        shape = self.sequences.get(target) if kind == "placeholder" else None
+        # an FPN head's `feats` list: the forward gets a real list of getitem proxies, so
+        # `assert len(feats) == n`, `for f in feats` and `zip(feats, ...)` trace (one placeholder
+        # still takes the whole list, as the user's forward does)
+        return proxy if shape is None else _unpack(proxy, shape)
+
     def iter(self, obj: torch.fx.Proxy) -> Iterator[Any]:
         # `list(x.chunk(2, 1))`, `for y in x.split((a, b), 1)` (YOLOv8's C2f): the piece count is
         # in the call itself, so the pieces are getitem nodes; fx only unpacks `a, b = ...`
-        n = _static_piece_count(obj.node)
+        n = self.pieces_of(obj.node)
         if n is None:
             return super().iter(obj)  # type: ignore[no-any-return]
         return iter([obj[i] for i in range(n)])  # type: ignore[index]
@@ -86,20 +112,109 @@ class QirTracer(torch.fx.Tracer):
         return self._ff_paths[key]
 
 
+def bind_example_inputs(root: nn.Module, example_inputs: Any) -> dict[str, Any]:
+    """Forward parameter name -> example input (empty without examples or when they do not bind)."""
+    if example_inputs is None:
+        return {}
+    args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    try:
+        return dict(inspect.signature(root.forward).bind_partial(*args).arguments)
+    except TypeError:  # propagate reports a wrong input count with the model's input names
+        return {}
+
+
+def input_sequences(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Per forward parameter whose example input is a list / tuple (nested, of tensors and such),
+    its shape for :meth:`QirTracer.create_proxy`: a list of the element shapes (None for a leaf),
+    wrapped with the container type. Other inputs are left out."""
+
+    def shape(v: Any) -> Any:
+        if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):  # not a namedtuple
+            return (type(v), [shape(e) for e in v])
+        return None
+
+    return {k: s for k, v in inputs.items() if (s := shape(v)) is not None}
+
+
+class _TracedList(list):  # type: ignore[type-arg]
+    """A list input's getitem proxies. A subclass, so fx's pytree sees one leaf: a plain list
+    would make fx flatten the input into one placeholder per element."""
+
+
+class _TracedTuple(tuple):  # type: ignore[type-arg]
+    """A tuple input's getitem proxies (see :class:`_TracedList`)."""
+
+
+def _unpack(proxy: Any, shape: Any) -> Any:
+    if shape is None:
+        return proxy
+    kind, items = shape
+    pieces = [_unpack(proxy[i], e) for i, e in enumerate(items)]
+    return _TracedTuple(pieces) if issubclass(kind, tuple) else _TracedList(pieces)
+
+
+def placeholders_first(graph: torch.fx.Graph) -> None:
+    """Move every placeholder before the first other node (the getitems of a list input are
+    created between the placeholders), keeping their order."""
+    first: torch.fx.Node | None = None
+    for n in list(graph.nodes):
+        if n.op != "placeholder":
+            first = first or n
+        elif first is not None:
+            first.prepend(n)
+
+
 class _PiecesProxy(torch.fx.Proxy):
     """fx's Proxy whose ``len`` is known for a ``chunk`` / ``split`` with a literal piece count
     (``list(...)`` asks for the length before iterating)."""
 
     def __len__(self) -> int:
-        n = _static_piece_count(self.node)
+        tracer = self.tracer
+        n = tracer.pieces_of(self.node) if isinstance(tracer, QirTracer) else static_piece_count(self.node)
         return super().__len__() if n is None else n
 
 
-def _static_piece_count(node: torch.fx.Node) -> int | None:
+def measure_pieces(
+    root: nn.Module, graph: torch.fx.Graph, example_args: tuple[Any, ...], names: set[str]
+) -> dict[str, int]:
+    """How many pieces each ``chunk`` node in ``names`` returns when ``graph`` runs on the example
+    inputs. The run stops at the first failure (indexing a piece torch did not return) with the
+    counts seen so far; buffers it updates (batch-norm statistics, observers) are restored."""
+    gm = torch.fx.GraphModule(root, copy.deepcopy(graph))
+    counts: dict[str, int] = {}
+
+    class _Counter(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            out = super().run_node(n)
+            if n.name in names and isinstance(out, (tuple, list)):
+                counts[n.name] = len(out)
+            return out
+
+    saved = [(t, t.detach().clone()) for m in root.modules() for t in m._buffers.values() if t is not None]
+    try:
+        with torch.no_grad():
+            _Counter(gm).run(*example_args)
+    except Exception:  # the counts measured before the failure are what the retrace needs
+        pass
+    finally:
+        with torch.no_grad():
+            for t, data in saved:
+                t.copy_(data)
+    return counts
+
+
+def _is_chunk(node: torch.fx.Node) -> bool:
+    return (node.op == "call_method" and node.target == "chunk") or (
+        node.op == "call_function" and node.target is torch.chunk
+    )
+
+
+def static_piece_count(node: torch.fx.Node) -> int | None:
     """How many tensors ``chunk(n)`` / ``split([sizes])`` at ``node`` returns, when the call says
     it (a literal int chunk count, a literal list of split sizes); None otherwise. A chunk count
-    is an upper bound torch meets when the dim divides evenly; otherwise indexing the missing
-    last piece fails when the traced model runs (IndexError), never silently."""
+    is an upper bound: torch returns fewer pieces when the size is small for it (``chunk(4)`` of
+    5 gives 3); with example inputs the tracer measures the real count (QirTracer.pieces_of).
+    Without, indexing a missing piece fails when the traced model runs (IndexError), never silently."""
     is_method = node.op == "call_method"
     is_function = node.op == "call_function"
     if (is_method and node.target == "chunk") or (is_function and node.target is torch.chunk):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import operator
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,9 +23,14 @@ from qir.frontend.convert import _Converter, propagate
 from qir.frontend.tracer import (
     QirTracer,
     TraceError,
+    bind_example_inputs,
     functionalize_inplace,
+    input_sequences,
+    measure_pieces,
     patch_float_functional,
     patch_len,
+    placeholders_first,
+    static_piece_count,
     trace_error,
 )
 from qir.ir.graph import Graph
@@ -36,19 +42,51 @@ __all__ = ["OWNER_KEY", "build_ir", "trace_fx"]
 OWNER_KEY = "qir.owner"
 
 
-def trace_fx(root: nn.Module, leaves: frozenset[str] = frozenset()) -> torch.fx.Graph:
+def trace_fx(root: nn.Module, leaves: frozenset[str] = frozenset(), example_inputs: Any = None) -> torch.fx.Graph:
     """fx-trace ``root`` with qir's tracer (stubs, FloatFunctional calls, qir modules and the
-    module paths in ``leaves`` as leaves)."""
-    tracer = QirTracer(leaves)
+    module paths in ``leaves`` as leaves). An input whose example is a list or tuple is traced as
+    one of that length (the graph is specialised to it, as to every other Python value); a
+    ``chunk(n)`` unpacked into pieces gets as many as torch returns on the examples (fewer than n
+    when the size is small for n), measured by a run and a retrace."""
+    sequences = input_sequences(bind_example_inputs(root, example_inputs))
+    counts: dict[str, int] = {}
+    while True:
+        tracer = QirTracer(leaves, sequences)
+        tracer.piece_counts.update(counts)
+        graph = _trace_once(tracer, root, example_inputs)
+        if example_inputs is None or not tracer.assumed_pieces:
+            return graph
+        args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+        measured = measure_pieces(root, graph, args, tracer.assumed_pieces)
+        assumed = {n.name: static_piece_count(n) for n in graph.nodes if n.name in tracer.assumed_pieces}
+        wrong = {k: v for k, v in measured.items() if assumed.get(k) != v}
+        if not wrong:
+            return graph
+        counts.update(wrong)  # each round fixes at least one chunk: this ends
+
+
+def _trace_once(tracer: QirTracer, root: nn.Module, example_inputs: Any) -> torch.fx.Graph:
     try:
         with patch_float_functional(tracer), patch_len(root):
             graph = tracer.trace(root)
+        placeholders_first(graph)
         functionalize_inplace(graph)
         return graph
     except TraceError:
         raise
     except Exception as e:
-        raise trace_error(tracer, root, e) from e
+        err = trace_error(tracer, root, e)
+        if example_inputs is None and _LIST_INPUT_SYMPTOMS.search(str(e)):
+            err = TraceError(
+                f"{err}\nIf a model input is a list or tuple of tensors (FPN levels checked with "
+                "`assert len(feats) == n` or iterated), pass example_inputs=(feats, ...) to prepare_qat_fx / "
+                "fuse_fx: its length is then known while tracing."
+            )
+        raise err from e
+
+
+#: how fx fails on `len(x)`, `assert ... x ...`, `for f in x` with x a traced input
+_LIST_INPUT_SYMPTOMS = re.compile(r"control flow|cannot be iterated|'len' is not supported|Proxy object")
 
 
 def _meta_like(rank: int) -> torch.Tensor:
@@ -208,7 +246,7 @@ def build_ir(
     """IR of ``root`` plus, per node name, the qualified name of the module owning it.
 
     Modules at the paths in ``keep_whole`` are traced as one opaque call each (hybrid CPU modules)."""
-    fx_graph = trace_fx(root, keep_whole)
+    fx_graph = trace_fx(root, keep_whole, example_inputs)
     owners = {
         n.name: owner_of_stack(n.meta.get("nn_module_stack"), is_module_call=n.op == "call_module")
         for n in fx_graph.nodes

@@ -52,15 +52,18 @@ def fx_flow(
     calib_dict: Mapping[str, Any] | None = None,
     qat_dict: Mapping[str, Any] | None = None,
     steps: int = 4,
+    example_inputs: bool = False,
 ) -> FlowResult:
     """The Horizon toolkit's fx flow: calibration qconfigs, calibrate, QAT qconfigs on the calibrated
-    model, a few QAT steps, freeze, convert, check, compile; the artifact must equal the converted model."""
-    calib = prepare_qat_fx(model, calib_dict or {"": get_default_calib_qconfig()})
+    model, a few QAT steps, freeze, convert, check, compile; the artifact must equal the converted model.
+    ``example_inputs``: pass ``inputs()`` to prepare_qat_fx (a model taking a list of FPN levels needs it)."""
+    examples = inputs() if example_inputs else None
+    calib = prepare_qat_fx(model, calib_dict or {"": get_default_calib_qconfig()}, example_inputs=examples)
     calib.eval()
     with torch.no_grad():
         for _ in range(steps):
             calib(*inputs())
-    qat = prepare_qat_fx(calib, qat_dict or {"": get_default_qat_qconfig()})
+    qat = prepare_qat_fx(calib, qat_dict or {"": get_default_qat_qconfig()}, example_inputs=examples)
     qat.train()
     opt = torch.optim.SGD([p for p in qat.parameters() if p.requires_grad], lr=1e-3)
     for _ in range(steps):

@@ -154,6 +154,32 @@ def test_a_split_with_literal_sizes_iterates_too() -> None:
     assert torch.allclose(fuse_fx(model)(x), model(x), atol=1e-6)
 
 
+class ChunkFewer(nn.Module):
+    """``chunk(4)`` of 5 channels: torch returns 3 pieces of 2, 2 and 1 (fewer than asked)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Conv2d(3, 5, 1)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [self.dequant(p.relu()) for p in self.conv(self.quant(x)).chunk(4, 1)]
+
+
+def test_a_chunk_into_fewer_pieces_than_asked_matches_torch() -> None:
+    model = ChunkFewer().eval()
+    x = torch.randn(2, 3, 4, 4)
+    assert [p.shape[1] for p in model(x)] == [2, 2, 1]
+    # with example inputs the tracer measures the piece count (the call's 4 indexed a missing piece)
+    assert [p.shape[1] for p in fuse_fx(model, (x,))(x)] == [2, 2, 1]
+    result = fx_flow(model, lambda: (torch.randn(2, 3, 4, 4),), steps=2, example_inputs=True)
+    assert [p.shape[1] for p in result.integer_out] == [2, 2, 1]
+    assert result.max_error() <= 2.01 * float(result.qat.get_submodule("conv").activation_post_process.scale)
+    # without them the graph has the call's count: the run fails loudly, never a silently wrong list
+    with pytest.raises(IndexError):
+        fuse_fx(model)(x)
+
+
 def test_the_detector_calibrates_trains_converts_and_compiles_with_qint16_heads() -> None:
     calib_int16 = get_default_calib_qconfig("qint16")
     calib = {"": get_default_calib_qconfig(), "module_name": dict.fromkeys(HEAD_CONVS, calib_int16)}
