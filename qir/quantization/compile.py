@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from passes.legalize import RESULT_KEY, Legalize
 from passes.manager import run_pipeline
 from passes.pipeline import Pipeline
 from qir.frontend.record import Specialization, same_outputs, trace_or_record
-from qir.ir.graph import Graph
+from qir.ir.graph import Graph, Node
 from qir.ir.ops.core import Call
 from qir.march import March, get_march
 from qir.quantization.jit_source import TracedSourceError, traced_original
@@ -147,12 +148,50 @@ def _run_pipeline(
     except PassFailure as e:
         cause = e.__cause__
         if isinstance(e.pass_, Lower) and isinstance(cause, (ValueError, TypeError, NotImplementedError, RuntimeError)):
-            raise CompileError(f"lowering {type(root).__name__} for {march}: {cause}") from cause
+            raise CompileError(
+                f"lowering {type(root).__name__} for {march}: {cause}{_float_tail_advice(graph, cause)}"
+            ) from cause
         raise
     program = ctx.options.get(PROGRAM_KEY)
     if not isinstance(program, Program):
         raise CompileError(f"the compile pipeline {str(pipe)!r} ran no lower pass: it stored no Program")
     return program, spec
+
+
+_FAILED_NODE = re.compile(r"node '([^']+)'")
+
+
+def _float_tail_advice(graph: Graph, cause: BaseException) -> str:
+    """For a lowering failure on float code after a DeQuantStub (post-processing: box decoding, a
+    sigmoid, topk in float), what to do: a program holds the quantized part only."""
+    found = _FAILED_NODE.search(str(cause))
+    node = next((n for n in graph.nodes if found and n.name == found.group(1)), None)
+    if node is None:
+        return ""
+    dequant = _dequantized_ancestor(node)
+    if dequant is None:
+        return ""
+    return (
+        f". Node '{node.name}' ({node.op.name}) is float post-processing on the output of DeQuantStub "
+        f"'{dequant.scope or dequant.name}': a compiled program holds the quantized part only. Compile a model "
+        "whose forward returns the DeQuantStub outputs (keep the post-processing in a module or function the "
+        "deployed model leaves out, e.g. behind the seeds' `post_process is None` branch) and run it in torch on "
+        "the program's outputs (docs/hybrid.md, 'Wrapped functions')"
+    )
+
+
+def _dequantized_ancestor(node: Node) -> Node | None:
+    """The nearest DeQuantStub node whose float output ``node`` is computed from, if any."""
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        if n.name in seen:
+            continue
+        seen.add(n.name)
+        if "dequant" in n.op.name:
+            return n
+        todo.extend(v for v in n.operands if isinstance(v, Node))
+    return None
 
 
 def _refuse_hybrid(root: nn.Module) -> None:

@@ -73,6 +73,9 @@ class FuseRecord:
     #: ``.qconfig`` attributes of the original modules (path -> qconfig)
     qconfig_attrs: dict[str, Any] = field(default_factory=dict)
     remap: StateDictRemap = field(default_factory=StateDictRemap)
+    #: fx node name -> (path, class name) of the user's module whose forward holds it ('' for the
+    #: root), from the first trace (a re-prepared GraphModule's nodes all belong to its root)
+    owners: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -508,6 +511,9 @@ def build_fused(
         if qc is not None:
             record.qconfig_attrs.setdefault(p, qc)
     g, owners = build_ir(root, example_inputs, keep_whole)
+    for name, path in owners.items():
+        if path and name not in record.owners:
+            record.owners[name] = (path, module_types[path].__name__ if path in module_types else "")
     _note_bn_eps(g)
     passes_ = resolve_pipeline("prepare", pipeline)
     # rank-only types (no example inputs) are not real shapes: skip the type verifier then

@@ -41,6 +41,7 @@ from qir.quantization.fuse import ALL_FUNCTIONALS, FuseRecord, build_fused
 from qir.quantization.hybrid import HYBRID_KEY, HybridSpec, check_cpu_calls, cpu_modules, place_boundaries
 from qir.quantization.integer_grid import bind_integer_grid
 from qir.quantization.pipelines import PipelineArg, resolve_pipeline
+from qir.quantization.prepare_checks import check_convertible
 from qir.quantization.qat_classes import qat_class_for
 from qir.quantization.qconfig import QConfig, get_default_calib_qconfig, get_default_qat_qconfig, qconfig_kind
 from qir.quantization.qconfig_dict import QConfigSpec, parse_qconfig_dict
@@ -339,6 +340,7 @@ def _prepare_float(
         batch_norms=dict(batch_norms),
         example_inputs=_detached(example_inputs),
     )
+    check_convertible(gm, record.owners)
     gm.train(model.training)
     follow_training(gm)
     bind_integer_grid(gm, march.value)

@@ -21,7 +21,15 @@ from names_flow import fx_flow
 from torch import nn
 
 from qir.march import March, march_scope
-from qir.quantization import DeQuantStub, QuantStub, get_default_qat_qconfig, prepare_qat_fx
+from qir.quantization import (
+    DeQuantStub,
+    QuantStub,
+    convert_fx,
+    get_default_qat_qconfig,
+    prepare_qat_fx,
+    set_fake_quantize,
+)
+from qir.quantization.prepare_checks import UnconvertibleModelError
 
 
 class Block(nn.Module):
@@ -86,3 +94,45 @@ def test_the_block_calibrates_trains_converts_and_compiles() -> None:
         if n.startswith("block._generated_add") and getattr(m, "activation_post_process", None) is not None
     )
     assert result.max_error() <= 2.01 * lsb  # measured 0: validation QAT computes the integer grid
+
+
+class ClassQueries(nn.Module):
+    """A segmentation head scoring every pixel against class embeddings, as mask decoders write it:
+    ``torch.einsum("bchw,bkc->bkhw", feat, queries)`` (not a batched matmul: no integer form)."""
+
+    def __init__(self, float_scores: bool = False) -> None:
+        super().__init__()
+        self.float_scores = float_scores
+        self.quant, self.quant_q, self.dequant, self.dequant_q = QuantStub(), QuantStub(), DeQuantStub(), DeQuantStub()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        feat, q = self.conv(self.quant(x)), self.quant_q(queries)
+        if self.float_scores:  # the fix the error names: dequantize first, score in float
+            return torch.einsum("bchw,bkc->bkhw", self.dequant(feat), self.dequant_q(q))
+        return self.dequant(torch.einsum("bchw,bkc->bkhw", feat, q))
+
+
+def test_an_einsum_with_no_integer_form_is_refused_at_prepare_naming_module_and_fix() -> None:
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = ClassQueries()
+
+        def forward(self, x: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+            return self.head(x, queries)
+
+    with pytest.raises(
+        UnconvertibleModelError,
+        match=r"einsum\('bchw,bkc->bkhw'.*module 'head' \(ClassQueries\).*torch\.matmul.*DeQuantStub",
+    ):
+        prepare_qat_fx(Model().eval(), {"": get_default_qat_qconfig()})
+    # the same einsum on dequantized tensors runs in float: prepared and converted
+    model = ClassQueries(float_scores=True).eval()
+    inputs = (torch.rand(1, 3, 6, 6), torch.randn(1, 4, 8))
+    qat = prepare_qat_fx(model, {"": get_default_qat_qconfig()})
+    qat(*inputs)
+    qat.eval()
+    set_fake_quantize(qat, "validation")
+    with torch.no_grad():
+        assert torch.equal(convert_fx(qat)(*inputs), qat(*inputs))  # float after the DeQuantStubs

@@ -17,14 +17,13 @@ from qir.march import March, march_scope
 from qir.quantization import (
     DeQuantStub,
     QuantStub,
-    convert_fx,
     fuse_fx,
     get_default_calib_qconfig,
     get_default_qat_out_qconfig,
     get_default_qat_qconfig,
     prepare_qat_fx,
 )
-from qir.quantization.convert import ConvertError
+from qir.quantization.prepare_checks import UnconvertibleModelError
 
 
 class Conv(nn.Module):
@@ -190,14 +189,14 @@ def test_the_detector_calibrates_trains_converts_and_compiles_with_qint16_heads(
     assert result.max_error() <= 2.01 * lsb  # the integer grid in validation mode: within 2 qint16 LSB
 
 
-def test_a_high_precision_conv_into_the_detect_cat_is_refused_at_convert() -> None:
+def test_a_high_precision_conv_into_the_detect_cat_is_refused_at_prepare() -> None:
     # get_default_qat_out_qconfig on convs whose outputs Detect concatenates: the converted cat
-    # would need one scale per input; convert says which module and what to change
-    qat = prepare_qat_fx(
-        TinyYOLO().eval(),
-        {"": get_default_qat_qconfig(), "module_name": dict.fromkeys(HEAD_CONVS, get_default_qat_out_qconfig())},
-    )
-    qat(*_image())
-    qat.eval()
-    with pytest.raises(ConvertError, match=r"detect\._generated_cat_0.*detect_cv2_0_1.*high-precision.*DeQuantStub"):
-        convert_fx(qat)
+    # would need one scale per input; prepare says which modules and what to change, before training
+    # (convert refused it only after training)
+    with pytest.raises(
+        UnconvertibleModelError, match=r"detect\._generated_cat_0.*detect\.cv2\.0\.1.*high-precision.*DeQuantStub"
+    ):
+        prepare_qat_fx(
+            TinyYOLO().eval(),
+            {"": get_default_qat_qconfig(), "module_name": dict.fromkeys(HEAD_CONVS, get_default_qat_out_qconfig())},
+        )

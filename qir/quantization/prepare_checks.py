@@ -1,0 +1,136 @@
+"""Refusals at prepare time of what convert_fx would refuse only after training.
+
+Found at convert, these cost the user a calibration and a training run; ``prepare_qat_fx`` walks
+the prepared graph once and names the module and the fix before the first step:
+
+- an einsum on quantized tensors that is not a batched matmul (prepare rewrites those as a
+  FloatFunctional ``matmul``; any other equation has no integer form);
+- a high-precision output (a conv / linear whose qconfig has no output fake quant, such as
+  ``get_default_qat_out_qconfig()``: qint32 codes with one scale per channel) feeding anything
+  but a DeQuantStub, e.g. ``torch.cat`` of detection head outputs: a quantized module takes
+  one input scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.fx
+from torch import nn
+
+from qir.quantization.scale_ops import PRESERVING_FUNCTIONS, PRESERVING_METHODS, PRESERVING_MODULES, module_self
+from qir.utils.fx_helper import wrapped_original
+
+__all__ = ["UnconvertibleModelError", "check_convertible"]
+
+
+class UnconvertibleModelError(ValueError):
+    """prepare_qat_fx found something convert_fx would refuse; the message names it and the fix."""
+
+
+_EINSUM_FIX = (
+    "only a batched-matmul einsum has an integer form (two operands, the same leading letters, one "
+    "contracted letter: 'bhqd,bhkd->bhqk', 'bij,bjk->bik'): write this one as torch.matmul after "
+    "permute / reshape, or put a DeQuantStub before it (or move it into an fx_wrap'ed function) to run it in float"
+)
+_LATER = "convert_fx would refuse it after training: fix it before calibrating or training"
+
+
+def check_convertible(gm: torch.fx.GraphModule, owners: Mapping[str, tuple[str, str]]) -> None:
+    """Raise :class:`UnconvertibleModelError` if prepared ``gm`` holds one of the module docstring's cases.
+
+    ``owners`` maps node names to the qualified name and class name of the user's module whose
+    forward holds the node (absent for the root), to say where the refused code is written."""
+    quantized: set[str] = set()
+    for n in gm.graph.nodes:
+        m = _called_module(gm, n)
+        if n.op == "call_module" and m is not None:
+            on_codes = isinstance(m, PRESERVING_MODULES) and any(a.name in quantized for a in n.all_input_nodes)
+            if _has_output_fake_quant(m) or on_codes:  # a QuantStub, a QAT layer or FloatFunctional
+                quantized.add(n.name)
+            continue  # a DeQuantStub, a float (CPU) module, a high-precision layer: not int8/int16 codes
+        if n.op in ("call_function", "call_method") and wrapped_original(n.target) is None:
+            if any(a.name in quantized for a in n.all_input_nodes):
+                quantized.add(n.name)
+            if _is_einsum(n) and n.name in quantized:
+                raise UnconvertibleModelError(
+                    f"prepare_qat_fx: torch.einsum({n.args[0]!r}, ...) at node '{n.name}' in the forward of "
+                    f"{_owner(gm, owners.get(n.name))} runs on quantized tensors; {_EINSUM_FIX}. ({_LATER})"
+                )
+    for n in gm.graph.nodes:
+        m = _called_module(gm, n)
+        if n.op == "call_module" and m is not None and _is_high_precision(m):
+            _refuse_high_precision_consumers(gm, n)
+
+
+def _refuse_high_precision_consumers(gm: torch.fx.GraphModule, src: torch.fx.Node) -> None:
+    """Refuse a quantized module (one with an output fake quant, or another high-precision one) reading
+    ``src``'s qint32 output directly or through layout ops. A DeQuantStub (no output fake quant) takes it."""
+    todo = list(src.users)
+    seen: set[str] = set()
+    while todo:
+        u = todo.pop()
+        if u.name in seen:
+            continue
+        seen.add(u.name)
+        m = _called_module(gm, u)
+        if m is not None and (_has_output_fake_quant(m) or _is_high_precision(m)):
+            what = f"module '{_path(u)}' ({type(m).__name__})"
+            if u.op == "call_method":
+                what = f"{what}, its {u.target}() at node '{u.name}'"
+            raise UnconvertibleModelError(
+                f"prepare_qat_fx: {what} takes the output of module '{src.target}' "
+                f"({type(gm.get_submodule(str(src.target))).__name__}), a high-precision qint32 output (one scale "
+                "per channel, from a qconfig without an output fake quant such as get_default_qat_out_qconfig()); "
+                "only a DeQuantStub can take it: give that module a qconfig with an activation "
+                "(get_default_qat_qconfig(), or qint16 for precision), or dequantize its output before it "
+                f"({_LATER})"
+            )
+        if _is_layout(u):
+            todo.extend(u.users)
+
+
+def _called_module(gm: torch.fx.GraphModule, n: torch.fx.Node) -> nn.Module | None:
+    if n.op == "call_module":
+        return gm.get_submodule(str(n.target))
+    return module_self(gm, n)
+
+
+def _path(n: torch.fx.Node) -> str:
+    return str(n.target) if n.op == "call_module" else str(n.args[0].target)  # type: ignore[union-attr]
+
+
+def _has_output_fake_quant(m: nn.Module) -> bool:
+    return getattr(m, "activation_post_process", None) is not None
+
+
+def _is_high_precision(m: nn.Module) -> bool:
+    """A QAT conv / linear without an output fake quant and with per-channel weight scales over
+    several channels: its qint32 output has one scale per channel (one channel: one scale, which
+    any consumer can take). The scale tensors fill in at the first observation, so this reads the
+    fake quant's axis and the weight's size."""
+    fq = getattr(m, "weight_fake_quant", None)
+    axis = getattr(fq, "ch_axis", None)
+    w = getattr(m, "weight", None)
+    if _has_output_fake_quant(m) or axis is None or not isinstance(w, torch.Tensor):
+        return False
+    return w.dim() > axis and w.shape[axis] > 1
+
+
+def _is_layout(n: torch.fx.Node) -> bool:
+    """Ops that pass codes and their scale through (view, reshape, permute, getitem, ...)."""
+    if n.op == "call_function":
+        return n.target in PRESERVING_FUNCTIONS
+    return n.op == "call_method" and n.target in PRESERVING_METHODS
+
+
+def _is_einsum(n: torch.fx.Node) -> bool:
+    return (n.op == "call_function" and n.target is torch.einsum) or (n.op == "call_method" and n.target == "einsum")
+
+
+def _owner(gm: torch.fx.GraphModule, owner: tuple[str, str] | None) -> str:
+    if owner is None:
+        return f"the root module ({type(gm).__name__})"
+    path, cls = owner
+    return f"module '{path}' ({cls})" if cls else f"module '{path}'"
