@@ -35,7 +35,15 @@ from qir.ir.ops.core import Constant
 from qir.ir.ops.qat import QATModuleOp
 from qir.ir.types import TensorType
 
-__all__ = ["LAYOUT_OPS", "Quantize", "QuantizeError", "QuantizeRule", "register_quantize_rule", "uncovered"]
+__all__ = [
+    "LAYOUT_OPS",
+    "QUERY_OPS",
+    "Quantize",
+    "QuantizeError",
+    "QuantizeRule",
+    "register_quantize_rule",
+    "uncovered",
+]
 
 #: rule(op, state tensors by role, input scales (float32 tensors), march) -> (integer op, its state by role)
 QuantizeRule = Callable[
@@ -46,6 +54,8 @@ _RULES: dict[str, QuantizeRule] = {}
 
 #: ops that move codes without changing them: their result keeps the input's scale and dtype
 LAYOUT_OPS = frozenset({"reshape", "flatten", "permute", "transpose", "contiguous", "squeeze", "unsqueeze", "identity"})
+#: ops that read only the shape of codes (``x.size(1)``; ``x.shape`` is a ``getattr``)
+QUERY_OPS = frozenset({"size", "dim", "numel"})
 
 
 class QuantizeError(IRError):
@@ -81,6 +91,8 @@ def _walk(graph: Graph) -> tuple[list[Node], list[tuple[str, str]]]:
             continue
         if not any(v in quantized for v in n.operands):
             continue
+        if op.name in QUERY_OPS or (op.name == "getattr" and op.attr in ("shape", "ndim")):  # type: ignore[attr-defined]
+            continue  # sizes of the codes are the float tensor's: numbers, not codes
         if op.name in LAYOUT_OPS and len([v for v in n.operands if isinstance(v.type, TensorType)]) == 1:
             quantized.add(n)
             layout.append(n)
@@ -156,7 +168,8 @@ class Quantize(Pass):
     def _convert(self, graph: Graph, n: Node, op: QATModuleOp, march: str) -> None:
         tensors, const_nodes = _state(graph, op, n)
         inputs = op.module_inputs(n.operands)
-        scales = [_input_scale(n, v) for v in inputs] if op.reads_codes else []
+        # one scale per code tensor (a run-time number or size has none)
+        scales = [_input_scale(n, v) for v in inputs if isinstance(v.type, TensorType)] if op.reads_codes else []
         try:
             new_op, new_state = _RULES[op.name](op, tensors, scales, march)
         except (ValueError, TypeError, NotImplementedError) as e:

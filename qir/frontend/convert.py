@@ -37,6 +37,7 @@ from qir.ir.graph import Graph, Node, Value, split_operands
 from qir.ir.op import IRError, ModuleOp, Op
 from qir.ir.ops.core import Call, Identity
 from qir.ir.ops.integer import IntegerModuleOp, integer_method_op
+from qir.ir.ops.qat_functional import qat_method_reader
 from qir.ir.ops.shape import Transpose
 from qir.ir.types import Type, type_of
 from qir.utils.fx_helper import wrapped_original
@@ -350,6 +351,8 @@ class _Converter:
             return
         if args and isinstance(args[0], nn.Module) and self._integer_method(n, args[0], name, args[1:], kwargs):
             return
+        if args and isinstance(args[0], nn.Module) and self._qat_method(n, args[0], name, args[1:], kwargs):
+            return
         cls = self.tables.by_method.get(name)
         why = f"Tensor.{name} has no registered op"
         if cls is not None:
@@ -376,6 +379,32 @@ class _Converter:
         except (TypeError, ValueError, KeyError, IRError):
             return False
         self.add(n, op, list(inputs), scope=path)
+        return True
+
+    def _qat_method(self, n: torch.fx.Node, m: nn.Module, method: str, args: Any, kwargs: Any) -> bool:
+        """A method call of a QAT FloatFunctional as its ``qat_functional`` op (state: the output fake
+        quant's buffers, as constants); when it does not bind, an opaque call of the method, with
+        the reason. False when ``m`` has no registered method reader."""
+        reader = qat_method_reader(m)
+        path = self.path_of(m)
+        if reader is None or path is None:
+            return False
+        try:
+            bound = inspect.signature(getattr(m, method)).bind(*args, **kwargs)
+            bound.apply_defaults()
+            op, inputs = reader(m, method, dict(bound.arguments))
+            if not all(isinstance(v, Value) for v in inputs):
+                raise Unbindable(f"FloatFunctional '{path}'.{method} takes graph values as tensor arguments")
+            params = [self.constant(f"{path}.{role}") for role in op.param_roles()]
+            op.verify([v.type for v in [*inputs, *params]])
+        except (TypeError, ValueError, KeyError, AttributeError, NotImplementedError, Unbindable, IRError) as e:
+            self.opaque_paths.add(path)
+            self.g.objects[f"module:{path}"] = m
+            key = f"{path}.{method}"
+            self.g.objects[key] = getattr(m, method)
+            self.opaque(n, "function", key, args, kwargs, str(e), scope=path).meta["float_functional"] = method
+            return True
+        self.add(n, op, [*inputs, *params], scope=path)
         return True
 
     def _float_functional(self, n: torch.fx.Node, ff: nn.Module, method: str, args: Any, kwargs: Any) -> None:

@@ -20,7 +20,7 @@ import torch.fx
 from torch import nn
 
 from qir.frontend.convert import MODULE_ORDER_KEY
-from qir.frontend.lookup import is_float_functional
+from qir.frontend.lookup import functional_method_classes
 from qir.ir.graph import Graph, Node, Value, map_values
 from qir.ir.op import IRError, ModuleOp, Ref, resolve
 from qir.ir.ops.core import Call, Constant, GetAttr, GetItem, Identity, resolve_target
@@ -90,7 +90,7 @@ class _Emitter:
     def node(self, n: Node) -> Any:
         op = n.op
         ff = self.g.objects.get(f"module:{n.scope}") if n.scope else None
-        if ff is not None and is_float_functional(ff):
+        if isinstance(ff, nn.Module) and isinstance(ff, functional_method_classes()):  # float or QAT, kept whole
             return self.float_functional(n, ff)
         if isinstance(op, Call):
             return self.call(n, op)

@@ -693,6 +693,7 @@ def _without_qat_op(gm: torch.fx.GraphModule) -> str | None:
     graph, so a model the pass cannot cover is not traced for nothing)."""
     from qir.frontend.lookup import tables
     from qir.ir.ops.qat import QATModuleOp
+    from qir.ir.ops.qat_functional import FF_METHOD_FORMS, qat_method_reader
 
     ops = tables()
     for n in gm.graph.nodes:
@@ -702,7 +703,8 @@ def _without_qat_op(gm: torch.fx.GraphModule) -> str | None:
             if type(m) not in (nn.Identity, nn.Flatten) and (cls is None or not issubclass(cls, QATModuleOp)):
                 return f"module '{n.target}' ({type(m).__name__}): it has no QAT op"
         elif n.op == "call_method" and module_self(gm, n) is not None:
-            return f"'{n.args[0].target}.{n.target}' (a FloatFunctional method): it has no QAT op"  # type: ignore[union-attr]
+            if qat_method_reader(module_self(gm, n)) is None or n.target not in FF_METHOD_FORMS:
+                return f"'{n.args[0].target}.{n.target}' (a FloatFunctional method): it has no QAT op"  # type: ignore[union-attr]
     return None
 
 

@@ -19,6 +19,7 @@ from qir.ir.ops import (  # noqa: F401
     norm,
     pool,
     qat,
+    qat_functional,
     quant,
     reduce,
     shape,

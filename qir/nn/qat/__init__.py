@@ -115,3 +115,4 @@ __all__ += ["AnchorGenerator", "GridSample", "MultiScaleRoIAlign", "RoIAlign"]
 
 # registers the IR's QAT ops (qat_conv, qat_quant_stub, qat_dequant_stub) for these classes
 from qir.nn.qat import ir_ops as _ir_ops  # noqa: E402, F401
+from qir.nn.qat import ir_ops_functional as _ir_ops_functional  # noqa: E402, F401
