@@ -53,7 +53,9 @@ QuantizeRule = Callable[
 _RULES: dict[str, QuantizeRule] = {}
 
 #: ops that move codes without changing them: their result keeps the input's scale and dtype
-LAYOUT_OPS = frozenset({"reshape", "flatten", "permute", "transpose", "contiguous", "squeeze", "unsqueeze", "identity"})
+LAYOUT_OPS = frozenset(
+    {"reshape", "flatten", "permute", "transpose", "contiguous", "squeeze", "unsqueeze", "identity", "getitem"}
+)
 #: ops that read only the shape of codes (``x.size(1)``; ``x.shape`` is a ``getattr``)
 QUERY_OPS = frozenset({"size", "dim", "numel"})
 
@@ -175,6 +177,12 @@ class Quantize(Pass):
         except (ValueError, TypeError, NotImplementedError) as e:
             where = f" (module {n.scope})" if n.scope else ""
             raise QuantizeError(f"quantize: %{n.name}{where}: {e}") from e
+        bind = getattr(new_op, "bind_call", None)
+        if bind is not None:  # as the front end binds it: a layer keeping its input's dtype reads the codes'
+            try:
+                new_op, _ = bind(list(inputs), {})
+            except IRError as e:
+                raise QuantizeError(f"quantize: %{n.name}: {e}") from e
         name, scope = n.name, n.scope
         shape = n.type.shape if isinstance(n.type, TensorType) else ()
         result_type = getattr(new_op, "result_type", None)

@@ -18,6 +18,7 @@ from torch import nn
 
 import passes
 import qir
+import qir.nn as qnn
 from passes.quantize import Quantize, QuantizeError, uncovered
 from qir.frontend import trace
 from qir.nn.quantized import FloatFunctional
@@ -189,6 +190,63 @@ class Scaled(nn.Module):
 @pytest.mark.parametrize("net", [AddCat, Functional, Scaled])
 def test_float_functional_nets_by_the_pass_equal_module_swap(net: type[nn.Module], march: str) -> None:
     qat, x = _qat(net(), march)
+    by_pass = convert_fx(qat)
+    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
+    _same(_swapped(qat), by_pass, x)
+    assert torch.equal(_swapped(qat)(x * 3), by_pass(x * 3))
+
+
+class Layers(nn.Module):
+    """Pools, activations, table lookups (with a function argument), resizes (one with a run-time
+    size), slicing, Identity and Dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.pool, self.avg, self.gap = nn.MaxPool2d(2), nn.AvgPool2d(3, 1, 1), nn.AdaptiveAvgPool2d((None, 1))
+        self.sig, self.lrelu, self.exp = nn.Sigmoid(), nn.LeakyReLU(0.2), qnn.Exp()
+        self.up = qnn.Interpolate(scale_factor=2, mode="bilinear", align_corners=False)
+        self.near, self.lateral = qnn.Interpolate(scale_factor=2, mode="nearest"), qnn.Interpolate()
+        self.relu, self.relu6, self.drop, self.id = nn.ReLU(), nn.ReLU6(), nn.Dropout(0.0), nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.relu(self.conv(self.quant(x)) + 0.0)
+        z = self.sig(self.pool(y)) + self.lrelu(self.avg(y[:, :, ::2, ::2]))
+        z = self.up(z) + self.near(self.relu6(z)) + self.lateral(z, size=y.shape[2:])
+        z = self.exp(self.drop(self.id(z)))
+        return self.dequant(z + self.gap(z))
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+def test_layer_nets_by_the_pass_equal_module_swap(march: str) -> None:
+    qat, x = _qat(Layers(), march)
+    by_pass = convert_fx(qat)
+    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
+    _same(_swapped(qat), by_pass, x)
+    assert torch.equal(_swapped(qat)(x * 3), by_pass(x * 3))
+    if march == "bayes":
+        assert torch.equal(compile_model(by_pass, [x])(x), by_pass(x))
+
+
+class Math(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.ln, self.ln2 = nn.LayerNorm(256), nn.LayerNorm(256, elementwise_affine=False)
+        self.sm, self.glu, self.pr, self.pr4 = nn.Softmax(dim=-1), nn.GLU(dim=1), nn.PReLU(), nn.PReLU(2)
+        self.div = qnn.Div()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ln(self.conv(self.quant(x)).flatten(2))
+        g = self.pr4(self.glu(self.sm(y) + self.ln2(y)))
+        return self.dequant(self.div(self.pr(g), g * g + 1.0))
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+def test_math_nets_by_the_pass_equal_module_swap(march: str) -> None:
+    qat, x = _qat(Math(), march)
     by_pass = convert_fx(qat)
     assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
     _same(_swapped(qat), by_pass, x)

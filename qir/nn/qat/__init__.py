@@ -115,4 +115,9 @@ __all__ += ["AnchorGenerator", "GridSample", "MultiScaleRoIAlign", "RoIAlign"]
 
 # registers the IR's QAT ops (qat_conv, qat_quant_stub, qat_dequant_stub) for these classes
 from qir.nn.qat import ir_ops as _ir_ops  # noqa: E402, F401
+from qir.nn.qat import ir_ops_activation as _ir_ops_activation  # noqa: E402, F401
+from qir.nn.qat import ir_ops_conv_bn as _ir_ops_conv_bn  # noqa: E402, F401
 from qir.nn.qat import ir_ops_functional as _ir_ops_functional  # noqa: E402, F401
+from qir.nn.qat import ir_ops_math as _ir_ops_math  # noqa: E402, F401
+from qir.nn.qat import ir_ops_pool as _ir_ops_pool  # noqa: E402, F401
+from qir.nn.qat import ir_ops_resize as _ir_ops_resize  # noqa: E402, F401

@@ -118,3 +118,4 @@ __all__ += ["LSTMCell", "MultiheadAttention"]
 # registers the quantize pass's rules for the IR's QAT ops
 from qir.nn.quantized import quantize_rules as _quantize_rules  # noqa: E402, F401
 from qir.nn.quantized import quantize_rules_functional as _quantize_rules_functional  # noqa: E402, F401
+from qir.nn.quantized import quantize_rules_layers as _quantize_rules_layers  # noqa: E402, F401
