@@ -253,6 +253,28 @@ def test_math_nets_by_the_pass_equal_module_swap(march: str) -> None:
     assert torch.equal(_swapped(qat)(x * 3), by_pass(x * 3))
 
 
+class Warp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv, self.offset = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 2, 3, padding=1)
+        self.bilinear = qnn.GridSample(mode="bilinear", padding_mode="zeros", align_corners=False)
+        self.nearest = qnn.GridSample(mode="nearest", padding_mode="border", align_corners=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.quant(x)
+        y, grid = self.conv(x), torch.tanh(self.offset(x)).permute(0, 2, 3, 1)
+        return self.dequant(self.bilinear(y, grid) + self.nearest(y, grid))
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+def test_grid_sample_nets_by_the_pass_equal_module_swap(march: str) -> None:
+    qat, x = _qat(Warp(), march)
+    by_pass = convert_fx(qat)
+    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
+    _same(_swapped(qat), by_pass, x)
+
+
 class Recurrent(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -25,6 +25,7 @@ from qir.ir.ops import (  # noqa: F401
     qat_math,
     qat_pool,
     qat_resize,
+    qat_sampling,
     quant,
     reduce,
     shape,

@@ -21,6 +21,7 @@ from qir.ir.ops.integer_elementwise import QDiv, QIdentity, QLut, QRelu, QRelu6
 from qir.ir.ops.integer_math import QGlu, QLayerNorm, QPrelu, QSoftmax
 from qir.ir.ops.integer_pool import QAdaptiveAvgPool2d, QAvgPool2d, QMaxPool2d
 from qir.ir.ops.integer_resize import QInterpolate
+from qir.ir.ops.integer_sampling import QGridSample
 from qir.nn.quantized.conv import QUANTIZED_CONV_CLASSES
 from qir.nn.quantized.mapping import QUANTIZED_MODULE_MAP
 
@@ -61,5 +62,6 @@ for _qat, _integer in (
     ("qat_glu", QGlu),
     ("qat_prelu", QPrelu),
     ("qat_div", QDiv),
+    ("qat_grid_sample", QGridSample),
 ):
     register_quantize_rule(_qat, _swapped(_integer))
