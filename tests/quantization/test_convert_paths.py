@@ -34,6 +34,7 @@ from qir.quantization import (
 )
 from qir.quantization.convert import CONVERT_PATH_KEY
 from qir.quantization.prepare import PREPARE_RECORD_KEY
+from tests.quantization.test_convert_untouched import _assert_same, _snapshot
 
 
 class Block(nn.Module):
@@ -273,6 +274,18 @@ def test_grid_sample_nets_by_the_pass_equal_module_swap(march: str) -> None:
     by_pass = convert_fx(qat)
     assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
     _same(_swapped(qat), by_pass, x)
+
+
+@pytest.mark.parametrize("net", [Functional, Layers, Math, Warp])
+def test_the_pass_path_leaves_the_qat_model_untouched(net: type[nn.Module]) -> None:
+    qat, _ = _qat(net(), "bayes")
+    qat.train()
+    before = _snapshot(qat)
+    out = convert_fx(qat)
+    assert out.meta[CONVERT_PATH_KEY] == "quantize pass"
+    _assert_same(before, _snapshot(qat))
+    qat_storage = {t.untyped_storage().data_ptr() for t in [*qat.parameters(), *qat.buffers()] if t.numel()}
+    assert [k for k, t in out.state_dict().items() if t.numel() and t.untyped_storage().data_ptr() in qat_storage] == []
 
 
 class Recurrent(nn.Module):
