@@ -22,6 +22,9 @@ Each ONNX model is exported once per batch size (static shapes); ``--no-onnx`` l
 
     PYTHONPATH=. /work/tvenv/bin/python benchmarks/compiled_latency.py --out compiled_latency.json [--png out.png]
 
+``--profile`` also times each instruction of the compiled model alone (wall clock and thread CPU
+time, median of ``--repeats`` calls) and prints the kernels by kind and the slowest instructions.
+
 Prints a table with ratios (to float eager, and qir compiled / torch.ao int8 in latency and in
 process CPU time per call; below 1.0 means faster), whether the native kernels are in use, and
 the load average, and writes JSON (and bar charts with ``--png``; needs matplotlib). Weights
@@ -89,6 +92,63 @@ def _time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: i
         }
         for k, v in ts.items()
     }
+
+
+def profile_steps(compiled: Any, x: torch.Tensor, threads: int, repeats: int) -> list[dict[str, Any]]:
+    """Per-instruction time of one compiled model call: each instruction's kernel timed alone (wall
+    clock and this thread's CPU time), median over ``repeats`` calls, under the same thread settings
+    as a call (the runtime's steps walked as ``CompiledModel._call`` walks them)."""
+    from backends.common.kernels import native
+
+    wall: list[list[float]] = [[] for _ in compiled._steps]
+    cpu: list[list[float]] = [[] for _ in compiled._steps]
+    prev = torch.get_num_threads()
+    torch.set_num_threads(compiled.torch_threads or threads)
+    try:
+        with torch.no_grad(), native.using_threads(threads):
+            for _ in range(repeats + 1):  # the first call warms the kernels' buffers up
+                env = dict(zip(compiled.program.inputs, (x,), strict=True))
+                for i, (inst, run, state, free) in enumerate(compiled._steps):
+                    c0, t0 = time.thread_time(), time.perf_counter()
+                    outs = run(inst, [env[v] for v in inst.inputs], state)
+                    wall[i].append((time.perf_counter() - t0) * 1e3)
+                    cpu[i].append((time.thread_time() - c0) * 1e3)
+                    env.update(zip(inst.outputs, outs, strict=True))
+                    for v in free:
+                        env.pop(v, None)
+    finally:
+        torch.set_num_threads(prev)
+    rows = []
+    for i, (inst, _, _, _) in enumerate(compiled._steps):
+        a = inst.attrs
+        kind = inst.op + (f" {a['engine']}" if a.get("engine") else "")
+        if "kernel_size" in a:
+            kind += " {}x{}/s{}".format(*a["kernel_size"], a["stride"][0])
+        rows.append(
+            {
+                "index": i,
+                "source": inst.source,
+                "kind": kind,
+                "ms": round(statistics.median(wall[i][1:]), 4),
+                "cpu_ms": round(statistics.median(cpu[i][1:]), 4),
+            }
+        )
+    return rows
+
+
+def print_profile(name: str, batch: int, rows: list[dict[str, Any]], top: int = 12) -> None:
+    total = sum(r["ms"] for r in rows)
+    kinds: dict[str, list[float]] = {}
+    for r in rows:
+        k = kinds.setdefault(r["kind"], [0.0, 0.0, 0])
+        k[0] += r["ms"]
+        k[1] += r["cpu_ms"]
+        k[2] += 1
+    print(f"  profile {name} batch {batch}: {total:.2f} ms in {len(rows)} instructions (wall; thread CPU)")
+    for kind, (ms, c, n) in sorted(kinds.items(), key=lambda kv: -kv[1][0]):
+        print(f"    {ms:8.3f} ms {100 * ms / total:5.1f}%  cpu {c:8.3f} ms  x{n:<3d} {kind}")
+    for r in sorted(rows, key=lambda r: -r["ms"])[:top]:
+        print(f"    #{r['index']:<3d} {r['ms']:7.3f} ms  cpu {r['cpu_ms']:7.3f}  {r['kind']:<24} {r['source']}")
 
 
 def build_compiled(body: nn.Module, batches: int, opt: int) -> tuple[Any, nn.Module, nn.Module, float]:
@@ -342,6 +402,9 @@ def run_model(name: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             row.update(_time_interleaved(slow, max(2, args.repeats // 4), 1))
             assert torch.equal(compiled(x), converted(x)), f"{name}: compiled output differs from the converted model"
             row["bit_exact"] = True
+            if args.profile:
+                row["profile"] = profile_steps(compiled, x, args.threads, args.repeats)
+                print_profile(name, batch, row["profile"])
         f = row["float_eager"]["median_ms"]
         row["ratio_compiled_over_float"] = round(row["qir_compiled"]["median_ms"] / f, 3)
         if "ao_x86_int8" in row:
@@ -374,6 +437,9 @@ def main() -> None:
     ap.add_argument("--calib", type=int, default=3)
     ap.add_argument("--opt", type=int, default=2)
     ap.add_argument("--no-onnx", dest="onnx", action="store_false", help="leave out the onnxruntime columns")
+    ap.add_argument(
+        "--profile", action="store_true", help="also time each instruction of the compiled model (printed, in the JSON)"
+    )
     ap.add_argument("--out", default="compiled_latency.json")
     ap.add_argument("--png", default=None, help="write a bar chart here (needs matplotlib)")
     args = ap.parse_args()

@@ -73,6 +73,7 @@ class ConvState:
     n: int  # output channels
     fused: FusedRequant | None = None  # the one-pass native requantization, where it applies
     vnni: tuple[torch.Tensor, torch.Tensor] | None = None  # native.pack_vnni's panels and column sums
+    dw_pack: tuple[torch.Tensor, torch.Tensor] | None = None  # native.pack_dw's weights and compensation
     epilogue: tuple[tuple[Any, ...], Any] | None = None  # the last native.Epilogue and what it was built for
     native: bool = False  # every call runs in the native library (the runtime's thread policy reads it)
     spaces: dict[tuple[int, tuple[int, ...]], torch.Tensor] = field(default_factory=dict)
@@ -297,6 +298,7 @@ def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> ConvState
     vnni = None
     if fused is not None and engine in ("int_mm", "int_mm_t") and native.has_vnni():
         vnni = native.pack_vnni(weight[:k, :c_out], int(weight.shape[0]))
+    dw_pack = native.pack_dw(weight) if fused is not None and engine == "dw" and native.has_vnni() else None
     return ConvState(
         weight=weight,
         bias=bias.to(torch.float64) if a.get("requant", "f64") == "f64" else bias,
@@ -309,6 +311,7 @@ def _prepare(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> ConvState
         n=c_out,
         fused=fused,
         vnni=vnni,
+        dw_pack=dw_pack,
         native=fused is not None and (engine == "dw" or vnni is not None),
     )
 
@@ -502,10 +505,17 @@ def _conv_vnni(x: torch.Tensor, st: ConvState, a: Mapping[str, Any], addend: tor
 
 
 def _dw_native(
-    x: torch.Tensor, w: torch.Tensor, fr: FusedRequant, a: Mapping[str, Any], st: ConvState | None = None
+    x: torch.Tensor,
+    w: torch.Tensor,
+    fr: FusedRequant,
+    a: Mapping[str, Any],
+    st: ConvState | None = None,
+    packed: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Depthwise conv + requantization in one native pass: int8 NCHW ``x`` (any memory format) ->
-    codes (N, OH, OW, C), written into ``st``'s output buffer when given."""
+    codes (N, OH, OW, C), written into ``st``'s output buffer when given. With ``packed``
+    (``native.pack_dw(w)``, on a VNNI build) the four-taps-per-lane kernel ``qir_dw_vnni``, else
+    ``qir_dw_rows``: the same codes."""
     if x.dtype != torch.int8:
         raise TypeError(f"depthwise conv: input codes must be int8, got {x.dtype}")
     nb, c, h, wd = x.shape
@@ -524,13 +534,37 @@ def _dw_native(
     out = (
         st.output((nb, oh, ow, c), fr.out_dtype) if st is not None else torch.empty((nb, oh, ow, c), dtype=fr.out_dtype)
     )
-    name = "qir_dw_rows_i8" if fr.out_dtype == torch.int8 else "qir_dw_rows_i16"
+    tag = "i8" if fr.out_dtype == torch.int8 else "i16"
     p = native.ptr
-    geometry = (p(xh), h, wd, c, p(w), kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)
-    args = (*geometry, p(fr.scale), p(fr.offset), p(fr.lo), p(fr.hi), p(out))
-    if native.run(name, args, nb * oh, nb * oh * ow * c * kh * kw) != 0:
+    rq = (p(fr.scale), p(fr.offset), p(fr.lo), p(fr.hi), p(out))
+    work = nb * oh * ow * c * kh * kw
+    taps = (kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)
+    if packed is not None and _dw_ring_bytes(kh, kw, c, sw, dh, dw, ow) <= _DW_RING_MAX:
+        wpk, comp = packed
+        blocks = -(-c // 16)
+        # qir_dw_vnni reads blocks * kh * ceil(kw / 4) * 64 packed weight bytes and (kh + 1) * 16 * blocks
+        # compensation entries, x as above, and writes out's (b, oy) rows for the channels of its units
+        assert wpk.dtype == torch.int8 and wpk.is_contiguous() and wpk.numel() == blocks * kh * -(-kw // 4) * 64
+        assert comp.dtype == torch.int32 and comp.is_contiguous() and comp.numel() == (kh + 1) * blocks * 16
+        gcb, grain = native.channel_groups(nb * oh, blocks, work)
+        args = (p(xh), h, wd, c, *taps, p(wpk), p(comp), nb * oh, gcb, *rq)
+        if native.run(f"qir_dw_vnni_{tag}", args, -(-blocks // gcb) * nb * oh, work, grain) != 0:
+            raise MemoryError("depthwise conv: out of memory for the rearranged input rows")
+        return out
+    if native.run(f"qir_dw_rows_{tag}", (p(xh), h, wd, c, p(w), *taps, *rq), nb * oh, work) != 0:
         raise MemoryError("depthwise conv: out of memory for a row of accumulators")
     return out
+
+
+#: the most memory one part of qir_dw_vnni keeps for its rearranged input rows; past it (very wide
+#: or very dilated kernels) the one-tap-per-lane kernel runs instead
+_DW_RING_MAX = 16 << 20
+
+
+def _dw_ring_bytes(kh: int, kw: int, c: int, sw: int, dh: int, dw: int, ow: int) -> int:
+    """What qir_dw_vnni allocates per part at most (one group of all the channel blocks)."""
+    entries = ow if kw <= 4 else (ow - 1) * sw + 4 * (-(-kw // 4) - 1) * dw + 1
+    return ((kh - 1) * dh + 1) * -(-c // 16) * entries * 64
 
 
 def _finish(
@@ -706,7 +740,7 @@ def conv2d(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
     """``act(requant(conv(x, w) + b))`` or, with ``has_add``, the fused conv + add rule; NCHW in and out."""
     x = args[0]
     if inst.attrs["engine"] == "dw" and st.fused is not None:
-        return [_dw_native(x, st.weight, st.fused, inst.attrs, st).permute(0, 3, 1, 2)]
+        return [_dw_native(x, st.weight, st.fused, inst.attrs, st, st.dw_pack).permute(0, 3, 1, 2)]
     if st.vnni is not None and st.fused is not None:
         addend = args[1].permute(0, 2, 3, 1) if len(args) > 1 else None
         return [_conv_vnni(x, st, inst.attrs, addend).permute(0, 3, 1, 2)]

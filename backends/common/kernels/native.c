@@ -12,14 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "native_dw.h"
 #include "native_pool.h"
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#include <immintrin.h>
-#define QIR_VNNI 1
-#else
-#define QIR_VNNI 0
-#endif
+#include "native_simd.h"
 
 /* What this build holds: bit 0 = the AVX-512 VNNI matrix product (qir_gemm_vnni). */
 int qir_caps(void) { return QIR_VNNI; }
@@ -40,33 +35,6 @@ int qir_caps(void) { return QIR_VNNI; }
  * |acc * mult| + |bias * mult + 2**(shift-1)| < 2**53, which the caller checks: the product and the
  * sum are integers below 2**53 scaled by a power of two, and floor of v * 2**-shift is the shift. */
 #if QIR_VNNI
-/* The same on 16 int32 lanes, the first of them selected by m (per-channel arrays read only there):
- * one fused multiply-add, floor and clamp per lane in double, the IEEE operations of the scalar
- * loop, so the same codes; one masked pass per 16 channels instead of a scalar tail. */
-static inline __m512i requant16(__m512i acc, const double *scale, const double *offset, const double *lo,
-                                const double *hi, __mmask16 m) {
-    const __mmask8 m0 = (__mmask8)m, m1 = (__mmask8)(m >> 8);
-    const int rnd = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
-    __m512d v0 = _mm512_cvtepi32_pd(_mm512_castsi512_si256(acc));
-    __m512d v1 = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(acc, 1));
-    v0 = _mm512_roundscale_pd(_mm512_fmadd_pd(v0, _mm512_maskz_loadu_pd(m0, scale), _mm512_maskz_loadu_pd(m0, offset)), rnd);
-    v1 = _mm512_roundscale_pd(
-        _mm512_fmadd_pd(v1, _mm512_maskz_loadu_pd(m1, scale + 8), _mm512_maskz_loadu_pd(m1, offset + 8)), rnd);
-    v0 = _mm512_min_pd(_mm512_max_pd(v0, _mm512_maskz_loadu_pd(m0, lo)), _mm512_maskz_loadu_pd(m0, hi));
-    v1 = _mm512_min_pd(_mm512_max_pd(v1, _mm512_maskz_loadu_pd(m1, lo + 8)), _mm512_maskz_loadu_pd(m1, hi + 8));
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvttpd_epi32(v0)), _mm512_cvttpd_epi32(v1), 1);
-}
-
-/* Store the first lanes (mask m) of 16 codes already inside OUT_T's range (int8 or int16). */
-#define QIR_STORE16(OUT_T, dst, m, v)                                       \
-    do {                                                                    \
-        if (sizeof(OUT_T) == 1)                                             \
-            _mm512_mask_cvtepi32_storeu_epi8((void *)(dst), (m), (v));      \
-        else                                                                \
-            _mm512_mask_cvtepi32_storeu_epi16((void *)(dst), (m), (v));     \
-    } while (0)
-
-static inline __mmask16 lanes16(int64_t k) { return k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << k) - 1); }
 
 #define REQUANT_ROWS(NAME, OUT_T)                                                                          \
     void NAME(const int32_t *restrict acc, int64_t lda, int64_t n, const double *restrict scale,         \
@@ -439,10 +407,7 @@ static void epilogue_rows(const qir_epilogue *e, const int32_t *acc, int64_t lda
  * (comp) is subtracted at the end: exact in int32 arithmetic modulo 2**32, so exact whenever the
  * true sum fits int32 (the lowering's bound).
  * Reads a[i * lda + 4q + t] (t < 4, q < kq: the caller checks lda >= 4 kq) and bp[(j kq + q) 64 + 0..63]. */
-/* acc += a (unsigned bytes) . b (signed bytes), four per int32 lane. Inline asm rather than
- * _mm512_dpbusd_epi32: gcc 12 copies the intrinsic's accumulator through a spare register on every
- * call and then spills the 24 accumulators of a tile to the stack (three times slower). */
-#define QIR_DPBUSD(acc, ua, sb) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(ua), "vm"(sb))
+/* QIR_DPBUSD: native_simd.h */
 #define QIR_ROW_DECL(i)                                                                              \
     __m512i c##i##0 = k0, c##i##1 = k1, c##i##2 = k2, c##i##3 = k3;                                  \
     if (MR > i && q0) {                                                                              \
@@ -666,6 +631,15 @@ TASK_FUSED_ADD(i16, i16, int16_t, int16_t)
 TASK_DW(i8, int8_t)
 TASK_DW(i16, int16_t)
 
+#define TASK_DW_VNNI(T, OUT_T)                                                                                  \
+    static int64_t task_dw_vnni_##T(const int64_t *a, int64_t r0, int64_t r1) {                                   \
+        return qir_dw_vnni_##T(QIR_A(const int8_t *, 0), a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], \
+                               a[11], a[12], a[13], QIR_A(const int8_t *, 14), QIR_A(const int32_t *, 15), a[16],     \
+                               a[17], QIR_D(18), QIR_D(19), QIR_D(20), QIR_D(21), QIR_A(OUT_T *, 22), r0, r1);      \
+    }
+TASK_DW_VNNI(i8, int8_t)
+TASK_DW_VNNI(i16, int16_t)
+
 static int64_t task_im2col_i8(const int64_t *a, int64_t r0, int64_t r1) {
     qir_im2col_i8(QIR_A(const int8_t *, 0), a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11],
                   a[12], a[13], QIR_A(int8_t *, 14), a[15], r0, r1);
@@ -723,6 +697,8 @@ static const struct {
     {"qir_fused_add_rows_i16_i16", task_fused_add_i16_i16, 15},
     {"qir_dw_rows_i8", task_dw_i8, 20},
     {"qir_dw_rows_i16", task_dw_i16, 20},
+    {"qir_dw_vnni_i8", task_dw_vnni_i8, 23},
+    {"qir_dw_vnni_i16", task_dw_vnni_i16, 23},
     {"qir_im2col_i8", task_im2col_i8, 16},
     {"qir_maxpool_rows_i8", task_maxpool_i8, 15},
     {"qir_maxpool_rows_i16", task_maxpool_i16, 15},

@@ -43,10 +43,12 @@ import torch
 
 __all__ = [
     "Epilogue",
+    "channel_groups",
     "float_bits",
     "gemm_parts",
     "has_vnni",
     "library",
+    "pack_dw",
     "pack_vnni",
     "ptr",
     "run",
@@ -57,8 +59,8 @@ __all__ = [
 
 _SRC = Path(__file__).with_name("native.c")
 #: compiled together (the header is part of the cache key)
-_SOURCES = (_SRC, _SRC.with_name("native_pool.c"))
-_HEADERS = (_SRC.with_name("native_pool.h"),)
+_SOURCES = (_SRC, _SRC.with_name("native_pool.c"), _SRC.with_name("native_dw.c"))
+_HEADERS = tuple(_SRC.with_name(f"native_{n}.h") for n in ("pool", "simd", "dw"))
 # -fno-trapping-math -fno-math-errno let floor() vectorise; neither changes an IEEE result (no fast-math)
 _FLAGS = [
     "-O3",
@@ -97,6 +99,8 @@ _SIGNATURES: dict[str, list[type]] = {
     },
     # x, h, w, c, wt, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, scale, offset, lo, hi, out, r0, r1
     **{f"qir_dw_rows_{t}": [_P, *[_I64] * 3, _P, *[_I64] * 10, *[_P] * 5, _I64, _I64] for t in ("i8", "i16")},
+    # x, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, wpk, comp, nrows, gcb, scale, offset, lo, hi, out, u0, u1
+    **{f"qir_dw_vnni_{t}": [_P, *[_I64] * 13, _P, _P, _I64, _I64, *[_P] * 5, _I64, _I64] for t in ("i8", "i16")},
     # x, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols, ldc, r0, r1
     "qir_im2col_i8": [_P, *[_I64] * 13, _P, _I64, _I64, _I64],
     # x, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, out, r0, r1
@@ -229,6 +233,23 @@ def pack_vnni(b: torch.Tensor, k_rows: int) -> tuple[torch.Tensor, torch.Tensor]
     return panels, comp
 
 
+def pack_dw(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A depthwise filter ``w`` (KH, KW, C) int8 as ``qir_dw_vnni`` reads it: ``ceil(C/16)`` blocks of
+    (KH, ceil(KW/4), 16, 4) bytes (byte t of channel k: column 4g + t of the kernel row; zero past KW
+    and past C), and (KH + 1, 16 ceil(C/16)) int32 that undo the kernel's a + 128 flip: row i < KH is
+    128 * the sum of kernel row i's weights per channel, row KH is -128 * the sum of all."""
+    if w.dtype != torch.int8 or w.dim() != 3:
+        raise ValueError(f"pack_dw: takes an int8 (KH, KW, C) filter, got {w.dtype} {tuple(w.shape)}")
+    kh, kw, c = w.shape
+    g4, ncb = -(-kw // 4), -(-c // 16)
+    full = torch.zeros(kh, g4 * 4, ncb * 16, dtype=torch.int8)
+    full[:, :kw, :c] = w
+    packed = full.view(kh, g4, 4, ncb, 16).permute(3, 0, 1, 4, 2).contiguous()
+    rows = full.to(torch.int32).sum(1) * 128
+    comp = torch.cat([rows, -rows.sum(0, keepdim=True)]).to(torch.int32).contiguous()
+    return packed, comp
+
+
 def threads() -> int:
     """Threads :func:`run` splits a call across: the compiled model's ``num_threads`` during its call
     (:func:`using_threads`), else torch's intra-op thread count."""
@@ -251,6 +272,22 @@ def gemm_parts(m: int) -> int:
     """Parts per thread for an int8 product over ``m`` rows: each part streams the whole packed
     weight through the cache once, so parts keep at least 4 register tiles (24 rows) each."""
     return max(1, min(PARTS_PER_THREAD, m // (24 * max(1, threads()))))
+
+
+def channel_groups(rows: int, blocks: int, work: int) -> tuple[int, int]:
+    """How a call over ``rows`` output rows of ``blocks`` independent channel blocks splits across
+    the threads: ``(blocks per group, grain)`` for a task whose units are (group, row) pairs, group-major.
+    Groups of channels first (a part that splits rows rebuilds the input rows its first output rows
+    share with the previous part; one that splits channels repeats nothing), as many as the call has
+    parts; rows as well where there are fewer blocks than parts. ``grain`` keeps each part within
+    one group where there are enough groups. One group when the call stays on one thread."""
+    nt = threads() if work >= _SPLIT_MIN else 1
+    if nt <= 1 or blocks <= 1:
+        return max(1, blocks), 1
+    parts = nt * PARTS_PER_THREAD
+    per_group = -(-blocks // min(blocks, parts))
+    groups = -(-blocks // per_group)
+    return per_group, (rows if groups >= parts else 1)
 
 
 def ptr(t: torch.Tensor) -> int:
