@@ -28,6 +28,7 @@ observer updates computes (docs/semantics.md, "Training on the integer grid").
 from __future__ import annotations
 
 import math
+import operator
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -155,11 +156,26 @@ def _trace_sources(
             sites.setdefault(ff, []).append([src.get(a.name) for a in operands])
             methods.setdefault(ff, set()).add(str(n.target))
             src[n.name] = source_of_module(gm.get_submodule(ff), None)
+        elif (out := _output_source(gm, n)) is not None:
+            src[n.name] = out
         elif n.op in ("call_function", "call_method") and is_preserving_call(n):
             src[n.name] = first
         else:
             src[n.name] = None
     return sites, methods
+
+
+def _output_source(gm: torch.fx.GraphModule, n: torch.fx.Node) -> FakeQuantize | None:
+    """``out[i]`` of a module with one fake quant per output (attention's ``(out, weights)``): that
+    output's per-tensor fake quant; None for anything else."""
+    if n.op != "call_function" or n.target is not operator.getitem or len(n.args) != 2:
+        return None
+    owner, index = n.args
+    if not isinstance(owner, torch.fx.Node) or owner.op != "call_module" or not isinstance(index, int):
+        return None
+    fqs = getattr(gm.get_submodule(str(owner.target)), "output_fake_quants", None)
+    outs = fqs() if callable(fqs) else ()
+    return _plain_fq(outs[index]) if 0 <= index < len(outs) else None
 
 
 def bind_integer_grid(gm: torch.fx.GraphModule, march: str) -> dict[str, str]:
@@ -180,17 +196,15 @@ def bind_sites(
     source fake quant of each tensor argument; ``methods``: per FloatFunctional path, the methods
     called); in place. ``{path: reason}`` for the modules left on float fake quantization."""
     unbound: dict[str, str] = {}
-    for path, m in root.named_modules():
+    for path, m in grid_modules(root):
         want = getattr(type(m), "grid_inputs", 0)
-        if not want:
-            continue
         _set_binding(m, None)
         calls = sites.get(path)
         if not calls:
             unbound[path] = "not called in the graph"
             continue
         if want < 0:  # a FloatFunctional: the operands of its call site, for the methods the grid computes
-            off = sorted(methods.get(path, set()) - type(m).grid_methods)
+            off = sorted(methods.get(path, set()) - getattr(type(m), "grid_methods", frozenset()))
             if off:
                 unbound[path] = f"FloatFunctional.{off[0]} trains with float fake quantization"
                 continue
@@ -209,6 +223,16 @@ def bind_sites(
             continue
         _set_binding(m, GridBinding(tuple(s for s in first if s is not None), march))
     return unbound
+
+
+def grid_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The grid-capable modules of ``root`` (class attribute ``grid_inputs``), except those inside another
+    one: a composed module (attention's softmax) computes its parts on the grid itself."""
+    found: list[tuple[str, nn.Module]] = []
+    for path, m in root.named_modules():
+        if getattr(type(m), "grid_inputs", 0) and not any(path.startswith(f"{p}.") for p, _ in found if p):
+            found.append((path, m))
+    return found
 
 
 def unbind_all(model: nn.Module) -> None:
@@ -261,11 +285,10 @@ def integer_grid_report(model: nn.Module) -> dict[str, str]:
     else:
         raise TypeError(f"integer_grid_report takes a prepare_qat_fx or prepare_qat model, got {type(model).__name__}")
     if not on:
-        return {p: "integer grid off" for p, m in model.named_modules() if getattr(type(m), "grid_inputs", 0)}
+        return {p: "integer grid off" for p, _ in grid_modules(model)}
     out: dict[str, str] = {}
-    for path, m in model.named_modules():
-        if getattr(type(m), "grid_inputs", 0):
-            out[path] = "grid" if getattr(m, _ATTR, None) is not None else "float fake quant"
+    for path, m in grid_modules(model):
+        out[path] = "grid" if getattr(m, _ATTR, None) is not None else "float fake quant"
     return out
 
 

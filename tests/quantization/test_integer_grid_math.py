@@ -159,3 +159,121 @@ def test_eager_layer_norm_and_softmax_steps_are_the_converted_model(march: str) 
         opt.zero_grad()
         out.square().mean().backward()
         opt.step()
+
+
+class _MHA(nn.Module):
+    """nn.MultiheadAttention between a linear and a head, with a key padding mask and the weights."""
+
+    def __init__(self, batch_first: bool) -> None:
+        super().__init__()
+        self.q = QuantStub()
+        self.fc = nn.Linear(8, 8)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=batch_first)
+        self.head = nn.Linear(8, 3)
+        self.dq, self.dqw = DeQuantStub(), DeQuantStub()
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.fc(self.q(x))
+        out, weights = self.attn(h, h, h, key_padding_mask=pad)
+        return self.dq(self.head(out)), self.dqw(weights)
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_steps_are_the_converted_model(march: str, batch_first: bool) -> None:
+    torch.manual_seed(0)
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[1, 3:] = True
+    shape = (2, 5, 8) if batch_first else (5, 2, 8)
+    with march_scope(march):
+        qat = prepare_qat_fx(
+            _MHA(batch_first), {"": get_default_qat_qconfig()}, example_inputs=(torch.randn(*shape), pad)
+        ).train()
+    assert integer_grid_report(qat)["attn"] == "grid"
+    g = torch.Generator().manual_seed(6)
+    opt = torch.optim.SGD(qat.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(3):
+        x = torch.randn(*shape, generator=g)
+        out = qat(x, pad)
+        with march_scope(march):
+            want = convert_fx(qat)(x, pad)
+        for a, b in zip(out, want, strict=True):
+            assert torch.equal(a, b), float((a - b).detach().abs().max())
+        opt.zero_grad()
+        (out[0].square().mean() + out[1].square().mean()).backward()
+        opt.step()
+    grad = qat.attn.in_proj_weight.grad
+    assert grad is not None and bool(grad.abs().sum() > 0)
+    set_integer_grid(qat, False)
+    x = torch.randn(*shape, generator=g)
+    with march_scope(march):
+        want = convert_fx(qat)(x, pad)
+    assert not all(torch.equal(a, b) for a, b in zip(qat(x, pad), want, strict=True))
+
+
+def test_multihead_attention_gradients_are_the_float_forwards() -> None:
+    torch.manual_seed(0)
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    with march_scope("bayes"):
+        qat = prepare_qat_fx(
+            _MHA(True), {"": get_default_qat_qconfig()}, example_inputs=(torch.randn(2, 5, 8), pad)
+        ).train()
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(7))
+    qat(x, pad)
+    disable_observer(qat)
+    h = qat.fc(qat.q(x)).detach()  # the attention's input, on its grid
+    grads = []
+    for grid in (True, False):
+        set_integer_grid(qat, grid)
+        hi = h.clone().requires_grad_()
+        out, weights = qat.attn(hi, hi, hi, key_padding_mask=pad)
+        # linear in the outputs: the upstream gradient does not depend on the forward values
+        (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward(retain_graph=True)
+        (weights * torch.linspace(1, -2, weights.numel()).reshape(weights.shape)).sum().backward()
+        assert hi.grad is not None
+        grads.append(hi.grad)
+    assert torch.equal(grads[0], grads[1])
+
+
+class _EagerMHA(nn.Module):
+    """nn.MultiheadAttention in an eager model fx cannot trace, its output read by a linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = QuantStub()
+        self.fc = nn.Linear(8, 8)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 3)
+        self.dq, self.dqw = DeQuantStub(), DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.fc(self.q(x))
+        if h.shape[1] > 3:  # control flow on a size: symbolic tracing fails
+            h = h.flip(1)
+        out, weights = self.attn(h, h, h)
+        return self.dq(self.head(out)), self.dqw(weights)
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+def test_eager_multihead_attention_steps_are_the_converted_model(march: str) -> None:
+    from qir.quantization import convert, prepare_qat
+
+    torch.manual_seed(0)
+    base = _EagerMHA()
+    base.qconfig = get_default_qat_qconfig()  # type: ignore[assignment]
+    with march_scope(march):
+        qat = prepare_qat(base).train()
+    g = torch.Generator().manual_seed(8)
+    qat(torch.randn(2, 5, 8, generator=g))  # the first forward records which module feeds which
+    assert integer_grid_report(qat) == dict.fromkeys(("fc", "attn", "head"), "grid")
+    opt = torch.optim.SGD(qat.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(3):
+        x = torch.randn(2, 5, 8, generator=g)
+        out = qat(x)
+        with march_scope(march):
+            want = convert(qat)(x)
+        for a, b in zip(out, want, strict=True):
+            assert torch.equal(a, b), float((a - b).detach().abs().max())
+        opt.zero_grad()
+        (out[0].square().mean() + out[1].square().mean()).backward()
+        opt.step()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +81,11 @@ class MultiheadAttention(QATModule, nn.MultiheadAttention):
     """
 
     _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.MultiheadAttention
+    #: query, key and value are grid inputs (qir.quantization.integer_grid binds them to their fake quants)
+    grid_inputs: ClassVar[int] = 3
+    #: ``(applies, forward)`` of the integer-grid forward, set by qir.nn.quantized.attention_grid (it
+    #: builds the converted module, which this layer cannot import)
+    grid_hooks: ClassVar[tuple[Callable[..., bool], Callable[..., Any]] | None] = None
     #: positions of the arguments that stay float / bool (key_padding_mask, attn_mask): convert takes them as they are
     float_inputs: ClassVar[tuple[int, ...]] = (3, 5)
     wq_fake_quant: FakeQuantize
@@ -131,6 +137,32 @@ class MultiheadAttention(QATModule, nn.MultiheadAttention):
         return w, b
 
     def forward(  # type: ignore[override]
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: torch.Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        options: dict[str, Any] = {
+            "key_padding_mask": key_padding_mask,
+            "need_weights": need_weights,
+            "attn_mask": attn_mask,
+            "average_attn_weights": average_attn_weights,
+            "is_causal": is_causal,
+        }
+        hooks = type(self).grid_hooks
+        on_grid = hooks is not None and hooks[0](self, (query, key, value))
+        floats = self._float_forward(query, key, value, **options)
+        if on_grid:
+            assert hooks is not None
+            return hooks[1](self, (query, key, value), floats, options)
+        return floats
+
+    def _float_forward(
         self,
         query: torch.Tensor,
         key: torch.Tensor,
