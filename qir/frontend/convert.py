@@ -22,12 +22,17 @@ from torch import nn
 
 from qir.frontend.bind import Unbindable, bind
 from qir.frontend.lookup import ff_op_class, is_float_functional, qualified_name, tables
+from qir.frontend.sequences import (
+    SEQUENCE_LENGTH_META,
+    SEQUENCE_LENGTHS_KEY,
+    bind_example_inputs,
+    carry_lengths,
+    input_sequences,
+)
 from qir.frontend.tracer import (
     QirTracer,
     TraceError,
-    bind_example_inputs,
     functionalize_inplace,
-    input_sequences,
     patch_float_functional,
     patch_len,
     placeholders_first,
@@ -79,6 +84,7 @@ def _trace(module: nn.Module, example_inputs: tuple[Any, ...], concrete_args: di
     if isinstance(module, torch.fx.GraphModule) and concrete_args is None:
         root: nn.Module = module
         fx_graph = module.graph
+        carry_lengths(module, fx_graph)
     else:
         root = module
         tracer = QirTracer(sequences=input_sequences(bind_example_inputs(module, example_inputs)))
@@ -86,6 +92,7 @@ def _trace(module: nn.Module, example_inputs: tuple[Any, ...], concrete_args: di
             with patch_float_functional(tracer), patch_len(module):
                 fx_graph = tracer.trace(module, concrete_args)
             placeholders_first(fx_graph)
+            carry_lengths(module, fx_graph)
             functionalize_inplace(fx_graph)
         except TraceError:
             raise
@@ -267,6 +274,9 @@ class _Converter:
         name = str(n.target).lstrip("*")
         arg = self.g.add_input(name, self.type_of(n), n.args[0] if has_default else None, has_default)
         self.env[n.name] = arg
+        length = n.meta.get(SEQUENCE_LENGTH_META)
+        if length is not None:  # the traced code read this list input's length: emitted modules check it
+            self.g.objects[SEQUENCE_LENGTHS_KEY] = {**self.g.objects.get(SEQUENCE_LENGTHS_KEY, {}), name: length}
 
     def _get_attr(self, n: torch.fx.Node) -> None:
         obj = _fetch(self.root, str(n.target))

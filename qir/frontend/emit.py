@@ -21,6 +21,7 @@ from torch import nn
 
 from qir.frontend.convert import MODULE_ORDER_KEY
 from qir.frontend.lookup import functional_method_classes
+from qir.frontend.sequences import SEQUENCE_LENGTHS_KEY, install_length_guard
 from qir.ir.graph import Graph, Node, Value, map_values
 from qir.ir.op import IRError, ModuleOp, Ref, resolve
 from qir.ir.ops.core import Call, Constant, GetAttr, GetItem, Identity, resolve_target
@@ -76,6 +77,7 @@ class _Emitter:
         for path in self.owned:
             for m in gm.get_submodule(path).modules():
                 m.training = self.g.training
+        install_length_guard(gm, self.g.objects.get(SEQUENCE_LENGTHS_KEY, {}))
         return gm
 
     def value(self, v: Value) -> Any:

@@ -7,7 +7,6 @@ import builtins
 import contextlib
 import copy
 import functools
-import inspect
 import linecache
 import operator
 import sys
@@ -28,6 +27,7 @@ from qir.frontend.lookup import (
     stub_classes,
     tables,
 )
+from qir.frontend.sequences import unpack
 from qir.utils.fx_helper import _find_proxy
 
 
@@ -95,7 +95,7 @@ class QirTracer(torch.fx.Tracer):
         # an FPN head's `feats` list: the forward gets a real list of getitem proxies, so
         # `assert len(feats) == n`, `for f in feats` and `zip(feats, ...)` trace (one placeholder
         # still takes the whole list, as the user's forward does)
-        return proxy if shape is None else _unpack(proxy, shape)
+        return proxy if shape is None else unpack(proxy, shape)
 
     def iter(self, obj: torch.fx.Proxy) -> Iterator[Any]:
         # `list(x.chunk(2, 1))`, `for y in x.split((a, b), 1)` (YOLOv8's C2f): the piece count is
@@ -110,47 +110,6 @@ class QirTracer(torch.fx.Tracer):
         if key not in self._ff_paths:
             self._ff_paths[key] = self.path_of_module(m)
         return self._ff_paths[key]
-
-
-def bind_example_inputs(root: nn.Module, example_inputs: Any) -> dict[str, Any]:
-    """Forward parameter name -> example input (empty without examples or when they do not bind)."""
-    if example_inputs is None:
-        return {}
-    args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    try:
-        return dict(inspect.signature(root.forward).bind_partial(*args).arguments)
-    except TypeError:  # propagate reports a wrong input count with the model's input names
-        return {}
-
-
-def input_sequences(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """Per forward parameter whose example input is a list / tuple (nested, of tensors and such),
-    its shape for :meth:`QirTracer.create_proxy`: a list of the element shapes (None for a leaf),
-    wrapped with the container type. Other inputs are left out."""
-
-    def shape(v: Any) -> Any:
-        if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):  # not a namedtuple
-            return (type(v), [shape(e) for e in v])
-        return None
-
-    return {k: s for k, v in inputs.items() if (s := shape(v)) is not None}
-
-
-class _TracedList(list):  # type: ignore[type-arg]
-    """A list input's getitem proxies. A subclass, so fx's pytree sees one leaf: a plain list
-    would make fx flatten the input into one placeholder per element."""
-
-
-class _TracedTuple(tuple):  # type: ignore[type-arg]
-    """A tuple input's getitem proxies (see :class:`_TracedList`)."""
-
-
-def _unpack(proxy: Any, shape: Any) -> Any:
-    if shape is None:
-        return proxy
-    kind, items = shape
-    pieces = [_unpack(proxy[i], e) for i, e in enumerate(items)]
-    return _TracedTuple(pieces) if issubclass(kind, tuple) else _TracedList(pieces)
 
 
 def placeholders_first(graph: torch.fx.Graph) -> None:

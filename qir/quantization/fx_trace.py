@@ -20,12 +20,11 @@ import torch.fx
 from torch import nn
 
 from qir.frontend.convert import _Converter, propagate
+from qir.frontend.sequences import bind_example_inputs, carry_lengths, input_sequences
 from qir.frontend.tracer import (
     QirTracer,
     TraceError,
-    bind_example_inputs,
     functionalize_inplace,
-    input_sequences,
     measure_pieces,
     patch_float_functional,
     patch_len,
@@ -70,6 +69,7 @@ def _trace_once(tracer: QirTracer, root: nn.Module, example_inputs: Any) -> torc
         with patch_float_functional(tracer), patch_len(root):
             graph = tracer.trace(root)
         placeholders_first(graph)
+        carry_lengths(root, graph)
         functionalize_inplace(graph)
         return graph
     except TraceError:

@@ -79,3 +79,6 @@ def test_the_list_head_calibrates_trains_converts_and_compiles() -> None:
         if n.startswith(("cls", "reg")) and getattr(m, "activation_post_process", None) is not None
     )
     assert result.max_error() <= 2.01 * lsb
+    # the forward read the list's length: the converted model refuses a list of another length
+    with pytest.raises(ValueError, match=r"input 'feats' has 2 elements, but the model was traced for 3"):
+        result.converted(_levels()[0][:2])
