@@ -3,13 +3,17 @@
 Seeds are real graphs: the golden files under tests/golden that parse, verify and run, the
 text of small models traced by qir's front end (conv-bn-relu-pool-linear, a residual
 block with cat / interpolate / sigmoid gating, an attention-style block with matmul,
-softmax and layer norm), and the integer IR of two converted models on both marches
-(benchmarks/fuzz_ir_converted.py: qconv, qadd, qlut, qsoftmax, qlayer_norm, qcat, qmatmul, ...
-with their weights, multipliers, shifts and tables as constants). Each case applies one to
-three seeded mutations to one seed's text (numbers and dimensions set to edge values, dtypes
+softmax and layer norm), and the integer IR of three converted models (two on both marches,
+one with self-attention and LSTM cells on Bayes; benchmarks/fuzz_ir_converted.py: qconv, qadd,
+qlut, qsoftmax, qlayer_norm, qcat, qmatmul, qmultihead_attention, qlstm_cell, ... with their
+weights, multipliers, shifts and tables as constants). Each case applies one to three seeded
+mutations to one seed's text (numbers and dimensions set to edge values, dtypes
 and op names swapped, operands rewired, kwargs dropped or replaced, lines deleted, duplicated, swapped or spliced from
 another seed, NUL / unicode / bracket noise, hostile call targets, truncation, deep
-nesting), then
+nesting). On a seed with constants (the converted models), half the cases also set the values
+of one to three constants its nodes read to edge values (a shift of 63 or 99, a multiplier of 2**40, a NaN,
+zero or negative scale, a table entry of -1, one entry or all of them), the text left as it is
+or mutated too: the verifier must refuse what the integer kernels cannot run. Then
 
 1. parses it (``allow_unbound=True``, under ``max_constant_bytes``) and binds its constants:
    the seed's own tensor where the key and declared type still match, otherwise seeded random
@@ -36,6 +40,7 @@ import argparse
 import contextlib
 import functools
 import json
+import math
 import platform
 import random
 import re
@@ -76,6 +81,8 @@ ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
 OK_CLASSES = ("parse-error", "verify-error", "ran", "no-inputs", "unbound-module")
 MAX_CONSTANT_BYTES = 64 * 2**20
+#: share of the cases on a seed with constants (the converted models) whose constant values are mutated
+CONSTANT_MUTATION_RATE = 0.5
 
 
 # ----------------------------------------------------------------------------- seeds
@@ -248,6 +255,15 @@ def _body_range(lines: list[str]) -> tuple[int, int]:
     return 1, max(end, 1)
 
 
+def _bump(s: str, by: int) -> str:
+    """The integer part of the number ``s`` plus ``by`` (a 5,000-digit literal too; an infinite one as is)."""
+    try:
+        return str(int(s) + by)
+    except ValueError:
+        v = float(s)
+        return str(int(v) + by) if math.isfinite(v) else s
+
+
 def _mutate_once(text: str, rng: random.Random, pool: list[str]) -> str:
     kind = rng.randrange(18)
     lines = _lines(text)
@@ -255,7 +271,7 @@ def _mutate_once(text: str, rng: random.Random, pool: list[str]) -> str:
     if kind == 0:
         return _sub_one(_NUM, text, rng, lambda _: rng.choice(EDGE_NUMBERS))
     if kind == 1:
-        return _sub_one(_NUM, text, rng, lambda s: str(int(float(s)) + rng.choice((-1, 1))) if "n" not in s else s)
+        return _sub_one(_NUM, text, rng, lambda s: _bump(s, rng.choice((-1, 1))))
     if kind == 2:
 
         def dims(s: str) -> str:
@@ -318,6 +334,77 @@ def _mutate_once(text: str, rng: random.Random, pool: list[str]) -> str:
     if kind == 17:
         return text[: rng.randrange(len(text) + 1)]
     return text
+
+
+EDGE_INT_VALUES = (
+    0,
+    1,
+    -1,
+    2,
+    31,
+    32,
+    62,
+    63,
+    64,
+    99,
+    -99,
+    127,
+    128,
+    -129,
+    255,
+    256,
+    32767,
+    32768,
+    -32769,
+    2**31 - 1,
+    2**31,
+    -(2**31),
+    2**40,
+    2**62,
+    2**63 - 1,
+    -(2**63),
+)
+EDGE_FLOAT_VALUES = (0.0, -0.0, -1.0, -1e-3, 1e-45, 1e-30, 1e30, 3e38, math.inf, -math.inf, math.nan)
+
+
+def read_constants(text: str) -> list[str]:
+    """The keys of the constants a graph text's nodes read (a constant no node uses runs nothing)."""
+    keys = []
+    for m in re.finditer(r'^\s*(%[A-Za-z_][A-Za-z0-9_]*)\b[^=]*= constant\(key="([^"]*)"', text, re.M):
+        if len(re.findall(re.escape(m.group(1)) + r"\b", text)) > 1:
+            keys.append(m.group(2))
+    return keys
+
+
+def mutate_constants(
+    constants: dict[str, torch.Tensor], rng: random.Random, read: list[str] | None = None
+) -> tuple[dict[str, torch.Tensor], str]:
+    """A copy of ``constants`` with one to three tensors' values (of the keys in ``read``, default
+    all) set to edge values (one entry, or all of them), clamped into each tensor's dtype; and a
+    description of what changed."""
+    out = dict(constants)
+    pick = constants if read is None else read
+    keys = sorted(k for k in pick if k in constants and constants[k].numel() and constants[k].dtype != torch.bool)
+    changes = []
+    for _ in range(rng.choice((1, 1, 2, 3)) if keys else 0):
+        key = rng.choice(keys)
+        t = out[key].clone()
+        if t.dtype.is_floating_point:
+            v: float = rng.choice(EDGE_FLOAT_VALUES)
+            if math.isfinite(v):
+                v = max(min(v, torch.finfo(t.dtype).max), -torch.finfo(t.dtype).max)
+        else:
+            info = torch.iinfo(t.dtype)
+            v = max(info.min, min(info.max, rng.choice(EDGE_INT_VALUES)))
+        if rng.random() < 0.5:
+            i = rng.randrange(t.numel())
+            t.view(-1)[i] = v
+            changes.append(f"{key}[{i}]={v}")
+        else:
+            t.fill_(v)
+            changes.append(f"{key}[:]={v}")
+        out[key] = t
+    return out, ", ".join(changes)
 
 
 def mutate(text: str, rng: random.Random, pool: list[str]) -> str:
@@ -467,8 +554,10 @@ def fuzz(cases: int, seed: int = 0, mem_bytes: int = 2 * 2**30, timeout: float =
     if not seeds:
         raise ValueError(f"no seed name starts with {only!r}: names are {[n for n, _, _ in seed_texts()]}")
     pool = [t for _, t, _ in seeds]
+    read = {n: read_constants(t) for n, t, _ in seeds}
     rng = random.Random(seed)
     counts: Counter[str] = Counter()
+    counts_values: Counter[str] = Counter()  # the cases whose constant values were mutated
     examples: dict[str, dict[str, str]] = {}
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
@@ -477,11 +566,25 @@ def fuzz(cases: int, seed: int = 0, mem_bytes: int = 2 * 2**30, timeout: float =
         with address_space_limit(mem_bytes) as limit:
             for i in range(cases):
                 name, text, constants = seeds[rng.randrange(len(seeds))]
-                mutated = mutate(text, rng, pool)
+                changed = ""
+                if constants and rng.random() < CONSTANT_MUTATION_RATE:
+                    # the values the text's constants hold, with the text as it is or mutated too
+                    constants, changed = mutate_constants(constants, rng, read[name])
+                    mutated = mutate(text, rng, pool) if rng.random() < 0.3 else text
+                else:
+                    mutated = mutate(text, rng, pool)
                 outcome, detail = run_case(mutated, seed + i, timeout, constants)
                 counts[outcome] += 1
+                if changed:
+                    counts_values[outcome] += 1
                 if outcome not in OK_CLASSES and outcome not in examples:
-                    examples[outcome] = {"seed": name, "case": str(i), "detail": detail, "text": mutated}
+                    examples[outcome] = {
+                        "seed": name,
+                        "case": str(i),
+                        "detail": detail,
+                        "text": mutated,
+                        "constants": changed,
+                    }
     finally:
         torch.set_num_threads(threads)
     bugs = sum(n for k, n in counts.items() if k not in OK_CLASSES)
@@ -492,6 +595,7 @@ def fuzz(cases: int, seed: int = 0, mem_bytes: int = 2 * 2**30, timeout: float =
         "address_space_limit_bytes": limit,
         "seconds": round(time.perf_counter() - t0, 1),
         "counts": dict(counts.most_common()),
+        "constant_value_cases": dict(counts_values.most_common()),
         "bugs": bugs,
         "examples": examples,
     }
@@ -507,8 +611,17 @@ def table(result: dict[str, Any]) -> str:
     for k, n in result["counts"].items():
         lines.append(f"  {k:<60} {n:>7}  {'ok' if k in OK_CLASSES else 'BUG'}")
     lines.append(f"  {'bugs':<60} {result['bugs']:>7}")
+    cv = result.get("constant_value_cases") or {}
+    if cv:
+        lines.append(
+            f"  of which with mutated constant values: {sum(cv.values()):,} ("
+            + ", ".join(f"{k} {n}" for k, n in cv.items())
+            + ")"
+        )
     for k, ex in result["examples"].items():
         lines.append(f"\n[{k}] first at case {ex['case']} (seed {ex['seed']}): {ex['detail'][:300]}")
+        if ex.get("constants"):
+            lines.append(f"    constants: {ex['constants']}")
         lines.extend("    " + ln for ln in ex["text"].splitlines()[:40])
     return "\n".join(lines)
 

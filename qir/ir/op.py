@@ -200,6 +200,12 @@ class Op:
     def verify_(self, operand_types: Sequence[Type]) -> None:
         """Op-specific checks across fields (override)."""
 
+    def verify_values(self, operand_types: Sequence[Type], values: Sequence[torch.Tensor | None]) -> None:
+        """Check the operand *values* known before the graph runs (override): ``values[i]`` is
+        operand i's bound constant tensor, None for a value computed at run time. Called by
+        :func:`~qir.ir.verify` after the type checks passed, for ops whose state is data the
+        kernel trusts (a requantization shift, a table's entries, a scale)."""
+
 
 def _all_refs(op: Op) -> Iterator[Ref]:
     for v in op.attributes().values():

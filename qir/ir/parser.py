@@ -28,6 +28,7 @@ from qir.ir.graph import Graph, Value
 from qir.ir.op import OP_REGISTRY, IRError, Op, Ref
 from qir.ir.printer import ATTR_CLASSES
 from qir.ir.types import TensorType, Type, parse_type
+from qir.ir.verifier import mark_stand_in
 
 MAX_CONSTANT_BYTES = 256 * 2**20
 """Default bound on a constant :func:`parse_graph` zero-fills (``allow_unbound=True``)."""
@@ -643,7 +644,7 @@ class _Parser:
                         ln.text.find("%"),
                     )
                 try:
-                    t = torch.zeros(n.type.shape, dtype=n.type.dtype.to_torch())
+                    t = mark_stand_in(torch.zeros(n.type.shape, dtype=n.type.dtype.to_torch()))
                 except RuntimeError as e:  # negative dimensions
                     raise ln.error(f"cannot bind zeros for constant {key!r}: {e}", ln.text.find("%")) from None
             else:

@@ -5,11 +5,14 @@ of its declared types (benchmarks/fuzz_ir.py checks it on mutated real graphs). 
 structure, the verifier checks what torch would otherwise reject at run time: each node's
 declared type against what its op infers (tensors, and tuples / lists element by element),
 operand kinds and dtypes (:mod:`qir.ir.operand_rules`), input defaults against their
-declared types, and opaque calls of allowlisted torch functions on meta tensors.
+declared types, opaque calls of allowlisted torch functions on meta tensors, and the values
+of bound constants an op's kernel trusts (:meth:`~qir.ir.op.Op.verify_values`: requantization
+multipliers and shifts, table entries, scales).
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -93,14 +96,43 @@ def verify(graph: Graph, check_types: bool = True) -> None:
                     raise _fail(n, f"constant {key!r} has shape {tuple(t.shape)}, declared {n.type}")
                 if t.dtype != n.type.dtype.to_torch():
                     raise _fail(n, f"constant {key!r} has dtype {t.dtype}, declared {n.type}")
-        elif check_types:
-            _check_type(n, known)
+        else:
+            if check_types:
+                _check_type(n, known)
+            _check_values(graph, n)
         defined.add(n)
     if count != len(graph):
         raise VerifyError(f"graph @{graph.name}: node count {len(graph)} disagrees with the list ({count})")
     for v in graph.output_values:
         if v not in defined:
             raise _fail(v, "graph output is not defined in the graph")
+
+
+#: the zeros ``parse_graph(allow_unbound=True)`` binds for constants the text has no tensor for
+#: (by id: a tensor's ``==`` is elementwise; an entry leaves when its tensor dies, so ids stay unique)
+_STAND_INS: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+
+def mark_stand_in(t: torch.Tensor) -> torch.Tensor:
+    """Mark ``t`` as a stand-in for a constant whose data is not known (zeros bound so that
+    the text of a model can be verified and run without its weights): :func:`verify` checks
+    its shape and dtype, not its values. Binding a real tensor in its place ends that."""
+    _STAND_INS[id(t)] = t
+    return t
+
+
+def _check_values(graph: Graph, n: Node) -> None:
+    """The op's checks of its operands' bound constant values (a shift of 99, a NaN scale)."""
+    values: list[torch.Tensor | None] = []
+    for v in n.operands:
+        t = graph.constants.get(v.op.key) if isinstance(v, Node) and v.op.name == "constant" else None  # type: ignore[attr-defined]
+        values.append(t if isinstance(t, torch.Tensor) and _STAND_INS.get(id(t)) is not t else None)
+    if all(t is None for t in values):
+        return
+    try:
+        n.op.verify_values([v.type for v in n.operands], values)
+    except IRError as e:
+        raise _fail(n, str(e)) from None
 
 
 def _check_type(n: Node, known: dict[Value, Any]) -> None:
@@ -138,6 +170,14 @@ def _operand_values(n: Node, known: dict[Value, Any]) -> tuple[list[Any], bool] 
         elif isinstance(t, ScalarType):
             values.append(STAND_INS[t.kind])
             exact = False
+        elif isinstance(t, SequenceType) and t.kind != "size" and t.elements and n.op.name != "getattr":
+            # a tuple of tensors where the op wants one fails on meta tensors as it would at run
+            # (not for getattr: the tuple type also stands for torch's named tuples, x.max(1).values)
+            tensors = [e for e in t.elements if isinstance(e, TensorType)]
+            if len(tensors) != len(t.elements):
+                return None
+            metas = [torch.empty(e.shape, dtype=e.dtype.to_torch(), device="meta") for e in tensors]
+            values.append(metas if t.kind == "list" else tuple(metas))
         else:
             return None
     return values, exact
@@ -202,4 +242,11 @@ def _mismatch(declared: Type, inferred: Type, path: str = "") -> str | None:
         declared if isinstance(inferred, TensorType) else inferred, ObjectType
     ):
         return f" (at {path})" if path else ""  # a tensor where the op gives a tuple or a scalar, or back
+    if _is_none(declared) != _is_none(inferred) and not isinstance(declared, ObjectType):
+        # None is known, not an opaque object: a tensor read where the op gives None fails at run
+        return f" (at {path})" if path else ""
     return None
+
+
+def _is_none(t: Type) -> bool:
+    return isinstance(t, ObjectType) and t.name == "NoneType"

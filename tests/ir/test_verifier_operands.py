@@ -261,3 +261,37 @@ def test_matmul_operands_share_a_float_dtype() -> None:
     verify(parse_graph(text.replace("DT", "f32")))
     with pytest.raises(VerifyError, match=r"needs operands of one dtype .* f32, f64"):
         verify(parse_graph(text.replace("DT", "f64")))
+
+
+def test_a_tuple_where_an_op_takes_a_tensor_is_refused() -> None:
+    """``matmul(%chunk, ...)``: the chunks' tuple, not one chunk (found by fuzz_ir)."""
+    text = """graph @m(%a: tensor<2x4xf32>, %b: tensor<2x2xf32>) {
+  %c: tuple<tensor<2x2xf32>,tensor<2x2xf32>> = chunk(%a, chunks=2, dim=1)
+  %p: tensor<2x2xf32> = getitem(%c, index=0)
+  %y: tensor<2x2xf32> = matmul(%X, %b)
+  return %y
+}"""
+    verify(parse_graph(text.replace("%X", "%p")))
+    with pytest.raises(VerifyError, match=r"%y: op 'matmul' rejects its operand kinds: TypeError: .*not tuple"):
+        verify(parse_graph(text.replace("%X", "%c")))
+
+
+def test_a_tensor_read_where_the_op_gives_none_is_refused() -> None:
+    """An attention layer without weights returns ``(output, None)``: element -1 is None."""
+    text = """graph @m(%x: tensor<2x3xf32>) {
+  %t: tuple<tensor<2x3xf32>,!NoneType> = call(%x, kind="function", target="mypkg.pair", args=(%x,))
+  %w: TYPE = getitem(%t, index=INDEX)
+  return %w
+}"""
+
+    def pair(x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return x, None
+
+    def parse(index: str, t: str) -> Graph:
+        return parse_graph(text.replace("INDEX", index).replace("TYPE", t), objects={"mypkg.pair": pair})
+
+    verify(parse("0", "tensor<2x3xf32>"))
+    verify(parse("-1", "!NoneType"))
+    for index in ("1", "-1"):
+        with pytest.raises(VerifyError, match=r"declared type tensor<2x3xf32> but op 'getitem' gives !NoneType"):
+            verify(parse(index, "tensor<2x3xf32>"))

@@ -31,6 +31,7 @@ import torch
 
 from qir.ir.op import IRError, ModuleOp, Op, Pure, Trait, bump_registry_version, register_op
 from qir.ir.ops import nn as float_ops
+from qir.ir.ops.integer_values import check_linear_state
 from qir.ir.types import DType, QuantSpec, TensorType, Type
 
 __all__ = [
@@ -130,6 +131,17 @@ class IntegerModuleOp(ModuleOp):
             return module(*inputs)
         method, args, kwargs = call
         return getattr(module, method)(*args, **kwargs)
+
+    def verify_values(self, operand_types: Sequence[Type], values: Sequence[torch.Tensor | None]) -> None:
+        """The bound state constants' values (:meth:`verify_state`); the inputs' are not the layer's."""
+        k = self.num_inputs()
+        state = {r: t for r, t in zip(self.param_roles(), values[k:], strict=False) if t is not None}
+        if state:
+            self.verify_state(operand_types, state)
+
+    def verify_state(self, operand_types: Sequence[Type], state: dict[str, torch.Tensor]) -> None:
+        """Check the values of the state tensors the kernel trusts (``state``: role -> the bound
+        constant, for the roles bound to one); the types were checked by :meth:`verify_`."""
 
     def method_call(self, inputs: Sequence[Any]) -> tuple[str, tuple[Any, ...], dict[str, Any]] | None:
         """``(method, args, kwargs)`` when the layer is a method of its module (QFunctional's
@@ -284,6 +296,11 @@ class QConv(IntegerModuleOp):
                 raise IRError(f"qconv: {role} must hold {c} integers (one per output channel), got {t}")
         if self.out.axis is not None and len(self.out.scale) != c:
             raise IRError(f"qconv: a per-channel out needs {c} scales, got {len(self.out.scale)}")
+
+    def verify_state(self, operand_types: Sequence[Type], state: dict[str, torch.Tensor]) -> None:
+        """Requantization multiplier / shift, int32 bias, ReLU6 bound, int64 accumulator products."""
+        axis = 1 if self.kind == "conv_transpose2d" else 0
+        check_linear_state(self.name, state, operand_types[0], self.out.dtype, out_axis=axis, relu6=self.act == "relu6")
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
         """The float conv's shape rule on meta tensors (its operands ``input, weight, bias[, addend]``)."""

@@ -129,6 +129,9 @@ class QLut(IntegerModuleOp):
         assert isinstance(table, TensorType) and isinstance(table16, TensorType)
         if table.shape != (256,) or table.dtype.is_float:
             raise IRError(f"qlut: table must hold 256 integer entries, got {table}")
+        if table.dtype.to_torch() != self.out.dtype.to_torch():
+            # the lookup returns the table's entries as they are: they are the output codes
+            raise IRError(f"qlut: table entries are the output codes: out is {self.out.dtype.name}, table is {table}")
         if table16.shape not in ((KNOTS16,), (0,)) or table16.dtype.is_float:
             raise IRError(f"qlut: table16 must hold {KNOTS16} integer knots (or none), got {table16}")
         dt = code_dtype(self.name, operand_types[0])

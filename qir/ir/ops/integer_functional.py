@@ -105,6 +105,11 @@ class QFunctionalOp(IntegerModuleOp):
         # march and dtype) are the module's own code: run it on zero codes where that is cheap
         probe(self, operand_types)
 
+    def probe_dims(self, operand_types: Sequence[Type]) -> list[tuple[int, ...]]:
+        """Per operand, the dimensions whose sizes the module's parameter rules read: the verify
+        probe keeps them and shrinks the rest (:mod:`qir.ir.ops.integer_probe`). None here."""
+        return [() for _ in operand_types]
+
     def result_shape(self, inputs: Sequence[torch.Tensor]) -> Sequence[int]:
         """The result shape from meta tensors of the code operands (elementwise: broadcast)."""
         return torch.broadcast_shapes(*(t.shape for t in inputs))
@@ -364,6 +369,15 @@ class QReduce(QFunctionalOp):
         super().__attrs_post_init__()
         if not isinstance(self.keepdim, bool):
             raise IRError(f"qreduce: keepdim must be a boolean, got {self.keepdim!r}")
+
+    def probe_dims(self, operand_types: Sequence[Type]) -> list[tuple[int, ...]]:
+        """``mean`` folds ``1 / n`` into its multiplier, ``n`` the elements it reduces: the reduced
+        dimensions keep their sizes."""
+        dims: list[tuple[int, ...]] = [() for _ in operand_types]
+        x = operand_types[0] if operand_types else None
+        if self.method == "mean" and isinstance(x, TensorType):
+            dims[0] = tuple(range(x.rank)) if self.dim is None else self.dim
+        return dims
 
     def result_shape(self, inputs: Sequence[torch.Tensor]) -> Sequence[int]:
         x = inputs[0]

@@ -25,6 +25,12 @@ from qir.ir.ops import activation as float_act
 from qir.ir.ops import norm as float_norm
 from qir.ir.ops.integer import IntegerModuleOp, _floats
 from qir.ir.ops.integer_codes import check_int, check_scales, code_dtype, per_tensor_scale, shaped_like
+from qir.ir.ops.integer_values import (
+    MULTIPLIER_RANGE,
+    SHIFT_RANGE,
+    check_exp_table,
+    check_int_values,
+)
 from qir.ir.types import DType, QuantSpec, TensorType, Type
 
 __all__ = ["QGlu", "QLayerNorm", "QPrelu", "QSoftmax"]
@@ -94,6 +100,13 @@ class QPrelu(_MathOp):
         c = m.shape[0]
         if c > 1 and isinstance(x, TensorType) and (x.rank < 2 or x.shape[1] != c):
             raise IRError(f"qprelu: {c} slopes need an input with {c} channels on dim 1, got {x}")
+
+    def verify_state(self, operand_types: Sequence[Type], state: dict[str, torch.Tensor]) -> None:
+        """The negative side's signed multipliers (the slope folded in) and right shifts."""
+        if "neg_multiplier" in state:
+            check_int_values(self.name, "neg_multiplier", state["neg_multiplier"], *MULTIPLIER_RANGE)
+        if "neg_shift" in state:
+            check_int_values(self.name, "neg_shift", state["neg_shift"], *SHIFT_RANGE)
 
     def float_op(self) -> Op:
         return float_act.Prelu()
@@ -177,6 +190,13 @@ class QSoftmax(_MathOp):
         if isinstance(x, TensorType) and not -x.rank <= self.dim < x.rank:
             raise IRError(f"qsoftmax: dim {self.dim} is out of range for {x}")
 
+    def verify_state(self, operand_types: Sequence[Type], state: dict[str, torch.Tensor]) -> None:
+        """The exp table's entries, as the division reads them (:func:`check_exp_table`)."""
+        if "table" in state:
+            x = operand_types[0]
+            n = x.shape[self.dim] if isinstance(x, TensorType) and x.rank else 1
+            check_exp_table(self.name, "table", state["table"], n, self.multiplier, self.shift)
+
     def float_op(self) -> Op:
         return float_act.Softmax(dim=self.dim)
 
@@ -240,6 +260,15 @@ class QLayerNorm(_MathOp):
         for role, t in zip(self.state_roles, operand_types[1:], strict=True):
             if not isinstance(t, TensorType) or t.numel != n or t.dtype.is_float:
                 raise IRError(f"qlayer_norm: {role} must hold {n} integers (one per normalized element), got {t}")
+
+    def verify_state(self, operand_types: Sequence[Type], state: dict[str, torch.Tensor]) -> None:
+        """The per-element affine requantization: multipliers, right shifts, int32 biases."""
+        if "multiplier" in state:
+            check_int_values(self.name, "multiplier", state["multiplier"], *MULTIPLIER_RANGE)
+        if "shift" in state:
+            check_int_values(self.name, "shift", state["shift"], *SHIFT_RANGE)
+        if "bias" in state:
+            check_int_values(self.name, "bias", state["bias"], -(2**31), 2**31 - 1, " (an int32)")
 
     def float_op(self) -> Op:
         ln: Any = float_norm.LayerNorm  # attrs' converter=tuple types the field as a bare Iterable

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import attrs
+import torch
 from torch import nn
 
 from qir.ir.op import IRError, Op, register_op
@@ -28,6 +29,14 @@ from qir.ir.ops.integer_codes import (
     float_shaped,
     per_tensor_scale,
     same_scale_spec,
+)
+from qir.ir.ops.integer_values import (
+    MULTIPLIER_RANGE,
+    SHIFT_RANGE,
+    abs_max,
+    check_fits_int64,
+    check_int_values,
+    code_magnitude,
 )
 from qir.ir.types import QuantSpec, TensorType, Type
 
@@ -130,6 +139,20 @@ class QAvgPool2d(_AvgPool):
         for role, t in zip(self.state_roles, operand_types[1:], strict=True):
             if not isinstance(t, TensorType) or t.rank != 1 or t.shape[0] < top or t.dtype.is_float:
                 raise IRError(f"qavg_pool2d: {role} must hold {top} integer entries (one per divisor), got {t}")
+
+    def verify_state(self, operand_types: Sequence[Type], state: dict[str, torch.Tensor]) -> None:
+        """The multiplier and right shift of each divisor the windows use (the first ``top``
+        entries), and a window sum times a multiplier inside int64."""
+        top = self.divisor_override or self.kernel_size[0] * self.kernel_size[1]
+        m = state.get("multipliers")
+        if m is not None:
+            check_int_values(self.name, "multipliers", m.reshape(-1)[:top], *MULTIPLIER_RANGE)
+            window = self.kernel_size[0] * self.kernel_size[1] * code_magnitude(operand_types[0])
+            check_fits_int64(
+                self.name, "a window sum times its multiplier", window, max(abs_max(m.reshape(-1)[:top]), 1)
+            )
+        if "shifts" in state:
+            check_int_values(self.name, "shifts", state["shifts"].reshape(-1)[:top], *SHIFT_RANGE)
 
     def float_op(self) -> Op:
         pool = nn.AvgPool2d(

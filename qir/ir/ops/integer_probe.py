@@ -5,10 +5,15 @@ parameters from its scales when called, with the limits of its march and output 
 multiplier limit the ratio ``in_scale / out_scale`` must stay under, the dtypes a march can
 requantize to). Those rules live with the integer modules, above ``qir.ir``; rather than
 restate them here, :func:`probe` calls the op's own module (rebuilt by the builder the module
-layer registered) on zero codes of the operand types, so ``verify`` refuses what the run would.
-It runs only where that is cheap (at most :data:`PROBE_ELEMENTS` operand elements; larger
-operands are checked for shapes, dtypes and scales only) and remembers each op and operand
-types it has seen.
+layer registered) on zero codes, so ``verify`` refuses what the run would.
+
+The rules read scales, dtypes and the march, not sizes (shapes are the op's type inference's
+business, checked before the probe), except where the op says so (a ``mean`` folds ``1 / n``
+into its multiplier, ``n`` the elements it reduces: :meth:`probe_dims`). So the probe runs on
+operands of the same ranks and dtypes with every other dimension shrunk to at most 1: a layer
+over any number of elements costs a few bytes to check. Only a probe whose kept dimensions
+still hold more than :data:`PROBE_ELEMENTS` elements (a mean over more than 2**20 elements per
+output) is skipped. Each op and probe shape is remembered.
 """
 
 from __future__ import annotations
@@ -25,23 +30,34 @@ from qir.ir.types import ScalarType, TensorType, Type
 
 __all__ = ["PROBE_ELEMENTS", "probe"]
 
-#: total operand elements up to which :func:`probe` runs a layer on zeros
-PROBE_ELEMENTS = 2**16
+#: total elements of the shrunk operands up to which :func:`probe` runs a layer on zeros
+PROBE_ELEMENTS = 2**20
 
 
 def probe(op: Any, operand_types: Sequence[Type]) -> None:
     """Run ``op`` (an integer op without state operands) on zero codes of ``operand_types``;
     an error it raises becomes an :class:`IRError` naming the op."""
-    tensors = [t for t in operand_types if isinstance(t, TensorType)]
-    if sum(t.numel for t in tensors) > PROBE_ELEMENTS:
+    kept = getattr(op, "probe_dims", lambda types: [() for _ in types])(operand_types)
+    small = tuple(_shrunk(t, dims) for t, dims in zip(operand_types, kept, strict=True))
+    if sum(t.numel for t in small if isinstance(t, TensorType)) > PROBE_ELEMENTS:
         return
     try:
         integer_module_builder(op.name)
     except IRError:  # the module layer is not imported: nothing can run the op, nothing to ask
         return
-    error = _probe(op, tuple(operand_types))
+    error = _probe(op, small)
     if error is not None:
         raise IRError(f"op {op.name!r} fails on its operand types {list(operand_types)}: {error}")
+
+
+def _shrunk(t: Type, keep: Sequence[int]) -> Type:
+    """``t`` with each dimension not in ``keep`` shrunk to at most 1 (0 stays 0: an empty operand
+    is what the run gets)."""
+    if not isinstance(t, TensorType):
+        return t
+    kept = {d % t.rank for d in keep} if t.rank else set()
+    shape = tuple(n if i in kept else min(n, 1) for i, n in enumerate(t.shape))
+    return TensorType(shape, t.dtype)  # a per-channel spec would not fit the shrunk shape
 
 
 @functools.lru_cache(maxsize=4096)

@@ -26,12 +26,14 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import attrs
+import torch
 
 from qir.ir.graph import Value
 from qir.ir.op import IRError, Op, register_op
 from qir.ir.ops import attention as float_ops
 from qir.ir.ops.integer import IntegerModuleOp, _floats
 from qir.ir.ops.integer_codes import check_int, check_march, check_scales, code_dtype, per_tensor_scale
+from qir.ir.ops.integer_values import check_exp_table, check_linear_state
 from qir.ir.types import DType, QuantSpec, SequenceType, TensorType, Type
 
 __all__ = ["QLstmCell", "QMultiheadAttention", "linear_roles"]
@@ -140,6 +142,15 @@ class _SequenceOp(IntegerModuleOp):
     def state_types(self, operand_types: Sequence[Type]) -> dict[str, Type]:
         return dict(zip(self.param_roles(), operand_types[self.num_inputs() :], strict=True))
 
+    def linears(self, operand_types: Sequence[Type]) -> list[tuple[str, Type, DType]]:
+        """``(projection, its input's type, its output dtype)`` of each integer linear."""
+        raise NotImplementedError(f"{type(self).__name__} names its integer linears")
+
+    def verify_state(self, operand_types: Sequence[Type], state: dict[str, torch.Tensor]) -> None:
+        """Each integer linear's requantization state (:func:`check_linear_state`)."""
+        for proj, x, out in self.linears(operand_types):
+            check_linear_state(self.name, state, x, out, prefix=f"{proj}.")
+
 
 @register_op
 @attrs.frozen
@@ -247,6 +258,10 @@ class QLstmCell(_SequenceOp):
             _linear_state(self.name, types, "hh", self.hidden_size, 4 * self.hidden_size)
         for role in ("sigmoid_table", "tanh_g_table", "tanh_c_table"):
             _table(self.name, role, types[role])
+
+    def linears(self, operand_types: Sequence[Type]) -> list[tuple[str, Type, DType]]:
+        ih = [("ih", operand_types[0], self.ih_out.dtype)]
+        return ih + ([("hh", operand_types[1], self.hh_out.dtype)] if self.hh_out is not None else [])
 
     def float_op(self) -> Op:
         return float_ops.LstmCell(bias=self.has_bias, has_state=self.has_state)
@@ -410,6 +425,19 @@ class QMultiheadAttention(_SequenceOp):
         for p in _PROJS:
             _linear_state(self.name, types, p, e, e)
         _table(self.name, "softmax.table", types["softmax.table"])
+
+    def linears(self, operand_types: Sequence[Type]) -> list[tuple[str, Type, DType]]:
+        projs = [(p, operand_types[i], self.proj_outs[i].dtype) for i, p in enumerate(_PROJS[:3])]
+        return [*projs, ("out_proj", TensorType((1,), self.context.dtype), self.out.dtype)]
+
+    def verify_state(self, operand_types: Sequence[Type], state: dict[str, torch.Tensor]) -> None:
+        """The projections' requantization state and the softmax exp table."""
+        super().verify_state(operand_types, state)
+        if "softmax.table" in state:
+            k = operand_types[1]  # a softmax row holds one score per key: its source length
+            n = k.shape[1 if self.batch_first else 0] if isinstance(k, TensorType) and k.rank == 3 else 1
+            table = state["softmax.table"]
+            check_exp_table(self.name, "softmax.table", table, n, self.softmax_multiplier, self.softmax_shift)
 
     def float_op(self) -> Op:
         return float_ops.MultiheadAttention(

@@ -34,6 +34,7 @@ import torch
 
 from qir.ir import numerics
 from qir.ir.op import IRError, Op, Pure, Quantization, ShapePreserving, Trait, register_op
+from qir.ir.ops.integer_values import check_scale_values
 from qir.ir.printer import register_attr_class
 from qir.ir.types import DType, QuantSpec, TensorType, Type
 
@@ -160,6 +161,12 @@ class FakeQuant(Op):
         if not scale.dtype.is_float:
             raise IRError(f"op {self.name!r}: scale must be a float tensor, got {scale}")
         _check_axis(self, self.spec.axis, x, scale.numel, "scales")
+
+    def verify_values(self, operand_types: Sequence[Type], values: Sequence[torch.Tensor | None]) -> None:
+        """A bound scale is positive and finite: ``x / scale`` with a zero, negative or NaN scale
+        runs, but computes nothing a quantized model can deploy."""
+        if len(values) > 1 and values[1] is not None:
+            check_scale_values(self.name, "scale", values[1])
 
 
 def _spec_type(t: TensorType, spec: QuantSpec) -> TensorType:
