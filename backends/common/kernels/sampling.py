@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import qbounds, register_kernel, requant_i64, sat_to
-from backends.common.kernels.data_checks import DataError, check_finite, check_index
+from backends.common.kernels.data_checks import DataError, check_finite, check_index, check_rois
 from backends.common.kernels.infer import ShapeError, code, meta, tensor_arg
 from backends.common.kernels.schema import (
     MAX_COUNT,
@@ -242,31 +242,6 @@ def _rois(boxes: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0, 5)
 
 
-#: the widest box, in multiples of its feature map's size, an adaptive sampling ratio samples
-#: (its samples per bin grow with the extent: a forged coordinate would size the loop)
-MAX_ROI_EXTENT = 16
-
-
-def _check_rois(kernel: str, rois: torch.Tensor, fixed: torch.Tensor, n: int, hw: tuple[int, int], a: Any) -> None:
-    """The boxes' values before they index: a batch index of an image of ``x``, finite
-    coordinates exact in float64, and (adaptive sampling, whose sample count follows a box's
-    extent) boxes at most :data:`MAX_ROI_EXTENT` map sizes wide."""
-    check_finite(kernel, "the box coordinates", rois[:, 1:])
-    check_index(kernel, "the box batch index (column 0 of the boxes)", rois[:, 0], n)
-    if fixed.numel() and float(fixed.abs().max()) > 2**52:
-        raise DataError(f"{kernel}: a box coordinate is beyond 2**52 / 2**bits feature-map pixels")
-    if fixed.numel() and int(a["sampling_ratio"]) <= 0:
-        one = 1 << int(a["bits"])
-        for (c0, c1), size, axis in (((0, 2), hw[1], "x"), ((1, 3), hw[0], "y")):
-            extent = float((fixed[:, c1] - fixed[:, c0]).abs().max()) / one
-            if extent > MAX_ROI_EXTENT * max(size, 1):
-                raise DataError(
-                    f"{kernel}: a box spans {extent:g} feature-map pixels along {axis}, over {MAX_ROI_EXTENT} times "
-                    f"the size-{size} map: with an adaptive sampling ratio the samples per bin follow the box's "
-                    "extent; clip the boxes to the image"
-                )
-
-
 def _roi_means(
     x: torch.Tensor, rois: torch.Tensor, a: Mapping[str, Any], spatial_scale: float, aligned: bool, kernel: str
 ) -> torch.Tensor:
@@ -278,7 +253,7 @@ def _roi_means(
     h, w = int(x.shape[-2]), int(x.shape[-1])
     v = rois[:, 1:].to(torch.float64) * float(spatial_scale) * float(1 << bits)
     fixed = torch.floor(v) + (v - torch.floor(v) >= 0.5)  # half up, exactly (v + 0.5 can round)
-    _check_rois(kernel, rois, fixed, int(x.shape[0]), (h, w), a)
+    check_rois(kernel, rois, spatial_scale, int(x.shape[0]), (h, w), int(a["sampling_ratio"]), bits)
     q = x.to(torch.int64)
     out = torch.zeros(int(rois.shape[0]), int(x.shape[1]), ph, pw, dtype=torch.int64)
     for k, (r, b) in enumerate(zip(fixed.to(torch.int64).tolist(), rois[:, 0].tolist(), strict=True)):

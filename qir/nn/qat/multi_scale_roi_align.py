@@ -30,12 +30,14 @@ def level_rows(
     m: Any, x: dict[str, torch.Tensor], boxes: list[torch.Tensor], image_shapes: list[tuple[int, int]]
 ) -> tuple[list[torch.Tensor], torch.Tensor, list[tuple[torch.Tensor, LevelRoIAlign]]]:
     """``(features, rois, per level (row indices, RoIAlign fields))`` of a multi-scale module ``m``."""
+    from backends.common.kernels.data_checks import check_finite
     from backends.common.roi_rules import rois_of
 
     what = type(m).__name__
     feats = selected_features(x, m.featmap_names, what)
     scales, k_min, k_max = level_scales([tuple(f.shape[-2:]) for f in feats], image_shapes, what)
     rois = rois_of(boxes, what)
+    check_finite(what, "the box coordinates", rois[:, 1:])  # a NaN box's level would match no level
     levels = map_levels(boxes, k_min, k_max, m.canonical_scale, m.canonical_level)
     per_level = [
         (torch.where(levels == lvl)[0], LevelRoIAlign(m.output_size, s, m.sampling_ratio))
@@ -67,7 +69,7 @@ class MultiScaleRoIAlign(QATModule, FloatMultiScaleRoIAlign):
                 continue
             rows = [
                 (wy.to(f.dtype) @ f[b] @ wx.to(f.dtype).T) / (scale * count)
-                for wy, wx, b, count in roi_sample(f, rois[idx], fields)
+                for wy, wx, b, count in roi_sample(f, rois[idx], fields, type(self).__name__)
             ]
             y = y.index_copy(0, idx, torch.stack(rows).to(y.dtype))
         assert self.activation_post_process is not None

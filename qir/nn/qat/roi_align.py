@@ -15,18 +15,23 @@ __all__ = ["RoIAlign", "roi_sample"]
 
 
 def roi_sample(
-    x: torch.Tensor, boxes: torch.Tensor | list[torch.Tensor], m: Any
+    x: torch.Tensor, boxes: torch.Tensor | list[torch.Tensor], m: Any, what: str | None = None
 ) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
     """Per RoI: ``(W_y, W_x, batch index, samples)`` from the integer rule (weights at ``2**-B``).
 
-    ``m`` holds torchvision's fields (a float, QAT or integer RoIAlign).
+    ``m`` holds torchvision's fields (a float, QAT or integer RoIAlign). The boxes are checked
+    first as the compiled kernel checks them (``check_rois``: finite, a batch index naming an
+    image of ``x``, a bounded extent), a ``DataError`` naming ``what`` (default: ``m``'s class).
     """
-    from backends.common.roi_rules import axis_weights, box_fixed, rois_of
+    from backends.common.kernels.data_checks import check_rois
+    from backends.common.roi_rules import ROI_BITS, axis_weights, box_fixed, rois_of
 
-    rois = rois_of(boxes, type(m).__name__)
+    what = what or type(m).__name__
+    rois = rois_of(boxes, what)
+    h, w = int(x.shape[-2]), int(x.shape[-1])
+    check_rois(what, rois, float(m.spatial_scale), int(x.shape[0]), (h, w), int(m.sampling_ratio), ROI_BITS)
     fixed = box_fixed(rois, m.spatial_scale).tolist()
     ph, pw = m.output_size
-    h, w = int(x.shape[-2]), int(x.shape[-1])
     out = []
     for (bx1, by1, bx2, by2), b in zip(fixed, rois[:, 0].tolist(), strict=True):
         wy, gh = axis_weights(by1, by2, h, ph, m.sampling_ratio, m.aligned)

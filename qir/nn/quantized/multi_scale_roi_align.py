@@ -65,7 +65,7 @@ class MultiScaleRoIAlign(QuantizedModule):
             q = f.to(torch.int64)
             rows = [
                 torch.as_tensor(div_half_up(wy @ q[b] @ wx.T, count << (2 * ROI_BITS - ROI_MEAN_BITS)))
-                for wy, wx, b, count in roi_sample(f, rois[idx], fields)
+                for wy, wx, b, count in roi_sample(f, rois[idx], fields, name)
             ]
             out[idx] = numerics.requantize(torch.stack(rows), mult, shift + ROI_MEAN_BITS, self.dtype)
         return out
