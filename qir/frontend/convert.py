@@ -39,11 +39,12 @@ from qir.frontend.tracer import (
     trace_error,
 )
 from qir.ir.graph import Graph, Node, Value, split_operands
-from qir.ir.op import IRError, ModuleOp, Op
-from qir.ir.ops.core import Call, Identity
+from qir.ir.op import IRError, ModuleOp, Op, Transparent
+from qir.ir.ops.core import Call, GetItem, Identity
 from qir.ir.ops.integer import IntegerModuleOp, integer_method_op
 from qir.ir.ops.qat_functional import qat_method_reader
 from qir.ir.ops.shape import Transpose
+from qir.ir.spec_flow import adopt_specs
 from qir.ir.types import Type, type_of
 from qir.utils.fx_helper import wrapped_original
 
@@ -244,6 +245,8 @@ class _Converter:
         t = self.type_of(n)
         if isinstance(op, IntegerModuleOp):
             t = op.typed_result(t)  # codes typed with the layer's output QuantSpec
+        elif op.has_trait(Transparent) or isinstance(op, GetItem):
+            t = _moved_codes_type(op, operands, t)
         node = self.g.add_node(op, operands, t, name=n.name, scope=scope)
         self.env[n.name] = node
         return node
@@ -482,3 +485,13 @@ class _Converter:
         rank = {k: i for i, k in enumerate(order)}
         keys = sorted(self.g.constants, key=lambda k: rank.get(k, len(rank)))
         self.g.constants = {k: self.g.constants[k] for k in keys}
+
+
+def _moved_codes_type(op: Op, operands: list[Value], t: Type) -> Type:
+    """The example's type ``t`` with the QuantSpec the op's inference keeps on codes it only
+    moves (a flatten / reshape / slice of qint8 codes at a scale)."""
+    try:
+        inferred = op.infer_type([v.type for v in operands])
+    except Exception:
+        return t
+    return adopt_specs(t, inferred)

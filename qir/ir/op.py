@@ -25,6 +25,7 @@ from typing import Any, ClassVar, TypeVar
 import attrs
 import torch
 
+from qir.ir.spec_flow import carry_spec
 from qir.ir.types import DType, SequenceType, TensorType, Type, type_of
 
 
@@ -183,7 +184,9 @@ class Op:
             out = self.compute(*args)
         except NotImplementedError:
             raise CannotInfer(f"op {self.name!r}: cannot infer the result type of {operand_types}") from None
-        return _meta_type(out)
+        t = _meta_type(out)
+        # meta tensors hold int8, not qint8 at a scale: codes moved without arithmetic keep theirs
+        return carry_spec(operand_types, t) if self.has_trait(Transparent) else t
 
     def verify(self, operand_types: Sequence[Type]) -> None:
         """Check operands against this op; raise :class:`IRError` with the reason."""

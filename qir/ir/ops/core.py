@@ -10,6 +10,7 @@ import torch
 
 from qir.ir.call_targets import resolve_call_target
 from qir.ir.op import CannotInfer, IRError, Op, Opaque, Pure, Ref, Trait, Transparent, register_op, resolve
+from qir.ir.spec_flow import carry_spec
 from qir.ir.types import DType, ObjectType, SequenceType, TensorType, Type, type_of
 
 
@@ -140,7 +141,9 @@ class GetItem(Op):
                 return t.elements[idx]
             except IndexError:
                 raise IRError(f"getitem: index {idx} out of range for {len(t.elements)} elements") from None
-        return super().infer_type(operand_types)
+        result = super().infer_type(operand_types)
+        # a slice of codes holds codes at their scale (an index tensor operand is not quantized)
+        return carry_spec(operand_types[:1], result) if isinstance(t, TensorType) else result
 
 
 @register_op
