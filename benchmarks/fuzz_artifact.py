@@ -1,7 +1,8 @@
 """Mutation fuzzer for compiled artifacts: what a hostile or careless file does to ``load_compiled``.
 
 Compiles a few small models (both marches; convolutions, pooling, linear, add, lookup
-tables, layout functions), then writes seeded mutations of their files (header values and
+tables, layout functions; on Bayes, self-attention and LSTM cells from
+benchmarks/fuzz_ir_converted.py), then writes seeded mutations of their files (header values and
 structure, raw header text, data bytes, the container) and loads each with a memory bound
 (``load_compiled(path, max_memory=MAX_MEMORY)``, 1 GiB) and runs it under an address-space
 limit (``RLIMIT_AS``, 2 GiB above the start-up mapping), so a huge allocation fails fast and is
@@ -109,27 +110,35 @@ def build_corpus(out: Path) -> list[Seed]:
     from qir.march import march_scope
     from qir.quantization import compile_model, convert_fx, get_default_qat_qconfig, prepare_qat_fx
 
+    try:
+        from benchmarks.fuzz_ir_converted import _one, _Sequence, _sequence_inputs
+    except ImportError:  # run as a script: benchmarks/ is on sys.path, not the repository root
+        from fuzz_ir_converted import _one, _Sequence, _sequence_inputs  # type: ignore[no-redef]
+
     torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
     seeds = []
-    for name, make, shape, march in (
-        ("digits-bayes", _Digits, (2, 1, 28, 28), "bayes"),
-        ("small-bayes", _Small, (2, 3, 16, 16), "bayes"),
-        ("small-bernoulli2", _Small, (2, 3, 16, 16), "bernoulli2"),
+    for name, make, shape, inputs, march in (
+        ("digits-bayes", _Digits, (2, 1, 28, 28), _one, "bayes"),
+        ("small-bayes", _Small, (2, 3, 16, 16), _one, "bayes"),
+        ("small-bernoulli2", _Small, (2, 3, 16, 16), _one, "bernoulli2"),
+        # self-attention and LSTM cells (with state from QuantStubs, and without): Bayes only
+        ("sequence-bayes", _Sequence, (2, 5, 8), _sequence_inputs, "bayes"),
     ):
         with march_scope(march):
-            prepared = prepare_qat_fx(make(), {"": get_default_qat_qconfig()})
+            prepared = prepare_qat_fx(make(), {"": get_default_qat_qconfig()}, example_inputs=inputs(shape, gen))
             with torch.no_grad():
                 for _ in range(3):
-                    prepared(torch.randn(*shape))
+                    prepared(*inputs(shape, gen))
             prepared.eval()
             converted = convert_fx(prepared)
-        x = torch.randn(*shape)
+        xs = inputs(shape, gen)
         path = out / f"{name}.hbm"
-        compile_model(converted, [x], hbm=path, opt=1, march=march, check=False)
+        compile_model(converted, list(xs), hbm=path, opt=1, march=march, check=False)
         data = path.read_bytes()
         (hlen,) = struct.unpack_from("<Q", data, 12)
         start = 20 + hlen + (-(20 + hlen)) % 64
-        seeds.append(Seed(name, json.loads(data[20 : 20 + hlen]), data[start:-32], (x,)))
+        seeds.append(Seed(name, json.loads(data[20 : 20 + hlen]), data[start:-32], xs))
     return seeds
 
 

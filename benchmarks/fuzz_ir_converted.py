@@ -1,12 +1,13 @@
 """Converted-model seeds for benchmarks/fuzz_ir.py: integer IR traced from convert_fx results.
 
-Two small models, each prepared for QAT, stepped on three batches and converted on both marches
-(Bayes and Bernoulli2), then traced: their graphs hold the integer ops (``qquant_stub``,
-``qconv`` as conv / depthwise conv with a fused add / linear, ``qmax_pool2d``, ``qlut``,
-``qsoftmax``, ``qlayer_norm``, ``qcat`` as cat and stack, ``qinterpolate``,
-``qadaptive_avg_pool2d``, ``qmatmul``, ``qmul_scalar``, ``qprelu``, ``qglu``, ``qmul``,
-``qreduce``, ``qadd``, ``qminmax``, ``qlut_method``, ``qrelu6``, ``qavg_pool2d``,
-``qadd_scalar``, ``qdiv``, ``qtensor_div``, ``qdequant_stub``) with their integer state
+Three small models, each prepared for QAT, stepped on three batches, converted on both marches
+(Bayes and Bernoulli2; the sequence model on Bayes only, whose LSTM cell state is qint16) and
+traced: their graphs hold the integer ops (``qquant_stub``, ``qconv`` as conv / depthwise conv
+with a fused add / linear, ``qmax_pool2d``, ``qlut``, ``qsoftmax``, ``qlayer_norm``, ``qcat`` as
+cat and stack, ``qinterpolate``, ``qadaptive_avg_pool2d``, ``qmatmul``, ``qmul_scalar``,
+``qprelu``, ``qglu``, ``qmul``, ``qreduce``, ``qadd``, ``qminmax``, ``qlut_method``, ``qrelu6``,
+``qavg_pool2d``, ``qadd_scalar``, ``qdiv``, ``qtensor_div``, ``qmultihead_attention``,
+``qlstm_cell`` with and without its state, ``qdequant_stub``) with their integer state
 (weights, multipliers, shifts, tables) as constants. The fuzzer binds those real constants to
 a mutated text wherever its declared type still matches, so a mutant runs on the values a
 converted model holds.
@@ -78,23 +79,58 @@ class _Math(nn.Module):
         return self.dequant(self.st.stack([r, self.td.div(r, self.adds2.add_scalar(r, 2.0))], dim=1))
 
 
-MODELS = (("vision", _Vision, (2, 3, 8, 8)), ("math", _Math, (2, 5, 8)))
-MARCHES = ("bayes", "bernoulli2")
+class _Sequence(nn.Module):
+    """Self-attention, an LSTM cell with its state from QuantStubs, one without state, a linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qx, self.qh, self.qc = QuantStub(), QuantStub(), QuantStub()
+        self.att = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.cell = nn.LSTMCell(8, 8)
+        self.cell0 = nn.LSTMCell(8, 8)
+        self.fc = nn.Linear(8, 4)
+        self.dequant = DeQuantStub()
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        q = self.qx(x)
+        a, _ = self.att(q, q, q, need_weights=False)
+        h1, _ = self.cell(a.flatten(0, 1), (self.qh(h), self.qc(c)))
+        h2, _ = self.cell0(h1)
+        return self.dequant(self.fc(h2))
+
+
+def _one(shape: tuple[int, ...], gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    return (torch.randn(shape, generator=gen),)
+
+
+def _sequence_inputs(shape: tuple[int, ...], gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    x = torch.randn(shape, generator=gen)
+    n = shape[0] * shape[1]
+    return x, torch.randn(n, shape[2], generator=gen).tanh(), torch.randn(n, shape[2], generator=gen)
+
+
+#: (name, model, input shape, inputs from the shape, marches): the LSTM cell keeps its cell state
+#: in qint16, which only Bayes produces
+MODELS = (
+    ("vision", _Vision, (2, 3, 8, 8), _one, ("bayes", "bernoulli2")),
+    ("math", _Math, (2, 5, 8), _one, ("bayes", "bernoulli2")),
+    ("sequence", _Sequence, (2, 5, 8), _sequence_inputs, ("bayes",)),
+)
 
 
 def converted_seeds() -> list[tuple[str, str, dict[str, torch.Tensor]]]:
     """(name, text, constants) of each model converted on each march and traced."""
     seeds = []
-    for name, make, shape in MODELS:
-        for march in MARCHES:
+    for name, make, shape, inputs, marches in MODELS:
+        for march in marches:
             torch.manual_seed(0)
             gen = torch.Generator().manual_seed(0)
-            batches = [torch.randn(shape, generator=gen) for _ in range(3)]
+            batches = [inputs(shape, gen) for _ in range(3)]
             with march_scope(march):
-                qat = prepare_qat_fx(make(), {"": get_default_qat_qconfig()}, example_inputs=(batches[0],))
+                qat = prepare_qat_fx(make(), {"": get_default_qat_qconfig()}, example_inputs=batches[0])
                 for batch in batches:
-                    qat(batch)
+                    qat(*batch)
                 model = convert_fx(qat.eval())
-            graph = trace(model, (batches[0],))
+            graph = trace(model, batches[0])
             seeds.append((f"converted:{name}:{march}", print_graph(graph), dict(graph.constants)))
     return seeds
