@@ -5,6 +5,11 @@ every split of the work across threads (by rows, by channel groups, both)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -105,3 +110,45 @@ def test_compiled_depthwise_layer_takes_the_packed_kernel() -> None:
     x = torch.randn(*shape)
     with torch.no_grad():
         assert torch.equal(compiled(x), converted(x))
+
+
+_OTHER_BUILD = """
+import torch, torch.nn.functional as F
+from backends.common.kernels import conv as cm, native
+from qir.ir.numerics import requantize
+assert native.library() is not None, native.status()
+g = torch.Generator().manual_seed(0)
+for c, k, s, d, p, hw in [(17, 3, 1, 1, 1, 9), (33, 3, 2, 1, 1, 10), (70, 5, 1, 2, 2, 11), (5, 7, 3, 1, 3, 8)]:
+    x = torch.randint(-128, 128, (2, c, hw, hw + 1), dtype=torch.int8, generator=g)
+    w = torch.randint(-128, 128, (c, 1, k, k), dtype=torch.int8, generator=g)
+    m, sh, b = (torch.randint(0, 32768, (c,), generator=g), torch.randint(0, 32, (c,), generator=g),
+                torch.randint(-(2**20), 2**20, (c,), generator=g))
+    fr = cm.fused_requant("qint8", None, m, sh, b, torch.zeros(c, dtype=torch.int64), c)
+    attrs = {"stride": [s, s], "padding": [p, p], "dilation": [d, d]}
+    w3 = w[:, 0].permute(1, 2, 0).contiguous()
+    acc = F.conv2d(x.double(), w.double(), None, s, p, d, c).to(torch.int64).permute(0, 2, 3, 1)
+    want = requantize(acc + b, m, sh, "qint8", axis=-1)
+    for nt in (1, 2):
+        with native.using_threads(nt):
+            assert torch.equal(cm._dw_native(x, w3, fr, attrs), want)
+            if native.has_vnni():
+                assert torch.equal(cm._dw_native(x, w3, fr, attrs, packed=native.pack_dw(w3)), want)
+print("vnni" if native.has_vnni() else "no vnni")
+"""
+
+
+@pytest.mark.parametrize(
+    ("flags", "vnni"),
+    [("-mno-avx512vbmi", "vnni"), ("-mno-avx512f", "no vnni")],
+    ids=["vnni-without-vpermb", "without-avx512"],
+)
+def test_builds_without_vbmi_or_avx512_compute_the_same_codes(flags: str, vnni: str, tmp_path: Path) -> None:
+    """The interleave without vpermb (AVX-512 VNNI CPUs without VBMI) and the one-tap loop without
+    AVX-512, each built with the instructions switched off (``QIR_NATIVE_CFLAGS``) in a subprocess."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "QIR_NATIVE_CFLAGS": flags, "QIR_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(root)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _OTHER_BUILD], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == vnni

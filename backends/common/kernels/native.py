@@ -9,8 +9,8 @@ The C loops here read the int32 accumulator once and write the int8 / int16 code
 the same int64 arithmetic as the reference rules (``qir.ir.numerics.requantize``).
 
 The library is compiled once per source, compiler flags and CPU (``-O3 -march=native
--fwrapv``) into ``$QIR_CACHE_DIR`` (default ``~/.cache/qir``) and loaded with ctypes. Without
-a C compiler, or with ``QIR_NATIVE=0``, :func:`library` returns None and the kernels use
+-fwrapv``, plus ``$QIR_NATIVE_CFLAGS``) into ``$QIR_CACHE_DIR`` (default ``~/.cache/qir``) and
+loaded with ctypes. Without a C compiler, or with ``QIR_NATIVE=0``, :func:`library` returns None and the kernels use
 their torch paths, which compute the same results (tests compare both against the int64
 reference). :func:`status` says which and why.
 
@@ -156,7 +156,10 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     if cc is None:
         return None, "no C compiler found (set CC): torch kernels"
     src = b"".join(p.read_bytes() for p in (*_SOURCES, *_HEADERS))
-    key = hashlib.sha256(src + " ".join([cc, *_FLAGS]).encode() + _cpu_key().encode()).hexdigest()[:16]
+    # QIR_NATIVE_CFLAGS: extra compiler flags, e.g. -mno-avx512vbmi or -mno-avx512f to build (and test)
+    # the paths a CPU without those instructions takes
+    flags = [*_FLAGS, *os.environ.get("QIR_NATIVE_CFLAGS", "").split()]
+    key = hashlib.sha256(src + " ".join([cc, *flags]).encode() + _cpu_key().encode()).hexdigest()[:16]
     cache = Path(
         os.environ.get("QIR_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qir"
     )
@@ -167,7 +170,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
             # build beside the target and rename: concurrent processes never load a half-written file
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
             os.close(fd)
-            cmd = [cc, *_FLAGS, *(str(p) for p in _SOURCES), "-o", tmp]
+            cmd = [cc, *flags, *(str(p) for p in _SOURCES), "-o", tmp]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             if proc.returncode != 0:
                 os.unlink(tmp)
