@@ -13,6 +13,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "absorb-bn": "passes.absorb_bn",
     "dce": "passes.dce",
     "fuse": "passes.fuse",
+    "insert-observers": "passes.insert_observers",
     "legalize": "passes.legalize",
     "lower": "backends.common.lower_pass",
     "quantize": "passes.quantize",

@@ -15,90 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from qir.ir.ops.qat import FakeQuantSpec, QATConv, QATDequantStub, QATQuantStub, register_qat_module
-from qir.ir.ops.quant import ObserverSpec
+from qir.ir.ops.qat import QATConv, QATDequantStub, QATQuantStub, register_qat_module
 from qir.nn.qat.conv import QAT_CONV_CLASSES, QATConvBase
 from qir.nn.qat.stubs import DeQuantStub, QuantStub
-from qir.quantization.fake_quantize import CalibFakeQuantize, FakeQuantize, FakeQuantState
-from qir.quantization.observer import (
-    FixedScaleObserver,
-    MinMaxObserver,
-    MovingAveragePerChannelMinMaxObserver,
-    MovingAveragePerTensorMinMaxObserver,
-    ObserverBase,
-    PercentileObserver,
-)
+from qir.quantization.fake_quant_ir import OBSERVER_KINDS, build_fake_quant, fake_quant_factory, fake_quant_spec
 from qir.quantization.qconfig import QConfig
 
-__all__ = ["OBSERVER_KINDS", "build_fake_quant", "fake_quant_spec"]
-
-#: observer kind (an ObserverSpec's ``observer``) -> class, and the constructor options each reads
-OBSERVER_KINDS: dict[str, tuple[type[ObserverBase], tuple[str, ...]]] = {
-    "moving_average_minmax": (MovingAveragePerTensorMinMaxObserver, ("averaging_constant",)),
-    "moving_average_per_channel_minmax": (MovingAveragePerChannelMinMaxObserver, ("averaging_constant",)),
-    "minmax": (MinMaxObserver, ()),
-    "percentile": (PercentileObserver, ("percentile", "bins")),
-    "fixed_scale": (FixedScaleObserver, ()),
-}
-_KIND_OF = {cls: kind for kind, (cls, _) in OBSERVER_KINDS.items()}
-#: options every observer takes (ObserverBase's constructor)
-_COMMON = ("eps", "sync_ranks", "nonfinite")
-
-
-def fake_quant_spec(fq: Any, where: str) -> FakeQuantSpec:
-    """``fq`` as data; NotImplementedError (the module stays an opaque call) when it has no data form."""
-    if type(fq) not in (FakeQuantize, CalibFakeQuantize):
-        raise NotImplementedError(f"{where}: {type(fq).__name__} is not a FakeQuantize the IR can describe")
-    obs = fq.observer
-    kind = _KIND_OF.get(type(obs))
-    if kind is None:
-        raise NotImplementedError(f"{where}: observer {type(obs).__name__} has no IR observer kind")
-    if kind == "fixed_scale":
-        # FakeQuantize(scale=...) builds the observer with default options: the scale is all there is
-        options: dict[str, Any] = {"scale": float(obs.scale.reshape(-1)[0])}
-    else:
-        names = OBSERVER_KINDS[kind][1] + _COMMON
-        options = {k: getattr(obs, k) for k in names}
-    state = fq.state.value if isinstance(fq.state, FakeQuantState) else None
-    return FakeQuantSpec(
-        observer=ObserverSpec(kind, obs.dtype, obs.ch_axis, options),
-        calibration=type(fq) is CalibFakeQuantize,
-        observe=bool(fq.observer_enabled),
-        fake_quant=bool(fq.fake_quant_enabled),
-        state=state,
-    )
-
-
-def _factory(spec: FakeQuantSpec) -> Any:
-    cls = CalibFakeQuantize if spec.calibration else FakeQuantize
-    obs = spec.observer
-    opts = dict(obs.options)
-    if obs.observer == "fixed_scale":
-        return cls.with_args(dtype=obs.dtype.name, scale=float(opts["scale"]))
-    observer_cls = OBSERVER_KINDS[obs.observer][0]
-    if obs.axis is not None:
-        opts["ch_axis"] = obs.axis
-    return cls.with_args(observer=observer_cls, dtype=obs.dtype.name, **opts)
-
-
-def build_fake_quant(spec: FakeQuantSpec, tensors: dict[str, torch.Tensor], prefix: str) -> FakeQuantize:
-    """A fake quant as ``spec`` describes it, holding ``tensors[prefix + '.' + role]`` (shared, not copied)."""
-    if spec.observer.observer not in OBSERVER_KINDS:
-        raise ValueError(
-            f"{prefix}: unknown observer kind {spec.observer.observer!r}; the kinds are {', '.join(OBSERVER_KINDS)}"
-        )
-    fq: FakeQuantize = _factory(spec)()
-    for role in spec.roles():
-        owner: nn.Module = fq
-        leaf = role
-        if role.startswith("observer."):
-            owner, leaf = fq.observer, role.partition(".")[2]
-        owner._buffers[leaf] = tensors[f"{prefix}.{role}"]
-    fq.observer_enabled = spec.observe
-    fq.fake_quant_enabled = spec.fake_quant
-    fq.state = None if spec.state is None else FakeQuantState(spec.state)
-    return fq
-
+__all__ = ["OBSERVER_KINDS", "build_fake_quant", "fake_quant_factory", "fake_quant_spec"]
 
 # ----------------------------------------------------------------------------- conv / linear
 
@@ -142,8 +65,8 @@ def _param(t: torch.Tensor) -> nn.Parameter:
 
 def _build_conv(op: Any, tensors: dict[str, torch.Tensor]) -> QATConvBase:
     cls = QAT_CONV_CLASSES[(_TORCH[op.kind], op.add, op.act)]
-    out_factory = None if op.out_fq is None else _factory(op.out_fq)
-    qc = QConfig(activation=out_factory, weight=_factory(op.weight_fq))
+    out_factory = None if op.out_fq is None else fake_quant_factory(op.out_fq)
+    qc = QConfig(activation=out_factory, weight=fake_quant_factory(op.weight_fq))
     kw: dict[str, Any] = {"bias": op.bias, "device": "meta", "qconfig": qc}
     if op.kind == "linear":
         m: Any = cls(op.in_channels, op.out_channels, **kw)
@@ -172,7 +95,7 @@ def _read_quant_stub(m: Any) -> QATQuantStub:
 
 def _build_quant_stub(op: Any, tensors: dict[str, torch.Tensor]) -> QuantStub:
     fq = build_fake_quant(op.out_fq, tensors, "activation_post_process")
-    return QuantStub(fq, QConfig(activation=_factory(op.out_fq)))
+    return QuantStub(fq, QConfig(activation=fake_quant_factory(op.out_fq)))
 
 
 def _read_dequant_stub(m: Any) -> QATDequantStub:

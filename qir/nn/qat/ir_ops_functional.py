@@ -14,7 +14,7 @@ import torch
 
 from qir.ir.ops.qat_functional import QATFunctional, register_qat_functional
 from qir.nn.qat.functional import FloatFunctional
-from qir.nn.qat.ir_ops import _factory, build_fake_quant, fake_quant_spec
+from qir.nn.qat.ir_ops import build_fake_quant, fake_quant_factory, fake_quant_spec
 from qir.quantization.qconfig import QConfig
 
 __all__: list[str] = []
@@ -30,7 +30,7 @@ def _build(op: Any, tensors: dict[str, torch.Tensor]) -> FloatFunctional:
     if op.out_fq is None:
         return FloatFunctional(None, QConfig(activation=None, weight=None))
     fq = build_fake_quant(op.out_fq, tensors, "activation_post_process")
-    return FloatFunctional(fq, QConfig(activation=_factory(op.out_fq), weight=None))
+    return FloatFunctional(fq, QConfig(activation=fake_quant_factory(op.out_fq), weight=None))
 
 
 register_qat_functional(FloatFunctional, _read, _build)

@@ -1,0 +1,320 @@
+"""``insert-observers``: the prepare step as a pass — float layers become QAT ops.
+
+Each node whose scope (module path) the options name is replaced by the QAT op its
+observer rule builds (``conv2d`` -> ``qat_conv``, the input ``QuantStub`` call ->
+``qat_quant_stub``, ...), with that module's resolved qconfig: the weight fake quant and the
+output fake quant as :class:`~qir.ir.ops.qat.FakeQuantSpec` data. The rules are registered
+per float op name or per opaque module class with :func:`register_observer_rule` by the layer
+that defines the QAT modules (``qir.nn.qat``, whose ``from_float`` they reuse), so this pass
+imports no module library and the trainable model it leads to computes what module swapping
+builds.
+
+Options are plain data, so the pass prints and parses back:
+
+* ``fake_quants``: the distinct fake quants, each the IR text of a ``FakeQuantSpec``;
+* ``qconfigs``: ``[[scope, activation, weight], ...]``; ``activation`` / ``weight`` index
+  ``fake_quants``, or are ``none`` (no such fake quant: a high-precision output).
+  Which module gets which qconfig (``""``, ``module_type``, ``module_name``, ``.qconfig``
+  attributes, hybrid placement) is decided by the public driver (``prepare_qat_fx``) before
+  the pass runs; a node whose scope is not listed stays float.
+* ``call_sites``: ``[[scope, [site, ...]], ...]``: a module called at several places gets a
+  QAT op per call; call ``k`` (``k`` >= 1, graph order) takes scope ``sites[k - 1]``. The
+  call sites share the first call's weight, bias and weight fake quant (constants), and
+  each has its own output fake quant (``activation_post_process.*``): one observer per call.
+
+A float tensor two layers share (one constant operand of both) stays one tensor: the second
+layer's QAT op takes the first one's QAT parameter of that role.
+
+The new state (weight, bias, every fake-quant buffer) is added as constants keyed by
+state-dict name under the node's scope (``conv.weight_fake_quant.scale``), so emitting the
+graph rebuilds the trainable modules with the keys module swapping gives them.
+:func:`uncovered` lists the listed nodes no rule converts (``prepare_qat_fx`` then prepares
+the whole model by module swapping and says why); run on them, the pass raises
+:class:`InsertObserversError` naming the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+from passes.base import Pass, PassContext, register_pass
+from qir.ir.graph import Graph, Node, Value
+from qir.ir.op import IRError, ModuleOp, Op
+from qir.ir.ops.core import Call, Constant
+from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp
+from qir.ir.parser import parse_value
+from qir.ir.printer import format_value
+
+__all__ = [
+    "OWN_PER_SITE",
+    "InsertObservers",
+    "InsertObserversError",
+    "ObserveRule",
+    "fake_quant_text",
+    "register_observer_rule",
+    "uncovered",
+]
+
+#: rule(float op, module object of an opaque call or None, float state by role, activation fake
+#: quant, weight fake quant) -> (QAT op, its state by role)
+ObserveRule = Callable[
+    [Op, Any, dict[str, torch.Tensor], FakeQuantSpec | None, FakeQuantSpec | None],
+    tuple[QATModuleOp, dict[str, torch.Tensor]],
+]
+
+#: float op name or opaque module class -> rule
+_RULES: dict[str | type, ObserveRule] = {}
+
+#: state roles each call site of a module holds for itself (its output observer); the rest are shared
+OWN_PER_SITE = "activation_post_process"
+
+
+class InsertObserversError(IRError):
+    """A node the options name cannot get observers; the message names it and why."""
+
+
+def register_observer_rule(key: str | type, rule: ObserveRule) -> None:
+    """Give nodes of float op ``key`` (an op name), or opaque calls of modules of class ``key``,
+    observers with ``rule`` (called by ``qir.nn.qat``)."""
+    _RULES[key] = rule
+
+
+def fake_quant_text(spec: FakeQuantSpec) -> str:
+    """A fake quant as the pass's ``fake_quants`` option spells it (IR attribute text)."""
+    return format_value(spec)
+
+
+def _fake_quant(text: str, index: int) -> FakeQuantSpec:
+    try:
+        value = parse_value(text)
+    except IRError as e:
+        raise InsertObserversError(f"insert-observers: fake_quants[{index}] {text!r}: {e}") from None
+    if not isinstance(value, FakeQuantSpec):
+        raise InsertObserversError(f"insert-observers: fake_quants[{index}] must be a FakeQuantSpec(...), got {text!r}")
+    return value
+
+
+def _module_object(graph: Graph, n: Node) -> Any:
+    op = n.op
+    if isinstance(op, Call) and op.kind == "module":
+        return graph.objects.get(f"module:{op.target}")
+    return None
+
+
+def _rule(graph: Graph, n: Node) -> tuple[ObserveRule | None, Any, str]:
+    """The node's rule, its module object (opaque calls) and what the node is, for messages."""
+    obj = _module_object(graph, n)
+    if obj is not None:
+        return _RULES.get(type(obj)), obj, f"module {type(obj).__name__}"
+    op = n.op
+    if isinstance(op, ModuleOp) and not isinstance(op, QATModuleOp):
+        return _RULES.get(op.name), None, f"op {op.name!r}"
+    if isinstance(op, Call):
+        return None, None, f"call of {op.target!r}"
+    return None, None, f"op {op.name!r}"
+
+
+def uncovered(graph: Graph, scopes: Mapping[str, Any] | set[str]) -> list[tuple[str, str]]:
+    """``(node, reason)`` for each node with a scope in ``scopes`` that no rule converts, and
+    each scope no node has (empty: the pass converts every listed module)."""
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for n in graph.nodes:
+        if n.scope is None or n.scope not in scopes or isinstance(n.op, Constant):
+            continue
+        seen.add(n.scope)
+        rule, _, what = _rule(graph, n)
+        if rule is None:
+            out.append((n.name, f"{what} at '{n.scope}' has no observer rule (register_observer_rule)"))
+    for scope in scopes:
+        if scope not in seen:
+            out.append((scope, f"module '{scope}' is not called in the graph as a layer of its own"))
+    return out
+
+
+#: where the float state of the converted layers waits while the pass runs
+_ASIDE = "_qir_float_state."
+
+
+def _move_float_state(graph: Graph, specs: Mapping[str, Any]) -> dict[str, str]:
+    """Re-key the constant operands of the listed layers under :data:`_ASIDE` (one rebuild of
+    ``graph.constants``, keeping its order); returns new key -> old key."""
+    renames: dict[str, str] = {}
+    for n in graph.nodes:
+        if n.scope is None or n.scope not in specs or not isinstance(n.op, ModuleOp):
+            continue
+        for v in n.op.module_params(n.operands):
+            if isinstance(v, Node) and isinstance(v.op, Constant) and not v.op.key.startswith(_ASIDE):
+                renames[v.op.key] = _ASIDE + v.op.key
+                v.op = attrs.evolve(v.op, key=_ASIDE + v.op.key)
+    if renames:
+        graph.constants = {renames.get(k, k): t for k, t in graph.constants.items()}
+    return {new: old for old, new in renames.items()}
+
+
+def _restore_float_state(graph: Graph, moved: Mapping[str, str]) -> None:
+    """Give float constants some other (float) node still reads their keys back."""
+    back: dict[str, str] = {}
+    for n in graph.nodes:
+        op = n.op
+        if isinstance(op, Constant) and op.key in moved:
+            old = moved[op.key]
+            if old in graph.constants:
+                raise InsertObserversError(
+                    f"insert-observers: the float tensor {old!r} is read by a layer that stays float and by one "
+                    "whose QAT state now has that key; give the float layer its own tensor"
+                )
+            back[op.key] = old
+            n.op = attrs.evolve(op, key=old)
+    if back:
+        graph.constants = {back.get(k, k): t for k, t in graph.constants.items()}
+
+
+@register_pass
+@attrs.frozen
+class InsertObservers(Pass):
+    """Replace the listed layers by QAT ops with fake quants from their qconfigs.
+
+    Reports ``insert-observers.converted`` in the context's stats.
+    """
+
+    name: ClassVar[str] = "insert-observers"
+    summary: ClassVar[str] = "float layers -> QAT ops with weight / output fake quants (per-module qconfigs)"
+
+    fake_quants: tuple[str, ...] = ()
+    qconfigs: tuple[tuple[str, int | None, int | None], ...] = ()
+    call_sites: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def resolved(self) -> dict[str, tuple[FakeQuantSpec | None, FakeQuantSpec | None]]:
+        """scope -> (activation, weight) fake quants, parsed from the options."""
+        specs = [_fake_quant(text, i) for i, text in enumerate(self.fake_quants)]
+
+        def pick(scope: str, what: str, i: int | None) -> FakeQuantSpec | None:
+            if i is None:
+                return None
+            if not 0 <= i < len(specs):
+                raise InsertObserversError(
+                    f"insert-observers: qconfigs entry {scope!r}: {what} {i} is not an index of fake_quants "
+                    f"(0..{len(specs) - 1})"
+                )
+            return specs[i]
+
+        return {s: (pick(s, "activation", a), pick(s, "weight", w)) for s, a, w in self.qconfigs}
+
+    def apply(self, ctx: PassContext, graph: Graph) -> bool:
+        specs = self.resolved()
+        if not specs:
+            return False
+        bad = uncovered(graph, specs)
+        if bad:
+            node, why = bad[0]
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            raise InsertObserversError(f"insert-observers: %{node}: {why}{more}")
+        sites = dict(self.call_sites)
+        # the float state moves aside first: a QAT layer's keys may be the float layer's own
+        # (an unfused conv's ``down.0.weight``), and the float tensors go once no layer reads them
+        moved = _move_float_state(graph, specs)
+        calls: dict[str, int] = {}
+        first: dict[str, dict[str, Node]] = {}  # scope -> role -> constant of its first call
+        shared: dict[tuple[Node, str], Node] = {}  # (float constant, role) -> its QAT constant
+        converted = 0
+        for n in list(graph.nodes):
+            if n.scope is None or n.scope not in specs or isinstance(n.op, Constant):
+                continue
+            k = calls.get(n.scope, 0)
+            calls[n.scope] = k + 1
+            site = n.scope
+            if k:
+                names = sites.get(n.scope, ())
+                if len(names) < k:
+                    raise InsertObserversError(
+                        f"insert-observers: %{n.name}: module '{n.scope}' is called more than {len(names) + 1} "
+                        "time(s) but call_sites names no scope for this call; give every call after the first one"
+                    )
+                site = names[k - 1]
+            self._convert(graph, n, specs[n.scope], site, first.get(n.scope), shared, first)
+            converted += 1
+        _restore_float_state(graph, moved)
+        ctx.count("insert-observers.converted", converted)
+        return converted > 0
+
+    def _convert(
+        self,
+        graph: Graph,
+        n: Node,
+        spec: tuple[FakeQuantSpec | None, FakeQuantSpec | None],
+        site: str,
+        owner: dict[str, Node] | None,
+        shared: dict[tuple[Node, str], Node],
+        first: dict[str, dict[str, Node]],
+    ) -> None:
+        rule, obj, _ = _rule(graph, n)
+        assert rule is not None  # uncovered() checked
+        op = n.op
+        if isinstance(op, ModuleOp):
+            roles, params = op.param_roles(), op.module_params(n.operands)
+            inputs: list[Value] = op.module_inputs(n.operands)
+        else:
+            roles, params, inputs = (), [], list(n.operands)
+        tensors: dict[str, torch.Tensor] = {}
+        float_consts: dict[str, Node] = {}
+        for role, v in zip(roles, params, strict=True):
+            if not (isinstance(v, Node) and isinstance(v.op, Constant)):
+                raise InsertObserversError(
+                    f"insert-observers: %{n.name} (module {n.scope}): state operand {role} is not a constant"
+                )
+            tensors[role] = graph.constants[v.op.key]
+            float_consts[role] = v
+        try:
+            new_op, state = rule(op, obj, tensors, *spec)
+        except (ValueError, TypeError, NotImplementedError) as e:
+            raise InsertObserversError(f"insert-observers: %{n.name} (module {n.scope}): {e}") from e
+        if new_op.num_inputs() != len(inputs):
+            raise InsertObserversError(
+                f"insert-observers: %{n.name} (module {n.scope}): {new_op.name} takes {new_op.num_inputs()} "
+                f"input(s), the call passes {len(inputs)}"
+            )
+        prefix = f"{site}." if site else ""
+        consts: dict[str, Node] = {}
+        for role in new_op.param_roles():
+            if role not in state:
+                raise InsertObserversError(f"insert-observers: %{n.name}: the rule gave no {role} for {new_op.name}")
+            if owner is not None and not role.startswith(OWN_PER_SITE):
+                consts[role] = owner[role]  # a later call site: the first call's weight and weight fake quant
+                continue
+            source = float_consts.get(role)
+            if source is not None and (source, role) in shared:
+                consts[role] = shared[(source, role)]  # a float tensor another layer holds too
+                continue
+            consts[role] = self._constant(graph, prefix + role, state[role])
+            if source is not None:
+                shared[(source, role)] = consts[role]
+        if owner is None:
+            first[n.scope or ""] = consts
+        name = n.name
+        new = graph.create_node(
+            new_op, [*inputs, *(consts[r] for r in new_op.param_roles())], n.type, name=f"{name}_qat", scope=site
+        )
+        graph.insert_node(new, after=n)
+        new.meta.update(n.meta)
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+        for c in float_consts.values():
+            if c.graph is graph and not c.users:
+                graph.erase_node(c)
+                graph.constants.pop(c.op.key, None)  # type: ignore[attr-defined]
+        graph.rename(new, name)
+
+    @staticmethod
+    def _constant(graph: Graph, key: str, tensor: torch.Tensor) -> Node:
+        if key in graph.constants and graph.constants[key] is not tensor:
+            raise InsertObserversError(
+                f"insert-observers: state key {key!r} is already held by another tensor; "
+                "two layers would share one module path"
+            )
+        kind = "parameter" if isinstance(tensor, torch.nn.Parameter) else "buffer"
+        return graph.add_constant(key, tensor, kind, name=key.replace(".", "_"))
