@@ -39,11 +39,12 @@ from qir.ir.ops.core import Call, Constant
 from qir.ir.ops.elementwise import Add, BinaryOp, Div, Mul, Sub
 from qir.ir.ops.misc import Einsum, Matmul
 from qir.ir.ops.nn import ConvNd, ConvTransposeNd, Linear
+from qir.ir.ops.qat import QATModuleOp
 from qir.ir.ops.shape import Transpose
 from qir.ir.types import ScalarType, SequenceType, TensorType, Type
 from qir.quantization.fx_trace import build_ir, trace_fx
 from qir.quantization.names import NameAllocator
-from qir.quantization.pipelines import PipelineArg, resolve_pipeline
+from qir.quantization.pipelines import PipelineArg, resolve_pipeline, without_observers
 from qir.quantization.remap import KeyRemap, StateDictRemap
 
 __all__ = [
@@ -51,7 +52,10 @@ __all__ = [
     "FuseRecord",
     "KeyRemap",
     "StateDictRemap",
+    "FusedIR",
     "build_fused",
+    "build_fused_ir",
+    "emit_fused",
     "fuse_fx",
     "trace_fx",
 ]
@@ -478,6 +482,20 @@ def _reorder(root: nn.Module, order: Sequence[str]) -> None:
 # driver
 
 
+@dataclass
+class FusedIR:
+    """The fused float IR of a deep copy of a model, before emission (:func:`build_fused_ir`)."""
+
+    graph: Graph
+    record: FuseRecord
+    #: the deep copy the graph was traced from (its module tree decides what stays as Identity)
+    root: nn.Module
+    #: original module paths fusion consumed (they become Identity)
+    consumed: set[str]
+    class_name: str
+    training: bool
+
+
 def build_fused(
     model: nn.Module,
     example_inputs: Any = None,
@@ -494,10 +512,34 @@ def build_fused(
     generated modules; ``prepare_objects`` may swap opaque module objects in the IR
     (prepare turns torch's stubs into qir's) before emission. Modules at the paths in
     ``keep_whole`` (hybrid CPU modules) stay one opaque call each: never fused, kept as they are.
-    ``pipeline`` replaces the prepare stage's IR pipeline (:func:`default_pipeline`).
+    ``pipeline`` replaces the prepare stage's IR pipeline (:func:`default_pipeline`; its
+    ``insert-observers`` passes are skipped: fusion emits a float model).
     ``quantized_values(g)`` names the values computed on quantized tensors: only functional calls
     on them become generated modules (all calls when it is None).
     """
+    fused = build_fused_ir(
+        model,
+        example_inputs,
+        functionals=functionals,
+        prepare_objects=prepare_objects,
+        keep_whole=keep_whole,
+        pipeline=pipeline,
+        quantized_values=quantized_values,
+    )
+    return emit_fused(fused), fused.record
+
+
+def build_fused_ir(
+    model: nn.Module,
+    example_inputs: Any = None,
+    *,
+    functionals: frozenset[str] = ADD_FUNCTIONALS,
+    prepare_objects: Callable[[Graph], None] | None = None,
+    keep_whole: frozenset[str] = frozenset(),
+    pipeline: PipelineArg | None = None,
+    quantized_values: Callable[[Graph], set[str]] | None = None,
+) -> FusedIR:
+    """:func:`build_fused` up to emission: the fused IR with its module paths placed."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
     root = copy.deepcopy(model)
@@ -515,7 +557,7 @@ def build_fused(
         if path and name not in record.owners:
             record.owners[name] = (path, module_types[path].__name__ if path in module_types else "")
     _note_bn_eps(g)
-    passes_ = resolve_pipeline("prepare", pipeline)
+    passes_ = without_observers(resolve_pipeline("prepare", pipeline))
     # rank-only types (no example inputs) are not real shapes: skip the type verifier then
     g = run_pipeline(g, passes_, verify_each=example_inputs is not None).graph
     alloc = NameAllocator(p for p, _ in root.named_modules())
@@ -532,20 +574,40 @@ def build_fused(
     _replace_functionals(g, owners, functionals, alloc, record, quantized)
     if prepare_objects is not None:
         prepare_objects(g)
-    gm = emit(g, class_name=type(model).__name__)
+    return FusedIR(g, record, root, consumed, type(model).__name__, model.training)
+
+
+def emit_fused(fused: FusedIR, graph: Graph | None = None) -> torch.fx.GraphModule:
+    """The GraphModule of ``graph`` (default: the fused graph; prepare passes the graph with
+    QAT ops): the module tree in the source model's order, fused-away modules as Identity."""
+    g = fused.graph if graph is None else graph
+    root = fused.root
+    gm = emit(g, class_name=fused.class_name)
     order: Sequence[str] = g.objects.get(MODULE_ORDER_KEY, ())
-    for path in consumed:
-        if path and not _has_path(gm, path):
+    # a QAT layer replaces its float module whole (a fused ConvReLU2d's conv and relu children go)
+    qat = {f"{n.scope}." for n in g.nodes if n.scope and isinstance(n.op, QATModuleOp)}
+
+    def replaced(path: str) -> bool:
+        return bool(qat) and any(path.startswith(p) for p in _prefixes_of(path) if p in qat)
+
+    for path in fused.consumed:
+        if path and not _has_path(gm, path) and not replaced(path):
             _set_submodule(gm, path, nn.Identity())
     for path in order:  # modules the graph no longer calls (fused away, unused) stay as Identity
-        if path and not _has_path(gm, path) and not root.get_submodule(path)._modules:
+        if path and not _has_path(gm, path) and not root.get_submodule(path)._modules and not replaced(path):
             _set_submodule(gm, path, nn.Identity())
     _reorder(gm, order)
     gm.recompile()
-    gm.training = model.training
-    gm.meta[FUSER_RECORD_KEY] = record
-    gm.register_load_state_dict_pre_hook(record.remap)
-    return gm, record
+    gm.training = fused.training
+    gm.meta[FUSER_RECORD_KEY] = fused.record
+    gm.register_load_state_dict_pre_hook(fused.record.remap)
+    return gm
+
+
+def _prefixes_of(path: str) -> list[str]:
+    """``"a.b.c"`` -> ``["a.", "a.b."]``: the paths of its ancestors, each with a trailing dot."""
+    parts = path.split(".")
+    return [".".join(parts[:i]) + "." for i in range(1, len(parts))]
 
 
 def fuse_fx(model: nn.Module, example_inputs: Any = None, pipeline: PipelineArg | None = None) -> torch.fx.GraphModule:

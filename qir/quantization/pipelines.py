@@ -1,24 +1,27 @@
 """The IR pipelines the public API runs, one per stage, and how a ``pipeline=`` argument is read.
 
-    qir.quantization.default_pipeline("prepare")          # fuse{force_bn=true},dce
+    qir.quantization.default_pipeline("prepare")          # fuse{force_bn=true},dce,insert-observers
     qir.quantization.default_pipeline("convert", "bayes")  # quantize{march=bayes}
     qir.quantization.default_pipeline("compile", "bayes")  # legalize{march=bayes},lower{march=bayes}
-    prepare_qat_fx(model, qconfig_dict, x, pipeline="fuse{force_bn=true},dce,my-pass")
+    prepare_qat_fx(model, qconfig_dict, x, pipeline="fuse{force_bn=true},dce,insert-observers,my-pass")
 
 Where each stage runs its pipeline (docs/pipelines.md):
 
-* ``prepare`` (``prepare_qat_fx``, ``fuse_fx``): on the traced float model's IR, before the
-  IR is emitted as a GraphModule and its modules are swapped for QAT modules. A pass here
-  changes what is trained, converted and deployed.
+* ``prepare`` (``prepare_qat_fx``, ``fuse_fx``): on the traced float model's IR. The passes
+  before ``insert-observers`` see the float layers; ``prepare_qat_fx`` then fills in
+  ``insert-observers``' options (each module's resolved qconfig, the call sites of modules
+  called twice), the pass turns the layers into QAT ops, the passes after it see those, and
+  the result is emitted as the trainable model. A model with a layer the pass does not
+  cover is prepared whole by module swapping instead (``meta["qir.prepare_path"]`` says
+  why) and the passes after ``insert-observers`` run on its IR. ``insert-observers`` is
+  appended when a ``pipeline=`` leaves it out; ``fuse_fx`` skips it. A pass here changes
+  what is trained, converted and deployed.
 * ``convert`` (``convert_fx``): on the QAT model's IR; ``quantize`` turns its QAT ops into
   integer ops, and the result is emitted. A model the pass does not cover converts by module
   swapping, and the passes besides ``quantize`` run on the converted model's IR.
 * ``compile`` (``compile_model``): on the IR of the converted model; ``legalize`` checks
   it against the march's operator table and ``lower`` (the last pass) turns the graph as
   the passes before it left it into the Program of integer kernels.
-
-Observer insertion is not an IR pass yet (module swapping runs it; docs/pipelines.md
-"Not yet passes").
 """
 
 from __future__ import annotations
@@ -30,12 +33,21 @@ from backends.common.lower_pass import Lower
 from passes.base import Pass
 from passes.dce import DeadCodeElimination
 from passes.fuse import Fuse
+from passes.insert_observers import InsertObservers
 from passes.legalize import Legalize
 from passes.pipeline import Pipeline, as_pipeline
 from passes.quantize import Quantize
 from qir.march import March
 
-__all__ = ["STAGES", "PipelineArg", "Stage", "default_pipeline", "resolve_pipeline"]
+__all__ = [
+    "STAGES",
+    "PipelineArg",
+    "Stage",
+    "default_pipeline",
+    "resolve_pipeline",
+    "split_at_observers",
+    "without_observers",
+]
 
 Stage: TypeAlias = Literal["prepare", "convert", "compile"]
 #: the stages that run a pipeline, in flow order
@@ -64,7 +76,7 @@ def default_pipeline(stage: str, march: Any = None) -> Pipeline:
     if stage == "prepare":
         # batch norms always fold (force_bn): a conv's BN is absorbed even when it is
         # followed by an op the conv cannot fuse, as the plugin's fuser does
-        return Pipeline((Fuse(absorb_bn=True, force_bn=True), DeadCodeElimination()))
+        return Pipeline((Fuse(absorb_bn=True, force_bn=True), DeadCodeElimination(), InsertObservers()))
     if stage == "convert":
         return Pipeline((Quantize(march=_march_name(march)),))
     if stage == "compile":
@@ -84,6 +96,26 @@ def resolve_pipeline(stage: str, pipeline: PipelineArg | None, march: Any = None
         raise TypeError(
             f"pipeline= of the {stage} stage must be pipeline text, a passes.Pipeline, a pass or a list of passes: {e}"
         ) from None
+
+
+def split_at_observers(pipeline: Pipeline) -> tuple[Pipeline, InsertObservers, Pipeline]:
+    """The passes before ``insert-observers``, the pass, and the passes after it (the pass with
+    default options, and nothing after it, when ``pipeline`` leaves it out: observers always go in)."""
+    at = next((i for i, p in enumerate(pipeline.passes) if isinstance(p, InsertObservers)), None)
+    if at is None:
+        return pipeline, InsertObservers(), Pipeline(())
+    rest = pipeline.passes[at + 1 :]
+    extra = next((p for p in rest if isinstance(p, InsertObservers)), None)
+    if extra is not None:
+        raise ValueError(f"the prepare pipeline {pipeline} names insert-observers twice; observers go in once")
+    observe = pipeline.passes[at]
+    assert isinstance(observe, InsertObservers)
+    return Pipeline(pipeline.passes[:at]), observe, Pipeline(rest)
+
+
+def without_observers(pipeline: Pipeline) -> Pipeline:
+    """``pipeline`` without its ``insert-observers`` passes (what fusion alone runs)."""
+    return Pipeline(tuple(p for p in pipeline.passes if not isinstance(p, InsertObservers)))
 
 
 def run_on_module(module: Any, pipeline: Pipeline, example_inputs: Any, ctx: Any = None) -> tuple[Any, Any]:

@@ -1,12 +1,21 @@
-"""``prepare_qat_fx``: fuse a copy of the model, choose qconfigs, swap in QAT modules.
+"""``prepare_qat_fx``: fuse a copy of the model, choose qconfigs, insert observers.
 
-Flow (docs/tutorial.md): the model is deep-copied and fused (:func:`build_fused`, even if
-it was fused before), functional ops that quantize (``+``, ``torch.cat``, ``*``, ``mean``
-...) become generated ``FloatFunctional`` modules, functional ops with their own output
-scale (bilinear ``F.interpolate``, ``torch.sigmoid``, ``x.exp()``, ...) become generated
-``qir.nn`` / ``torch.nn`` modules (:mod:`qir.quantization.functional_swap`), every module's qconfig is resolved
-(:mod:`qir.quantization.qconfig_dict`), and each module with a qconfig whose class is in
-``qir.nn.qat.QAT_MODULE_MAP`` is replaced by ``from_float(module, qconfig)``.
+Flow (docs/tutorial.md, docs/pipelines.md): the model is deep-copied, traced and fused by the
+prepare pipeline's passes before ``insert-observers`` (:func:`build_fused_ir`, even if it was
+fused before), functional ops that quantize (``+``, ``torch.cat``, ``*``, ``mean`` ...) become
+generated ``FloatFunctional`` modules, functional ops with their own output scale (bilinear
+``F.interpolate``, ``torch.sigmoid``, ``x.exp()``, ...) become generated ``qir.nn`` /
+``torch.nn`` modules (:mod:`qir.quantization.functional_swap`), and the fused float model is
+emitted. Every module's qconfig is resolved on it (:mod:`qir.quantization.qconfig_dict`);
+each module with a qconfig whose class is in ``qir.nn.qat.QAT_MODULE_MAP`` gets observers:
+
+* by the ``insert-observers`` pass (passes/insert_observers.py) when every such layer has a
+  QAT op and every fake quant a data form: the qconfigs go to the pass as data, the passes
+  after it run on the QAT IR, and the QAT model is emitted from it;
+* otherwise (and for hybrid models) by replacing each module with
+  ``from_float(module, qconfig)``, the whole model at once. ``meta[PREPARE_PATH_KEY]`` says
+  which ran and why; both give the same model (tests/quantization/test_prepare_paths.py).
+
 Scale-preserving functional ops (relu, reshape, max pool, ...) stay as they are.
 
 Preparing a model that was itself prepared (calibration, then QAT: seed 003) starts from
@@ -31,16 +40,22 @@ import torch.fx
 from torch import nn
 
 from backends.common.numerics import scale_denominator
+from passes.errors import PassFailure
+from passes.insert_observers import InsertObservers, InsertObserversError, fake_quant_text
+from passes.insert_observers import uncovered as observer_uncovered
+from passes.manager import run_pipeline
+from passes.pipeline import Pipeline
 from qir.frontend.convert import gc_paused
 from qir.march import March, get_march
 from qir.qat_mode import QATMode, get_qat_mode
 from qir.quantization.exact_validation import install as install_exact_validation
+from qir.quantization.fake_quant_ir import fake_quant_spec
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.functional_swap import quantized_values, swap_functionals
-from qir.quantization.fuse import ALL_FUNCTIONALS, FuseRecord, build_fused
+from qir.quantization.fuse import ALL_FUNCTIONALS, FusedIR, FuseRecord, build_fused_ir, emit_fused
 from qir.quantization.hybrid import HYBRID_KEY, HybridSpec, check_cpu_calls, cpu_modules, place_boundaries
 from qir.quantization.integer_grid import bind_integer_grid
-from qir.quantization.pipelines import PipelineArg, resolve_pipeline
+from qir.quantization.pipelines import PipelineArg, resolve_pipeline, run_on_module, split_at_observers
 from qir.quantization.prepare_checks import check_convertible
 from qir.quantization.qat_classes import qat_class_for
 from qir.quantization.qconfig import QConfig, get_default_calib_qconfig, get_default_qat_qconfig, qconfig_kind
@@ -49,10 +64,22 @@ from qir.quantization.shared_calls import call_sites, retie_after_load, split_ca
 from qir.quantization.with_bn import folded_batch_norms
 from qir.quantization.wrapped_self import follow_training
 
-__all__ = ["PREPARE_RECORD_KEY", "PrepareRecord", "prepare_qat_fx", "qat_class_for", "require_march"]
+__all__ = [
+    "PREPARE_BY_PASS",
+    "PREPARE_PATH_KEY",
+    "PREPARE_RECORD_KEY",
+    "PrepareRecord",
+    "prepare_qat_fx",
+    "qat_class_for",
+    "require_march",
+]
 
 #: ``GraphModule.meta`` key of the :class:`PrepareRecord`.
 PREPARE_RECORD_KEY = "qir.prepare_record"
+#: ``GraphModule.meta`` key saying how observers went in: :data:`PREPARE_BY_PASS`, or
+#: "module swap: <why the insert-observers pass could not>"
+PREPARE_PATH_KEY = "qir.prepare_path"
+PREPARE_BY_PASS = "insert-observers pass"
 
 
 @dataclass
@@ -160,15 +187,13 @@ def check_kinds(chosen: Mapping[str, QConfig]) -> str:
     return next(iter(by_kind), "qat")
 
 
-def _swap(
-    gm: torch.fx.GraphModule, record: FuseRecord, spec: QConfigSpec, keep_float: Collection[str] = ()
-) -> tuple[str, dict[str, QConfig], dict[str, list[str]]]:
-    """Replace every quantizable called module (outside ``keep_float``) by its QAT class.
+Plan = list[tuple[str, nn.Module, type, QConfig]]
 
-    A module called at several places gets one QAT module per call site, tied to the first
-    (:mod:`qir.quantization.shared_calls`). Returns the qconfig kind, the qconfig of every
-    swapped module and call site, and the call-site paths of each module split that way."""
-    plan: list[tuple[str, nn.Module, type, QConfig]] = []
+
+def _plan(gm: torch.fx.GraphModule, record: FuseRecord, spec: QConfigSpec, keep_float: Collection[str] = ()) -> Plan:
+    """``(path, float module, QAT class, qconfig)`` of every quantizable called module outside
+    ``keep_float`` whose qconfig is not None, in call order."""
+    plan: Plan = []
     for path in _called_modules(gm):
         if path in keep_float:
             continue
@@ -186,9 +211,17 @@ def _swap(
         if qc is None:
             continue
         plan.append((path, m, cls, qc))
-    kind = check_kinds({p: qc for p, _, _, qc in plan})
-    # every call site of a module called at several places gets its own output observer
-    sites = split_call_sites(gm, [p for p, _, _, _ in plan])
+    return plan
+
+
+def _swap(
+    gm: torch.fx.GraphModule, record: FuseRecord, plan: Plan, sites: Mapping[str, list[str]]
+) -> dict[str, QConfig]:
+    """Replace every planned module by its QAT class (module swapping).
+
+    A module called at several places gets one QAT module per call site (``sites``, already
+    pointed at by the graph), tied to the first (:mod:`qir.quantization.shared_calls`).
+    Returns the qconfig of every swapped module and call site."""
     chosen: dict[str, QConfig] = {}
     shared: dict[tuple[int, tuple[int, ...], tuple[int, ...]], nn.Parameter] = {}
     for path, m, cls, qc in plan:
@@ -205,7 +238,67 @@ def _swap(
     if sites:
         gm.recompile()
         gm.register_load_state_dict_post_hook(retie_after_load)
-    return kind, chosen, sites
+    return chosen
+
+
+def _observer_options(plan: Plan, sites: Mapping[str, list[str]]) -> tuple[InsertObservers | None, str]:
+    """``insert-observers`` with the plan's qconfigs as plain data, or ``(None, why not)`` when a
+    qconfig's fake quant has no data form (a learnable scale, a user observer)."""
+
+    texts: dict[str, int] = {}  # fake quant text -> its index in the options
+    pairs: dict[int, tuple[int | None, int | None]] = {}  # by qconfig identity: a model shares a few
+    entries: list[tuple[str, int | None, int | None]] = []
+    for path, _, _, qc in plan:
+        if id(qc) not in pairs:
+            pair: list[int | None] = []
+            for what, factory in (("activation", qc.activation), ("weight", qc.weight)):
+                if factory is None:
+                    pair.append(None)
+                    continue
+                try:
+                    text = fake_quant_text(fake_quant_spec(factory(), f"qconfig of '{path}' {what}"))
+                except NotImplementedError as e:
+                    return None, str(e)
+                pair.append(texts.setdefault(text, len(texts)))
+            pairs[id(qc)] = (pair[0], pair[1])
+        entries.append((path, *pairs[id(qc)]))
+    call_sites = tuple((p, tuple(s)) for p, s in sites.items())
+    return InsertObservers(fake_quants=tuple(texts), qconfigs=tuple(entries), call_sites=call_sites), ""
+
+
+def _observe_by_pass(
+    fused: FusedIR,
+    plan: Plan,
+    sites: Mapping[str, list[str]],
+    after: Pipeline,
+    verify: bool,
+) -> tuple[torch.fx.GraphModule | None, str]:
+    """The QAT model emitted from the fused IR after ``insert-observers`` (and the passes after
+    it), or ``(None, why not)`` when the pass does not cover every planned module."""
+    resolved, why = _observer_options(plan, sites)
+    if resolved is None:
+        return None, why
+    bad = observer_uncovered(fused.graph, {scope for scope, _, _ in resolved.qconfigs})
+    if bad:
+        node, reason = bad[0]
+        return None, f"the insert-observers pass does not cover %{node}: {reason}"
+    try:
+        # in place: the fused float model is emitted already, and a refusal falls back to swapping it
+        result = run_pipeline(fused.graph, Pipeline((resolved, *after.passes)), verify_each=verify, inplace=True)
+    except PassFailure as e:
+        if e.pass_ is resolved and isinstance(e.__cause__, InsertObserversError):
+            return None, str(e.__cause__)
+        raise
+    gm = emit_fused(fused, result.graph)
+    for path, m, _, _ in plan:
+        fused.record.remap.key_map.update(_key_map(path, m, gm.get_submodule(path)))
+    for path, names in sites.items():
+        owner = gm.get_submodule(path)
+        for site in names:
+            tie_to(gm.get_submodule(site), owner)
+    if sites:
+        gm.register_load_state_dict_post_hook(retie_after_load)
+    return gm, ""
 
 
 def _tie_shared_parameters(
@@ -308,16 +401,24 @@ def _prepare_float(
     if cpu is None:
         cpu = cpu_modules(model, hybrid) if hybrid is not None else {}
     swapped: dict[str, Any] = {}
-    gm, record = build_fused(
+    before, observe, after = split_at_observers(resolve_pipeline("prepare", pipeline))
+    if observe.qconfigs or observe.call_sites or observe.fake_quants:
+        raise ValueError(
+            f"the prepare pipeline's {observe} has options of its own, but prepare_qat_fx resolves them from the "
+            "qconfigs (qconfig_dict, .qconfig attributes): write plain insert-observers in pipeline=, and change "
+            "a layer's fake quants with a pass after it (docs/passes.md)"
+        )
+    fused = build_fused_ir(
         model,
         example_inputs,
         functionals=ALL_FUNCTIONALS,
         keep_whole=frozenset(cpu),
         prepare_objects=lambda g: swapped.update(swap_functionals(g, inputs_quantized=hybrid is not None)),
-        pipeline=pipeline,
+        pipeline=before,
         # hybrid: float values may go to the BPU through generated QuantStubs, so every call counts
         quantized_values=None if hybrid is not None else quantized_values,
     )
+    gm, record = emit_fused(fused), fused.record
     check_cpu_calls(gm, cpu)
     check_shared_batch_norms(gm, cpu)
     for path, target in swapped.items():
@@ -325,7 +426,25 @@ def _prepare_float(
         record.sources[path] = [path]
     float_copy = copy.deepcopy(gm)
     spec = parse_qconfig_dict(qconfig_dict, record.qconfig_attrs)
-    kind, chosen, sites = _swap(gm, record, spec, keep_float=cpu)
+    plan = _plan(gm, record, spec, keep_float=cpu)
+    kind = check_kinds({p: qc for p, _, _, qc in plan})
+    # every call site of a module called at several places gets its own output observer
+    sites = split_call_sites(gm, [p for p, _, _, _ in plan])
+    chosen = {p: qc for p, _, _, qc in plan} | {s: qc for p, _, _, qc in plan for s in sites.get(p, [])}
+    if hybrid is not None:
+        qat, why = None, "hybrid models prepare by module swapping"
+    else:
+        qat, why = _observe_by_pass(fused, plan, sites, after, example_inputs is not None)
+    if qat is not None:
+        gm, path = qat, PREPARE_BY_PASS
+    else:
+        _swap(gm, record, plan, sites)
+        path = f"module swap: {why}"
+        if len(after):  # the passes after insert-observers run on the swapped model's IR
+            emitted, _ = run_on_module(gm, after, example_inputs)
+            if emitted is not None:
+                emitted.meta.update(gm.meta)
+                gm = emitted
     if hybrid is not None:
         gm.meta[HYBRID_KEY] = place_boundaries(gm, cpu, chosen, _stub_qconfig(spec, kind))
     if batch_norms is None:  # the first prepare: the user's model still has them
@@ -340,6 +459,7 @@ def _prepare_float(
         batch_norms=dict(batch_norms),
         example_inputs=_detached(example_inputs),
     )
+    gm.meta[PREPARE_PATH_KEY] = path
     check_convertible(gm, record.owners)
     gm.train(model.training)
     follow_training(gm)

@@ -116,7 +116,7 @@ def test_default_pipelines_print_and_parse_back(stage: str, march: str) -> None:
 
 
 def test_default_pipeline_texts() -> None:
-    assert str(default_pipeline("prepare")) == "fuse{force_bn=true},dce"
+    assert str(default_pipeline("prepare")) == "fuse{force_bn=true},dce,insert-observers"
     assert str(default_pipeline("convert")) == "quantize{march=bayes}"  # the current march
     assert str(default_pipeline("compile", "bernoulli2")) == "legalize{march=bernoulli2},lower{march=bernoulli2}"
     assert str(default_pipeline("compile")) == "legalize{march=bayes},lower{march=bayes}"  # the current march
