@@ -55,6 +55,7 @@ _RULES: dict[str, QuantizeRule] = {}
 #: ops that move codes without changing them: their result keeps the input's scale and dtype
 LAYOUT_OPS = frozenset(
     {"reshape", "flatten", "permute", "transpose", "contiguous", "squeeze", "unsqueeze", "identity", "getitem"}
+    | {"repeat", "expand", "flip", "roll"}  # copies of the codes
 )
 #: ops that read only the shape of codes (``x.size(1)``; ``x.shape`` is a ``getattr``)
 QUERY_OPS = frozenset({"size", "dim", "numel"})

@@ -276,6 +276,28 @@ def test_grid_sample_nets_by_the_pass_equal_module_swap(march: str) -> None:
     _same(_swapped(qat), by_pass, x)
 
 
+class Copies(nn.Module):
+    """Codes copied by repeat / expand / flip / roll (a DETR decoder's query repeat)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(self.quant(x))
+        z = y[:1].repeat(2, 1, 1, 1) + y.mean(dim=(2, 3), keepdim=True).expand(-1, -1, 16, 16)
+        return self.dequant(torch.cat([z.flip(-1), z.roll(1, dims=2)], dim=1))
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+def test_copies_of_codes_by_the_pass_equal_module_swap(march: str) -> None:
+    qat, x = _qat(Copies(), march)
+    by_pass = convert_fx(qat)
+    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
+    _same(_swapped(qat), by_pass, x)
+
+
 @pytest.mark.parametrize("net", [Functional, Layers, Math, Warp])
 def test_the_pass_path_leaves_the_qat_model_untouched(net: type[nn.Module]) -> None:
     qat, _ = _qat(net(), "bayes")
