@@ -310,34 +310,45 @@ def _observe(fq: FakeQuantize, x: torch.Tensor) -> None:
 
 
 class _Codes(torch.autograd.Function):
-    """``round(x / s)`` of a tensor already on the grid of ``s``; gradient ``grad / s``."""
+    """``round(x / s)`` of a tensor already on the grid of ``s``; gradient ``grad / s``, or ``grad`` itself
+    with ``scaled=False`` when the caller already divided the gradient reaching the codes by ``s`` (the
+    conv forward folds ``1 / s_in`` into its requantization's factor: one pass over the input less)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, inv_scale: torch.Tensor, scaled: bool = True) -> torch.Tensor:
         ctx.save_for_backward(inv_scale)
-        return (x * inv_scale).round_()  # x = q * s up to float32 rounding: |x/s - q| < 0.02
+        ctx.scaled = scaled
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        nd = x.dim()
+        for idx in blocks(x.shape):  # the product rounded while it is in cache
+            # x = q * s up to float32 rounding: |x/s - q| < 0.02
+            torch.mul(part(x, idx, nd), inv_scale, out=out[idx]).round_()
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        if not ctx.scaled:
+            return grad, None, None
         (inv,) = ctx.saved_tensors
-        return grad * inv, None
+        return grad * inv, None, None
 
 
 class _WeightCodes(torch.autograd.Function):
-    """``saturate(floor(w / s + 1/2))`` per channel, float; gradient ``grad / s`` where not saturated."""
+    """``saturate(floor(w / s + 1/2))`` per channel, float; gradient ``grad · s_in / s`` where not saturated
+    (``s_in``: the factor the conv forward took out of the accumulator's gradient, see :class:`_Codes`)."""
 
     @staticmethod
-    def forward(ctx: Any, w: torch.Tensor, scale: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+    def forward(ctx: Any, w: torch.Tensor, scale: torch.Tensor, qmin: int, qmax: int, s_in: float) -> torch.Tensor:
         q = numerics.round_half_up(w / scale)  # the same float32 division numerics.quantize makes
         qc = q.clamp(qmin, qmax)
-        # a copy: a second call of a shared module updates the fake quant's scale in place
-        ctx.save_for_backward(qc == q, scale.clone())
+        # computed now: a second call of a shared module updates the fake quant's scale in place
+        ctx.save_for_backward(torch.where(qc == q, s_in / scale, 0.0))
         return qc
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        inside, scale = ctx.saved_tensors
-        return grad * inside.to(grad.dtype) / scale, None, None, None
+        (factor,) = ctx.saved_tensors
+        return grad * factor, None, None, None, None
 
 
 class _Requant(torch.autograd.Function):
@@ -370,12 +381,16 @@ class _Requant(torch.autograd.Function):
         # tensor: multiplying by it is vectorized, masking by a bool tensor is not)
         gain = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
         nd = acc.dim()
+        q = qc = torch.empty(0)  # scratch blocks, reused: the blocks but the last have one shape
         for idx in blocks(acc.shape):
-            q = acc[idx].to(torch.float64, copy=True)
-            q.mul_(part(ratio, idx, nd)).add_(part(off, idx, nd))  # exact: products and sums below 2**53
+            a = acc[idx]
+            if q.shape != a.shape:
+                q = torch.empty(a.shape, dtype=torch.float64, device=acc.device)
+                qc = torch.empty(a.shape, dtype=torch.float32, device=acc.device)
+            q.copy_(a).mul_(part(ratio, idx, nd)).add_(part(off, idx, nd))  # exact: products and sums below 2**53
             o = out[idx]
             o.copy_(q.floor_())  # |q| <= 2**31: float32 keeps lo / hi right
-            qc = o.clamp(part(lo, idx, nd), part(hi, idx, nd))  # ints or tensors, both accepted
+            torch.clamp(o, part(lo, idx, nd), part(hi, idx, nd), out=qc)  # ints or tensors, both accepted
             torch.eq(qc, o, out=gain[idx]).mul_(part(acc_scale, idx, nd))
             torch.mul(qc, out_scale, out=o)
         ctx.save_for_backward(gain)
@@ -491,19 +506,20 @@ class _FusedAdd(torch.autograd.Function):
 
 
 class _BiasCodes(torch.autograd.Function):
-    """``numerics.quantize_bias``: int32 codes at the accumulator scale (float64); gradient ``grad / s_acc``."""
+    """``numerics.quantize_bias``: int32 codes at the accumulator scale (float64); gradient ``grad / grad_div``
+    (``s_acc / s_in``: the conv forward took ``s_in`` out of the accumulator's gradient, see :class:`_Codes`)."""
 
     @staticmethod
-    def forward(ctx: Any, bias: torch.Tensor, s_acc: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(s_acc)
+    def forward(ctx: Any, bias: torch.Tensor, s_acc: torch.Tensor, grad_div: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(grad_div)
         axis = 0 if s_acc.dim() and s_acc.numel() > 1 else None
         s = s_acc if axis is not None else s_acc.reshape(())
         return numerics.quantize(bias.detach().to(torch.float64), s, DType.qint32, axis=axis).to(torch.float64)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        (s_acc,) = ctx.saved_tensors
-        return (grad / s_acc).to(torch.float32), None
+        (div,) = ctx.saved_tensors
+        return (grad / div).to(torch.float32), None, None
 
 
 def grid_requantize(
@@ -650,11 +666,13 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     # the weight: codes at its per-channel scale (numerics.quantize's division, half up)
     s_w = wfq.scale
     w_axis = m.weight_axis if s_w.numel() > 1 else None
-    wq = _WeightCodes.apply(w, numerics.broadcast_along(s_w, w_axis, w.dim()), wfq.qmin, wfq.qmax)
-    # the input: codes of the producer's grid
+    # the input: codes of the producer's grid. Gradients: the accumulator's is the output's times
+    # s_w (not s_in · s_w) where not clamped, so the codes pass it to x unscaled and the weight and
+    # bias codes multiply theirs by s_in: the float forward's gradients without a pass over x
     in_fq = binding.inputs[0]
     s_in = float(in_fq.scale.reshape(-1)[0])
-    xq = _Codes.apply(x, (1.0 / in_fq.scale.detach()).reshape(()))
+    wq = _WeightCodes.apply(w, numerics.broadcast_along(s_w, w_axis, w.dim()), wfq.qmin, wfq.qmax, s_in)
+    xq = _Codes.apply(x, (1.0 / in_fq.scale.detach()).reshape(()), False)
     acc = _accumulate(m, m.float_conv.__name__, xq, wq, max(-in_fq.qmin, in_fq.qmax))
     # the bias: int32 at s_in * s_w (numerics.quantize_bias)
     c_out = int(m.out_features if m.float_conv is nn.Linear else m.out_channels)
@@ -665,15 +683,17 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     s_acc = numerics.accumulator_scale(s_in, s_w_out).reshape(-1).expand(c_out).contiguous()
     bias = m.bias if m.bias is not None else torch.zeros(c_out, device=w.device)
     axis = m.out_axis
-    bq = numerics.broadcast_along(_BiasCodes.apply(bias, s_acc), axis, acc.dim())
+    s_w_f64 = s_w_out.to(torch.float64).reshape(-1).expand(c_out)
+    bq = numerics.broadcast_along(_BiasCodes.apply(bias, s_acc, s_w_f64), axis, acc.dim())
     acc_scale = numerics.broadcast_along(s_acc.to(torch.float32), axis, acc.dim())
+    acc_grad = numerics.broadcast_along(s_w_out.to(torch.float32).reshape(-1).expand(c_out), axis, acc.dim())
     if ofq is None:  # high-precision output: the accumulator at s_acc (DeQuantStub's float32 product)
         six = torch.full((c_out,), 6.0, dtype=torch.float64)
         lo, hi = _act_bounds(m.act, DType.qint32, numerics.quantize(six, s_acc, "qint32", axis=0))
         if isinstance(hi, torch.Tensor):
             hi = numerics.broadcast_along(hi, axis, acc.dim())
         ones = torch.ones((), dtype=torch.float64)
-        out: torch.Tensor = _Requant.apply(acc, bq, ones, lo, hi, acc_scale, acc_scale)
+        out: torch.Tensor = _Requant.apply(acc, bq, ones, lo, hi, acc_scale, acc_grad)
         return out
     add_fq = binding.inputs[1] if m.has_add else None
     _observe_output(ofq, acc, bq.detach(), acc_scale, m.act, addend)
@@ -690,16 +710,16 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
         inv_add = (1.0 / add_fq.scale.detach()).reshape(())
         fast = _fused_add_float64(acc, bq, addend, inv_add, p, dtype, add_fq, s_acc, s_add, s_out, axis)
         if fast is not None:
-            out = _FusedAdd64.apply(acc, bq, addend, inv_add, *fast, p.extra_bits, lo, hi, out_scale, acc_scale)
+            out = _FusedAdd64.apply(acc, bq, addend, inv_add, *fast, p.extra_bits, lo, hi, out_scale, acc_grad)
             return out
-        out = _FusedAdd.apply(acc, bq, addend, inv_add, p, dtype, lo, hi, out_scale, acc_scale, axis)
+        out = _FusedAdd.apply(acc, bq, addend, inv_add, p, dtype, lo, hi, out_scale, acc_grad, axis)
         return out
     # numerics.conv_requant_params from the accumulator scale already at hand (s_acc / s_out)
     check_out_dtype(binding.march, dtype, "conv / linear")
     lim = numerics.requant_limits(binding.march)
     mult, sh = numerics.multiplier_shift(s_acc / s_out, lim.max_multiplier, lim.max_shift)
     ratio = torch.ldexp(mult.to(torch.float64), -sh).reshape(-1).expand(c_out).contiguous()
-    out = _Requant.apply(acc, bq, numerics.broadcast_along(ratio, axis, acc.dim()), lo, hi, out_scale, acc_scale)
+    out = _Requant.apply(acc, bq, numerics.broadcast_along(ratio, axis, acc.dim()), lo, hi, out_scale, acc_grad)
     return out
 
 

@@ -107,7 +107,10 @@ def test_grid_gradients_are_the_straight_through_ones(seed: int) -> None:
         want = (xb.grad, m.weight.grad, m.bias.grad)
         for what, a, b in zip(("input", "weight", "bias"), got, want, strict=True):
             assert a is not None and b is not None
-            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-12, msg=f"{name}: {what} gradient")
+            # float32 sums of the same products scaled in another order: each element within a few
+            # roundings of the largest term (a gradient scaled wrongly is off by s_in or s_w, >> 1e-6)
+            tol = 1e-6 * float(b.abs().max())
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=tol, msg=f"{name}: {what} gradient")
             assert bool(a.abs().sum() > 0), (name, what)
         kinds.add(m.act)
     assert kinds == {None, "relu", "relu6"}
