@@ -180,8 +180,12 @@ def test_with_args_checks_observer_arguments_early() -> None:
 
 def test_no_host_sync_ops_in_the_hot_path() -> None:
     # A host sync would go through Tensor.item / __float__ / __bool__; count them during a step.
+    # The path off the CPU: on the CPU the observer's fast update reads two numbers on the host
+    # (no device to wait for), and declines any other device before reading anything.
     fq = FakeQuantize(observer=MovingAveragePerChannelMinMaxObserver, ch_axis=0)
     fq(torch.randn(4, 3))
+    assert not fq.observer._fast_update(torch.empty(4, 3, device="meta"))
+    fq.observer._fast_update = lambda x: False  # type: ignore[method-assign]
     calls: list[str] = []
 
     def counting(name: str) -> Callable[..., Any]:
