@@ -146,6 +146,9 @@ def _trace_sources(
         ff = _functional_site(gm, n)
         if n.op == "call_module":
             m = gm.get_submodule(str(n.target))
+            if getattr(type(m), "grid_inputs", 0) < 0:  # its tensor arguments, a tuple's flattened (cell(x, (h, c)))
+                ins = []
+                torch.fx.node.map_arg(n.args, ins.append)
             sites.setdefault(str(n.target), []).append([src.get(a.name) for a in ins])
             src[n.name] = source_of_module(m, first)
         elif ff is not None:  # its tensor operands, a cat's list flattened

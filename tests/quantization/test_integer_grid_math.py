@@ -277,3 +277,72 @@ def test_eager_multihead_attention_steps_are_the_converted_model(march: str) -> 
         opt.zero_grad()
         (out[0].square().mean() + out[1].square().mean()).backward()
         opt.step()
+
+
+class _Cells(nn.Module):
+    """Two LSTM cells over two time steps: the first without a state, the second reading its (h, c)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = QuantStub()
+        self.fc = nn.Linear(4, 6)
+        self.cell0, self.cell1 = nn.LSTMCell(6, 8), nn.LSTMCell(6, 8)
+        self.head = nn.Linear(8, 3)
+        self.dq, self.dqc = DeQuantStub(), DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.fc(self.q(x))
+        h, c = self.cell0(x[0])
+        h, c = self.cell1(x[1], (h, c))
+        return self.dq(self.head(h)), self.dqc(c)
+
+
+def test_lstm_cell_steps_are_the_converted_model() -> None:
+    torch.manual_seed(0)
+    with march_scope("bayes"):
+        qat = prepare_qat_fx(_Cells(), {"": get_default_qat_qconfig()}, example_inputs=(torch.randn(2, 3, 4),))
+    qat.train()
+    assert integer_grid_report(qat) == dict.fromkeys(("fc", "cell0", "cell1", "head"), "grid")
+    g = torch.Generator().manual_seed(9)
+    opt = torch.optim.SGD(qat.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(3):
+        x = torch.randn(2, 3, 4, generator=g) * 2
+        out = qat(x)
+        with march_scope("bayes"):
+            want = convert_fx(qat)(x)
+        for a, b in zip(out, want, strict=True):
+            assert torch.equal(a, b), float((a - b).detach().abs().max())
+        opt.zero_grad()
+        (out[0].square().mean() + out[1].square().mean()).backward()
+        opt.step()
+    grad = qat.cell1.weight_hh.grad
+    assert grad is not None and bool(grad.abs().sum() > 0)
+    set_integer_grid(qat, False)
+    x = torch.randn(2, 3, 4, generator=g) * 2
+    with march_scope("bayes"):
+        want = convert_fx(qat)(x)
+    assert not all(torch.equal(a, b) for a, b in zip(qat(x), want, strict=True))
+
+
+def test_eager_lstm_cell_steps_are_the_converted_model() -> None:
+    from qir.quantization import convert, prepare_qat
+
+    torch.manual_seed(0)
+    base = _Cells()
+    base.qconfig = get_default_qat_qconfig()  # type: ignore[assignment]
+    with march_scope("bayes"):
+        qat = prepare_qat(base).train()
+    g = torch.Generator().manual_seed(10)
+    qat(torch.randn(2, 3, 4, generator=g))  # the first forward records which module feeds which
+    assert integer_grid_report(qat) == dict.fromkeys(("fc", "cell0", "cell1", "head"), "grid")
+    opt = torch.optim.SGD(qat.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(3):
+        x = torch.randn(2, 3, 4, generator=g) * 2
+        out = qat(x)
+        with march_scope("bayes"):
+            want = convert(qat)(x)
+        for a, b in zip(out, want, strict=True):
+            assert torch.equal(a, b), float((a - b).detach().abs().max())
+        opt.zero_grad()
+        (out[0].square().mean() + out[1].square().mean()).backward()
+        opt.step()

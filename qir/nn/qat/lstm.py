@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +53,11 @@ class LSTMCell(QATModule, nn.LSTMCell):
     """
 
     _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.LSTMCell
+    #: x, or x, h and c: as many grid inputs as the call site has tensors (qir.quantization.integer_grid)
+    grid_inputs: ClassVar[int] = -1
+    #: ``(applies, forward)`` of the integer-grid forward, set by qir.nn.quantized.lstm_grid (it builds
+    #: the converted cell, which this layer cannot import)
+    grid_hooks: ClassVar[tuple[Callable[..., bool], Callable[..., Any]] | None] = None
     weight_ih_fake_quant: FakeQuantize
     weight_hh_fake_quant: FakeQuantize
     activation_post_process: FakeQuantize
@@ -89,7 +95,14 @@ class LSTMCell(QATModule, nn.LSTMCell):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if x.dim() != 2:
             raise ValueError(f"{type(self).__name__}: input must be 2-dimensional (batch, features), got {x.dim()}")
-        return self.state_from_gates(self.gates(x, hx), None if hx is None else hx[1])
+        hooks = type(self).grid_hooks
+        on_grid = hooks is not None and hooks[0](self, x, hx)
+        floats = self.state_from_gates(self.gates(x, hx), None if hx is None else hx[1])
+        if on_grid:
+            assert hooks is not None
+            out: tuple[torch.Tensor, torch.Tensor] = hooks[1](self, x, hx, floats)
+            return out
+        return floats
 
     def gates(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """The fake-quantized gates ``(i, f, g, o)`` (``gates_post_process``)."""

@@ -115,8 +115,9 @@ __all__ = [
 __all__ += ["GLU", "LayerNorm", "PReLU", "Softmax"]
 __all__ += ["LSTMCell", "MultiheadAttention"]
 
-# the QAT attention's integer-grid hook (it builds this package's MultiheadAttention)
+# the QAT attention's and LSTM cell's integer-grid hooks (they build this package's modules)
 from qir.nn.quantized import attention_grid as _attention_grid  # noqa: E402, F401
+from qir.nn.quantized import lstm_grid as _lstm_grid  # noqa: E402, F401
 
 # registers the quantize pass's rules for the IR's QAT ops
 from qir.nn.quantized import quantize_rules as _quantize_rules  # noqa: E402, F401
