@@ -18,6 +18,11 @@ on chains up to ``--ao-max-blocks`` blocks (default 5,000); larger sizes print "
     python benchmarks/pipeline_cost.py [--sizes 200 1000 5000] [--repeat 2] [--ao-max-blocks 5000]
         [--json out.json] [--png out.png]
 
+``--resnet50`` measures instead prepare_qat_fx + convert_fx on torchvision's resnet50 (between
+stubs, march bayes, a 1x3x64x64 input) beside torch.ao's on the same network, and prints the
+ratio; it needs torchvision (``PYTHONPATH=. /work/tvenv/bin/python benchmarks/pipeline_cost.py
+--resnet50`` on the development machine).
+
 The plot needs matplotlib (``pip install -e .[bench]``).
 """
 
@@ -27,6 +32,7 @@ import argparse
 import copy
 import gc
 import json
+import os
 import platform
 import sys
 import time
@@ -150,6 +156,73 @@ def measure(n: int, repeat: int, ao_max_blocks: int = 0) -> dict[str, Any]:
     }
 
 
+def measure_resnet50(repeat: int) -> dict[str, Any]:
+    """Seconds of prepare_qat_fx and convert_fx on torchvision's resnet50, qir vs torch.ao (x86)."""
+    try:
+        from torchvision.models import resnet50
+    except ImportError as e:
+        raise SystemExit(f"--resnet50 needs torchvision ({e}); install it or use an environment that has it") from e
+    from torch.ao.quantization import get_default_qat_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import convert_fx as ao_convert_fx
+    from torch.ao.quantization.quantize_fx import prepare_qat_fx as ao_prepare_qat_fx
+
+    from qir.march import march_scope
+    from qir.quantization import convert_fx, get_default_qat_qconfig, prepare_qat_fx
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 64, 64)
+    out: dict[str, float] = {}
+    with march_scope("bayes"):
+        model = Stubbed(resnet50()).train()
+        out["qir prepare_qat_fx"], prepared = best_of(
+            repeat, lambda: prepare_qat_fx(model, {"": get_default_qat_qconfig()}, x)
+        )
+        with torch.no_grad():
+            prepared(x)  # one QAT step: observers hold data
+        prepared.eval()
+        out["qir convert_fx"], converted = best_of(repeat, lambda: convert_fx(prepared))
+        path = str(converted.meta.get("qir.convert_path"))
+    torch.backends.quantized.engine = "x86"
+    mapping = get_default_qat_qconfig_mapping("x86")
+    body = resnet50().train()
+    with warnings.catch_warnings():  # torch.ao's fx flow is deprecated upstream: silence its warnings
+        warnings.simplefilter("ignore")
+        # torch.ao modifies its input: its timed calls include a deep copy (qir's leave theirs untouched)
+        out["torch.ao prepare_qat_fx"], ao_prepared = best_of(
+            repeat, lambda: ao_prepare_qat_fx(copy.deepcopy(body), mapping, (x,))
+        )
+        with torch.no_grad():
+            ao_prepared(x)
+        ao_prepared.eval()
+        out["torch.ao convert_fx"], _ = best_of(repeat, lambda: ao_convert_fx(copy.deepcopy(ao_prepared)))
+    qir_total = out["qir prepare_qat_fx"] + out["qir convert_fx"]
+    ao_total = out["torch.ao prepare_qat_fx"] + out["torch.ao convert_fx"]
+    return {"seconds": out, "convert_path": path, "qir_over_ao": qir_total / ao_total}
+
+
+def report_resnet50(repeat: int) -> int:
+    r = measure_resnet50(repeat)
+    print(f"torch {torch.__version__}, python {platform.python_version()}, load average {_load()}")
+    print(f"resnet50 (1x3x64x64, march bayes), seconds (best of {repeat}):")
+    for k, v in r["seconds"].items():
+        print(f"  {k:<26} {v:8.3f}")
+    sec = r["seconds"]
+    print(f"qir convert_fx path: {r['convert_path']}")
+    print(
+        f"qir / torch.ao: prepare_qat_fx {sec['qir prepare_qat_fx'] / sec['torch.ao prepare_qat_fx']:.2f}x   "
+        f"convert_fx {sec['qir convert_fx'] / sec['torch.ao convert_fx']:.2f}x   "
+        f"prepare + convert {r['qir_over_ao']:.2f}x"
+    )
+    return 0
+
+
+def _load() -> str:
+    try:
+        return ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    except (OSError, AttributeError):
+        return "unknown"
+
+
 def plot(rows: list[dict[str, Any]], path: str) -> None:
     import matplotlib
 
@@ -199,10 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--png", help="write the plot here (needs matplotlib)")
+    ap.add_argument("--resnet50", action="store_true", help="prepare + convert on torchvision's resnet50 instead")
     args = ap.parse_args(argv)
     # The chains use 4x4 feature maps: intra-op threads add only spin contention, so one thread
     # measures the pipeline itself (and is stable on a shared machine).
     torch.set_num_threads(1)
+    if args.resnet50:
+        return report_resnet50(args.repeat)
     # Warm up one-time costs (lazy torch imports, meta kernels) outside the measurement.
     measure(20, 1, 20)
     rows = []
@@ -211,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(measure(n, args.repeat, args.ao_max_blocks))
         print(f"  measured {n} blocks in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     stages = list(rows[0]["per_1000_nodes"])
-    print(f"torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}")
+    print(
+        f"torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}, load average {_load()}"
+    )
     print(f"seconds per 1,000 IR nodes (best of {args.repeat})")
     print(f"{'blocks':>7} {'nodes':>7} " + " ".join(f"{s:>18}" for s in stages))
     for r in rows:

@@ -44,6 +44,8 @@ def _tuple(n: int) -> Any:
 
 
 def apply_act(y: torch.Tensor, act: str | None) -> torch.Tensor:
+    if y.device.type == "meta":  # shape inference: ReLU / ReLU6 keep shape and dtype, and are slow on meta
+        return y
     if act == "relu":
         return torch.relu(y)
     if act == "relu6":

@@ -21,7 +21,7 @@ from qir.march import March
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.observer import keep_buffer_dtypes
 
-__all__ = ["QuantizedModule", "as_scale_tensor", "check_qat", "march_name", "untraced"]
+__all__ = ["QuantizedModule", "as_scale_tensor", "check_qat", "march_name", "per_tensor_scale", "untraced"]
 
 T = TypeVar("T")
 
@@ -66,6 +66,16 @@ def check_qat(cls: type, qat: nn.Module, want: type | tuple[type, ...]) -> None:
         raise TypeError(f"{cls.__name__}.from_qat takes a QAT {names}, got {type(qat).__name__}")
 
 
+def per_tensor_scale(name: str, s: torch.Tensor, i: int) -> float:
+    """Module ``name``'s input ``i`` scale ``s`` as a float; raises when it is per channel (a qint32 output)."""
+    if s.numel() != 1:
+        raise ValueError(
+            f"{name}: input {i} has a per-channel scale (a high-precision qint32 output); "
+            "only DeQuantStub can consume it. Give the producer an activation fake quant"
+        )
+    return float(s.reshape(-1)[0])
+
+
 class QuantizedModule(nn.Module):
     """Base of the quantized modules: ``input_scale_<i>`` and ``scale`` buffers, ``dtype`` attribute."""
 
@@ -104,13 +114,7 @@ class QuantizedModule(nn.Module):
 
     def per_tensor_input(self, i: int) -> float:
         """Input ``i``'s scale as a float; raises when it is per channel (a qint32 output)."""
-        s: torch.Tensor = getattr(self, f"input_scale_{i}")
-        if s.numel() != 1:
-            raise ValueError(
-                f"{type(self).__name__}: input {i} has a per-channel scale (a high-precision qint32 output); "
-                "only DeQuantStub can consume it. Give the producer an activation fake quant"
-            )
-        return float(s.reshape(-1)[0])
+        return per_tensor_scale(type(self).__name__, getattr(self, f"input_scale_{i}"), i)
 
     def extra_repr(self) -> str:
         d = self.dtype.name if self.dtype is not None else "same as input"

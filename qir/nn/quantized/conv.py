@@ -13,6 +13,7 @@ accumulator as qint32 with the per-channel scale ``s_in * s_w[c]``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -25,7 +26,8 @@ from backends.common.integer_rules import fused_add_int, fused_add_params
 from qir.frontend.convert import scratch_buffers
 from qir.ir.types import DType
 from qir.nn.qat.conv import QAT_CONV_CLASSES, QATConvBase, class_name
-from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq
+from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq, per_tensor_scale
+from qir.quantization.fake_quantize import FakeQuantize
 
 __all__ = ["QUANTIZED_CONV_CLASSES", "QuantizedConvBase"]
 
@@ -33,18 +35,118 @@ Q = TypeVar("Q", bound="QuantizedConvBase")
 
 
 def weight_scale_of(qat: QATConvBase) -> tuple[torch.Tensor, DType]:
-    """The weight scale the QAT forward would use now (observed into scratch buffers: the QAT
-    module is untouched, and no module is copied)."""
-    fq = qat.weight_fake_quant
+    """The weight scale the QAT forward would use now (the QAT module is untouched)."""
+    return observed_weight_scale(qat.weight_fake_quant, qat.weight, type(qat).__name__)
+
+
+def observed_weight_scale(fq: FakeQuantize, weight: torch.Tensor, owner: str) -> tuple[torch.Tensor, DType]:
+    """The scale and dtype weight fake quant ``fq`` of module class ``owner`` gives ``weight`` now:
+    observed into scratch buffers, so ``fq`` keeps its state and no module is copied."""
     with torch.no_grad(), scratch_buffers(fq):
-        fq(qat.weight.detach())
+        fq(weight.detach())
         scale = fq.scale.detach().to(torch.float32).clone()
     if scale.numel() == 0:
         raise ValueError(
-            f"{type(qat).__name__}: the weight fake quant has no scale (observer disabled before any batch); "
+            f"{owner}: the weight fake quant has no scale (observer disabled before any batch); "
             "enable its observer or load a QAT state dict that holds weight_fake_quant.scale"
         )
     return scale, fq.dtype
+
+
+def conv_hyper_parameters(m: Any) -> dict[str, Any]:
+    """A conv / linear module's hyper-parameters as the integer module keeps them (``hp``; None on Linear)."""
+    return {
+        "stride": getattr(m, "stride", None),
+        "padding": getattr(m, "padding", None),
+        "dilation": getattr(m, "dilation", None),
+        "groups": getattr(m, "groups", 1),
+        "output_padding": getattr(m, "output_padding", None),
+        "padding_mode": getattr(m, "padding_mode", "zeros"),
+        "reversed_padding": getattr(m, "_reversed_padding_repeated_twice", None),
+    }
+
+
+def weight_l1_max(weight: torch.Tensor, weight_axis: int) -> int:
+    """Max over output channels of ``sum |w|`` of the weight codes: bounds every partial sum / max|x|."""
+    w_abs = weight.to(torch.int64).abs().transpose(0, weight_axis)
+    return int(w_abs.reshape(w_abs.shape[0], -1).sum(dim=1).max()) if weight.numel() else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvIntegerState:
+    """What converting a QAT conv / linear gives: the integer module's buffers and add parameters."""
+
+    weight: torch.Tensor  # int8 / int16 codes
+    bias: torch.Tensor  # int32 at s_in * s_w[c]
+    scale: torch.Tensor  # output scale: (1,), or per channel shaped to broadcast for a qint32 output
+    multiplier: torch.Tensor
+    shift: torch.Tensor
+    relu6_bound: torch.Tensor
+    dtype: DType
+    add_multiplier: int = 0
+    add_shift: int = 0
+    extra_bits: int = 0
+
+
+def integer_conv_state(
+    cls: type[QuantizedConvBase],
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    c_out: int,
+    weight_scale: tuple[torch.Tensor, DType],
+    input_scales: Sequence[torch.Tensor],
+    out: tuple[torch.Tensor, DType] | None,
+    march: str,
+) -> ConvIntegerState:
+    """The integer state of quantized conv class ``cls`` (docs/semantics.md "Conv / linear").
+
+    ``weight`` / ``bias``: the float parameters; ``c_out``: the output channels; ``weight_scale``:
+    the weight fake quant's scale and dtype as the QAT forward would use them (:func:`weight_scale_of`);
+    ``input_scales``: the input's (and the addend's) float32 scale tensors; ``out``: the output fake
+    quant's scale and dtype (None: a high-precision qint32 output). The one arithmetic of conversion:
+    ``from_qat`` and the ``quantize`` pass's rule (quantize_rules.py) both call it."""
+    name = cls.__name__
+    s_in = per_tensor_scale(name, input_scales[0], 0)
+    s_w, w_dtype = weight_scale
+    w_axis = cls.qat_class.weight_axis if s_w.numel() > 1 else None
+    codes = numerics.quantize(weight, s_w, w_dtype, axis=w_axis)
+    if s_w.numel() > 1 and s_w.numel() != c_out:  # grouped conv transpose: axis 1 holds out/groups channels
+        s_w = s_w.repeat(c_out // s_w.numel())
+    s_w_out = s_w if s_w.numel() > 1 else s_w.reshape(())
+    b = bias if bias is not None else torch.zeros(c_out)
+    int_bias = numerics.quantize_bias(b, s_in, s_w_out).to(torch.int32)
+    s_acc = numerics.accumulator_scale(s_in, s_w_out).reshape(-1).expand(c_out).clone()
+    add = (0, 0, 0)
+    if out is None:
+        if cls.has_add:
+            raise NotImplementedError(
+                f"{name}: a fused add with a high-precision (qint32) output is not implemented; "
+                "give the module an activation fake quant (qconfig.activation) or unfuse the add"
+            )
+        dtype = DType.qint32
+        shape = [c_out] + [1] * _OUT_NDIM_AFTER_CHANNEL[cls.kind]
+        scale = s_acc.to(torch.float32).reshape(shape)
+        mult, sh = torch.ones(c_out, dtype=torch.int64), torch.zeros(c_out, dtype=torch.int64)
+        bound = numerics.quantize(torch.full((c_out,), 6.0, dtype=torch.float64), s_acc, "qint32", axis=0)
+    else:
+        s_out, dtype = out
+        if s_out.numel() != 1:
+            raise ValueError(f"{name}: the output fake quant must be per tensor, got {s_out.numel()} scales")
+        scale = s_out.to(torch.float32).reshape(1).clone()
+        if cls.has_add:
+            s_add = per_tensor_scale(name, input_scales[1], 1)
+            p = fused_add_params(s_acc, s_add, float(s_out), march, dtype)
+            mult, sh = p.acc_multiplier.expand(c_out).clone(), p.acc_shift.expand(c_out).clone()
+            add = (p.add_multiplier, p.add_shift, p.extra_bits)
+        else:
+            m, s = numerics.conv_requant_params(s_in, s_w_out, s_out, march, dtype)
+            mult, sh = m.reshape(-1).expand(c_out).clone(), s.reshape(-1).expand(c_out).clone()
+        bound = numerics.quantize(torch.tensor([6.0]), s_out, dtype).to(torch.int64).expand(c_out).clone()
+    return ConvIntegerState(codes, int_bias, scale, mult, sh, bound.to(torch.int64), dtype, *add)
+
+
+#: dimensions after the channel axis of each kind's output
+_OUT_NDIM_AFTER_CHANNEL = {"Conv1d": 1, "Conv2d": 2, "Conv3d": 3, "ConvTranspose2d": 2, "Linear": 0}
 
 
 class QuantizedConvBase(QuantizedModule):
@@ -77,63 +179,26 @@ class QuantizedConvBase(QuantizedModule):
         return new
 
     def _convert(self, qat: QATConvBase, input_scales: Sequence[Any], march: str) -> None:
-        name = type(self).__name__
         fq = output_fq(qat)
         self._set_scales(input_scales, None, None, 2 if self.has_add else 1)
-        s_in = self.per_tensor_input(0)
-        m: Any = qat
-        # conv hyperparameters (absent on Linear); plain attributes, constant under tracing
-        self.hp = {
-            "stride": getattr(m, "stride", None),
-            "padding": getattr(m, "padding", None),
-            "dilation": getattr(m, "dilation", None),
-            "groups": getattr(m, "groups", 1),
-            "output_padding": getattr(m, "output_padding", None),
-            "padding_mode": getattr(m, "padding_mode", "zeros"),
-            "reversed_padding": getattr(m, "_reversed_padding_repeated_twice", None),
-        }
+        self.hp = conv_hyper_parameters(qat)
         s_w, w_dtype = weight_scale_of(qat)
-        w_axis = qat.weight_axis if s_w.numel() > 1 else None
-        self.register_buffer("weight", numerics.quantize(qat.weight.detach(), s_w, w_dtype, axis=w_axis))
-        w_abs = self.weight.to(torch.int64).abs().transpose(0, qat.weight_axis)
-        self.weight_l1_max = int(w_abs.reshape(w_abs.shape[0], -1).sum(dim=1).max())
-        c_out = self._out_channels(qat)
-        if s_w.numel() > 1 and s_w.numel() != c_out:  # grouped conv transpose: axis 1 holds out/groups channels
-            s_w = s_w.repeat(c_out // s_w.numel())
-        s_w_out = s_w if s_w.numel() > 1 else s_w.reshape(())
-        bias = qat.bias.detach() if qat.bias is not None else torch.zeros(c_out)
-        self.register_buffer("bias", numerics.quantize_bias(bias, s_in, s_w_out).to(torch.int32))
-        s_acc = numerics.accumulator_scale(s_in, s_w_out).reshape(-1).expand(c_out).clone()
-        if fq is None:
-            if self.has_add:
-                raise NotImplementedError(
-                    f"{name}: a fused add with a high-precision (qint32) output is not implemented; "
-                    "give the module an activation fake quant (qconfig.activation) or unfuse the add"
-                )
-            self.dtype = DType.qint32
-            shape = [c_out] + [1] * (self._out_ndim_after_channel())
-            self.register_buffer("scale", s_acc.to(torch.float32).reshape(shape))
-            self.register_buffer("multiplier", torch.ones(c_out, dtype=torch.int64))
-            self.register_buffer("shift", torch.zeros(c_out, dtype=torch.int64))
-            bound = numerics.quantize(torch.full((c_out,), 6.0, dtype=torch.float64), s_acc, "qint32", axis=0)
-        else:
-            s_out = fq.scale.detach()
-            if s_out.numel() != 1:
-                raise ValueError(f"{name}: the output fake quant must be per tensor, got {s_out.numel()} scales")
-            self.dtype = fq.dtype
-            self.register_buffer("scale", s_out.to(torch.float32).reshape(1).clone())
-            if self.has_add:
-                s_add = self.per_tensor_input(1)
-                p = fused_add_params(s_acc, s_add, float(s_out), march, fq.dtype)
-                self.register_buffer("multiplier", p.acc_multiplier.expand(c_out).clone())
-                self.register_buffer("shift", p.acc_shift.expand(c_out).clone())
-                self.add_multiplier, self.add_shift, self.extra_bits = p.add_multiplier, p.add_shift, p.extra_bits
-            else:
-                mult, sh = numerics.conv_requant_params(s_in, s_w_out, s_out, march, fq.dtype)
-                self.register_buffer("multiplier", mult.reshape(-1).expand(c_out).clone())
-                self.register_buffer("shift", sh.reshape(-1).expand(c_out).clone())
-            bound = numerics.quantize(torch.tensor([6.0]), s_out, fq.dtype).to(torch.int64).expand(c_out).clone()
-        self.register_buffer("relu6_bound", bound.to(torch.int64))
+        st = integer_conv_state(
+            type(self),
+            qat.weight.detach(),
+            None if qat.bias is None else qat.bias.detach(),
+            self._out_channels(qat),
+            (s_w, w_dtype),
+            self.input_scales,
+            None if fq is None else (fq.scale.detach(), fq.dtype),
+            march,
+        )
+        self.dtype = st.dtype
+        for role in ("weight", "bias", "scale", "multiplier", "shift", "relu6_bound"):
+            self.register_buffer(role, getattr(st, role))
+        self.weight_l1_max = weight_l1_max(self.weight, qat.weight_axis)
+        if self.has_add:
+            self.add_multiplier, self.add_shift, self.extra_bits = st.add_multiplier, st.add_shift, st.extra_bits
         self.march = march
 
     def _out_channels(self, qat: QATConvBase) -> int:
@@ -141,7 +206,7 @@ class QuantizedConvBase(QuantizedModule):
         return int(m.out_features if self.kind == "Linear" else m.out_channels)
 
     def _out_ndim_after_channel(self) -> int:
-        return {"Conv1d": 1, "Conv2d": 2, "Conv3d": 3, "ConvTranspose2d": 2, "Linear": 0}[self.kind]
+        return _OUT_NDIM_AFTER_CHANNEL[self.kind]
 
     def _accumulate(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_floating_point():
@@ -284,13 +349,14 @@ LinearAddReLU6: type[QuantizedConvBase]
 
 # ----------------------------------------------------------------------------- the IR's qconv op
 
-_IR_KIND = {"conv1d": "Conv1d", "conv2d": "Conv2d", "conv3d": "Conv3d", "conv_transpose2d": "ConvTranspose2d"}
-_IR_KIND["linear"] = "Linear"
+#: the qconv / qat_conv op's ``kind`` -> the quantized class's ``kind``
+MODULE_KIND = {"conv1d": "Conv1d", "conv2d": "Conv2d", "conv3d": "Conv3d", "conv_transpose2d": "ConvTranspose2d"}
+MODULE_KIND["linear"] = "Linear"
 
 
 def _from_qconv(op: Any, tensors: dict[str, torch.Tensor]) -> QuantizedConvBase:
     """The integer module a ``qconv`` op stands for, holding ``tensors`` (emit and evaluation)."""
-    kind = _IR_KIND[op.kind]
+    kind = MODULE_KIND[op.kind]
     matches = [c for c in QUANTIZED_CONV_CLASSES.values() if (c.kind, c.has_add, c.act) == (kind, op.add, op.act)]
     if not matches:
         raise ValueError(f"qconv: no quantized {kind} class with add={op.add} act={op.act!r}")
@@ -310,8 +376,7 @@ def _from_qconv(op: Any, tensors: dict[str, torch.Tensor]) -> QuantizedConvBase:
     for role in ("multiplier", "shift", "relu6_bound"):
         m.register_buffer(role, tensors[role])
     w_axis = 1 if kind == "ConvTranspose2d" else 0
-    w_abs = m.weight.to(torch.int64).abs().transpose(0, w_axis)
-    m.weight_l1_max = int(w_abs.reshape(w_abs.shape[0], -1).sum(dim=1).max()) if m.weight.numel() else 0
+    m.weight_l1_max = weight_l1_max(m.weight, w_axis)
     m.march = op.march
     if op.add:
         m.add_multiplier, m.add_shift, m.extra_bits = op.add_multiplier, op.add_shift, op.extra_bits

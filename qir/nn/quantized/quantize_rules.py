@@ -1,19 +1,37 @@
-"""The ``quantize`` pass's conversion rules for qir's QAT ops: each rebuilds the QAT module from
-the op (``qir.nn.qat``'s builder, sharing the state tensors) and converts it with the integer
-class's own ``from_qat``, so the pass and module-swapping ``convert_fx`` run the same arithmetic."""
+"""The ``quantize`` pass's conversion rules for qir's QAT ops.
+
+``qat_conv`` converts from the op's attributes and state tensors directly: the weight fake quant
+(rebuilt from its FakeQuantSpec around the op's tensors) observes the weight into scratch buffers,
+and :func:`~qir.nn.quantized.conv.integer_conv_state` computes the integer state, the same
+function ``from_qat`` calls, so the pass and module-swapping ``convert_fx`` run one arithmetic
+(tests/quantization/test_convert_paths.py). No QAT or integer module is built per layer, and no
+state tensor is copied or written. The stubs (two per model) rebuild their QAT module and call
+``from_qat``.
+"""
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from passes.quantize import register_quantize_rule
 from qir.ir.op import ModuleOp
 from qir.ir.ops.integer import QConv
 from qir.ir.ops.integer_stubs import QDequantStub, QQuantStub
-from qir.nn.quantized.conv import QUANTIZED_CONV_CLASSES
+from qir.nn.qat.ir_ops import build_fake_quant
+from qir.nn.quantized._base import as_scale_tensor, march_name
+from qir.nn.quantized.conv import (
+    MODULE_KIND,
+    QUANTIZED_CONV_CLASSES,
+    conv_hyper_parameters,
+    integer_conv_state,
+    observed_weight_scale,
+)
 from qir.nn.quantized.stubs import DeQuantStub, QuantStub
 
 __all__: list[str] = []
@@ -23,11 +41,84 @@ def _state(new: ModuleOp, q: Any) -> dict[str, torch.Tensor]:
     return {role: getattr(q, role) for role in new.param_roles()}
 
 
+#: (kind, fused add, activation) -> quantized conv class
+_CLASSES = {(c.kind, c.has_add, c.act): c for c in QUANTIZED_CONV_CLASSES.values()}
+_TORCH_KINDS: dict[str, type[nn.Module]] = {
+    "conv1d": nn.Conv1d,
+    "conv2d": nn.Conv2d,
+    "conv3d": nn.Conv3d,
+    "conv_transpose2d": nn.ConvTranspose2d,
+}
+
+
+@functools.lru_cache(maxsize=1024)
+def _hyper_parameters(
+    kind: str,
+    cin: int,
+    cout: int,
+    kernel: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    groups: int,
+    output_padding: Any,
+    padding_mode: str,
+) -> dict[str, Any]:
+    """The ``hp`` a converted module of these attributes keeps, as torch's module derives it (one
+    meta-device module per distinct set: a network has a few dozen at most)."""
+    if kind == "linear":
+        return conv_hyper_parameters(None)
+    kw: dict[str, Any] = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+    if kind == "conv_transpose2d":
+        kw["output_padding"] = output_padding
+    else:
+        kw["padding_mode"] = padding_mode
+    return conv_hyper_parameters(_TORCH_KINDS[kind](cin, cout, kernel, bias=False, device="meta", **kw))
+
+
 def _conv(op: Any, tensors: dict[str, torch.Tensor], scales: Sequence[torch.Tensor], march: str) -> Any:
-    qat = op.to_module(tensors)
-    q = QUANTIZED_CONV_CLASSES[type(qat)].from_qat(qat, list(scales), march)
-    new = QConv.from_module(q)
-    return new, _state(new, q)
+    cls = _CLASSES[(MODULE_KIND[op.kind], op.add, op.act)]
+    name = cls.__name__
+    march = march_name(march)
+    ins = [as_scale_tensor(s, f"{name} input {i}") for i, s in enumerate(scales)]
+    weight = tensors["weight"].detach()
+    s_w = observed_weight_scale(
+        build_fake_quant(op.weight_fq, tensors, "weight_fake_quant"), weight, cls.qat_class.__name__
+    )
+    out = None
+    if op.out_fq is not None:
+        out = (tensors["activation_post_process.scale"].detach(), op.out_fq.observer.dtype)
+    bias = tensors["bias"].detach() if op.bias else None
+    st = integer_conv_state(cls, weight, bias, op.out_channels, s_w, ins, out, march)
+    hp = _hyper_parameters(
+        op.kind,
+        op.in_channels,
+        op.out_channels,
+        op.kernel_size,
+        op.stride,
+        op.padding,
+        op.dilation,
+        op.groups,
+        op.output_padding,
+        op.padding_mode,
+    )
+    # QConv.from_module reads these attributes off a converted module: the op is the one from_qat's module gives
+    view = types.SimpleNamespace(
+        hp=hp,
+        dtype=st.dtype,
+        scale=st.scale,
+        out_axis=cls.out_axis,
+        input_scales=ins,
+        march=march,
+        kind=cls.kind,
+        has_add=op.add,
+        act=op.act,
+        add_multiplier=st.add_multiplier,
+        add_shift=st.add_shift,
+        extra_bits=st.extra_bits,
+    )
+    new = QConv.from_module(view)
+    return new, {role: getattr(st, role) for role in new.param_roles()}
 
 
 def _quant_stub(op: Any, tensors: dict[str, torch.Tensor], scales: Sequence[torch.Tensor], march: str) -> Any:
