@@ -66,8 +66,14 @@ class _GridOut(torch.autograd.Function):
 
 
 def _codes(t: torch.Tensor, fq: FakeQuantize) -> torch.Tensor:
-    """The int64 codes of ``t``, a tensor on ``fq``'s grid (``q * s`` up to float32 rounding)."""
-    return (t.detach() * (1.0 / fq.scale.detach()).reshape(())).round_().to(torch.int64)
+    """The int64 codes of ``t``, a tensor on ``fq``'s grid (``q * s`` up to float32 rounding).
+
+    Saturated to ``fq``'s code range: in training a dropout between ``fq`` and this op rescales by
+    ``1/(1-p)``, so its output can leave the range (a table lookup then indexed past its end); the op
+    reads it as ``fq`` would re-quantize it. On the grid (every eval and validation forward) the clamp
+    changes nothing."""
+    q = (t.detach() * (1.0 / fq.scale.detach()).reshape(())).round_().to(torch.int64)
+    return q.clamp_(int(fq.qmin), int(fq.qmax))
 
 
 def _scale(fq: FakeQuantize) -> float:
