@@ -33,22 +33,7 @@ from qir.quantization import (
     set_fake_quantize,
 )
 from qir.quantization.prepare import PREPARE_BY_PASS, PREPARE_PATH_KEY
-
-
-class Block(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
-        self.conv2, self.bn2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU()
-        self.down = None
-        if stride != 1 or cin != cout:
-            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        short = x if self.down is None else self.down(x)
-        y = self.relu(self.bn1(self.conv1(x)))
-        return self.relu(self.bn2(self.conv2(y)) + short)
+from tests.quantization.path_blocks import Block, InvertedResidual
 
 
 class ResNetShaped(nn.Module):
@@ -66,18 +51,6 @@ class ResNetShaped(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.proj(self.proj(self.layer2(self.layer1(self.stem(self.quant(x))))))
         return self.post(self.dequant(self.fc(torch.flatten(y, 1))))
-
-
-class InvertedResidual(nn.Module):
-    def __init__(self, c: int, expand: int) -> None:
-        super().__init__()
-        h = c * expand
-        self.pw = nn.Sequential(nn.Conv2d(c, h, 1, bias=False), nn.BatchNorm2d(h), nn.ReLU6())
-        self.dw = nn.Sequential(nn.Conv2d(h, h, 3, 1, 1, groups=h, bias=False), nn.BatchNorm2d(h), nn.ReLU6())
-        self.pwl = nn.Sequential(nn.Conv2d(h, c, 1, bias=False), nn.BatchNorm2d(c))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.pwl(self.dw(self.pw(x)))
 
 
 class MobileNetShaped(nn.Module):
