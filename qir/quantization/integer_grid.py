@@ -33,6 +33,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.fx
 import torch.nn.functional as F
@@ -682,14 +683,15 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     s_w_c = s_w.detach()
     if s_w_c.numel() > 1 and s_w_c.numel() != c_out:  # grouped conv transpose: axis 1 holds out/groups
         s_w_c = s_w_c.repeat(c_out // s_w_c.numel())
-    s_w_out = s_w_c if s_w_c.numel() > 1 else s_w_c.reshape(())
-    s_acc = numerics.accumulator_scale(s_in, s_w_out).reshape(-1).expand(c_out).contiguous()
+    s_w32 = s_w_c.reshape(-1).expand(c_out)
+    s_w64 = s_w32.to(torch.float64)
+    # numerics.accumulator_scale: the float64 product of the float32 scales (s_in is one exactly)
+    s_acc = (s_w64 * s_in).contiguous()
     bias = m.bias if m.bias is not None else torch.zeros(c_out, device=w.device)
     axis = m.out_axis
-    s_w_f64 = s_w_out.to(torch.float64).reshape(-1).expand(c_out)
-    bq = numerics.broadcast_along(_BiasCodes.apply(bias, s_acc, s_w_f64), axis, acc.dim())
+    bq = numerics.broadcast_along(_BiasCodes.apply(bias, s_acc, s_w64), axis, acc.dim())
     acc_scale = numerics.broadcast_along(s_acc.to(torch.float32), axis, acc.dim())
-    acc_grad = numerics.broadcast_along(s_w_out.to(torch.float32).reshape(-1).expand(c_out), axis, acc.dim())
+    acc_grad = numerics.broadcast_along(s_w32, axis, acc.dim())
     if ofq is None:  # high-precision output: the accumulator at s_acc (DeQuantStub's float32 product)
         six = torch.full((c_out,), 6.0, dtype=torch.float64)
         lo, hi = _act_bounds(m.act, DType.qint32, numerics.quantize(six, s_acc, "qint32", axis=0))
@@ -702,7 +704,7 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     _observe_output(ofq, acc, bq.detach(), acc_scale, m.act, addend)
     s_out = float(ofq.scale.reshape(-1)[0])
     dtype = DType(ofq.dtype)
-    bound6 = int(numerics.quantize(torch.tensor([6.0]), s_out, dtype).reshape(-1)[0]) if m.act == "relu6" else None
+    bound6 = code_of(6.0, s_out, dtype) if m.act == "relu6" else None
     lo, hi = _act_bounds(m.act, dtype, bound6)
     out_scale = ofq.scale.detach().reshape(())
     if add_fq is not None:
@@ -763,6 +765,17 @@ def _fused_add_float64(
     # dimensioned (not 0-d), so that float32 codes times r2 promote to float64
     r2 = torch.full([1] * acc.dim(), math.ldexp(p.add_multiplier, -p.add_shift), dtype=torch.float64)
     return acc_lo, acc_hi, r1, r2
+
+
+def code_of(value: float, scale: float, dtype: DType) -> int:
+    """``numerics.quantize(tensor([value]), scale, dtype)`` of a qint8 / qint16 dtype on the host: the
+    same float32 division and half-up rounding on numpy float32 scalars (IEEE, as torch's), saturated."""
+    lo, hi = dtype.qrange
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = np.float32(value) / np.float32(scale)
+        f = np.floor(v)
+        q = float(f) + (1.0 if v - f >= 0.5 else 0.0)  # v - floor(v) is exact: the tie test too
+    return int(min(max(q, lo), hi))
 
 
 def _act_bounds(act: str | None, dtype: DType, bound6: Any) -> tuple[Any, Any]:
