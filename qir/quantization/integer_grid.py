@@ -57,6 +57,7 @@ from qir.quantization.fake_quantize import (
     fake_quantize,
     float_fake_quant_active,
 )
+from qir.quantization.integer_grid_methods import SCALAR_METHODS
 from qir.quantization.observer import (
     MinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,
@@ -85,7 +86,6 @@ _ATTR = "integer_grid"
 #: observers whose update depends on a batch's minimum and maximum only
 _MIN_MAX_OBSERVERS = (MinMaxObserver, MovingAveragePerChannelMinMaxObserver, MovingAveragePerTensorMinMaxObserver)
 #: FloatFunctional methods whose second operand is a number (not a grid input)
-_NUMBER_OPERAND = frozenset({"add_scalar", "mul_scalar"})
 #: the fake quants whose forward the grid reproduces (a learnable-scale subclass is not one of them)
 _PLAIN_FQ = (FakeQuantize, CalibFakeQuantize)
 
@@ -155,7 +155,7 @@ def _trace_sources(
         elif ff is not None:  # its tensor operands, a cat's list flattened
             operands: list[torch.fx.Node] = []
             torch.fx.node.map_arg((n.args[1:], n.kwargs), operands.append)  # in order, repeats kept
-            if str(n.target) in _NUMBER_OPERAND:  # x + w / 4: the number may be a node computed from sizes
+            if str(n.target) in SCALAR_METHODS:  # x + w / 4: the number may be a node computed from sizes
                 operands = operands[:1]
             sites.setdefault(ff, []).append([src.get(a.name) for a in operands])
             methods.setdefault(ff, set()).add(str(n.target))
@@ -694,7 +694,8 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     acc_grad = numerics.broadcast_along(s_w32, axis, acc.dim())
     if ofq is None:  # high-precision output: the accumulator at s_acc (DeQuantStub's float32 product)
         six = torch.full((c_out,), 6.0, dtype=torch.float64)
-        lo, hi = _act_bounds(m.act, DType.qint32, numerics.quantize(six, s_acc, "qint32", axis=0))
+        hp6 = numerics.quantize(six, s_acc, "qint32", axis=0) if m.act == "relu6" else None  # only ReLU6 reads it
+        lo, hi = _act_bounds(m.act, DType.qint32, hp6)
         if isinstance(hi, torch.Tensor):
             hi = numerics.broadcast_along(hi, axis, acc.dim())
         ones = torch.ones((), dtype=torch.float64)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from backends.common import numerics
-from backends.common.integer_rules import bilinear_taps, bilinear_weight_bits, f32, resize_out_size
+from backends.common.integer_rules import bilinear_taps, bilinear_weight_bits, resize_out_size
 from backends.common.lut_segmented import lut_int16, lut_int16_apply
 from qir.ir.types import DType
 from qir.quantization import integer_grid_methods as methods
@@ -42,7 +42,6 @@ __all__ = ["GRID_METHODS", "functional_forward", "interpolate_forward", "lut_for
 
 _BINARY = frozenset({"add", "add_relu", "sub", "mul"})
 _JOIN = frozenset({"cat", "concat", "concatenate", "stack"})
-_SCALAR_NUMBER = methods.SCALAR_METHODS
 #: the FloatFunctional methods that train on the integer grid (every one the QAT class has)
 GRID_METHODS = _BINARY | _JOIN | methods.METHODS
 
@@ -115,13 +114,7 @@ def _integer_result(
     if method == "mul":
         m, s = numerics.conv_requant_params(scales[0], scales[1], s_out, march, dt)
         return numerics.requantize(qs[0] * qs[1], m.reshape(()), s.reshape(()), dt)
-    moved = []
-    for q, s_in in zip(qs, scales, strict=True):
-        if f32(s_in) == f32(s_out):
-            moved.append(numerics.saturate(q, dt))
-        else:
-            m, s = numerics.requant_params(s_in, s_out, march, dt)
-            moved.append(numerics.requantize(q, m, s, dt))
+    moved = [methods.to_out(q, s_in, s_out, march, dt) for q, s_in in zip(qs, scales, strict=True)]
     return torch.stack(moved, dim=dim) if method == "stack" else torch.cat(moved, dim=dim)
 
 
@@ -147,7 +140,7 @@ def functional_forward(m: Any, method: str, args: Sequence[Any], kwargs: dict[st
     in_dts = [DType(fq.dtype) for fq in binding.inputs]
     if method in methods.METHODS and methods.refusal(method, in_dts) is not None:
         return None
-    if method in _SCALAR_NUMBER and not _finite_number(opts["y"]):
+    if method in methods.SCALAR_METHODS and not _finite_number(opts["y"]):
         return None  # the float forward runs; convert names the operand
     y = methods.float_result(method, ts, opts) if method in methods.METHODS else _float_result(method, ts, opts["dim"])
     scales = [_scale(fq) for fq in binding.inputs]

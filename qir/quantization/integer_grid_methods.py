@@ -111,7 +111,7 @@ def refusal(method: str, in_dtypes: Sequence[DType]) -> str | None:
     return None
 
 
-def _to_out(q: torch.Tensor, s_in: float, s_out: float, march: str, dt: DType) -> torch.Tensor:
+def to_out(q: torch.Tensor, s_in: float, s_out: float, march: str, dt: DType) -> torch.Tensor:
     """``QFunctional._to_out``: codes requantized to the output scale (a saturating copy when equal)."""
     if f32(s_in) == f32(s_out):
         return numerics.saturate(q, dt)
@@ -150,7 +150,7 @@ def integer_result(
         m_div, s_div = div_params(scales[0], scales[1], s_out, march)
         return div_int(x, qs[1], m_div, s_div, dt)
     if method in ("maximum", "minimum"):
-        a, b = (_to_out(q, s, s_out, march, dt) for q, s in zip(qs, scales, strict=True))
+        a, b = (to_out(q, s, s_out, march, dt) for q, s in zip(qs, scales, strict=True))
         return torch.maximum(a, b) if method == "maximum" else torch.minimum(a, b)
     if method in _REDUCE:
         d = opts["dim"]

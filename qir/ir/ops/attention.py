@@ -32,6 +32,35 @@ def load_dotted(m: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
             owner._buffers[leaf] = t
 
 
+FORWARD_ARGS = (
+    "query",
+    "key",
+    "value",
+    "key_padding_mask",
+    "need_weights",
+    "attn_mask",
+    "average_attn_weights",
+    "is_causal",
+)
+
+
+def bind_forward_args(where: str, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``nn.MultiheadAttention.forward``'s arguments by name (float and integer attention ops);
+    ``where`` starts the error message."""
+    if len(args) > len(FORWARD_ARGS) or set(kwargs) - set(FORWARD_ARGS):
+        raise IRError(f"{where}: unexpected arguments {sorted(set(kwargs) - set(FORWARD_ARGS))}")
+    return dict(zip(FORWARD_ARGS, args, strict=False)) | kwargs
+
+
+def split_masks(op: Any, inputs: Sequence[Any]) -> tuple[Any, Any, Any, Any, Any]:
+    """``(query, key, value, key_padding_mask, attn_mask)`` from an attention op's data operands;
+    a mask the op does not take is None."""
+    q, k, v, *masks = inputs
+    kpm = masks.pop(0) if op.key_padding_mask else None
+    mask = masks.pop(0) if op.attn_mask else None
+    return q, k, v, kpm, mask
+
+
 @register_op
 @attrs.frozen
 class MultiheadAttention(ModuleOp):
@@ -82,19 +111,7 @@ class MultiheadAttention(ModuleOp):
 
     def bind_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[MultiheadAttention, list[Value]]:
         """Bind ``forward(query, key, value, key_padding_mask, need_weights, attn_mask, ...)``."""
-        names = (
-            "query",
-            "key",
-            "value",
-            "key_padding_mask",
-            "need_weights",
-            "attn_mask",
-            "average_attn_weights",
-            "is_causal",
-        )
-        if len(args) > len(names) or set(kwargs) - set(names):
-            raise IRError(f"op {self.name!r}: unexpected arguments {sorted(set(kwargs) - set(names))}")
-        bound = dict(zip(names, args, strict=False)) | kwargs
+        bound = bind_forward_args(f"op {self.name!r}", args, kwargs)
         inputs = [bound["query"], bound["key"], bound["value"]]
         kpm, mask = bound.get("key_padding_mask"), bound.get("attn_mask")
         for v in (kpm, mask):
@@ -113,9 +130,7 @@ class MultiheadAttention(ModuleOp):
 
     def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Arguments of the module call for the data operands (query, key, value, masks)."""
-        q, k, v, *masks = inputs
-        kpm = masks.pop(0) if self.key_padding_mask else None
-        mask = masks.pop(0) if self.attn_mask else None
+        q, k, v, kpm, mask = split_masks(self, inputs)
         return (q, k, v), {
             "key_padding_mask": kpm,
             "need_weights": self.need_weights,

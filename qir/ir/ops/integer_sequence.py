@@ -351,19 +351,7 @@ class QMultiheadAttention(_SequenceOp):
     def bind_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[QMultiheadAttention, list[Value]]:
         """Bind ``forward(query, key, value, key_padding_mask, need_weights, attn_mask,
         average_attn_weights, is_causal)``; masks must be graph values (inputs or constants)."""
-        names = (
-            "query",
-            "key",
-            "value",
-            "key_padding_mask",
-            "need_weights",
-            "attn_mask",
-            "average_attn_weights",
-            "is_causal",
-        )
-        if len(args) > len(names) or set(kwargs) - set(names):
-            raise IRError(f"qmultihead_attention: unexpected arguments {sorted(set(kwargs) - set(names))}")
-        call = dict(zip(names, args, strict=False)) | kwargs
+        call = float_ops.bind_forward_args("qmultihead_attention", args, kwargs)
         if call.get("is_causal"):
             raise IRError("qmultihead_attention: is_causal is not implemented; pass the causal mask as attn_mask")
         inputs = [call.get("query"), call.get("key"), call.get("value")]
@@ -386,9 +374,7 @@ class QMultiheadAttention(_SequenceOp):
         return op, [*inputs, *(v for v in (kpm, mask) if v is not None)]  # type: ignore[misc]
 
     def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        q, k, v, *masks = inputs
-        kpm = masks.pop(0) if self.key_padding_mask else None
-        mask = masks.pop(0) if self.attn_mask else None
+        q, k, v, kpm, mask = float_ops.split_masks(self, inputs)
         return (q, k, v), {
             "key_padding_mask": kpm,
             "need_weights": self.need_weights,

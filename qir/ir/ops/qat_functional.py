@@ -31,7 +31,7 @@ import attrs
 import torch
 
 from qir.ir.op import OP_REGISTRY, IRError, Op, bump_registry_version, register_op
-from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp, fake_quant_roles
+from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp, _check_state, fake_quant_roles
 from qir.ir.types import DType, ScalarType, TensorType, Type
 
 __all__ = ["FF_METHOD_FORMS", "QATFunctional", "qat_method_reader", "register_qat_functional"]
@@ -262,9 +262,7 @@ class QATFunctional(QATModuleOp):
                     f"op 'qat_functional' ({self.method}): input {i} must be a float tensor (QAT computes in float), "
                     f"got {t}"
                 )
-        for role, t in zip(self.param_roles(), operand_types[self.num_inputs() :], strict=True):
-            if not isinstance(t, TensorType):
-                raise IRError(f"op 'qat_functional': state operand {role} must be a tensor, got {t}")
+        _check_state(self, self.param_roles(), operand_types[self.num_inputs() :], ())
         self.infer_type(operand_types)
 
     # -- legality --------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from qir.ir.graph import Value
 from qir.ir.op import CannotInfer, IRError, Op, register_op
 from qir.ir.ops import vision as float_ops
 from qir.ir.ops.integer_pool import _plain
-from qir.ir.ops.qat import FakeQuantSpec
+from qir.ir.ops.qat import FakeQuantSpec, _check_state
 from qir.ir.ops.qat_layer import QATLayerOp
 from qir.ir.types import TensorType, Type
 
@@ -79,9 +79,7 @@ class QATInterpolate(QATLayerOp):
             raise IRError(f"qat_interpolate resizes a float (N, C, H, W) tensor, got {x}")
         if self.run_time_size and isinstance(operand_types[1], TensorType):
             raise IRError(f"qat_interpolate: the run-time size is a sequence of ints, got {operand_types[1]}")
-        for role, t in zip(self.param_roles(), operand_types[self.num_inputs() :], strict=True):
-            if not isinstance(t, TensorType):
-                raise IRError(f"op 'qat_interpolate': state operand {role} must be a tensor, got {t}")
+        _check_state(self, self.param_roles(), operand_types[self.num_inputs() :], ())
         if not self.run_time_size:
             self.infer_type(operand_types)
 

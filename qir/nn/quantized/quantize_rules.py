@@ -43,12 +43,6 @@ def _state(new: ModuleOp, q: Any) -> dict[str, torch.Tensor]:
 
 #: (kind, fused add, activation) -> quantized conv class
 _CLASSES = {(c.kind, c.has_add, c.act): c for c in QUANTIZED_CONV_CLASSES.values()}
-_TORCH_KINDS: dict[str, type[nn.Module]] = {
-    "conv1d": nn.Conv1d,
-    "conv2d": nn.Conv2d,
-    "conv3d": nn.Conv3d,
-    "conv_transpose2d": nn.ConvTranspose2d,
-}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -73,7 +67,7 @@ def _hyper_parameters(
         kw["output_padding"] = output_padding
     else:
         kw["padding_mode"] = padding_mode
-    return conv_hyper_parameters(_TORCH_KINDS[kind](cin, cout, kernel, bias=False, device="meta", **kw))
+    return conv_hyper_parameters(getattr(nn, MODULE_KIND[kind])(cin, cout, kernel, bias=False, device="meta", **kw))
 
 
 def _conv(op: Any, tensors: dict[str, torch.Tensor], scales: Sequence[torch.Tensor], march: str) -> Any:
