@@ -18,13 +18,15 @@ must leave a graph that verifies.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import attrs
+import torch
 
 from passes.builtin_names import BUILTIN_PASSES
-from qir.ir.graph import Graph
+from qir.ir.graph import Graph, Node, Value
+from qir.ir.op import IRError
 
 
 @attrs.frozen
@@ -121,3 +123,42 @@ def register_pass(cls: P) -> P:
         )
     PASS_REGISTRY[cls.name] = cls
     return cls
+
+
+# -- layer state as constants (the passes that swap a layer's op and state) ---------------------
+
+
+def read_state(
+    graph: Graph, roles: Sequence[str], values: Sequence[Value], where: str, error: type[IRError] = IRError
+) -> tuple[dict[str, torch.Tensor], dict[str, Node]]:
+    """A layer's state by role: its tensors and their ``constant`` nodes.
+
+    ``values`` are the layer's state operands, one per role; one that is not a constant raises
+    ``error`` prefixed with ``where`` (the pass and node, for the message)."""
+    tensors: dict[str, torch.Tensor] = {}
+    nodes: dict[str, Node] = {}
+    for role, v in zip(roles, values, strict=True):
+        t = graph.constant_value(v)
+        if t is None:
+            raise error(f"{where}: state operand {role} is not a constant; cannot convert")
+        assert isinstance(v, Node)  # constant_value is None for anything else
+        tensors[role] = t
+        nodes[role] = v
+    return tensors, nodes
+
+
+def drop_unused_constants(graph: Graph, nodes: Iterable[Node]) -> None:
+    """Erase those of ``nodes`` still in ``graph`` that nothing reads, with their tensors."""
+    for c in nodes:
+        if c.graph is graph and not c.users:
+            graph.erase_node(c)
+            graph.constants.pop(c.op.key, None)  # type: ignore[attr-defined]
+
+
+def add_state_constant(graph: Graph, key: str, tensor: torch.Tensor, error: type[IRError] = IRError) -> Node:
+    """Add ``tensor`` as a layer-state constant under its state-dict ``key`` (a ``parameter``
+    for an ``nn.Parameter``, else a ``buffer``); a key bound to another tensor raises ``error``."""
+    if key in graph.constants and graph.constants[key] is not tensor:
+        raise error(f"state key {key!r} is already held by another tensor; two layers would share one module path")
+    kind = "parameter" if isinstance(tensor, torch.nn.Parameter) else "buffer"
+    return graph.add_constant(key, tensor, kind, name=key.replace(".", "_"))

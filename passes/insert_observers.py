@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from passes.base import Pass, PassContext, register_pass
+from passes.base import Pass, PassContext, add_state_constant, drop_unused_constants, read_state, register_pass
 from qir.ir.graph import Graph, Node, Value
 from qir.ir.op import IRError, ModuleOp, Op
 from qir.ir.ops.core import Call, Constant
@@ -260,15 +260,8 @@ class InsertObservers(Pass):
             inputs: list[Value] = op.module_inputs(n.operands)
         else:
             roles, params, inputs = (), [], list(n.operands)
-        tensors: dict[str, torch.Tensor] = {}
-        float_consts: dict[str, Node] = {}
-        for role, v in zip(roles, params, strict=True):
-            if not (isinstance(v, Node) and isinstance(v.op, Constant)):
-                raise InsertObserversError(
-                    f"insert-observers: %{n.name} (module {n.scope}): state operand {role} is not a constant"
-                )
-            tensors[role] = graph.constants[v.op.key]
-            float_consts[role] = v
+        where = f"insert-observers: %{n.name} (module {n.scope})"
+        tensors, float_consts = read_state(graph, roles, params, where, InsertObserversError)
         try:
             new_op, state = rule(op, obj, tensors, *spec)
         except (ValueError, TypeError, NotImplementedError) as e:
@@ -290,7 +283,7 @@ class InsertObservers(Pass):
             if source is not None and (source, role) in shared:
                 consts[role] = shared[(source, role)]  # a float tensor another layer holds too
                 continue
-            consts[role] = self._constant(graph, prefix + role, state[role])
+            consts[role] = add_state_constant(graph, prefix + role, state[role], InsertObserversError)
             if source is not None:
                 shared[(source, role)] = consts[role]
         if owner is None:
@@ -303,18 +296,5 @@ class InsertObservers(Pass):
         new.meta.update(n.meta)
         n.replace_all_uses_with(new)
         graph.erase_node(n)
-        for c in float_consts.values():
-            if c.graph is graph and not c.users:
-                graph.erase_node(c)
-                graph.constants.pop(c.op.key, None)  # type: ignore[attr-defined]
+        drop_unused_constants(graph, float_consts.values())
         graph.rename(new, name)
-
-    @staticmethod
-    def _constant(graph: Graph, key: str, tensor: torch.Tensor) -> Node:
-        if key in graph.constants and graph.constants[key] is not tensor:
-            raise InsertObserversError(
-                f"insert-observers: state key {key!r} is already held by another tensor; "
-                "two layers would share one module path"
-            )
-        kind = "parameter" if isinstance(tensor, torch.nn.Parameter) else "buffer"
-        return graph.add_constant(key, tensor, kind, name=key.replace(".", "_"))

@@ -27,7 +27,7 @@ from typing import ClassVar
 import attrs
 import torch
 
-from passes.base import Pass, PassContext, register_pass
+from passes.base import Pass, PassContext, add_state_constant, drop_unused_constants, read_state, register_pass
 from passes.legalize import resolve_march
 from qir.ir.graph import Graph, Node, Value
 from qir.ir.op import IRError, Op
@@ -105,17 +105,6 @@ def _walk(graph: Graph) -> tuple[list[Node], list[tuple[str, str]]]:
     return layout, out
 
 
-def _state(graph: Graph, op: QATModuleOp, node: Node) -> tuple[dict[str, torch.Tensor], list[Node]]:
-    tensors: dict[str, torch.Tensor] = {}
-    nodes: list[Node] = []
-    for role, v in zip(op.param_roles(), op.module_params(node.operands), strict=True):
-        if not (isinstance(v, Node) and isinstance(v.op, Constant)):
-            raise QuantizeError(f"%{node.name} ({op.name}): state operand {role} is not a constant; cannot convert")
-        tensors[role] = graph.constants[v.op.key]
-        nodes.append(v)
-    return tensors, nodes
-
-
 def _input_scale(node: Node, v: Value) -> torch.Tensor:
     t = v.type
     if not isinstance(t, TensorType) or t.quant is None:
@@ -169,7 +158,8 @@ class Quantize(Pass):
         return converted > 0
 
     def _convert(self, graph: Graph, n: Node, op: QATModuleOp, march: str) -> None:
-        tensors, const_nodes = _state(graph, op, n)
+        where = f"quantize: %{n.name} ({op.name})"
+        tensors, const_nodes = read_state(graph, op.param_roles(), op.module_params(n.operands), where, QuantizeError)
         inputs = op.module_inputs(n.operands)
         # one scale per code tensor (a run-time number or size has none)
         scales = [_input_scale(n, v) for v in inputs if isinstance(v.type, TensorType)] if op.reads_codes else []
@@ -192,16 +182,8 @@ class Quantize(Pass):
         graph.insert_node(new, after=n)
         n.replace_all_uses_with(new)
         graph.erase_node(n)
-        for c in const_nodes:
-            if c.graph is graph and not c.users:
-                graph.erase_node(c)
-                graph.constants.pop(c.op.key, None)  # type: ignore[attr-defined]
+        drop_unused_constants(graph, const_nodes.values())
         graph.rename(new, name)
         prefix = f"{scope}." if scope else ""
-        params = [self._constant(graph, prefix + role, t) for role, t in new_state.items()]
+        params = [add_state_constant(graph, prefix + role, t, QuantizeError) for role, t in new_state.items()]
         new.set_operands([*inputs, *params])
-
-    @staticmethod
-    def _constant(graph: Graph, key: str, tensor: torch.Tensor) -> Node:
-        kind = "parameter" if isinstance(tensor, torch.nn.Parameter) else "buffer"
-        return graph.add_constant(key, tensor, kind, name=key.replace(".", "_"))
