@@ -27,11 +27,13 @@ observer updates computes (docs/semantics.md, "Training on the integer grid").
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -70,6 +72,7 @@ __all__ = [
     "bind_integer_grid",
     "bind_sites",
     "grid_requantize",
+    "grid_step",
     "integer_grid_report",
     "set_integer_grid",
     "source_of_module",
@@ -83,6 +86,8 @@ _MARCH_KEY = "qir.integer_grid.march"
 _F32_EXACT = 2**24
 #: attribute of a bound module holding its :class:`GridBinding`
 _ATTR = "integer_grid"
+#: attribute of a bound module holding its :class:`GridTally`
+_TALLY = "integer_grid_tally"
 #: observers whose update depends on a batch's minimum and maximum only
 _MIN_MAX_OBSERVERS = (MinMaxObserver, MovingAveragePerChannelMinMaxObserver, MovingAveragePerTensorMinMaxObserver)
 #: FloatFunctional methods whose second operand is a number (not a grid input)
@@ -250,6 +255,55 @@ def _set_binding(m: nn.Module, b: GridBinding | None) -> None:
     # a plain instance attribute: the binding refers to fake quants the model owns elsewhere,
     # so it must not register them as submodules (deepcopy maps the references to the copies)
     m.__dict__[_ATTR] = b
+    m.__dict__[_TALLY] = GridTally()
+
+
+@dataclass
+class GridTally:
+    """How a bound module's QAT forwards ran since it was bound: on the grid, or fallen back to float
+    fake quantization (the float forward) because the grid forward did not apply to that call."""
+
+    on_grid: int = 0
+    fell_back: int = 0
+
+
+class FellBack(Exception):
+    """Raised inside a :func:`grid_step` forward that computed its result with float fake quantization
+    after all (``result``): counted as a fallback, and ``result`` is returned."""
+
+    def __init__(self, result: torch.Tensor) -> None:
+        super().__init__("integer grid: float fake quantization for this call")
+        self.result = result
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def grid_step(fn: _F) -> _F:
+    """Count each call of a module's integer-grid forward ``fn(m, ...)`` in ``m``'s :class:`GridTally`:
+    on the grid when it returns a tensor (or True, for the ``applies`` hooks), fallen back when it
+    returns None / False (the module's float forward runs) or raises :class:`FellBack`. Only calls
+    of a bound module in QAT state count (input fake quants on, not in validation, no
+    :func:`~qir.quantization.fake_quantize.float_fake_quant` block): a calibration or validation
+    forward is not a training step. :func:`integer_grid_report` reads the tally."""
+
+    @functools.wraps(fn)
+    def run(m: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            out = fn(m, *args, **kwargs)
+            ran = out is not None and out is not False
+        except FellBack as fb:
+            out, ran = fb.result, False
+        binding: GridBinding | None = m.__dict__.get(_ATTR)
+        if binding is not None and not float_fake_quant_active() and _on(list(binding.inputs)):
+            tally: GridTally = m.__dict__.setdefault(_TALLY, GridTally())
+            if ran:
+                tally.on_grid += 1
+            else:
+                tally.fell_back += 1
+        return out
+
+    return run  # type: ignore[return-value]
 
 
 def set_integer_grid(model: nn.Module, enabled: bool = True) -> nn.Module:
@@ -280,7 +334,13 @@ def _eager_forward(model: nn.Module) -> Any:
 
 
 def integer_grid_report(model: nn.Module) -> dict[str, str]:
-    """``{path: "grid" | reason}`` for every conv / linear module of a prepared model."""
+    """``{path: "grid" | reason}`` for every grid-capable module of a prepared model.
+
+    A bound module is ``"grid"`` while every QAT forward it ran since it was bound computed on the
+    grid; once one fell back to float fake quantization (its grid forward did not apply to that
+    call: an operand that is not float32, scales the integer rule refuses, a requantization ratio
+    the march cannot express that step...) it reads ``"float fake quant in F of N forwards since
+    binding"``."""
     eager = _eager_forward(model)
     if eager is not None:
         on = bool(eager.integer_grid)
@@ -292,7 +352,14 @@ def integer_grid_report(model: nn.Module) -> dict[str, str]:
         return {p: "integer grid off" for p, _ in grid_modules(model)}
     out: dict[str, str] = {}
     for path, m in grid_modules(model):
-        out[path] = "grid" if getattr(m, _ATTR, None) is not None else "float fake quant"
+        if m.__dict__.get(_ATTR) is None:
+            out[path] = "float fake quant"
+            continue
+        tally = m.__dict__.get(_TALLY) or GridTally()
+        n = tally.on_grid + tally.fell_back
+        out[path] = (
+            f"float fake quant in {tally.fell_back} of {n} forwards since binding" if tally.fell_back else "grid"
+        )
     return out
 
 
@@ -648,6 +715,7 @@ def _observe_output(
         _observe(fq, y)
 
 
+@grid_step
 def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.Tensor | None:
     """The integer-grid QAT forward of a bound conv / linear module ``m`` (a ``QATConvBase``), or
     None when it does not apply (not bound, a fake quant disabled or not a plain one, float64 input,
@@ -811,6 +879,7 @@ def _pair(v: Any) -> tuple[int, int]:
     return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
 
 
+@grid_step
 def avg_pool_forward(m: Any, x: torch.Tensor, adaptive: bool) -> torch.Tensor | None:
     """The integer-grid QAT forward of a bound (adaptive) average pool: the exact window sum of the
     input codes, requantized with the divisor's multiplier and shift (``integer_rules.avg_pool_params``,
@@ -856,10 +925,9 @@ def avg_pool_forward(m: Any, x: torch.Tensor, adaptive: bool) -> torch.Tensor | 
             f"integer grid: {type(m).__name__} cannot requantize on {binding.march} this step ({err}); "
             "this call uses float fake quantization",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,  # above grid_step and the pool module
         )
-        fallback: torch.Tensor = fake_quantize(sums * acc_scale, ofq.scale, ofq.dtype)
-        return fallback
+        raise FellBack(fake_quantize(sums * acc_scale, ofq.scale, ofq.dtype)) from None
     idx = (d - 1).to(torch.int64)
     ratio = torch.ldexp(mult[idx].to(torch.float64), -sh[idx])
     lo, hi = dtype.qrange

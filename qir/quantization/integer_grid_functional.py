@@ -36,7 +36,7 @@ from backends.common.lut_segmented import lut_int16, lut_int16_apply
 from qir.ir.types import DType
 from qir.quantization import integer_grid_methods as methods
 from qir.quantization.fake_quantize import FakeQuantize, float_fake_quant_active
-from qir.quantization.integer_grid import _ATTR, GridBinding, _observe, _on, _plain_fq
+from qir.quantization.integer_grid import _ATTR, GridBinding, _observe, _on, _plain_fq, grid_step
 
 __all__ = ["GRID_METHODS", "functional_forward", "interpolate_forward", "lut_forward", "refusal"]
 
@@ -118,6 +118,7 @@ def _integer_result(
     return torch.stack(moved, dim=dim) if method == "stack" else torch.cat(moved, dim=dim)
 
 
+@grid_step
 def functional_forward(m: Any, method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor | None:
     """The integer-grid QAT forward of a bound FloatFunctional's ``method`` call, or None when it does
     not apply (not bound, a method off the grid, a fake quant disabled or in validation, not float32
@@ -185,6 +186,7 @@ def refusal(m: Any, called: set[str], inputs: Sequence[FakeQuantize]) -> str | N
     return None
 
 
+@grid_step
 def interpolate_forward(m: Any, x: torch.Tensor, size: Any = None) -> torch.Tensor | None:
     """The integer-grid QAT forward of a bound bilinear ``Interpolate`` (qir.nn.qat), or None when it
     does not apply (nearest copies codes and is exact anyway; not bound; a fake quant off)."""
@@ -219,6 +221,7 @@ def interpolate_forward(m: Any, x: torch.Tensor, size: Any = None) -> torch.Tens
     return out
 
 
+@grid_step
 def lut_forward(m: Any, x: torch.Tensor) -> torch.Tensor | None:
     """The integer-grid QAT forward of a bound ``UnaryLUT`` (qir.nn.qat): the converted module's table
     at the current scales, or None when it does not apply (or ``f`` is NaN on the input range: the

@@ -33,12 +33,13 @@ from backends.common.math_rules import (
 )
 from qir.ir.types import DType
 from qir.quantization.fake_quantize import float_fake_quant_active
-from qir.quantization.integer_grid import _ATTR, GridBinding, _observe, _on, _plain_fq
+from qir.quantization.integer_grid import _ATTR, GridBinding, _observe, _on, _plain_fq, grid_step
 from qir.quantization.integer_grid_functional import _codes, _GridOut, _scale
 
 __all__ = ["layer_norm_forward", "softmax_forward"]
 
 
+@grid_step
 def layer_norm_forward(m: Any, x: torch.Tensor) -> torch.Tensor | None:
     """The integer-grid QAT forward of a bound QAT ``LayerNorm``, or None when it does not apply (not
     bound, a fake quant off or in validation, not float32 input, or the integer rule refuses the
@@ -68,6 +69,7 @@ def layer_norm_forward(m: Any, x: torch.Tensor) -> torch.Tensor | None:
     return out
 
 
+@grid_step
 def softmax_forward(m: Any, x: torch.Tensor) -> torch.Tensor | None:
     """The integer-grid QAT forward of a bound QAT ``Softmax``, or None when it does not apply (not
     bound, a fake quant off, not qint8 codes, a row longer than the int32 sum takes)."""

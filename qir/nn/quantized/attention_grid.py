@@ -24,7 +24,7 @@ from qir.ir.types import DType
 from qir.nn.qat.attention import MultiheadAttention as QATMultiheadAttention
 from qir.nn.quantized.attention import MultiheadAttention
 from qir.quantization.fake_quantize import float_fake_quant_active
-from qir.quantization.integer_grid import _ATTR, _PLAIN_FQ, GridBinding, _on, _plain_fq
+from qir.quantization.integer_grid import _ATTR, _PLAIN_FQ, GridBinding, _on, _plain_fq, grid_step
 from qir.quantization.integer_grid_functional import _codes
 
 __all__ = ["applies", "attention_grid_forward"]
@@ -56,6 +56,7 @@ class _Straight(torch.autograd.Function):
         return grad, None
 
 
+@grid_step
 def applies(m: QATMultiheadAttention, inputs: tuple[torch.Tensor, ...]) -> bool:
     """Whether the bound attention ``m`` computes on the grid for this call (checked before its float forward)."""
     binding: GridBinding | None = m.__dict__.get(_ATTR)

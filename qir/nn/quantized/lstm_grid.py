@@ -23,7 +23,7 @@ from qir.nn.qat.lstm import LSTMCell as QATLSTMCell
 from qir.nn.quantized.attention_grid import _Straight
 from qir.nn.quantized.lstm import LSTMCell
 from qir.quantization.fake_quantize import float_fake_quant_active
-from qir.quantization.integer_grid import _ATTR, _PLAIN_FQ, GridBinding, _on, _plain_fq
+from qir.quantization.integer_grid import _ATTR, _PLAIN_FQ, GridBinding, _on, _plain_fq, grid_step
 from qir.quantization.integer_grid_functional import _codes
 
 __all__ = ["applies", "lstm_grid_forward"]
@@ -33,6 +33,7 @@ def _tensors(x: Any, hx: Any) -> list[Any]:
     return [x] if hx is None else [x, *hx]
 
 
+@grid_step
 def applies(m: QATLSTMCell, x: Any, hx: Any) -> bool:
     """Whether the bound cell ``m`` computes on the grid for this call (checked before its float forward)."""
     binding: GridBinding | None = m.__dict__.get(_ATTR)
