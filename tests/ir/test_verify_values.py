@@ -89,6 +89,56 @@ def test_an_accumulator_that_can_overflow_int64_is_refused() -> None:
     check_linear_state("qconv", state, x, DType.qint16)
 
 
+def _int16_linear(weights: list[torch.Tensor], bias: list[int], mult: list[int], shift: list[int]) -> dict:
+    return {
+        "weight": torch.stack(weights).to(torch.int8),
+        "bias": torch.tensor(bias, dtype=torch.int32),
+        "multiplier": torch.tensor(mult),
+        "shift": torch.tensor(shift),
+    }
+
+
+def test_the_int64_bound_pairs_each_channel_with_its_own_multiplier() -> None:
+    """A channel of large weights with a small multiplier next to one of small weights with a
+    31-bit multiplier (a large int16 layer): the worst weights times the worst multiplier would
+    pass 2**63, but no channel's own accumulator times its own multiplier does."""
+    x = TensorType((1, 4096), DType.qint16)
+    big, small = torch.full((4096,), -128), torch.ones(4096)
+    # channel 0: 4096 * 128 * 2**15 = 2**34 (x 2**20: 2**54); channel 1: 4096 * 2**15 = 2**27 (x 2**31: 2**58)
+    check_linear_state("qconv", _int16_linear([big, small], [0, 0], [2**20, 2**31 - 1], [40, 40]), x, DType.qint16)
+    with pytest.raises(Exception, match=r"output channel 0: .* beyond int64"):
+        check_linear_state("qconv", _int16_linear([big, small], [0, 0], [2**31 - 1, 2**20], [40, 40]), x, DType.qint16)
+
+
+@pytest.mark.parametrize(
+    ("bias", "shift", "fits"),
+    [(2, 0, True), (3, 0, False), (2, 1, True), (2, 2, False)],
+    ids=["2**63-2", "2**63+2**31-3", "2**63-2 + half 1", "2**63-2 + half 2"],
+)
+def test_the_int64_bound_is_exact_at_2_63(bias: int, shift: int, fits: bool) -> None:
+    """acc <= 1024 * 128 * 2**15 + bias = 2**32 + bias; times 2**31 - 1 plus the rounding half
+    2**(shift - 1): 2**63 - 2 (+1) fits, one more (bias 3, or a half of 2) does not."""
+    x = TensorType((1, 1024), DType.qint16)
+    state = _int16_linear([torch.full((1024,), -128)], [bias], [2**31 - 1], [shift])
+    if fits:
+        check_linear_state("qconv", state, x, DType.qint16)
+    else:
+        with pytest.raises(Exception, match=r"output channel 0: the accumulator \(<= 42949672\d\d"):
+            check_linear_state("qconv", state, x, DType.qint16)
+
+
+def test_a_grouped_transposed_conv_sums_each_output_channels_own_weights() -> None:
+    """conv_transpose2d weights are (in, out / groups, kh, kw): output channel g * (out / groups) + j
+    reads group g's input channels through column j, and only those count in its bound."""
+    from qir.ir.ops.integer_values import _channel_l1
+
+    w = torch.randint(-128, 128, (6, 2, 3, 3), generator=torch.Generator().manual_seed(0)).to(torch.int8)
+    got = _channel_l1(w, out_axis=1, groups=3)
+    want = [int(w[g * 2 : g * 2 + 2, j].to(torch.int64).abs().sum()) for g in range(3) for j in range(2)]
+    assert got.tolist() == want
+    assert _channel_l1(w, out_axis=0, groups=3).tolist() == [int(r.to(torch.int64).abs().sum()) for r in w]
+
+
 def test_exp_table_row_sums_fit_int64() -> None:
     table = torch.full((256,), 32767, dtype=torch.int16)
     check_exp_table("qsoftmax", "table", table, 64, 2**31 - 1, 23)
@@ -158,18 +208,34 @@ def test_functional_requant_limits_are_checked_at_any_size(shape: tuple[int, ...
         verify(parse_graph(_qadd(shape, 1e-12)))
 
 
-def test_a_mean_probe_keeps_the_reduced_dims() -> None:
-    """``mean`` folds 1/n into its multiplier: the probe keeps the n reduced elements."""
-    import qir.nn.quantized  # noqa: F401
-
-    def mean(n: int, out_scale: float) -> str:
-        return f"""graph @m(%x: tensor<4x{n}xqi8,scale=[0.05]>) {{
+def _mean(n: int, out_scale: float) -> str:
+    return f"""graph @m(%x: tensor<4x{n}xqi8,scale=[0.05]>) {{
   %z: tensor<4xqi8,scale=[{out_scale}]> = qreduce(%x, method="mean", \
 out=QuantSpec(scale=({out_scale},)), in_scales=(0.05,), march="bayes", dim=(1,)) @m
   return %z
 }}"""
 
+
+def test_a_mean_probe_keeps_the_reduced_dims() -> None:
+    """``mean`` folds 1/n into its multiplier: the probe keeps the n reduced elements."""
+    import qir.nn.quantized  # noqa: F401
+
+    mean = _mean
     # 0.05 / (100000 * 1e-7) = 5 is a fine ratio; over one element (a probe that shrank n) it is not
     verify(parse_graph(mean(100_000, 1e-7)))
     with pytest.raises(VerifyError, match="exceeds the multiplier limit"):
         verify(parse_graph(mean(100_000, 1e-12)))
+
+
+@pytest.mark.parametrize("n", [2**20 + 1, 2**30])
+def test_a_mean_over_more_than_2_20_elements_is_still_checked(n: int) -> None:
+    """Past the probe's element limit the mean's rules run on meta tensors of the kept shape:
+    the ratio 0.05 / (n * s_out) is checked for the real ``n``, on both sides of the limit,
+    without allocating the reduced elements."""
+    import qir.nn.quantized  # noqa: F401
+
+    fine = 0.05 / n  # ratio 1: a fine multiplier for this n, but 2**20+ too big over one element
+    verify(parse_graph(_mean(n, fine)))
+    too_small = 0.05 / n / 40_000  # ratio 40,000 > the 32,767 multiplier limit
+    with pytest.raises(VerifyError, match=r"%z \(module m\): .*exceeds the multiplier limit"):
+        verify(parse_graph(_mean(n, too_small)))

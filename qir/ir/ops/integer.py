@@ -300,7 +300,15 @@ class QConv(IntegerModuleOp):
     def verify_state(self, operand_types: Sequence[Type], state: dict[str, torch.Tensor]) -> None:
         """Requantization multiplier / shift, int32 bias, ReLU6 bound, int64 accumulator products."""
         axis = 1 if self.kind == "conv_transpose2d" else 0
-        check_linear_state(self.name, state, operand_types[0], self.out.dtype, out_axis=axis, relu6=self.act == "relu6")
+        check_linear_state(
+            self.name,
+            state,
+            operand_types[0],
+            self.out.dtype,
+            out_axis=axis,
+            groups=self.groups,
+            relu6=self.act == "relu6",
+        )
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
         """The float conv's shape rule on meta tensors (its operands ``input, weight, bias[, addend]``)."""

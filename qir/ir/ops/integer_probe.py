@@ -11,9 +11,12 @@ The rules read scales, dtypes and the march, not sizes (shapes are the op's type
 business, checked before the probe), except where the op says so (a ``mean`` folds ``1 / n``
 into its multiplier, ``n`` the elements it reduces: :meth:`probe_dims`). So the probe runs on
 operands of the same ranks and dtypes with every other dimension shrunk to at most 1: a layer
-over any number of elements costs a few bytes to check. Only a probe whose kept dimensions
-still hold more than :data:`PROBE_ELEMENTS` elements (a mean over more than 2**20 elements per
-output) is skipped. Each op and probe shape is remembered.
+over any number of elements costs a few bytes to check. A probe whose kept dimensions still
+hold more than :data:`PROBE_ELEMENTS` elements (a mean over more than 2**20 elements per
+output) runs on ``meta`` tensors of those shapes instead: the parameter rules read sizes and
+scales, never the codes, so the same rules run (and refuse what they refuse) without the
+allocation; an op that declares ``probe_dims`` must therefore run on meta tensors. Each op and
+probe shape is remembered.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from qir.ir.types import ScalarType, TensorType, Type
 
 __all__ = ["PROBE_ELEMENTS", "probe"]
 
-#: total elements of the shrunk operands up to which :func:`probe` runs a layer on zeros
+#: total elements of the shrunk operands up to which :func:`probe` runs a layer on zero codes
+#: (above it, on meta tensors)
 PROBE_ELEMENTS = 2**20
 
 
@@ -39,13 +43,12 @@ def probe(op: Any, operand_types: Sequence[Type]) -> None:
     an error it raises becomes an :class:`IRError` naming the op."""
     kept = getattr(op, "probe_dims", lambda types: [() for _ in types])(operand_types)
     small = tuple(_shrunk(t, dims) for t, dims in zip(operand_types, kept, strict=True))
-    if sum(t.numel for t in small if isinstance(t, TensorType)) > PROBE_ELEMENTS:
-        return
+    device = "meta" if sum(t.numel for t in small if isinstance(t, TensorType)) > PROBE_ELEMENTS else "cpu"
     try:
         integer_module_builder(op.name)
     except IRError:  # the module layer is not imported: nothing can run the op, nothing to ask
         return
-    error = _probe(op, small)
+    error = _probe(op, small, device)
     if error is not None:
         raise IRError(f"op {op.name!r} fails on its operand types {list(operand_types)}: {error}")
 
@@ -61,11 +64,11 @@ def _shrunk(t: Type, keep: Sequence[int]) -> Type:
 
 
 @functools.lru_cache(maxsize=4096)
-def _probe(op: Any, operand_types: tuple[Type, ...]) -> str | None:
+def _probe(op: Any, operand_types: tuple[Type, ...], device: str) -> str | None:
     operands: list[Any] = []
     for t in operand_types:
         if isinstance(t, TensorType):
-            operands.append(torch.zeros(t.shape, dtype=t.dtype.to_torch()))
+            operands.append(torch.zeros(t.shape, dtype=t.dtype.to_torch(), device=device))
         elif isinstance(t, ScalarType) and t.kind in ("int", "float"):
             operands.append(1 if t.kind == "int" else 0.5)  # a run-time number: any value of its kind
         else:

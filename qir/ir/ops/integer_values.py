@@ -29,6 +29,7 @@ __all__ = [
     "check_fits_int64",
     "check_int_values",
     "check_linear_state",
+    "check_requant_fits_int64",
     "check_scale_values",
     "code_magnitude",
 ]
@@ -137,14 +138,16 @@ def check_linear_state(
     *,
     prefix: str = "",
     out_axis: int = 0,
+    groups: int = 1,
     relu6: bool = False,
 ) -> None:
     """A conv / linear's integer state, as :func:`~qir.ir.numerics.requantize` uses it.
 
     ``multiplier`` / ``shift`` in the requantization ranges (unused, and not checked, for a
     qint32 output), ``bias`` an int32, ``relu6_bound`` inside the output's code range when the
-    layer clamps with it, and the accumulator times the multiplier inside int64: the
-    accumulator is at most ``max_channel(sum |w|) * max|x| + max|bias|``.
+    layer clamps with it, and the requantization of each output channel inside int64
+    (:func:`check_requant_fits_int64`). ``out_axis`` is the weight's output-channel axis (1 for
+    a transposed conv, whose ``groups`` then split both of its first two axes).
     """
     m, s, b, w = (state.get(prefix + r) for r in ("multiplier", "shift", "bias", "weight"))
     if out is not DType.qint32:
@@ -158,10 +161,72 @@ def check_linear_state(
     if relu6 and bound is not None:
         check_int_values(op, prefix + "relu6_bound", bound, 0, _out_code_max(out), f" (the {out.name} code range)")
     if w is not None and w.dim() >= 1 and m is not None and out is not DType.qint32:
-        per_channel = w.to(torch.int64).abs().transpose(0, out_axis).reshape(w.shape[out_axis], -1).sum(dim=1)
-        l1 = int(per_channel.max()) if per_channel.numel() else 0
-        acc = l1 * code_magnitude(x) + (abs_max(b) if b is not None else 0)
-        check_fits_int64(op, f"the accumulator (<= {acc}) times the {prefix}multiplier", acc, max(abs_max(m), 1))
+        check_requant_fits_int64(op, prefix, _channel_l1(w, out_axis, groups), code_magnitude(x), b, m, s)
+
+
+def _channel_l1(w: torch.Tensor, out_axis: int, groups: int) -> torch.Tensor:
+    """``sum |w|`` over the weights that feed each output channel, in output-channel order."""
+    a = w.to(torch.int64).abs()
+    if out_axis == 0:
+        return a.reshape(w.shape[0], -1).sum(dim=1)
+    # a transposed conv's weight is (in, out / groups, ...): output channel g * (out / groups) + j
+    # reads the in / groups input channels of group g through column j
+    g = groups if groups >= 1 and w.shape[0] % groups == 0 else 1
+    per = a.reshape(g, w.shape[0] // g, w.shape[out_axis], -1).sum(dim=(1, 3))
+    return per.reshape(-1)
+
+
+def _per_channel(t: torch.Tensor | None, c: int) -> torch.Tensor | None:
+    """``|t|`` as ``c`` int64 entries (a single entry broadcast), None if it is neither."""
+    if t is None:
+        return torch.zeros(c, dtype=torch.int64)
+    flat = t.reshape(-1).to(torch.int64).abs()
+    if flat.numel() == c:
+        return flat
+    return flat.expand(c) if flat.numel() == 1 else None
+
+
+def check_requant_fits_int64(
+    op: str,
+    prefix: str,
+    l1: torch.Tensor,
+    x_max: int,
+    bias: torch.Tensor | None,
+    multiplier: torch.Tensor,
+    shift: torch.Tensor | None,
+) -> None:
+    """``acc * multiplier + 2**(shift - 1)`` inside int64 for every output channel and every input.
+
+    ``acc[c]`` is at most ``l1[c] * x_max + |bias[c]|`` (``l1``: the channel's ``sum |w|``,
+    ``x_max``: the largest ``|code|`` of the input's dtype), reached by an input of extreme codes
+    with the weights' signs: each channel's bound is multiplied by its own multiplier, plus its
+    own rounding half, so a layer is refused only when some input really overflows. Entries that
+    do not line up per channel are bounded by their largest magnitude instead.
+    """
+    c = l1.numel()
+    b, m = _per_channel(bias, c), _per_channel(multiplier, c)
+    sh = _per_channel(shift, c) if shift is not None else torch.zeros(c, dtype=torch.int64)
+    if b is None or m is None or sh is None:  # not one per channel: the worst channel of each
+        b = torch.full((c,), abs_max(bias) if bias is not None else 0, dtype=torch.int64)
+        m = torch.full((c,), abs_max(multiplier), dtype=torch.int64)
+        sh = torch.full((c,), abs_max(shift) if shift is not None else 0, dtype=torch.int64)
+    if c == 0:
+        return
+    top_f = (l1.to(torch.float64) * x_max + b.to(torch.float64)) * m.to(torch.float64) + (
+        torch.ldexp(torch.ones(c, dtype=torch.float64), sh) / 2
+    )
+    # float64 picks the channels that come near 2**63 (its rounding is far below 2**62);
+    # the verdict on those is exact, in Python integers
+    for ch in (top_f >= 2.0**62).nonzero().reshape(-1).tolist():
+        ll, bb, mm, ss = int(l1[ch]), int(b[ch]), int(m[ch]), int(sh[ch])
+        acc = ll * x_max + bb
+        top = acc * mm + ((1 << ss) >> 1)
+        if top >= 2**63:
+            raise IRError(
+                f"op {op!r}: output channel {ch}: the accumulator (<= {acc}: sum |w| {ll} x |code| {x_max} "
+                f"+ |bias| {bb}) times the {prefix}multiplier {mm} plus the rounding half "
+                f"can reach {top:.3g}, beyond int64 (2**63)"
+            )
 
 
 def bound_state(roles: Sequence[str], values: Sequence[torch.Tensor | None]) -> dict[str, torch.Tensor]:
