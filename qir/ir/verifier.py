@@ -20,7 +20,7 @@ import torch
 from qir.ir.graph import Argument, Graph, Node, Value
 from qir.ir.op import CannotInfer, IRError, Pure
 from qir.ir.operand_rules import STAND_INS, check_operands, result_type, run_on_meta, same_type, value_matches
-from qir.ir.types import ObjectType, ScalarType, SequenceType, TensorType, Type
+from qir.ir.types import ObjectType, QuantSpec, ScalarType, SequenceType, TensorType, Type
 
 
 class VerifyError(IRError):
@@ -153,6 +153,16 @@ def _check_type(n: Node, known: dict[Value, Any]) -> None:
     mismatch = _mismatch(n.type, inferred)
     if mismatch is not None:
         raise _fail(n, f"declared type {n.type} but op {n.op.name!r} gives {inferred}{mismatch}")
+    spec = _spec_mismatch(n.type, inferred)
+    if spec is not None:
+        path, declared, given = spec
+        at = f" at {path}" if path else ""
+        raise _fail(
+            n,
+            f"quant: declared {_spec_text(declared)}{at} but op {n.op.name!r} gives {_spec_text(given)} "
+            "(a layout op's codes keep their operand's QuantSpec; an integer op's result has its out spec): "
+            "declare the spec the op gives",
+        )
     if n.op.has_trait(Pure) and isinstance(n.type, (ScalarType, SequenceType)):
         _record_known(n, known)
 
@@ -246,6 +256,29 @@ def _mismatch(declared: Type, inferred: Type, path: str = "") -> str | None:
         # None is known, not an opaque object: a tensor read where the op gives None fails at run
         return f" (at {path})" if path else ""
     return None
+
+
+def _spec_mismatch(declared: Type, inferred: Type, path: str = "") -> tuple[str, QuantSpec, QuantSpec] | None:
+    """The first tensor (its path, declared and inferred spec) where both types carry a QuantSpec
+    and the two differ, or None. A spec on one side only is not a conflict: a bare ``tensor<..xi8>``
+    may stand for codes whose scale is declared upstream, and inference gives no spec where its
+    operands disagree (a ``cat`` of two scales)."""
+    if isinstance(declared, TensorType) and isinstance(inferred, TensorType):
+        d, i = declared.quant, inferred.quant
+        return (path, d, i) if d is not None and i is not None and d != i else None
+    if isinstance(declared, SequenceType) and isinstance(inferred, SequenceType):
+        for k, (d_el, i_el) in enumerate(zip(declared.elements, inferred.elements, strict=False)):
+            found = _spec_mismatch(d_el, i_el, f"{path}[{k}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _spec_text(q: QuantSpec) -> str:
+    axis = "" if q.axis is None else f", axis={q.axis}"
+    return (
+        f"scale=[{', '.join(repr(s) for s in q.scale[:4])}{', ...' if len(q.scale) > 4 else ''}]{axis} {q.dtype.value}"
+    )
 
 
 def _is_none(t: Type) -> bool:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks.fuzz_ir import seed_texts
-from qir.ir import parse_graph, print_graph, verify
+from qir.ir import VerifyError, parse_graph, print_graph, verify
 from qir.ir.spec_flow import adopt_specs, carry_spec, operand_spec
 from qir.ir.types import DType, QuantSpec, SequenceType, TensorType
 from qir.testing.golden import load_golden, run_golden
@@ -55,3 +57,34 @@ def test_only_one_per_tensor_spec_flows() -> None:
     # the front end's example type takes the spec only where shape and storage agree
     assert adopt_specs(plain, x) == x
     assert adopt_specs(TensorType((3, 2), DType.int8), x) == TensorType((3, 2), DType.int8)
+
+
+MOVED = ["flat", "view", "perm", "tr", "sq", "unsq", "parts", "first", "rows", "same"]
+
+
+@pytest.mark.parametrize("node", MOVED)
+def test_verify_refuses_another_scale_declared_on_moved_codes(node: str) -> None:
+    """A shape op's result holds its operand's codes at their scale: text that declares another
+    scale on it (the last one, for a tuple) fails verify naming the node and the spec."""
+    printed = run_golden(load_golden(GOLDEN))
+    lines = printed.splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.startswith(f"  %{node}: "))
+    head, body = lines[i].split(" = ", 1)
+    cut = head.rindex("scale=[0.05]")
+    lines[i] = head[:cut] + "scale=[0.07]" + head[cut + len("scale=[0.05]") :] + " = " + body
+    with pytest.raises(
+        VerifyError,
+        match=rf"^%{node}: quant: declared scale=\[0.07\] qi8(?: at \[1\])? but op '\w+' gives scale=\[0.05\] qi8",
+    ):
+        verify(parse_graph("\n".join(lines), allow_unbound=True))
+    verify(parse_graph(printed, allow_unbound=True))  # the inferred specs verify
+
+
+def test_a_spec_on_one_side_only_is_not_a_conflict() -> None:
+    """A bare integer type on moved codes (the scale is upstream) and a declared spec where the
+    operands' scales disagree (a cat of two scales) both still verify."""
+    printed = run_golden(load_golden(GOLDEN))
+    bare = printed.replace("%flat: tensor<2x12xqi8,scale=[0.05]>", "%flat: tensor<2x12xi8>")
+    verify(parse_graph(bare, allow_unbound=True))
+    mixed = printed.replace("%mixed: tensor<2x8x1x3xi8>", "%mixed: tensor<2x8x1x3xqi8,scale=[0.1]>")
+    verify(parse_graph(mixed, allow_unbound=True))
