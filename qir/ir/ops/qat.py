@@ -45,6 +45,8 @@ __all__ = [
     "QATModuleOp",
     "QATQuantStub",
     "fake_quant_roles",
+    "is_int",
+    "is_number",
     "register_qat_module",
 ]
 
@@ -117,6 +119,16 @@ def _builder(name: str) -> Builder:
             f"op {name!r}: no QAT module builder registered; importing qir.nn.qat registers qir's "
             "(qir.ir.ops.qat.register_qat_module)"
         ) from None
+
+
+def is_int(v: Any) -> bool:
+    """An integer attribute value (``True`` is a bool, not a count or a dim)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    """An int or float attribute value, not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _check_state(op: Op, roles: Sequence[str], types: Sequence[Type], float_roles: Sequence[str]) -> None:

@@ -21,7 +21,7 @@ from torch import nn
 from qir.ir.op import IRError, Op, register_op
 from qir.ir.ops import elementwise as float_ops
 from qir.ir.ops.integer_codes import float_class
-from qir.ir.ops.qat import FakeQuantSpec
+from qir.ir.ops.qat import FakeQuantSpec, is_number
 from qir.ir.ops.qat_layer import QATLayerOp
 
 __all__ = ["QATDropout", "QATIdentity", "QATLut", "QATRelu", "QATRelu6"]
@@ -82,7 +82,7 @@ class QATDropout(QATLayerOp):
     def __attrs_post_init__(self) -> None:
         if self.kind not in _DROPOUTS:
             raise IRError(f"qat_dropout: kind must be one of {_DROPOUTS}, got {self.kind!r}")
-        if isinstance(self.p, bool) or not isinstance(self.p, (int, float)) or not 0.0 <= self.p <= 1.0:
+        if not is_number(self.p) or not 0.0 <= self.p <= 1.0:
             raise IRError(f"qat_dropout: p must be a probability in [0, 1], got {self.p!r}")
 
     def float_op(self) -> type:

@@ -17,7 +17,7 @@ from typing import ClassVar
 import attrs
 
 from qir.ir.op import IRError, register_op
-from qir.ir.ops.qat import QATConv
+from qir.ir.ops.qat import QATConv, is_number
 
 __all__ = ["QATConvBN"]
 
@@ -40,10 +40,10 @@ class QATConvBN(QATConv):
         super().__attrs_post_init__()
         if self.bn_class not in _BN_CLASSES:
             raise IRError(f"qat_conv_bn: bn_class must be one of {_BN_CLASSES}, got {self.bn_class!r}")
-        if isinstance(self.bn_eps, bool) or not isinstance(self.bn_eps, (int, float)) or not 0 < self.bn_eps < 1:
+        if not is_number(self.bn_eps) or not 0 < self.bn_eps < 1:
             raise IRError(f"qat_conv_bn: bn_eps must be a number in (0, 1), got {self.bn_eps!r}")
         m = self.bn_momentum
-        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m <= 1):
+        if m is not None and (not is_number(m) or not 0 <= m <= 1):
             raise IRError(f"qat_conv_bn: bn_momentum must be None or in [0, 1], got {m!r}")
         if not isinstance(self.bn_affine, bool):
             raise IRError(f"qat_conv_bn: bn_affine must be a boolean, got {self.bn_affine!r}")

@@ -31,7 +31,7 @@ import attrs
 import torch
 
 from qir.ir.op import OP_REGISTRY, IRError, Op, bump_registry_version, register_op
-from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp, _check_state, fake_quant_roles
+from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp, _check_state, fake_quant_roles, is_int, is_number
 from qir.ir.types import DType, ScalarType, TensorType, Type
 
 __all__ = ["FF_METHOD_FORMS", "QATFunctional", "qat_method_reader", "register_qat_functional"]
@@ -78,10 +78,6 @@ def _dim(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 @register_op
 @attrs.frozen
 class QATFunctional(QATModuleOp):
@@ -122,17 +118,15 @@ class QATFunctional(QATModuleOp):
         for field in ("x_trans", "y_trans", "keepdim"):
             if not isinstance(getattr(self, field), bool):
                 raise IRError(f"qat_functional: {field} must be a boolean, got {getattr(self, field)!r}")
-        if self.scalar is not None and (
-            isinstance(self.scalar, bool) or not isinstance(self.scalar, (int, float)) or not abs(self.scalar) < 2**62
-        ):
+        if self.scalar is not None and (not is_number(self.scalar) or not abs(self.scalar) < 2**62):
             raise IRError(f"qat_functional: scalar must be a finite number (or None: run time), got {self.scalar!r}")
-        if not _is_int(self.count) or not 1 <= self.count <= 65536:
+        if not is_int(self.count) or not 1 <= self.count <= 65536:
             raise IRError(f"qat_functional: count must be an integer in [1, 65536], got {self.count!r}")
-        if kind == "list" and not _is_int(self.dim):
+        if kind == "list" and not is_int(self.dim):
             raise IRError(f"qat_functional: {self.method} needs an integer dim, got {self.dim!r}")
         if kind == "unary" and self.dim is not None:
             dims = self.dim if isinstance(self.dim, tuple) else (self.dim,)
-            if not dims or not all(_is_int(d) for d in dims):
+            if not dims or not all(is_int(d) for d in dims):
                 raise IRError(f"qat_functional: {self.method}'s dim must be None or integers, got {self.dim!r}")
 
     # -- operands --------------------------------------------------------------------------------
@@ -180,7 +174,7 @@ class QATFunctional(QATModuleOp):
             kw = {"count": len(tensors), "dim": bound["dim"]}
         elif kind == "scalar":
             y = bound["y"]
-            number = isinstance(y, (int, float)) and not isinstance(y, bool)
+            number = is_number(y)
             tensors = [bound["x"]] if number else [bound["x"], y]
             kw = {"scalar": float(y) if number else None}
         elif kind == "binary":
@@ -277,7 +271,7 @@ class QATFunctional(QATModuleOp):
         elif FF_METHOD_FORMS[self.method][0] == "list":
             kwargs = {"dim": self.dim}
         elif self.method in ("mean", "sum"):
-            kwargs = {"dim": self.dim if not _is_int(self.dim) else (self.dim,), "keepdim": self.keepdim}
+            kwargs = {"dim": self.dim if not is_int(self.dim) else (self.dim,), "keepdim": self.keepdim}
         try:
             return cls(**kwargs)
         except (TypeError, ValueError, IRError):

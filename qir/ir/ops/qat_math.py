@@ -28,7 +28,7 @@ from qir.ir.op import IRError, Op, register_op
 from qir.ir.ops import activation as float_act
 from qir.ir.ops import norm as float_norm
 from qir.ir.ops.integer_codes import float_class
-from qir.ir.ops.qat import FakeQuantSpec, fake_quant_roles
+from qir.ir.ops.qat import FakeQuantSpec, fake_quant_roles, is_int, is_number
 from qir.ir.ops.qat_layer import QATLayerOp
 from qir.ir.types import TensorType, Type
 
@@ -37,10 +37,6 @@ __all__ = ["QATDiv", "QATGlu", "QATLayerNorm", "QATPrelu", "QATSoftmax"]
 
 def _ints(v: Any) -> tuple[int, ...]:
     return (int(v),) if isinstance(v, int) else tuple(int(d) for d in v)
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _check_dim(op: str, t: Type, dim: int) -> TensorType:
@@ -70,7 +66,7 @@ class QATLayerNorm(QATLayerOp):
         self.check_out_fq()
         if not self.normalized_shape or any(d < 1 for d in self.normalized_shape):
             raise IRError(f"qat_layer_norm: normalized_shape must be positive sizes, got {self.normalized_shape}")
-        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not 0 < self.eps < 1:
+        if not is_number(self.eps) or not 0 < self.eps < 1:
             raise IRError(f"qat_layer_norm: eps must be a number in (0, 1), got {self.eps!r}")
 
     def param_roles(self) -> tuple[str, ...]:
@@ -116,7 +112,7 @@ class QATSoftmax(QATLayerOp):
 
     def __attrs_post_init__(self) -> None:
         self.check_out_fq()
-        if not _is_int(self.dim):
+        if not is_int(self.dim):
             raise IRError(f"qat_softmax: dim must be an integer, got {self.dim!r}")
         if self.exp_fq.observer.observer != "fixed_scale":
             raise IRError(f"qat_softmax: exp_fq is the exp table's fixed scale, got observer {self.exp_fq.observer}")
@@ -145,7 +141,7 @@ class QATGlu(QATLayerOp):
 
     def __attrs_post_init__(self) -> None:
         self.check_out_fq()
-        if not _is_int(self.dim):
+        if not is_int(self.dim):
             raise IRError(f"qat_glu: dim must be an integer, got {self.dim!r}")
         if self.sigmoid_fq.observer.axis is not None:
             raise IRError(f"qat_glu: sigmoid_fq must be per tensor, got axis {self.sigmoid_fq.observer.axis}")
@@ -177,7 +173,7 @@ class QATPrelu(QATLayerOp):
 
     def __attrs_post_init__(self) -> None:
         self.check_out_fq()
-        if not _is_int(self.num_parameters) or self.num_parameters < 1:
+        if not is_int(self.num_parameters) or self.num_parameters < 1:
             raise IRError(f"qat_prelu: num_parameters must be an integer >= 1, got {self.num_parameters!r}")
 
     def param_roles(self) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from qir.ir.op import IRError, Op, register_op
 from qir.ir.ops import pool as float_ops
 from qir.ir.ops.integer_codes import check_window
 from qir.ir.ops.integer_pool import _pair, _plain
-from qir.ir.ops.qat import FakeQuantSpec
+from qir.ir.ops.qat import FakeQuantSpec, is_int
 from qir.ir.ops.qat_layer import QATLayerOp
 
 __all__ = ["QATAdaptiveAvgPool2d", "QATAvgPool2d", "QATMaxPool2d"]
@@ -66,7 +66,7 @@ class QATAvgPool2d(QATLayerOp):
         self.check_out_fq()
         check_window(self.name, self.kernel_size, self.stride, self.padding)
         d = self.divisor_override
-        if d is not None and (not isinstance(d, int) or isinstance(d, bool) or d < 1):
+        if d is not None and (not is_int(d) or d < 1):
             raise IRError(f"qat_avg_pool2d: divisor_override must be None or an int >= 1, got {d!r}")
 
     def float_op(self) -> Op:
@@ -91,11 +91,11 @@ class QATAdaptiveAvgPool2d(QATLayerOp):
     def __attrs_post_init__(self) -> None:
         self.check_out_fq()
         o = self.output_size
-        sizes = (o, o) if isinstance(o, int) and not isinstance(o, bool) else o
+        sizes = (o, o) if is_int(o) else o
         if (
             not isinstance(sizes, tuple)
             or len(sizes) != 2
-            or any(v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1) for v in sizes)
+            or any(v is not None and (not is_int(v) or v < 1) for v in sizes)
         ):
             raise IRError(f"qat_adaptive_avg_pool2d: output_size must be an int or a pair of ints / None >= 1: {o!r}")
 
