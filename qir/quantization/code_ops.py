@@ -20,6 +20,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from backends.common import numerics
@@ -101,8 +102,13 @@ def rounded_code(value: float, scale: float | torch.Tensor) -> float:
     (``numerics.quantize`` for qint8 / qint16); infinite when the quotient overflows."""
     if math.isnan(value):
         raise ValueError("NaN has no code")
-    v = torch.tensor(float(value), dtype=torch.float32)
-    return float(numerics.round_half_up(v / _scale32(scale)))
+    s = np.float32(float(_scale32(scale))) if isinstance(scale, torch.Tensor) else np.float32(scale)
+    # numpy float32 scalars: the same IEEE division and exact half-up tie test as
+    # numerics.round_half_up, without torch's per-op cost (the integer-grid conv asks per step)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        v = np.float32(value) / s
+        f = np.floor(v)
+        return float(f) + (1.0 if v - f >= 0.5 else 0.0)  # v - floor(v) is exact: the tie test too
 
 
 def constant_code(value: float, scale: float | torch.Tensor, dtype: DType) -> int:

@@ -35,7 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 import torch.fx
 import torch.nn.functional as F
@@ -52,6 +51,7 @@ from backends.common.integer_rules import (
 )
 from qir.ir.types import DType
 from qir.quantization.blockwise import blocks, part
+from qir.quantization.code_ops import constant_code
 from qir.quantization.fake_quantize import (
     CalibFakeQuantize,
     FakeQuantize,
@@ -773,7 +773,7 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     _observe_output(ofq, acc, bq.detach(), acc_scale, m.act, addend)
     s_out = float(ofq.scale.reshape(-1)[0])
     dtype = DType(ofq.dtype)
-    bound6 = code_of(6.0, s_out, dtype) if m.act == "relu6" else None
+    bound6 = constant_code(6.0, s_out, dtype) if m.act == "relu6" else None
     lo, hi = _act_bounds(m.act, dtype, bound6)
     out_scale = ofq.scale.detach().reshape(())
     if add_fq is not None:
@@ -834,17 +834,6 @@ def _fused_add_float64(
     # dimensioned (not 0-d), so that float32 codes times r2 promote to float64
     r2 = torch.full([1] * acc.dim(), math.ldexp(p.add_multiplier, -p.add_shift), dtype=torch.float64)
     return acc_lo, acc_hi, r1, r2
-
-
-def code_of(value: float, scale: float, dtype: DType) -> int:
-    """``numerics.quantize(tensor([value]), scale, dtype)`` of a qint8 / qint16 dtype on the host: the
-    same float32 division and half-up rounding on numpy float32 scalars (IEEE, as torch's), saturated."""
-    lo, hi = dtype.qrange
-    with np.errstate(over="ignore", invalid="ignore"):
-        v = np.float32(value) / np.float32(scale)
-        f = np.floor(v)
-        q = float(f) + (1.0 if v - f >= 0.5 else 0.0)  # v - floor(v) is exact: the tie test too
-    return int(min(max(q, lo), hi))
 
 
 def _act_bounds(act: str | None, dtype: DType, bound6: Any) -> tuple[Any, Any]:

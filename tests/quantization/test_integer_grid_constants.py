@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from backends.common import numerics
 from qir.ir.types import DType
-from qir.quantization.integer_grid import code_of
+from qir.quantization.code_ops import constant_code
 
 
 def _ties(value: float) -> list[float]:
@@ -29,10 +29,10 @@ SCALES = [1e-45, 1e-38, 1e-9, 6 / 127, 6 / 128, 0.047, 1.0, 6.0, 12.0, 13.0, 1e3
 
 @pytest.mark.parametrize("dtype", [DType.qint8, DType.qint16])
 @pytest.mark.parametrize("value", [6.0, 0.0, -6.0, 1.0, 0.5])
-def test_code_of_is_numerics_quantize_at_edges(dtype: DType, value: float) -> None:
+def test_constant_code_is_numerics_quantize_at_edges(dtype: DType, value: float) -> None:
     for s in SCALES + _ties(value if value else 1.0):
         want = int(numerics.quantize(torch.tensor([value]), s, dtype).reshape(-1)[0])
-        assert code_of(value, s, dtype) == want, (value, s, dtype)
+        assert constant_code(value, s, dtype) == want, (value, s, dtype)
 
 
 @settings(max_examples=300, deadline=None)
@@ -42,8 +42,8 @@ def test_code_of_is_numerics_quantize_at_edges(dtype: DType, value: float) -> No
     mantissa=st.floats(1.0, 2.0),
     dtype=st.sampled_from([DType.qint8, DType.qint16]),
 )
-def test_code_of_is_numerics_quantize(value: float, exponent: float, mantissa: float, dtype: DType) -> None:
+def test_constant_code_is_numerics_quantize(value: float, exponent: float, mantissa: float, dtype: DType) -> None:
     s = float(np.float32(mantissa * 2.0**exponent))
     assume(s > 0.0 and math.isfinite(s))
     want = int(numerics.quantize(torch.tensor([value]), s, dtype).reshape(-1)[0])
-    assert code_of(value, s, dtype) == want
+    assert constant_code(value, s, dtype) == want
