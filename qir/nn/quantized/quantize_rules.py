@@ -5,8 +5,8 @@
 and :func:`~qir.nn.quantized.conv.integer_conv_state` computes the integer state, the same
 function ``from_qat`` calls, so the pass and module-swapping ``convert_fx`` run one arithmetic
 (tests/quantization/test_convert_paths.py). No QAT or integer module is built per layer, and no
-state tensor is copied or written. The stubs (two per model) rebuild their QAT module and call
-``from_qat``.
+state tensor is copied or written. The stubs (two per model) and the layers of
+``quantize_rules_layers`` rebuild their QAT module and call ``from_qat`` (:func:`swapped_rule`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from passes.quantize import register_quantize_rule
+from passes.quantize import QuantizeRule, register_quantize_rule
 from qir.ir.op import ModuleOp
 from qir.ir.ops.integer import QConv
 from qir.ir.ops.integer_stubs import QDequantStub, QQuantStub
@@ -32,13 +32,23 @@ from qir.nn.quantized.conv import (
     integer_conv_state,
     observed_weight_scale,
 )
-from qir.nn.quantized.stubs import DeQuantStub, QuantStub
+from qir.nn.quantized.mapping import QUANTIZED_MODULE_MAP
 
-__all__: list[str] = []
+__all__ = ["swapped_rule"]
 
 
-def _state(new: ModuleOp, q: Any) -> dict[str, torch.Tensor]:
-    return {role: getattr(q, role) for role in new.param_roles()}
+def swapped_rule(integer_op: type[ModuleOp]) -> QuantizeRule:
+    """The rule of a layer converted as module swapping converts it: rebuild the QAT module from the
+    op (sharing its state tensors), ``from_qat`` with the quantized class of ``QUANTIZED_MODULE_MAP``,
+    and read ``integer_op`` and its integer state off the converted module."""
+
+    def rule(op: Any, tensors: dict[str, torch.Tensor], scales: Sequence[torch.Tensor], march: str) -> Any:
+        qat = op.to_module(tensors)
+        q = QUANTIZED_MODULE_MAP[type(qat)].from_qat(qat, list(scales), march)  # type: ignore[attr-defined]
+        new = integer_op.from_module(q)
+        return new, {role: getattr(q, role) for role in new.param_roles()}
+
+    return rule
 
 
 #: (kind, fused add, activation) -> quantized conv class
@@ -115,18 +125,6 @@ def _conv(op: Any, tensors: dict[str, torch.Tensor], scales: Sequence[torch.Tens
     return new, {role: getattr(st, role) for role in new.param_roles()}
 
 
-def _quant_stub(op: Any, tensors: dict[str, torch.Tensor], scales: Sequence[torch.Tensor], march: str) -> Any:
-    q = QuantStub.from_qat(op.to_module(tensors), [], march)
-    new = QQuantStub.from_module(q)
-    return new, _state(new, q)
-
-
-def _dequant_stub(op: Any, tensors: dict[str, torch.Tensor], scales: Sequence[torch.Tensor], march: str) -> Any:
-    q = DeQuantStub.from_qat(op.to_module(tensors), list(scales), march)
-    new = QDequantStub.from_module(q)
-    return new, _state(new, q)
-
-
 register_quantize_rule("qat_conv", _conv)
-register_quantize_rule("qat_quant_stub", _quant_stub)
-register_quantize_rule("qat_dequant_stub", _dequant_stub)
+register_quantize_rule("qat_quant_stub", swapped_rule(QQuantStub))  # a quant stub reads no codes: no scales
+register_quantize_rule("qat_dequant_stub", swapped_rule(QDequantStub))

@@ -1,7 +1,8 @@
 """The ``quantize`` pass's rules for the QAT pool, activation, table-lookup, resize and math ops.
 
 Each rebuilds the QAT module from the op (``qir.nn.qat``'s builder, sharing the state tensors),
-converts it with the quantized class module swapping uses (``QUANTIZED_MODULE_MAP``) and reads the
+converts it with the quantized class module swapping uses (``QUANTIZED_MODULE_MAP``: the
+:func:`~qir.nn.quantized.quantize_rules.swapped_rule` the stubs use too) and reads the
 integer op from the converted module, with its integer state (average-pool multipliers, tables)
 under the same state-dict prefix. A layer that keeps its input's dtype (max pool, ReLU, nearest
 resize) takes it from the input codes when the pass binds the integer op to its inputs.
@@ -14,8 +15,7 @@ from typing import Any
 
 import torch
 
-from passes.quantize import QuantizeRule, register_quantize_rule
-from qir.ir.op import ModuleOp
+from passes.quantize import register_quantize_rule
 from qir.ir.ops.integer import QConv
 from qir.ir.ops.integer_elementwise import QDiv, QIdentity, QLut, QRelu, QRelu6
 from qir.ir.ops.integer_math import QGlu, QLayerNorm, QPrelu, QSoftmax
@@ -23,19 +23,9 @@ from qir.ir.ops.integer_pool import QAdaptiveAvgPool2d, QAvgPool2d, QMaxPool2d
 from qir.ir.ops.integer_resize import QInterpolate
 from qir.ir.ops.integer_sampling import QGridSample
 from qir.nn.quantized.conv import QUANTIZED_CONV_CLASSES
-from qir.nn.quantized.mapping import QUANTIZED_MODULE_MAP
+from qir.nn.quantized.quantize_rules import swapped_rule
 
 __all__: list[str] = []
-
-
-def _swapped(integer_op: type[ModuleOp]) -> QuantizeRule:
-    def rule(op: Any, tensors: dict[str, torch.Tensor], scales: Sequence[torch.Tensor], march: str) -> Any:
-        qat = op.to_module(tensors)
-        q = QUANTIZED_MODULE_MAP[type(qat)].from_qat(qat, list(scales), march)  # type: ignore[attr-defined]
-        new = integer_op.from_module(q)
-        return new, {role: getattr(q, role) for role in new.param_roles()}
-
-    return rule
 
 
 def _conv_bn(op: Any, tensors: dict[str, torch.Tensor], scales: Sequence[torch.Tensor], march: str) -> Any:
@@ -64,4 +54,4 @@ for _qat, _integer in (
     ("qat_div", QDiv),
     ("qat_grid_sample", QGridSample),
 ):
-    register_quantize_rule(_qat, _swapped(_integer))
+    register_quantize_rule(_qat, swapped_rule(_integer))
