@@ -9,8 +9,9 @@ defines the integer modules (``qir.nn.quantized``, whose ``from_qat`` conversion
 so this pass imports no module library.
 
 Scales flow through the graph in the types: an integer op's result type carries its output
-``QuantSpec``, and the layout ops between layers (:data:`LAYOUT_OPS`: reshape, permute, ...)
-are retyped to carry their input's, so a rule reads each input's scale from its operand type.
+``QuantSpec``, and the layout ops between layers (ops with the
+:class:`~qir.ir.op.MovesCodes` trait: reshape, permute, getitem, repeat, ...) are retyped to
+carry their input's, so a rule reads each input's scale from its operand type.
 The integer state replaces the QAT state under the same state-dict prefix (``conv.weight``
 is the int8 weight afterwards); the graph leaves training mode.
 
@@ -30,13 +31,12 @@ import torch
 from passes.base import Pass, PassContext, add_state_constant, drop_unused_constants, read_state, register_pass
 from passes.legalize import resolve_march
 from qir.ir.graph import Graph, Node, Value
-from qir.ir.op import IRError, Op
+from qir.ir.op import IRError, MovesCodes, Op
 from qir.ir.ops.core import Constant
 from qir.ir.ops.qat import QATModuleOp
 from qir.ir.types import TensorType
 
 __all__ = [
-    "LAYOUT_OPS",
     "QUERY_OPS",
     "Quantize",
     "QuantizeError",
@@ -52,11 +52,6 @@ QuantizeRule = Callable[
 
 _RULES: dict[str, QuantizeRule] = {}
 
-#: ops that move codes without changing them: their result keeps the input's scale and dtype
-LAYOUT_OPS = frozenset(
-    {"reshape", "flatten", "permute", "transpose", "contiguous", "squeeze", "unsqueeze", "identity", "getitem"}
-    | {"repeat", "expand", "flip", "roll"}  # copies of the codes
-)
 #: ops that read only the shape of codes (``x.size(1)``; ``x.shape`` is a ``getattr``)
 QUERY_OPS = frozenset({"size", "dim", "numel"})
 
@@ -96,7 +91,7 @@ def _walk(graph: Graph) -> tuple[list[Node], list[tuple[str, str]]]:
             continue
         if op.name in QUERY_OPS or (op.name == "getattr" and op.attr in ("shape", "ndim")):  # type: ignore[attr-defined]
             continue  # sizes of the codes are the float tensor's: numbers, not codes
-        if op.name in LAYOUT_OPS and len([v for v in n.operands if isinstance(v.type, TensorType)]) == 1:
+        if op.has_trait(MovesCodes) and len([v for v in n.operands if isinstance(v.type, TensorType)]) == 1:
             quantized.add(n)
             layout.append(n)
             continue

@@ -66,6 +66,14 @@ class Transparent(Trait):
     """Moves data without changing values (reshape, permute, identity, dropout in eval)."""
 
 
+class MovesCodes(Trait):
+    """The result is its one tensor operand's elements, moved or copied without arithmetic
+    (reshape, permute, getitem, repeat, ...): codes in, the same codes out, so after conversion
+    the result keeps the operand's scale and dtype (the ``quantize`` pass retypes it). Not every
+    ``Transparent`` op (``cat`` takes several tensors, ``split`` gives several), and ``getitem``
+    is one without being ``Transparent``."""
+
+
 class HasWeight(Trait):
     """Operand 1 is a weight tensor (conv, linear, ...); operand 2 an optional bias."""
 

@@ -374,3 +374,36 @@ def test_a_user_pass_from_its_own_module_changes_the_converted_model_and_the_art
     compiled = compile_model(clipped, [x])
     assert [i.attrs["act"] for i in compiled.program.instructions if i.op == "conv2d"] == ["relu6", "relu6"]
     assert torch.equal(compiled(x), clipped(x))
+
+
+def test_the_pass_moves_codes_through_any_op_with_the_moves_codes_trait() -> None:
+    """What the pass retypes is decided by the ``MovesCodes`` trait, not by op names: a user's op
+    with the trait carries the codes' spec through; the same op without it is uncovered."""
+    import attrs
+
+    from qir.ir.op import MovesCodes, Pure
+    from qir.ir.ops.shape import Flatten
+
+    @attrs.frozen
+    class UserFlatten(Flatten):
+        name = "user_flatten"
+        traits = frozenset({Pure, MovesCodes})
+
+    @attrs.frozen
+    class OpaqueFlatten(Flatten):
+        name = "opaque_flatten"
+        traits = frozenset({Pure})
+
+    qat, x = _qat(ResNetShaped(), "bayes")
+    for cls, covered in ((UserFlatten, True), (OpaqueFlatten, False)):
+        g = trace(qat, (x,))
+        node = next(n for n in g.nodes if n.op.name == "flatten")
+        node.op = cls(**node.op.attributes())
+        bad = uncovered(g)
+        if not covered:
+            assert bad == [(node.name, f"op {cls.name!r} on quantized values has no quantize rule")]
+            continue
+        assert bad == []
+        passes.run_pipeline(g, Quantize(march="bayes"), inplace=True)
+        src = node.operands[0].type
+        assert node.type.quant is not None and node.type.quant == src.quant and node.type.dtype == src.dtype

@@ -9,7 +9,7 @@ import attrs
 import torch
 
 from qir.ir.call_targets import resolve_call_target
-from qir.ir.op import CannotInfer, IRError, Op, Opaque, Pure, Ref, Trait, Transparent, register_op, resolve
+from qir.ir.op import CannotInfer, IRError, MovesCodes, Op, Opaque, Pure, Ref, Trait, Transparent, register_op, resolve
 from qir.ir.spec_flow import carry_spec
 from qir.ir.types import DType, ObjectType, SequenceType, TensorType, Type, type_of
 
@@ -119,7 +119,7 @@ class GetItem(Op):
     """``x[index]``; ``index`` may hold Refs (dynamic indices) and slices."""
 
     name: ClassVar[str] = "getitem"
-    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure})
+    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure, MovesCodes})
     arity: ClassVar[tuple[int, int | None]] = (1, None)
     operand_names: ClassVar[tuple[str, ...]] = ("input",)
 
@@ -179,7 +179,7 @@ class Identity(Op):
     """Pass-through (``nn.Identity``, eval-mode dropout after folding)."""
 
     name: ClassVar[str] = "identity"
-    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure, Transparent})
+    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure, Transparent, MovesCodes})
     arity: ClassVar[tuple[int, int | None]] = (1, 1)
 
     def compute(self, x: Any) -> Any:

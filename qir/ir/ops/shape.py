@@ -14,11 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qir.ir.op import IRError, Pure, Ref, Trait, Transparent, register_op
+from qir.ir.op import IRError, MovesCodes, Pure, Ref, Trait, Transparent, register_op
 from qir.ir.ops.torchop import TorchModuleOp, TorchOp, check_dim
 from qir.ir.types import TensorType, Type
 
 _MOVE = frozenset({Pure, Transparent})
+#: one tensor's codes moved or copied: the ``quantize`` pass retypes the result with the input's spec
+_LAYOUT = frozenset({Pure, Transparent, MovesCodes})
 
 
 def _is_shape(v: Any) -> bool:
@@ -50,7 +52,7 @@ class Reshape(TorchOp):
     """``torch.reshape``, ``Tensor.reshape`` and ``Tensor.view`` (emitted as reshape)."""
 
     name: ClassVar[str] = "reshape"
-    traits: ClassVar[frozenset[type[Trait]]] = _MOVE
+    traits: ClassVar[frozenset[type[Trait]]] = _LAYOUT
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.reshape,)
     methods: ClassVar[tuple[str, ...]] = ("reshape", "view")
     signature: ClassVar[tuple[str, ...]] = ("input", "shape")
@@ -69,7 +71,7 @@ class Flatten(TorchModuleOp):
     """``torch.flatten``, ``Tensor.flatten``, ``nn.Flatten``."""
 
     name: ClassVar[str] = "flatten"
-    traits: ClassVar[frozenset[type[Trait]]] = _MOVE
+    traits: ClassVar[frozenset[type[Trait]]] = _LAYOUT
     arity: ClassVar[tuple[int, int | None]] = (1, 1)
     module_types: ClassVar[tuple[type, ...]] = (nn.Flatten,)
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.flatten,)
@@ -87,7 +89,7 @@ class Permute(TorchOp):
     """``torch.permute``, ``Tensor.permute``."""
 
     name: ClassVar[str] = "permute"
-    traits: ClassVar[frozenset[type[Trait]]] = _MOVE
+    traits: ClassVar[frozenset[type[Trait]]] = _LAYOUT
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.permute,)
     methods: ClassVar[tuple[str, ...]] = ("permute",)
     signature: ClassVar[tuple[str, ...]] = ("input", "dims")
@@ -108,7 +110,7 @@ class Transpose(TorchOp):
     """``torch.transpose``, ``Tensor.transpose``, ``torch.swapaxes``."""
 
     name: ClassVar[str] = "transpose"
-    traits: ClassVar[frozenset[type[Trait]]] = _MOVE
+    traits: ClassVar[frozenset[type[Trait]]] = _LAYOUT
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.transpose, torch.swapaxes, torch.swapdims)
     methods: ClassVar[tuple[str, ...]] = ("transpose", "swapaxes", "swapdims")
     signature: ClassVar[tuple[str, ...]] = ("input", "dim0", "dim1")
@@ -124,7 +126,7 @@ class Contiguous(TorchOp):
     """``Tensor.contiguous``: same values, dense layout."""
 
     name: ClassVar[str] = "contiguous"
-    traits: ClassVar[frozenset[type[Trait]]] = _MOVE
+    traits: ClassVar[frozenset[type[Trait]]] = _LAYOUT
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.Tensor.contiguous,)
     methods: ClassVar[tuple[str, ...]] = ("contiguous",)
 
@@ -135,7 +137,7 @@ class Squeeze(TorchOp):
     """``torch.squeeze``, ``Tensor.squeeze`` (all size-1 dims when ``dim`` is None)."""
 
     name: ClassVar[str] = "squeeze"
-    traits: ClassVar[frozenset[type[Trait]]] = _MOVE
+    traits: ClassVar[frozenset[type[Trait]]] = _LAYOUT
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.squeeze,)
     methods: ClassVar[tuple[str, ...]] = ("squeeze",)
     signature: ClassVar[tuple[str, ...]] = ("input", "dim")
@@ -151,7 +153,7 @@ class Unsqueeze(_DimOp):
     """``torch.unsqueeze``, ``Tensor.unsqueeze``."""
 
     name: ClassVar[str] = "unsqueeze"
-    traits: ClassVar[frozenset[type[Trait]]] = _MOVE
+    traits: ClassVar[frozenset[type[Trait]]] = _LAYOUT
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.unsqueeze,)
     methods: ClassVar[tuple[str, ...]] = ("unsqueeze",)
     signature: ClassVar[tuple[str, ...]] = ("input", "dim")
@@ -171,7 +173,7 @@ class Expand(TorchOp):
     """``Tensor.expand`` (broadcast view; -1 keeps a dimension)."""
 
     name: ClassVar[str] = "expand"
-    traits: ClassVar[frozenset[type[Trait]]] = _MOVE
+    traits: ClassVar[frozenset[type[Trait]]] = _LAYOUT
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.Tensor.expand,)
     methods: ClassVar[tuple[str, ...]] = ("expand",)
     signature: ClassVar[tuple[str, ...]] = ("input", "size")
@@ -205,7 +207,7 @@ class Repeat(TorchOp):
     """``Tensor.repeat`` (tile the tensor ``repeats`` times along each dim)."""
 
     name: ClassVar[str] = "repeat"
-    traits: ClassVar[frozenset[type[Trait]]] = _MOVE
+    traits: ClassVar[frozenset[type[Trait]]] = _LAYOUT
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.Tensor.repeat,)
     methods: ClassVar[tuple[str, ...]] = ("repeat",)
     signature: ClassVar[tuple[str, ...]] = ("input", "repeats")
@@ -329,7 +331,7 @@ class Roll(TorchOp):
     """``torch.roll`` / ``Tensor.roll`` (cyclic shift)."""
 
     name: ClassVar[str] = "roll"
-    traits: ClassVar[frozenset[type[Trait]]] = _MOVE
+    traits: ClassVar[frozenset[type[Trait]]] = _LAYOUT
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.roll,)
     methods: ClassVar[tuple[str, ...]] = ("roll",)
     signature: ClassVar[tuple[str, ...]] = ("input", "shifts", "dims")
@@ -346,7 +348,7 @@ class Flip(TorchOp):
     """``torch.flip`` / ``Tensor.flip``."""
 
     name: ClassVar[str] = "flip"
-    traits: ClassVar[frozenset[type[Trait]]] = _MOVE
+    traits: ClassVar[frozenset[type[Trait]]] = _LAYOUT
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.flip,)
     methods: ClassVar[tuple[str, ...]] = ("flip",)
     signature: ClassVar[tuple[str, ...]] = ("input", "dims")
