@@ -37,3 +37,24 @@ def test_bug_classes_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     outcome, detail = run_case(bad_bias, 0)
     assert outcome == "verified-but-run-failed: conv2d: RuntimeError" and outcome not in OK_CLASSES
     assert "bias" in detail
+
+
+@pytest.mark.parametrize(("repeats", "outcome"), [(False, "ran"), (True, "timeout in verify")])
+def test_a_timeout_counts_only_when_it_repeats(monkeypatch: pytest.MonkeyPatch, repeats: bool, outcome: str) -> None:
+    """Cases are deterministic: a hang times out again, a stall of a loaded machine does not. The
+    retry's outcome counts and the stall is reported."""
+    seed_texts()  # the seeds are checked with the real run_case (cached)
+    calls: list[int] = []
+
+    def stalling(text: str, seed: int, *args: object, **kwargs: object) -> tuple[str, str]:
+        calls.append(seed)
+        if len(calls) == 1 or (repeats and len(calls) == 2):
+            return "timeout in verify", ""
+        return "ran", ""
+
+    monkeypatch.setattr(fuzz_ir, "run_case", stalling)
+    result = fuzz(1, seed=3, timeout=5.0)
+    assert calls == [3, 3] and result["counts"] == {outcome: 1}
+    assert result["bugs"] == (1 if repeats else 0)
+    assert result["timeouts_not_repeated"] == (0 if repeats else 1)
+    assert ("within it when run again" in table(result)) is not repeats
