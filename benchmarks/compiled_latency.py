@@ -20,14 +20,17 @@ onnxruntime rewrites QDQ graphs into its int8 kernels where its patterns match; 
 
 Each ONNX model is exported once per batch size (static shapes); ``--no-onnx`` leaves them out.
 
-    PYTHONPATH=. /work/tvenv/bin/python benchmarks/compiled_latency.py --out compiled_latency.json [--png out.png]
+    PYTHONPATH=. /work/tvenv/bin/python benchmarks/compiled_latency.py [--json results.json] [--png out.png]
 
 ``--profile`` also times each instruction of the compiled model alone (wall clock and thread CPU
-time, median of ``--repeats`` calls) and prints the kernels by kind and the slowest instructions.
+time, median of ``--repeats`` calls) and prints the kernels by kind and the slowest instructions,
+then the same for each node of torch.ao's converted model (``profile_ao`` in the JSON). At one
+thread (``--threads 1``) the thread CPU times are each layer's work, comparable layer by layer.
 
 Prints a table with ratios (to float eager, and qir compiled / torch.ao int8 in latency and in
 process CPU time per call; below 1.0 means faster), whether the native kernels are in use, and
-the load average, and writes JSON (and bar charts with ``--png``; needs matplotlib). Weights
+the load average; writes JSON where ``--json PATH`` says (``--out`` is the same option; nothing
+without it) and bar charts with ``--png`` (needs matplotlib). Weights
 are random (no download); calibration uses a few random batches. Each model's compiled output
 is asserted equal to its converted model's.
 """
@@ -68,10 +71,17 @@ class Wrapped(nn.Module):
         return self.dequant(self.body(self.quant(x)))
 
 
-def _time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 2) -> dict[str, dict[str, float]]:
+def _time_interleaved(
+    fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 2, settle_s: float = 0.0
+) -> dict[str, dict[str, float]]:
     """Median / min latency of each callable, run round-robin so they share the machine's load, and
     the median CPU time of the process during a call (``cpu_median_ms``): with one thread, the
-    work itself, which waiting for a core on a loaded machine does not inflate."""
+    work itself, which waiting for a core on a loaded machine does not inflate.
+
+    ``settle_s``: a pause before each timed call. torch's OpenMP threads (libgomp) spin for a few
+    milliseconds after a parallel region before they sleep; without the pause, the call after a
+    torch model (float eager, torch.ao) shares the cores with those spinning threads, and the
+    process CPU time it is charged includes theirs."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -79,6 +89,8 @@ def _time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: i
     cs: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
+            if settle_s > 0:
+                time.sleep(settle_s)
             c0 = time.process_time()
             t0 = time.perf_counter()
             fn()
@@ -123,7 +135,9 @@ def profile_steps(compiled: Any, x: torch.Tensor, threads: int, repeats: int) ->
         a = inst.attrs
         kind = inst.op + (f" {a['engine']}" if a.get("engine") else "")
         if "kernel_size" in a:
-            kind += " {}x{}/s{}".format(*a["kernel_size"], a["stride"][0])
+            ks, stride = a["kernel_size"], a["stride"]
+            ks = ks if isinstance(ks, list) else [ks, ks]
+            kind += " {}x{}/s{}".format(*ks[:2], stride[0] if isinstance(stride, list) else stride)
         rows.append(
             {
                 "index": i,
@@ -134,6 +148,48 @@ def profile_steps(compiled: Any, x: torch.Tensor, threads: int, repeats: int) ->
             }
         )
     return rows
+
+
+def profile_ao_nodes(ao: nn.Module, x: torch.Tensor, repeats: int) -> list[dict[str, Any]]:
+    """Per-node time of torch.ao's converted model (a GraphModule), in the profile's format: each
+    node run by a ``torch.fx.Interpreter`` and timed alone (wall clock and this thread's CPU time),
+    median over ``repeats`` calls after one warm-up call."""
+    if not isinstance(ao, torch.fx.GraphModule):
+        return []
+    wall: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    kinds: dict[str, str] = {}
+
+    class Timed(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            c0, t0 = time.thread_time(), time.perf_counter()
+            out = super().run_node(n)
+            wall.setdefault(n.name, []).append((time.perf_counter() - t0) * 1e3)
+            cpu.setdefault(n.name, []).append((time.thread_time() - c0) * 1e3)
+            if n.op == "get_attr":
+                kinds[n.name] = "get_attr"
+            elif n.name not in kinds:
+                target = self.module.get_submodule(str(n.target)) if n.op == "call_module" else n.target
+                kinds[n.name] = (
+                    type(target).__name__ if n.op == "call_module" else getattr(target, "__name__", str(target))
+                )
+            return out
+
+    timed = Timed(ao)
+    with torch.no_grad():
+        for _ in range(repeats + 1):
+            timed.run(x)
+    return [
+        {
+            "index": i,
+            "source": k,
+            "kind": kinds[k],
+            "ms": round(statistics.median(v[1:]), 4),
+            "cpu_ms": round(statistics.median(cpu[k][1:]), 4),
+        }
+        for i, (k, v) in enumerate(wall.items())
+        if kinds[k] not in ("placeholder", "output")
+    ]
 
 
 def print_profile(name: str, batch: int, rows: list[dict[str, Any]], top: int = 12) -> None:
@@ -268,12 +324,16 @@ def build_ort(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            if kind in ("qdq", "float") and model is None:
+                raise ValueError(f"onnxruntime {kind}: needs the model to export")
             if kind == "qdq":
                 from qir.utils.onnx_helper import export_to_onnx
 
                 # the layout onnxruntime fuses into QLinearConv / QLinearAdd (docs/onnx.md)
+                assert model is not None
                 export_to_onnx(model, (x,), path, input_names=["x"], qdq_layout="onnxruntime")
             elif kind == "float":
+                assert model is not None
                 torch.onnx.export(model, (x,), path, input_names=["x"], dynamo=True, verbose=False)
             else:
                 ort_quantize_static(float_path, path, x, calib)
@@ -397,7 +457,7 @@ def run_model(name: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
                     print(fn)
                 else:
                     fns[k] = fn
-            row.update(_time_interleaved(fns, args.repeats))
+            row.update(_time_interleaved(fns, args.repeats, settle_s=args.settle_ms / 1e3))
             slow: dict[str, Callable[[], Any]] = {"qir_converted_torch": functools.partial(converted, x)}
             row.update(_time_interleaved(slow, max(2, args.repeats // 4), 1))
             assert torch.equal(compiled(x), converted(x)), f"{name}: compiled output differs from the converted model"
@@ -405,6 +465,9 @@ def run_model(name: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             if args.profile:
                 row["profile"] = profile_steps(compiled, x, args.threads, args.repeats)
                 print_profile(name, batch, row["profile"])
+                if not isinstance(ao, str):
+                    row["profile_ao"] = profile_ao_nodes(ao, x, args.repeats)
+                    print_profile(f"{name} torch.ao x86", batch, row["profile_ao"])
         f = row["float_eager"]["median_ms"]
         row["ratio_compiled_over_float"] = round(row["qir_compiled"]["median_ms"] / f, 3)
         if "ao_x86_int8" in row:
@@ -436,11 +499,24 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--calib", type=int, default=3)
     ap.add_argument("--opt", type=int, default=2)
+    ap.add_argument(
+        "--settle-ms",
+        type=float,
+        default=50.0,
+        help="pause before each timed call so that no runtime's threads still spin from the previous one (0: none)",
+    )
     ap.add_argument("--no-onnx", dest="onnx", action="store_false", help="leave out the onnxruntime columns")
     ap.add_argument(
         "--profile", action="store_true", help="also time each instruction of the compiled model (printed, in the JSON)"
     )
-    ap.add_argument("--out", default="compiled_latency.json")
+    ap.add_argument(
+        "--json",
+        "--out",
+        dest="json",
+        default=None,
+        metavar="PATH",
+        help="write the results as JSON here (none by default)",
+    )
     ap.add_argument("--png", default=None, help="write a bar chart here (needs matplotlib)")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
@@ -449,6 +525,7 @@ def main() -> None:
     results: dict[str, Any] = {
         "threads": args.threads,
         "repeats": args.repeats,
+        "settle_ms": args.settle_ms,
         "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
         "native_kernels": native.status(),
@@ -486,9 +563,10 @@ def main() -> None:
                 convs = {k: v for k, v in counts.items() if "Conv" in k or k in ("QLinearMatMul", "Gemm", "MatMul")}
                 print(f"  {key.rsplit('_', 1)[0]:>7}: {convs}")
     print(f"load average {results['load_average']} at the start, {results['load_average_end']} at the end")
-    with open(args.out, "w") as fh:
-        json.dump(results, fh, indent=2)
-    print(f"wrote {args.out}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+        print(f"wrote {args.json}")
     if args.png:
         plot(results, args.png)
         print(f"wrote {args.png}")
