@@ -118,12 +118,15 @@ from backends.common.kernels import conv as cm, native
 from qir.ir.numerics import requantize
 assert native.library() is not None, native.status()
 g = torch.Generator().manual_seed(0)
-for c, k, s, d, p, hw in [(17, 3, 1, 1, 1, 9), (33, 3, 2, 1, 1, 10), (70, 5, 1, 2, 2, 11), (5, 7, 3, 1, 3, 8)]:
+modes = set()
+for c, k, s, d, p, hw, s0 in [(17, 3, 1, 1, 1, 9, 0), (33, 3, 2, 1, 1, 10, 0), (70, 5, 1, 2, 2, 11, 0),
+                              (5, 7, 3, 1, 3, 8, 0), (40, 3, 1, 1, 1, 9, 20), (24, 3, 2, 1, 0, 12, 20)]:
     x = torch.randint(-128, 128, (2, c, hw, hw + 1), dtype=torch.int8, generator=g)
     w = torch.randint(-128, 128, (c, 1, k, k), dtype=torch.int8, generator=g)
-    m, sh, b = (torch.randint(0, 32768, (c,), generator=g), torch.randint(0, 32, (c,), generator=g),
+    m, sh, b = (torch.randint(0, 32768, (c,), generator=g), torch.randint(s0, 32, (c,), generator=g),
                 torch.randint(-(2**20), 2**20, (c,), generator=g))
     fr = cm.fused_requant("qint8", None, m, sh, b, torch.zeros(c, dtype=torch.int64), c)
+    modes.add(fr.fast)
     attrs = {"stride": [s, s], "padding": [p, p], "dilation": [d, d]}
     w3 = w[:, 0].permute(1, 2, 0).contiguous()
     acc = F.conv2d(x.double(), w.double(), None, s, p, d, c).to(torch.int64).permute(0, 2, 3, 1)
@@ -133,6 +136,7 @@ for c, k, s, d, p, hw in [(17, 3, 1, 1, 1, 9), (33, 3, 2, 1, 1, 10), (70, 5, 1, 
             assert torch.equal(cm._dw_native(x, w3, fr, attrs), want)
             if native.has_vnni():
                 assert torch.equal(cm._dw_native(x, w3, fr, attrs, packed=native.pack_dw(w3)), want)
+assert modes == {True, False}, modes  # both modes of the requantization
 print("vnni" if native.has_vnni() else "no vnni")
 """
 

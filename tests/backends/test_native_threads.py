@@ -17,7 +17,9 @@ import qir
 from backends.common.kernels import conv as conv_mod
 from backends.common.kernels import native
 from backends.common.kernels import pool as pool_mod
+from backends.common.kernels.requant_pack import pack_requant
 from backends.common.runtime import CompiledModel
+from qir.ir.numerics import requantize
 from qir.quantization import compile_model
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"native kernels unavailable: {native.status()}")
@@ -74,23 +76,25 @@ def test_row_ranges_cut_at_the_grain_and_past_the_rows(monkeypatch: pytest.Monke
     monkeypatch.setattr(native, "_SPLIT_MIN", 0)
     g = torch.Generator().manual_seed(3)
     n = 11
-    scale = torch.rand(n, generator=g, dtype=torch.float64) * 2**-10
-    offset = torch.rand(n, generator=g, dtype=torch.float64) * 4 - 2
-    lo, hi = torch.full((n,), -128.0, dtype=torch.float64), torch.full((n,), 127.0, dtype=torch.float64)
+    mult = torch.randint(0, 32768, (n,), generator=g)
+    shift = torch.randint(10, 32, (n,), generator=g)
+    bias = torch.randint(-(2**20), 2**20, (n,), generator=g)
+    lo, hi = torch.full((n,), -128), torch.full((n,), 127)
+    rq, fast = pack_requant(mult, shift, bias, lo, hi)
     p = native.ptr
     for rows in (1, 2, 5, 7, 13):
         acc = torch.randint(-(2**20), 2**20, (rows, n), generator=g, dtype=torch.int32)
         outs = []
         for nt, grain in ((1, 1), (2, 1), (3, 1), (3, 6), (8, 2)):
             out = torch.full((rows, n), 99, dtype=torch.int8)
-            args = (p(acc), n, n, p(scale), p(offset), p(lo), p(hi), p(out))
+            args = (p(acc), n, n, p(rq), int(fast), p(out))
             torch.set_num_threads(nt)
             try:
                 assert native.run("qir_requant_rows_i8", args, rows, 1, grain) == 0
             finally:
                 torch.set_num_threads(1)
             outs.append(out)
-        want = ((acc.double() * scale + offset).floor().clamp(-128, 127)).to(torch.int8)
+        want = requantize(acc.to(torch.int64) + bias, mult, shift, "qint8", axis=-1)
         for out in outs:
             assert torch.equal(out, want), rows
 
@@ -145,7 +149,7 @@ def test_a_forked_child_restarts_the_pool(mixed: tuple[Path, nn.Module], monkeyp
 def test_run_refuses_unknown_entry_points_and_wrong_arguments() -> None:
     with pytest.raises(ValueError, match="not a row-range entry point"):
         native.run("qir_caps", (), 1, 1)
-    with pytest.raises(ValueError, match="takes 8 arguments"):
+    with pytest.raises(ValueError, match="takes 6 arguments"):
         native.run("qir_requant_rows_i8", (0, 1), 1, 1)
 
 

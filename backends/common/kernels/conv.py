@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from backends.common.kernels import native
 from backends.common.kernels.base import RequantF64, qbounds, register_kernel, requant_i64, sat_to, scratch
 from backends.common.kernels.conv_shape import conv2d_shape, conv_nd_shape, conv_work, linear_shape
+from backends.common.kernels.requant_pack import BLOCK_INT64, pack_requant
 from backends.common.kernels.schema import (
     INT_DTYPES,
     MAX_EXTENT,
@@ -106,16 +107,16 @@ class ConvState:
 class FusedRequant:
     """Per-channel parameters of the native one-pass requantization (``native.c``).
 
-    Plain requantization runs in double (``scale``, ``offset``, ``lo``, ``hi``): exact for int32
-    accumulators while ``2**31 * M + |b * M + 2**(s-1)| < 2**53``, checked here per channel. The
-    fused add runs in int64 (``bias``, ``mult``, ``half``, ``shift``, ``lo_i``, ``hi_i``), as the rule does.
+    Plain requantization runs in integer arithmetic on ``rq`` (``requant_pack.pack_requant``: the
+    multiplier, shift, bias and half-up rounding, with the saturation and the activation clamp as
+    one per-channel range, per block of 16 channels) in the mode ``fast`` names; exact for every
+    int32 accumulator. The fused add runs in int64 (``bias``, ``mult``, ``half``, ``shift``,
+    ``lo_i``, ``hi_i``), as the rule does.
     """
 
-    scale: torch.Tensor  # float64 M * 2**-s
-    offset: torch.Tensor  # float64 (b * M + 2**(s-1)) * 2**-s
-    lo: torch.Tensor  # float64; saturation and activation clamp folded into one per-channel range
-    hi: torch.Tensor
-    bias: torch.Tensor  # int64 (the fused add's parameters)
+    rq: torch.Tensor  # int64, ceil(n / 16) * BLOCK_INT64 (native_requant.h's qir_rqblock)
+    fast: bool
+    bias: torch.Tensor  # int64 per channel (also the fused add's parameters)
     mult: torch.Tensor
     half: torch.Tensor
     shift: torch.Tensor
@@ -128,17 +129,16 @@ class FusedRequant:
     def __post_init__(self) -> None:
         # the C loops index every per-channel array with c < n: checked once here, not on every call
         n = self.n
-        arrays = (self.offset, self.lo, self.hi, self.bias, self.mult, self.half, self.shift, self.lo_i, self.hi_i)
-        if not all(t.is_contiguous() and t.numel() == n for t in (self.scale, *arrays)):
+        arrays = (self.bias, self.half, self.shift, self.lo_i, self.hi_i)
+        if not all(t.is_contiguous() and t.numel() == n for t in (self.mult, *arrays)):
             raise ValueError(f"native requantization: every per-channel array must be contiguous with {n} entries")
+        blocks = -(-n // 16)  # the C loops read whole blocks of 16 channels' parameters
+        if not (self.rq.is_contiguous() and self.rq.dtype == torch.int64 and self.rq.numel() == blocks * BLOCK_INT64):
+            raise ValueError(f"native requantization: the packed parameters must hold {blocks} blocks")
 
     @property
     def n(self) -> int:
-        return int(self.scale.numel())
-
-
-#: |accumulator| bound of the native double requantization: any int32 value
-_ACC_BOUND = 2**31
+        return int(self.mult.numel())
 
 
 def _per_channel(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -161,16 +161,18 @@ def fused_requant(
     add: tuple[int, int, int] | None = None,
 ) -> FusedRequant | None:
     """The native requantization's parameters, or None where it does not apply (no library, qint32
-    output, shifts outside 0..52 (0..62 with the add), a double product that would not be exact); ``add``: the fused
-    add's ``(multiplier, shift, extra_bits)``."""
+    output, multipliers outside [0, 2**31), shifts outside 0..62, biases outside int32); ``add``: the
+    fused add's ``(multiplier, shift, extra_bits)``."""
     lib = native.library()
     if out_dtype not in ("qint8", "qint16") or lib is None:
         return None
     s = _per_channel(shift, n)
     m = _per_channel(multiplier, n)
     b = _per_channel(bias, n)
-    # int64 shifts take up to 62; the double path's 2**-shift scaling stays exact up to 52
-    if int(s.min()) < 0 or int(s.max()) > (62 if add else 52) or int(m.min()) < 0 or int(m.max()) >= 2**31:
+    # int64 shifts take up to 62; an int32 bias keeps b * M + 2**(s-1) inside int64
+    if int(s.min()) < 0 or int(s.max()) > 62 or int(m.min()) < 0 or int(m.max()) >= 2**31:
+        return None
+    if int(b.min()) < -(2**31) or int(b.max()) >= 2**31:
         return None
     lo, hi = qbounds(out_dtype)
     if act is not None:
@@ -181,10 +183,6 @@ def fused_requant(
         if bool((hi_t < lo).any()):
             return None  # min(clamp(v), bound) is one range only while the bound is above the lower end
     half = _half(s)
-    boff = b * m + half  # |b| < 2**31, M < 2**31: no int64 overflow
-    fits = bool(((_ACC_BOUND * m + boff.abs()) < 2**53).all())
-    if add is None and not fits:
-        return None
     fused_add = None
     if add is not None:
         am, ash, p = add
@@ -192,11 +190,10 @@ def fused_requant(
             return None
         fused_add = (am, (1 << ash) >> 1, ash, p)
     lo_t = torch.full((n,), lo, dtype=torch.int64)
+    rq, fast = pack_requant(m, s, b, lo_t, hi_t)
     return FusedRequant(
-        scale=torch.ldexp(m.to(torch.float64), -s),
-        offset=torch.ldexp(boff.to(torch.float64), -s),
-        lo=lo_t.to(torch.float64),
-        hi=hi_t.to(torch.float64),
+        rq=rq,
+        fast=fast,
         bias=b,
         mult=m,
         half=half,
@@ -247,7 +244,7 @@ def _fused_finish(
     lda = int(acc.stride(0))
     if fr.add is None:
         name = f"qir_requant_rows_{tag}"
-        args: tuple[int, ...] = (p(acc), lda, n, p(fr.scale), p(fr.offset), p(fr.lo), p(fr.hi))
+        args: tuple[int, ...] = (p(acc), lda, n, p(fr.rq), int(fr.fast))
     else:
         if addend is None or addend.dtype not in (torch.int8, torch.int16):
             raise TypeError(f"fused add: addend codes must be int8 or int16, got {getattr(addend, 'dtype', None)}")
@@ -426,7 +423,7 @@ def _epilogue(
         raise ValueError(f"native requantization: output must be contiguous {fr.out_dtype} ({m}, {n})")
     p = native.ptr
     e = native.Epilogue(kind=1, out_bits=8 if fr.out_dtype == torch.int8 else 16, n=n, out=p(out))
-    e.scale, e.offset, e.lo, e.hi = p(fr.scale), p(fr.offset), p(fr.lo), p(fr.hi)
+    e.rq, e.fast = p(fr.rq), int(fr.fast)
     if fr.add is not None:
         if addend is None or addend.dtype not in (torch.int8, torch.int16):
             raise TypeError(f"fused add: addend codes must be int8 or int16, got {getattr(addend, 'dtype', None)}")
@@ -536,7 +533,7 @@ def _dw_native(
     )
     tag = "i8" if fr.out_dtype == torch.int8 else "i16"
     p = native.ptr
-    rq = (p(fr.scale), p(fr.offset), p(fr.lo), p(fr.hi), p(out))
+    rq = (p(fr.rq), int(fr.fast), p(out))
     work = nb * oh * ow * c * kh * kw
     taps = (kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)
     if packed is not None and _dw_ring_bytes(kh, kw, c, sw, dh, dw, ow) <= _DW_RING_MAX:

@@ -14,59 +14,58 @@
 
 #include "native_dw.h"
 #include "native_pool.h"
+#include "native_requant.h"
 #include "native_simd.h"
 
 /* What this build holds: bit 0 = the AVX-512 VNNI matrix product (qir_gemm_vnni). */
 int qir_caps(void) { return QIR_VNNI; }
 
-/* a * b + c: one fused instruction where the CPU has FMA. The requantization's product is an exact
- * double (the callers' bound), so the fused and the separate forms round identically. */
-#ifdef __FMA__
-#define QIR_MULADD(a, b, c) fma((a), (b), (c))
-#else
-#define QIR_MULADD(a, b, c) ((a) * (b) + (c))
-#endif
-
 #define CLAMP(v, lo, hi) ((v) < (lo) ? (lo) : ((v) > (hi) ? (hi) : (v)))
 
-/* out[r, c] = clamp(((acc[r, c] + bias[c]) * mult[c] + 2**(shift[c]-1)) >> shift[c], lo[c], hi[c]),
- * evaluated as clamp(floor(acc * scale[c] + offset[c])) in double with scale = mult * 2**-shift and
- * offset = (bias * mult + 2**(shift-1)) * 2**-shift. Exact (and so equal to the int64 rule) when
- * |acc * mult| + |bias * mult + 2**(shift-1)| < 2**53, which the caller checks: the product and the
- * sum are integers below 2**53 scaled by a power of two, and floor of v * 2**-shift is the shift. */
+/* out[r, c] = clamp(((acc[r, c] + bias[c]) * mult[c] + 2**(shift[c]-1)) >> shift[c], lo[c], hi[c]) in integer
+ * arithmetic, rq: the parameters packed per block of 16 channels (native_requant.h, conv.py's pack_requant),
+ * fast: their mode. Channel blocks outside, rows inside: a block's parameters stay in registers. */
+#define REQUANT_ROWS(NAME, OUT_T)                                                                           \
+    void NAME(const int32_t *restrict acc, int64_t lda, int64_t n, const qir_rqblock *restrict rq,         \
+              int64_t fast, OUT_T *restrict out, int64_t r0, int64_t r1) {                                  \
+        for (int64_t c = 0; c < n; c += 16) {                                                               \
+            const qir_rqblock *b = rq + c / 16;                                                             \
+            QIR_REQUANT_BLOCK(OUT_T)                                                                        \
+        }                                                                                                   \
+    }
 #if QIR_VNNI
-
-#define REQUANT_ROWS(NAME, OUT_T)                                                                          \
-    void NAME(const int32_t *restrict acc, int64_t lda, int64_t n, const double *restrict scale,         \
-              const double *restrict offset, const double *restrict lo, const double *restrict hi,        \
-              OUT_T *restrict out, int64_t r0, int64_t r1) {                                              \
-        for (int64_t r = r0; r < r1; ++r) {                                                                \
-            const int32_t *restrict a = acc + r * lda;                                                     \
-            OUT_T *restrict o = out + r * n;                                                               \
-            for (int64_t c = 0; c < n; c += 16) {                                                          \
-                const __mmask16 m = lanes16(n - c);                                                        \
-                const __m512i v = requant16(_mm512_maskz_loadu_epi32(m, a + c), scale + c, offset + c,     \
-                                            lo + c, hi + c, m);                                            \
-                QIR_STORE16(OUT_T, o + c, m, v);                                                           \
-            }                                                                                              \
-        }                                                                                                  \
+#define QIR_REQUANT_BLOCK(OUT_T)                                                                            \
+    const __mmask16 m = lanes16(n - c);                                                                     \
+    const qir_rqv q = rqv_load(b);                                                                          \
+    if (fast)                                                                                               \
+        for (int64_t r = r0; r < r1; ++r)                                                                   \
+            QIR_STORE16(OUT_T, out + r * n + c, m,                                                          \
+                        rqv_apply(_mm512_maskz_loadu_epi32(m, acc + r * lda + c), &q, 1));                  \
+    else                                                                                                    \
+        for (int64_t r = r0; r < r1; ++r)                                                                   \
+            QIR_STORE16(OUT_T, out + r * n + c, m,                                                          \
+                        rqv_apply(_mm512_maskz_loadu_epi32(m, acc + r * lda + c), &q, 0));
+#elif QIR_AVX2
+#define QIR_REQUANT_BLOCK(OUT_T)                                                                            \
+    for (int h = 0; h < 2 && c + 8 * h < n; ++h) {                                                          \
+        const int64_t c8 = c + 8 * h;                                                                       \
+        if (fast && c8 + 8 <= n) {                                                                          \
+            const qir_rq8 q = rq8_load(b, h);                                                               \
+            for (int64_t r = r0; r < r1; ++r)                                                               \
+                QIR_STORE8(OUT_T, out + r * n + c8,                                                         \
+                           rq8_apply(_mm256_loadu_si256((const __m256i *)(acc + r * lda + c8)), &q));       \
+        } else {                                                                                            \
+            const int kn = (int)(n - c8 < 8 ? n - c8 : 8);                                                  \
+            for (int64_t r = r0; r < r1; ++r)                                                               \
+                for (int k = 0; k < kn; ++k)                                                                \
+                    out[r * n + c8 + k] = (OUT_T)rq_scalar(b, 8 * h + k, acc[r * lda + c8 + k], fast);      \
+        }                                                                                                   \
     }
 #else
-#define REQUANT_ROWS(NAME, OUT_T)                                                                          \
-    void NAME(const int32_t *restrict acc, int64_t lda, int64_t n, const double *restrict scale,         \
-              const double *restrict offset, const double *restrict lo, const double *restrict hi,        \
-              OUT_T *restrict out, int64_t r0, int64_t r1) {                                              \
-        for (int64_t r = r0; r < r1; ++r) {                                                                \
-            const int32_t *restrict a = acc + r * lda;                                                     \
-            OUT_T *restrict o = out + r * n;                                                               \
-            for (int64_t c = 0; c < n; ++c) {                                                              \
-                double v = floor(QIR_MULADD((double)a[c], scale[c], offset[c]));                           \
-                v = v < lo[c] ? lo[c] : v;                                                                 \
-                v = v > hi[c] ? hi[c] : v;                                                                 \
-                o[c] = (OUT_T)(int32_t)v;                                                                  \
-            }                                                                                              \
-        }                                                                                                  \
-    }
+#define QIR_REQUANT_BLOCK(OUT_T)                                                                            \
+    const int kn = (int)(n - c < 16 ? n - c : 16);                                                          \
+    for (int64_t r = r0; r < r1; ++r)                                                                       \
+        for (int k = 0; k < kn; ++k) out[r * n + c + k] = (OUT_T)rq_scalar(b, k, acc[r * lda + c + k], fast);
 #endif
 
 REQUANT_ROWS(qir_requant_rows_i8, int8_t)
@@ -102,13 +101,12 @@ FUSED_ADD_ROWS(qir_fused_add_rows_i16_i8, int16_t, int8_t)
 FUSED_ADD_ROWS(qir_fused_add_rows_i16_i16, int16_t, int16_t)
 
 /* Depthwise conv (one filter per channel) on int8 NHWC x, weight (KH, KW, C), zero padding,
- * int32 accumulation (exact: |sum| <= KH*KW*128*128 < 2**31 for KH*KW < 2**17), then the double
- * requantization above (the caller checks its bound). Rows are (n, oh) pairs; one output row is OW*C values. */
+ * int32 accumulation (exact: |sum| <= KH*KW*128*128 < 2**31 for KH*KW < 2**17), then the integer
+ * requantization (native_requant.h). Rows are (n, oh) pairs; one output row is OW*C values. */
 #define DW_ROWS(NAME, OUT_T)                                                                             \
     static int NAME(const int8_t *restrict x, int64_t h, int64_t w, int64_t c, const int8_t *restrict wt, int64_t kh, int64_t kw, \
              int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t oh,          \
-             int64_t ow, const double *restrict scale, const double *restrict offset,                     \
-             const double *restrict lo, const double *restrict hi, OUT_T *restrict out, int64_t r0,       \
+             int64_t ow, const qir_rqblock *restrict rq, int64_t fast, OUT_T *restrict out, int64_t r0,   \
              int64_t r1) {                                                                               \
         int32_t *acc = (int32_t *)malloc(sizeof(int32_t) * (size_t)c);                                   \
         if (!acc) return 1;                                                                              \
@@ -129,12 +127,7 @@ FUSED_ADD_ROWS(qir_fused_add_rows_i16_i16, int16_t, int16_t)
                     }                                                                                    \
                 }                                                                                        \
                 OUT_T *o = out + (r * ow + xo) * c;                                                      \
-                for (int64_t k = 0; k < c; ++k) {                                                        \
-                    double v = floor(QIR_MULADD((double)acc[k], scale[k], offset[k]));                          \
-                    v = v < lo[k] ? lo[k] : v;                                                           \
-                    v = v > hi[k] ? hi[k] : v;                                                           \
-                    o[k] = (OUT_T)(int32_t)v;                                                            \
-                }                                                                                        \
+                for (int64_t k = 0; k < c; ++k) o[k] = (OUT_T)rq_scalar(rq + k / 16, (int)(k % 16), acc[k], fast); \
             }                                                                                            \
         }                                                                                                \
         free(acc);                                                                                       \
@@ -153,8 +146,7 @@ DW_ROWS(dw_rows_generic_i16, int16_t)
 #define DW_ROWS_AVX512(NAME, OUT_T)                                                                      \
     static int NAME(const int8_t *restrict x, int64_t h, int64_t w, int64_t c, const int8_t *restrict wt,  \
                     int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,     \
-                    int64_t dw, int64_t oh, int64_t ow, const double *restrict scale,                      \
-                    const double *restrict offset, const double *restrict lo, const double *restrict hi,   \
+                    int64_t dw, int64_t oh, int64_t ow, const qir_rqblock *restrict rq, int64_t fast,      \
                     OUT_T *restrict out, int64_t r0, int64_t r1) {                                         \
         const int64_t cp = (c + 63) / 64 * 64;                                                             \
         int32_t *w32 = (int32_t *)calloc((size_t)(kh * kw * cp), sizeof(int32_t));                        \
@@ -200,11 +192,12 @@ DW_ROWS(dw_rows_generic_i16, int16_t)
                     }                                                                                      \
                     {                                                                                      \
                         OUT_T *oc = o + cb;                                                                \
-                        const double *sc = scale + cb, *of = offset + cb, *lc = lo + cb, *hc = hi + cb;    \
-                        QIR_STORE16(OUT_T, oc, m0, requant16(a0, sc, of, lc, hc, m0));                     \
-                        if (cn > 16) QIR_STORE16(OUT_T, oc + 16, m1, requant16(a1, sc + 16, of + 16, lc + 16, hc + 16, m1)); \
-                        if (cn > 32) QIR_STORE16(OUT_T, oc + 32, m2, requant16(a2, sc + 32, of + 32, lc + 32, hc + 32, m2)); \
-                        if (cn > 48) QIR_STORE16(OUT_T, oc + 48, m3, requant16(a3, sc + 48, of + 48, lc + 48, hc + 48, m3)); \
+                        const qir_rqblock *b = rq + cb / 16;                                               \
+                        qir_rqv q = rqv_load(b);                                                           \
+                        QIR_STORE16(OUT_T, oc, m0, rqv_apply(a0, &q, fast));                               \
+                        if (cn > 16) { q = rqv_load(b + 1); QIR_STORE16(OUT_T, oc + 16, m1, rqv_apply(a1, &q, fast)); } \
+                        if (cn > 32) { q = rqv_load(b + 2); QIR_STORE16(OUT_T, oc + 32, m2, rqv_apply(a2, &q, fast)); } \
+                        if (cn > 48) { q = rqv_load(b + 3); QIR_STORE16(OUT_T, oc + 48, m3, rqv_apply(a3, &q, fast)); } \
                     }                                                                                      \
                 }                                                                                          \
             }                                                                                              \
@@ -223,11 +216,10 @@ DW_ROWS_AVX512(dw_rows_avx512_i16, int16_t)
 #define DW_EXPORT(T, OUT_T)                                                                               \
     int qir_dw_rows_##T(const int8_t *x, int64_t h, int64_t w, int64_t c, const int8_t *wt, int64_t kh,    \
                         int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, \
-                        int64_t oh, int64_t ow, const double *scale, const double *offset, const double *lo, \
-                        const double *hi, OUT_T *out, int64_t r0, int64_t r1) {                             \
+                        int64_t oh, int64_t ow, const qir_rqblock *rq, int64_t fast, OUT_T *out, int64_t r0, \
+                        int64_t r1) {                                                                       \
         if (0) (void)dw_rows_generic_##T; /* kept for builds without AVX-512 */                          \
-        return QIR_DW_IMPL(T)(x, h, w, c, wt, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, scale, offset, lo, hi,  \
-                              out, r0, r1);                                                                \
+        return QIR_DW_IMPL(T)(x, h, w, c, wt, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, rq, fast, out, r0, r1); \
     }
 DW_EXPORT(i8, int8_t)
 DW_EXPORT(i16, int16_t)
@@ -371,7 +363,8 @@ typedef struct {
     int64_t kind; /* 1: requantize (qir_requant_rows_*), 2: the fused conv + add (qir_fused_add_rows_*) */
     int64_t out_bits, add_bits; /* 8 or 16 */
     int64_t n;                  /* output channels */
-    const double *scale, *offset, *lo, *hi;
+    const qir_rqblock *rq; /* the requantization (kind 1), packed per 16 channels */
+    int64_t fast;          /* its mode (native_requant.h) */
     const void *addend;
     const int64_t *bias, *mult, *half, *shift;
     int64_t add_mult, add_half, add_shift, p;
@@ -384,9 +377,9 @@ static void epilogue_rows(const qir_epilogue *e, const int32_t *acc, int64_t lda
     char *out = (char *)e->out + m0 * n * (e->out_bits / 8);
     if (e->kind == 1) {
         if (e->out_bits == 8)
-            qir_requant_rows_i8(acc, lda, n, e->scale, e->offset, e->lo, e->hi, (int8_t *)out, 0, rows);
+            qir_requant_rows_i8(acc, lda, n, e->rq, e->fast, (int8_t *)out, 0, rows);
         else
-            qir_requant_rows_i16(acc, lda, n, e->scale, e->offset, e->lo, e->hi, (int16_t *)out, 0, rows);
+            qir_requant_rows_i16(acc, lda, n, e->rq, e->fast, (int16_t *)out, 0, rows);
         return;
     }
     const char *add = (const char *)e->addend + m0 * n * (e->add_bits / 8);
@@ -598,13 +591,12 @@ QUANTIZE_PLANES(qir_quantize_planes_i16, int16_t, -32768.0f, 32767.0f)
  * exported qir_run splits any of them across threads. native.py packs the arrays in the order of
  * the entry point's parameters, by the names qir_task_name lists. */
 #define QIR_A(T, i) ((T)(intptr_t)a[i])
-#define QIR_D(i) QIR_A(const double *, i)
+#define QIR_RQ(i) QIR_A(const qir_rqblock *, i)
 #define QIR_I(i) QIR_A(const int64_t *, i)
 
 #define TASK_REQUANT(T, OUT_T)                                                                              \
     static int64_t task_requant_##T(const int64_t *a, int64_t r0, int64_t r1) {                             \
-        qir_requant_rows_##T(QIR_A(const int32_t *, 0), a[1], a[2], QIR_D(3), QIR_D(4), QIR_D(5), QIR_D(6), \
-                             QIR_A(OUT_T *, 7), r0, r1);                                                    \
+        qir_requant_rows_##T(QIR_A(const int32_t *, 0), a[1], a[2], QIR_RQ(3), a[4], QIR_A(OUT_T *, 5), r0, r1); \
         return 0;                                                                                           \
     }
 TASK_REQUANT(i8, int8_t)
@@ -625,8 +617,8 @@ TASK_FUSED_ADD(i16, i16, int16_t, int16_t)
 #define TASK_DW(T, OUT_T)                                                                                     \
     static int64_t task_dw_##T(const int64_t *a, int64_t r0, int64_t r1) {                                    \
         return qir_dw_rows_##T(QIR_A(const int8_t *, 0), a[1], a[2], a[3], QIR_A(const int8_t *, 4), a[5], a[6], \
-                               a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], QIR_D(15), QIR_D(16),      \
-                               QIR_D(17), QIR_D(18), QIR_A(OUT_T *, 19), r0, r1);                            \
+                               a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], QIR_RQ(15), a[16],          \
+                               QIR_A(OUT_T *, 17), r0, r1);                                                  \
     }
 TASK_DW(i8, int8_t)
 TASK_DW(i16, int16_t)
@@ -635,7 +627,7 @@ TASK_DW(i16, int16_t)
     static int64_t task_dw_vnni_##T(const int64_t *a, int64_t r0, int64_t r1) {                                   \
         return qir_dw_vnni_##T(QIR_A(const int8_t *, 0), a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], \
                                a[11], a[12], a[13], QIR_A(const int8_t *, 14), QIR_A(const int32_t *, 15), a[16],     \
-                               a[17], QIR_D(18), QIR_D(19), QIR_D(20), QIR_D(21), QIR_A(OUT_T *, 22), r0, r1);      \
+                               a[17], QIR_RQ(18), a[19], QIR_A(OUT_T *, 20), r0, r1);                                \
     }
 TASK_DW_VNNI(i8, int8_t)
 TASK_DW_VNNI(i16, int16_t)
@@ -689,16 +681,16 @@ static const struct {
     qir_rows_fn fn;
     int64_t nargs; /* its parameters before r0, r1 */
 } qir_tasks[] = {
-    {"qir_requant_rows_i8", task_requant_i8, 8},
-    {"qir_requant_rows_i16", task_requant_i16, 8},
+    {"qir_requant_rows_i8", task_requant_i8, 6},
+    {"qir_requant_rows_i16", task_requant_i16, 6},
     {"qir_fused_add_rows_i8_i8", task_fused_add_i8_i8, 15},
     {"qir_fused_add_rows_i8_i16", task_fused_add_i8_i16, 15},
     {"qir_fused_add_rows_i16_i8", task_fused_add_i16_i8, 15},
     {"qir_fused_add_rows_i16_i16", task_fused_add_i16_i16, 15},
-    {"qir_dw_rows_i8", task_dw_i8, 20},
-    {"qir_dw_rows_i16", task_dw_i16, 20},
-    {"qir_dw_vnni_i8", task_dw_vnni_i8, 23},
-    {"qir_dw_vnni_i16", task_dw_vnni_i16, 23},
+    {"qir_dw_rows_i8", task_dw_i8, 18},
+    {"qir_dw_rows_i16", task_dw_i16, 18},
+    {"qir_dw_vnni_i8", task_dw_vnni_i8, 21},
+    {"qir_dw_vnni_i16", task_dw_vnni_i16, 21},
     {"qir_im2col_i8", task_im2col_i8, 16},
     {"qir_maxpool_rows_i8", task_maxpool_i8, 15},
     {"qir_maxpool_rows_i16", task_maxpool_i16, 15},

@@ -60,7 +60,7 @@ __all__ = [
 _SRC = Path(__file__).with_name("native.c")
 #: compiled together (the header is part of the cache key)
 _SOURCES = (_SRC, _SRC.with_name("native_pool.c"), _SRC.with_name("native_dw.c"))
-_HEADERS = tuple(_SRC.with_name(f"native_{n}.h") for n in ("pool", "simd", "dw"))
+_HEADERS = tuple(_SRC.with_name(f"native_{n}.h") for n in ("pool", "simd", "dw", "requant"))
 # -fno-trapping-math -fno-math-errno let floor() vectorise; neither changes an IEEE result (no fast-math)
 _FLAGS = [
     "-O3",
@@ -89,18 +89,18 @@ _local = threading.local()  # this Python thread's pool size, set by the runtime
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
 _SIGNATURES: dict[str, list[type]] = {
-    # acc, lda, n, scale, offset, lo, hi, out, r0, r1
-    **{f"qir_requant_rows_{t}": [_P, _I64, _I64, *[_P] * 5, _I64, _I64] for t in ("i8", "i16")},
+    # acc, lda, n, rq, fast, out, r0, r1
+    **{f"qir_requant_rows_{t}": [_P, _I64, _I64, _P, _I64, _P, _I64, _I64] for t in ("i8", "i16")},
     # acc, lda, n, addend, bias, mult, half, shift, add_mult, add_half, add_shift, p, lo, hi, out, r0, r1
     **{
         f"qir_fused_add_rows_{a}_{o}": [_P, _I64, _I64, *[_P] * 5, *[_I64] * 4, *[_P] * 3, _I64, _I64]
         for a in ("i8", "i16")
         for o in ("i8", "i16")
     },
-    # x, h, w, c, wt, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, scale, offset, lo, hi, out, r0, r1
-    **{f"qir_dw_rows_{t}": [_P, *[_I64] * 3, _P, *[_I64] * 10, *[_P] * 5, _I64, _I64] for t in ("i8", "i16")},
-    # x, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, wpk, comp, nrows, gcb, scale, offset, lo, hi, out, u0, u1
-    **{f"qir_dw_vnni_{t}": [_P, *[_I64] * 13, _P, _P, _I64, _I64, *[_P] * 5, _I64, _I64] for t in ("i8", "i16")},
+    # x, h, w, c, wt, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, rq, fast, out, r0, r1
+    **{f"qir_dw_rows_{t}": [_P, *[_I64] * 3, _P, *[_I64] * 10, _P, _I64, _P, _I64, _I64] for t in ("i8", "i16")},
+    # x, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, wpk, comp, nrows, gcb, rq, fast, out, u0, u1
+    **{f"qir_dw_vnni_{t}": [_P, *[_I64] * 13, _P, _P, _I64, _I64, _P, _I64, _P, _I64, _I64] for t in ("i8", "i16")},
     # x, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols, ldc, r0, r1
     "qir_im2col_i8": [_P, *[_I64] * 13, _P, _I64, _I64, _I64],
     # x, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, out, r0, r1
@@ -133,7 +133,9 @@ class Epilogue(ctypes.Structure):
         ("out_bits", _I64),
         ("add_bits", _I64),
         ("n", _I64),
-        *[(f, _P) for f in ("scale", "offset", "lo", "hi", "addend", "bias", "mult", "half", "shift")],
+        ("rq", _P),  # the requantization's parameters, packed per 16 channels (native_requant.h)
+        ("fast", _I64),  # their mode
+        *[(f, _P) for f in ("addend", "bias", "mult", "half", "shift")],
         *[(f, _I64) for f in ("add_mult", "add_half", "add_shift", "p")],
         *[(f, _P) for f in ("lo_i", "hi_i", "out")],
     ]

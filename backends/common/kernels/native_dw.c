@@ -11,7 +11,7 @@
  * at -128 * (sum of the channel's weights), which undoes the + 128; a kernel row that falls in the
  * vertical padding is skipped and its 128 * (row sum) added back instead. int32 arithmetic wraps
  * (vpdpbusd does not saturate), so the sum is exact whenever the true sum fits int32
- * (|sum| <= kh kw 128 * 128, the caller's bound), and the requantization is native.c's, in double.
+ * (|sum| <= kh kw 128 * 128, the caller's bound), and the requantization is native_requant.h's.
  *
  * A part of the pool's work is a range of units u = (channel group, n, oy): groups of gcb channel
  * blocks split a small layer across threads by channels, rows split a large one. Each part keeps
@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "native_requant.h"
 #include "native_simd.h"
 
 #if QIR_VNNI
@@ -97,7 +98,7 @@ static void build_row(const int8_t *restrict xrow, int64_t w, int64_t c, int64_t
     int NAME(const int8_t *restrict x, int64_t h, int64_t w, int64_t c, int64_t kh, int64_t kw, int64_t sh,       \
              int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t oh, int64_t ow,                   \
              const int8_t *restrict wpk, const int32_t *restrict comp, int64_t nrows, int64_t gcb,                \
-             const double *scale, const double *offset, const double *lo, const double *hi, OUT_T *restrict out, \
+             const qir_rqblock *restrict rq, int64_t fast, OUT_T *restrict out,                                   \
              int64_t u0, int64_t u1) {                                                                            \
         const int64_t ncb = (c + 15) / 16, cpad = ncb * 16, g4 = (kw + 3) / 4;                                   \
         /* one group of 4 columns: an entry per output column (es = sw); more: an entry per input column */   \
@@ -132,7 +133,7 @@ static void build_row(const int8_t *restrict xrow, int64_t w, int64_t c, int64_t
             for (int64_t cb = cb0; cb < cb1; ++cb) {                                                              \
                 const int64_t ch = cb * 16;                                                                       \
                 const __mmask16 m = lanes16(c - ch);                                                              \
-                const qir_rq16 q = rq16_load(scale + ch, offset + ch, lo + ch, hi + ch, m);                       \
+                const qir_rqv q = rqv_load(rq + cb);                                                              \
                 /* -128 * (all weights) + 128 * (the weights of the rows left out) */                           \
                 __m512i init = _mm512_loadu_si512((const void *)(comp + kh * cpad + ch));                         \
                 for (int64_t i = 0, v = 0; i < kh; ++i) {                                                         \
@@ -161,7 +162,7 @@ static void build_row(const int8_t *restrict xrow, int64_t w, int64_t c, int64_t
                         QIR_DPBUSD(acc, _mm512_loadu_si512((const void *)(e0 + xo * 64)), w0);                    \
                         QIR_DPBUSD(acc, _mm512_loadu_si512((const void *)(e1 + xo * 64)), w1);                    \
                         QIR_DPBUSD(acc, _mm512_loadu_si512((const void *)(e2 + xo * 64)), w2);                    \
-                        QIR_STORE16(OUT_T, o, m, rq16_apply(acc, &q));                                            \
+                        QIR_STORE16(OUT_T, o, m, rqv_apply(acc, &q, fast));                                       \
                     }                                                                                             \
                 }                                                                                                 \
                 for (; xo < ow; ++xo, o += c) {                                                                   \
@@ -173,7 +174,7 @@ static void build_row(const int8_t *restrict xrow, int64_t w, int64_t c, int64_t
                             QIR_DPBUSD(acc, _mm512_loadu_si512((const void *)(e + 4 * g * dw * 64)),              \
                                        _mm512_loadu_si512((const void *)(wk + g * 64)));                          \
                     }                                                                                             \
-                    QIR_STORE16(OUT_T, o, m, rq16_apply(acc, &q));                                                \
+                    QIR_STORE16(OUT_T, o, m, rqv_apply(acc, &q, fast));                                           \
                 }                                                                                                 \
             }                                                                                                     \
         }                                                                                                         \
@@ -186,11 +187,11 @@ DW_VNNI(qir_dw_vnni_i16, int16_t)
 #define DW_VNNI_ABSENT(NAME, OUT_T)                                                                               \
     int NAME(const int8_t *x, int64_t h, int64_t w, int64_t c, int64_t kh, int64_t kw, int64_t sh, int64_t sw,    \
              int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t oh, int64_t ow, const int8_t *wpk,            \
-             const int32_t *comp, int64_t nrows, int64_t gcb, const double *scale, const double *offset,          \
-             const double *lo, const double *hi, OUT_T *out, int64_t u0, int64_t u1) {                            \
+             const int32_t *comp, int64_t nrows, int64_t gcb, const qir_rqblock *rq, int64_t fast, OUT_T *out,    \
+             int64_t u0, int64_t u1) {                                                                            \
         (void)x, (void)h, (void)w, (void)c, (void)kh, (void)kw, (void)sh, (void)sw, (void)ph, (void)pw, (void)dh; \
-        (void)dw, (void)oh, (void)ow, (void)wpk, (void)comp, (void)nrows, (void)gcb, (void)scale, (void)offset;   \
-        (void)lo, (void)hi, (void)out, (void)u0, (void)u1;                                                        \
+        (void)dw, (void)oh, (void)ow, (void)wpk, (void)comp, (void)nrows, (void)gcb, (void)rq, (void)fast;        \
+        (void)out, (void)u0, (void)u1;                                                                            \
         return 1;                                                                                                 \
     }
 DW_VNNI_ABSENT(qir_dw_vnni_i8, int8_t)
