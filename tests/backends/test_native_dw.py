@@ -143,12 +143,13 @@ print("vnni" if native.has_vnni() else "no vnni")
 
 @pytest.mark.parametrize(
     ("flags", "vnni"),
-    [("-mno-avx512vbmi", "vnni"), ("-mno-avx512f", "no vnni")],
-    ids=["vnni-without-vpermb", "without-avx512"],
+    [("-mno-avx512vbmi", "vnni"), ("-mno-avx512f", "no vnni"), ("-mno-avx512f -mno-avx2", "no vnni")],
+    ids=["vnni-without-vpermb", "without-avx512", "without-avx2"],
 )
 def test_builds_without_vbmi_or_avx512_compute_the_same_codes(flags: str, vnni: str, tmp_path: Path) -> None:
-    """The interleave without vpermb (AVX-512 VNNI CPUs without VBMI) and the one-tap loop without
-    AVX-512, each built with the instructions switched off (``QIR_NATIVE_CFLAGS``) in a subprocess."""
+    """The interleave without vpermb (AVX-512 VNNI CPUs without VBMI), the AVX2 loop without AVX-512
+    and the portable loop without AVX2, each built with the instructions switched off
+    (``QIR_NATIVE_CFLAGS``) in a subprocess."""
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "QIR_NATIVE_CFLAGS": flags, "QIR_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(root)}
     proc = subprocess.run(

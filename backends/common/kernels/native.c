@@ -208,6 +208,76 @@ DW_ROWS(dw_rows_generic_i16, int16_t)
 DW_ROWS_AVX512(dw_rows_avx512_i8, int8_t)
 DW_ROWS_AVX512(dw_rows_avx512_i16, int16_t)
 #define QIR_DW_IMPL(t) dw_rows_avx512_##t
+#elif QIR_AVX2
+/* The same depthwise conv with AVX2 (CPUs without AVX-512): 8 channels of one output row per
+ * register, the block's requantization parameters loaded once per row, each tap one vpmaddwd on the
+ * code sign-extended to 32 bits and the weight in the low half of a lane whose high half is zero
+ * (the pair's second product is 0), as the AVX-512 loop's vpdpwssd. The taps inside the input are
+ * found once per output pixel; channels past the last multiple of 8 take the scalar loop. */
+#define DW_ROWS_AVX2(NAME, OUT_T)                                                                         \
+    static int NAME(const int8_t *restrict x, int64_t h, int64_t w, int64_t c, const int8_t *restrict wt,  \
+                    int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,     \
+                    int64_t dw, int64_t oh, int64_t ow, const qir_rqblock *restrict rq, int64_t fast,      \
+                    OUT_T *restrict out, int64_t r0, int64_t r1) {                                         \
+        const int64_t c8 = c / 8 * 8, taps = kh * kw;                                                      \
+        int32_t *w32 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(taps * (c8 > 0 ? c8 : 1)));           \
+        if (!w32) return 1;                                                                                \
+        for (int64_t t = 0; t < taps; ++t)                                                                 \
+            for (int64_t k = 0; k < c8; ++k) w32[t * c8 + k] = (int32_t)(uint16_t)(int16_t)wt[t * c + k];  \
+        for (int64_t r = r0; r < r1; ++r) {                                                                \
+            const int64_t b = r / oh, y = r % oh;                                                          \
+            const int8_t *xb = x + b * h * w * c;                                                          \
+            int64_t i0 = 0, i1 = kh; /* the kernel rows inside the input: [i0, i1) */                     \
+            while (i0 < kh && y * sh - ph + i0 * dh < 0) ++i0;                                             \
+            while (i1 > i0 && y * sh - ph + (i1 - 1) * dh >= h) --i1;                                      \
+            for (int64_t cb = 0; cb < c8; cb += 8) {                                                       \
+                const qir_rq8 q = rq8_load(rq + cb / 16, (int)(cb % 16) / 8);                              \
+                int32_t lanes[8];                                                                          \
+                for (int64_t xo = 0; xo < ow; ++xo) {                                                      \
+                    int64_t j0 = 0, j1 = kw;                                                               \
+                    while (j0 < kw && xo * sw - pw + j0 * dw < 0) ++j0;                                    \
+                    while (j1 > j0 && xo * sw - pw + (j1 - 1) * dw >= w) --j1;                             \
+                    __m256i a = _mm256_setzero_si256();                                                    \
+                    for (int64_t i = i0; i < i1; ++i) {                                                    \
+                        const int8_t *row = xb + (y * sh - ph + i * dh) * w * c + cb;                      \
+                        const int32_t *pk = w32 + i * kw * c8 + cb;                                        \
+                        for (int64_t j = j0; j < j1; ++j) {                                                \
+                            const int8_t *px = row + (xo * sw - pw + j * dw) * c;                          \
+                            const __m256i xv = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)px)); \
+                            a = _mm256_add_epi32(a, _mm256_madd_epi16(xv, _mm256_loadu_si256((const __m256i *)(pk + j * c8)))); \
+                        }                                                                                  \
+                    }                                                                                      \
+                    OUT_T *o = out + (r * ow + xo) * c + cb;                                               \
+                    if (fast) {                                                                            \
+                        const __m256i v = rq8_apply(a, &q);                                                \
+                        QIR_STORE8(OUT_T, o, v);                                                           \
+                    } else {                                                                               \
+                        _mm256_storeu_si256((__m256i *)lanes, a);                                          \
+                        for (int k = 0; k < 8; ++k)                                                        \
+                            o[k] = (OUT_T)rq_scalar(rq + cb / 16, (int)(cb % 16) + k, lanes[k], 0);        \
+                    }                                                                                      \
+                }                                                                                          \
+            }                                                                                              \
+            for (int64_t xo = 0; xo < ow && c8 < c; ++xo) {                                                \
+                for (int64_t k = c8; k < c; ++k) {                                                         \
+                    int32_t a = 0;                                                                         \
+                    for (int64_t i = i0; i < i1; ++i) {                                                    \
+                        const int64_t yi = y * sh - ph + i * dh;                                           \
+                        for (int64_t j = 0; j < kw; ++j) {                                                 \
+                            const int64_t xi = xo * sw - pw + j * dw;                                      \
+                            if (xi >= 0 && xi < w) a += (int32_t)xb[(yi * w + xi) * c + k] * wt[(i * kw + j) * c + k]; \
+                        }                                                                                  \
+                    }                                                                                      \
+                    out[(r * ow + xo) * c + k] = (OUT_T)rq_scalar(rq + k / 16, (int)(k % 16), a, fast);    \
+                }                                                                                          \
+            }                                                                                              \
+        }                                                                                                  \
+        free(w32);                                                                                         \
+        return 0;                                                                                          \
+    }
+DW_ROWS_AVX2(dw_rows_avx2_i8, int8_t)
+DW_ROWS_AVX2(dw_rows_avx2_i16, int16_t)
+#define QIR_DW_IMPL(t) dw_rows_avx2_##t
 #else
 #define QIR_DW_IMPL(t) dw_rows_generic_##t
 #endif
@@ -218,7 +288,7 @@ DW_ROWS_AVX512(dw_rows_avx512_i16, int16_t)
                         int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, \
                         int64_t oh, int64_t ow, const qir_rqblock *rq, int64_t fast, OUT_T *out, int64_t r0, \
                         int64_t r1) {                                                                       \
-        if (0) (void)dw_rows_generic_##T; /* kept for builds without AVX-512 */                          \
+        if (0) (void)dw_rows_generic_##T; /* kept for builds without AVX-512 or AVX2 */                          \
         return QIR_DW_IMPL(T)(x, h, w, c, wt, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, rq, fast, out, r0, r1); \
     }
 DW_EXPORT(i8, int8_t)
