@@ -79,11 +79,16 @@ def _reference(acc: torch.Tensor, addend: torch.Tensor | None, c: dict[str, Any]
 def _params(draw: st.DrawFn, c_out: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     add = None
-    if draw(st.booleans()):
-        add = (draw(st.integers(0, 2**31 - 1)), draw(st.integers(0, 40)), draw(st.integers(0, 8)))
+    # the fused add's step onto its intermediate grid takes 31-bit multipliers and shifts up to 62 (the rule's
+    # range; both modes of the packed requantization), the plain requantization the marches' 15 bits and 31
+    wide = draw(st.booleans())
+    if wide:
+        add = (draw(st.integers(0, 2**31 - 1)), draw(st.integers(0, 62)), draw(st.integers(0, 8)))
     return {
-        "mult": torch.randint(0, 32768, (c_out,), generator=g),
-        "shift": torch.randint(0, 32, (c_out,), generator=g),
+        "mult": torch.randint(0, 2**31 if wide else 32768, (c_out,), generator=g),
+        "shift": torch.randint(
+            draw(st.sampled_from([0, 20, 32])) if wide else 0, 63 if wide else 32, (c_out,), generator=g
+        ),
         "bias": torch.randint(-(2**20), 2**20, (c_out,), generator=g),
         "relu6": torch.randint(0, 128, (c_out,), generator=g),
         "act": draw(st.sampled_from([None, "relu", "relu6"])),

@@ -125,6 +125,9 @@ class FusedRequant:
     out_dtype: torch.dtype
     add: tuple[int, int, int, int] | None  # (multiplier, half, shift, extra_bits) of the fused add
     lib: Any  # the loaded native library (ctypes.CDLL)
+    # the fused add's two requantizations onto its intermediate grid, packed as rq with the int32 range as
+    # their clamp (the accumulator's per channel; the addend's in one block of 16 equal lanes), and their modes
+    add_packs: tuple[torch.Tensor, bool, torch.Tensor, bool] | None = None
 
     def __post_init__(self) -> None:
         # the C loops index every per-channel array with c < n: checked once here, not on every call
@@ -135,6 +138,10 @@ class FusedRequant:
         blocks = -(-n // 16)  # the C loops read whole blocks of 16 channels' parameters
         if not (self.rq.is_contiguous() and self.rq.dtype == torch.int64 and self.rq.numel() == blocks * BLOCK_INT64):
             raise ValueError(f"native requantization: the packed parameters must hold {blocks} blocks")
+        if self.add_packs is not None:
+            rq_mid, _, rq_add, _ = self.add_packs  # the fused add's: one block per 16 channels, and one block
+            if not (rq_mid.numel() == blocks * BLOCK_INT64 and rq_add.numel() == BLOCK_INT64):
+                raise ValueError(f"fused add: the packed requantizations must hold {blocks} blocks and 1 block")
 
     @property
     def n(self) -> int:
@@ -184,11 +191,17 @@ def fused_requant(
             return None  # min(clamp(v), bound) is one range only while the bound is above the lower end
     half = _half(s)
     fused_add = None
+    add_packs: tuple[torch.Tensor, bool, torch.Tensor, bool] | None = None
     if add is not None:
         am, ash, p = add
         if not (0 <= ash <= 62 and 0 <= p <= 62 and 0 <= am < 2**31):
             return None
         fused_add = (am, (1 << ash) >> 1, ash, p)
+        i32 = (torch.full((n,), -(2**31)), torch.full((n,), 2**31 - 1))
+        rq_mid, fast_mid = pack_requant(m, s, b, *i32)
+        one = torch.ones(16, dtype=torch.int64)
+        rq_add, fast_add = pack_requant(one * am, one * ash, one * 0, one * -(2**31), one * (2**31 - 1))
+        add_packs = (rq_mid, fast_mid, rq_add, fast_add)
     lo_t = torch.full((n,), lo, dtype=torch.int64)
     rq, fast = pack_requant(m, s, b, lo_t, hi_t)
     return FusedRequant(
@@ -203,6 +216,7 @@ def fused_requant(
         out_dtype=_CODE_DTYPES[out_dtype],
         add=fused_add,
         lib=lib,
+        add_packs=add_packs,
     )
 
 
@@ -431,6 +445,9 @@ def _epilogue(
         e.bias, e.mult, e.half, e.shift = p(fr.bias), p(fr.mult), p(fr.half), p(fr.shift)
         e.add_mult, e.add_half, e.add_shift, e.p = fr.add
         e.lo_i, e.hi_i = p(fr.lo_i), p(fr.hi_i)
+        if fr.add_packs is not None:
+            rq_mid, fast_mid, rq_add, fast_add = fr.add_packs
+            e.rq_mid, e.fast_mid, e.rq_add, e.fast_add = p(rq_mid), int(fast_mid), p(rq_add), int(fast_add)
     if st is not None:
         st.epilogue = (key, e)
     return e, addend

@@ -440,7 +440,52 @@ typedef struct {
     int64_t add_mult, add_half, add_shift, p;
     const int64_t *lo_i, *hi_i;
     void *out;
+    /* the fused add's two requantizations onto the intermediate grid, packed (native_requant.h) with the
+     * int32 range as their clamp: the accumulator's per channel, the addend's in one block of 16 equal lanes */
+    const qir_rqblock *rq_mid, *rq_add;
+    int64_t fast_mid, fast_add;
 } qir_epilogue;
+
+#if QIR_VNNI
+/* qir_fused_add_rows_* on 16 channels at a time: x and y as the plain requantization computes them
+ * (clamped to int32), their sum and the final shift by p in 64-bit lanes, saturated to int32 (the
+ * final range lies inside it) and clamped to the channel's range (rq's lo, hi). */
+#define FUSED_ADD_VEC(NAME, ADD_T, OUT_T)                                                                    \
+    static void NAME(const qir_epilogue *e, const int32_t *restrict acc, int64_t lda, const ADD_T *restrict d, \
+                     OUT_T *restrict out, int64_t rows) {                                                    \
+        const int64_t n = e->n;                                                                              \
+        const qir_rqv qy = rqv_load(e->rq_add);                                                              \
+        const __m128i pc = _mm_cvtsi64_si128(e->p);                                                          \
+        const __m512i hp = _mm512_set1_epi64(e->p > 0 ? (int64_t)1 << (e->p - 1) : 0);                       \
+        for (int64_t c = 0; c < n; c += 16) {                                                                \
+            const __mmask16 m = lanes16(n - c);                                                              \
+            const qir_rqv qx = rqv_load(e->rq_mid + c / 16);                                                 \
+            const __m512i lo = _mm512_loadu_si512((const void *)e->rq[c / 16].lo);                           \
+            const __m512i hi = _mm512_loadu_si512((const void *)e->rq[c / 16].hi);                           \
+            for (int64_t r = 0; r < rows; ++r) {                                                             \
+                const __m512i a = _mm512_maskz_loadu_epi32(m, acc + r * lda + c);                            \
+                const __m512i dv = sizeof(ADD_T) == 1                                                        \
+                                       ? _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, d + r * n + c))        \
+                                       : _mm512_cvtepi16_epi32(_mm256_maskz_loadu_epi16(m, d + r * n + c));  \
+                const __m512i x = rqv_apply(a, &qx, e->fast_mid), y = rqv_apply(dv, &qy, e->fast_add);       \
+                __m512i s0 = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(x)),              \
+                                              _mm512_cvtepi32_epi64(_mm512_castsi512_si256(y)));             \
+                __m512i s1 = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(x, 1)),        \
+                                              _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(y, 1)));       \
+                s0 = _mm512_sra_epi64(_mm512_add_epi64(s0, hp), pc);                                         \
+                s1 = _mm512_sra_epi64(_mm512_add_epi64(s1, hp), pc);                                         \
+                __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtsepi64_epi32(s0)),            \
+                                               _mm512_cvtsepi64_epi32(s1), 1);                               \
+                v = _mm512_min_epi32(_mm512_max_epi32(v, lo), hi);                                           \
+                QIR_STORE16(OUT_T, out + r * n + c, m, v);                                                   \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+FUSED_ADD_VEC(fused_add_vec_i8_i8, int8_t, int8_t)
+FUSED_ADD_VEC(fused_add_vec_i8_i16, int8_t, int16_t)
+FUSED_ADD_VEC(fused_add_vec_i16_i8, int16_t, int8_t)
+FUSED_ADD_VEC(fused_add_vec_i16_i16, int16_t, int16_t)
+#endif
 
 static void epilogue_rows(const qir_epilogue *e, const int32_t *acc, int64_t lda, int64_t m0, int64_t m1) {
     const int64_t n = e->n, rows = m1 - m0;
@@ -453,6 +498,15 @@ static void epilogue_rows(const qir_epilogue *e, const int32_t *acc, int64_t lda
         return;
     }
     const char *add = (const char *)e->addend + m0 * n * (e->add_bits / 8);
+#if QIR_VNNI
+    if (e->rq_mid && e->rq_add) {
+        if (e->add_bits == 8 && e->out_bits == 8) fused_add_vec_i8_i8(e, acc, lda, (const int8_t *)add, (int8_t *)out, rows);
+        else if (e->add_bits == 8) fused_add_vec_i8_i16(e, acc, lda, (const int8_t *)add, (int16_t *)out, rows);
+        else if (e->out_bits == 8) fused_add_vec_i16_i8(e, acc, lda, (const int16_t *)add, (int8_t *)out, rows);
+        else fused_add_vec_i16_i16(e, acc, lda, (const int16_t *)add, (int16_t *)out, rows);
+        return;
+    }
+#endif
 #define QIR_FA(F, AT, OT)                                                                                 \
     F(acc, lda, n, (const AT *)add, e->bias, e->mult, e->half, e->shift, e->add_mult, e->add_half, e->add_shift, \
       e->p, e->lo_i, e->hi_i, (OT *)out, 0, rows)

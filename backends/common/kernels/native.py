@@ -138,6 +138,9 @@ class Epilogue(ctypes.Structure):
         *[(f, _P) for f in ("addend", "bias", "mult", "half", "shift")],
         *[(f, _I64) for f in ("add_mult", "add_half", "add_shift", "p")],
         *[(f, _P) for f in ("lo_i", "hi_i", "out")],
+        # the fused add's requantizations onto the intermediate grid, packed (None: the scalar loop)
+        *[(f, _P) for f in ("rq_mid", "rq_add")],
+        *[(f, _I64) for f in ("fast_mid", "fast_add")],
     ]
 
 
