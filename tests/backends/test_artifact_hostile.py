@@ -340,3 +340,27 @@ def test_a_forged_power_of_sizes_is_bounded(forge: Forge) -> None:
     # refused at load: shape inference evaluates the bounded pow at the declared shapes
     with pytest.raises(ArtifactError, match=r"shape_fn for 'flatten': .*3 \*\* 1073741824 would have more than 4096"):
         qir.load_compiled(forge(edit), max_memory=None)
+
+
+@pytest.mark.parametrize(("repeats", "want"), [(False, "loads and runs"), (True, "run: hang (> 10 s)")])
+def test_fuzzer_counts_a_hang_only_when_it_repeats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repeats: bool, want: str
+) -> None:
+    """A case is deterministic: a hang times out again, a stall of a loaded machine does not. The
+    retry's class counts and the stall is reported."""
+    import types
+
+    from benchmarks import fuzz_artifact
+
+    calls: list[Path] = []
+
+    def stalling(path: Path, inputs: Any, timeout: float) -> str:
+        calls.append(path)
+        return "run: hang (> 10 s)" if len(calls) == 1 or repeats else "loads and runs"
+
+    monkeypatch.setattr(fuzz_artifact, "classify", stalling)
+    monkeypatch.setattr(fuzz_artifact, "mutate", lambda rng, seed: ("m", b"bytes"))
+    seed = types.SimpleNamespace(name="s", inputs=())
+    counts, _, stalls = fuzz_artifact.fuzz([seed], 1, 0, tmp_path)
+    assert len(calls) == 2 and dict(counts) == {want: 1} and stalls == (0 if repeats else 1)
+    assert ("within it when run again" in fuzz_artifact.table(counts, {}, stalls)) is not repeats
