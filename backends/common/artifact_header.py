@@ -22,6 +22,7 @@ __all__ = [
     "MAX_DIM",
     "MAX_NAME_CHARS",
     "MAX_RANK",
+    "MAX_SEQUENCE_ITEMS",
     "HeaderError",
     "TensorEntry",
     "check_program_header",
@@ -34,6 +35,8 @@ __all__ = [
 MAX_DIM = 2**31 - 1
 #: Largest rank of a stored tensor.
 MAX_RANK = 16
+#: Most elements of one list / tuple input (``program.meta.input_shapes[i].items``).
+MAX_SEQUENCE_ITEMS = 4096
 #: Longest value / tensor / kernel name.
 MAX_NAME_CHARS = 1024
 
@@ -182,6 +185,14 @@ def _outputs(v: Any, field: str) -> None:
         raise HeaderError(field, f"must be a value name or an array / $tuple / $dict of them, got {_kind(v)}")
 
 
+def _shape(s: Any, field: str) -> None:
+    _expect(s, list, field, 'an array of integers, null, or {"items": [...]} for a list input')
+    if len(s) > MAX_RANK:
+        raise HeaderError(field, f"rank {len(s)} is over the limit of {MAX_RANK}")
+    for j, d in enumerate(s):
+        _int_in(d, f"{field}[{j}]", 0, MAX_DIM)
+
+
 def check_program_header(h: Any, marches: Iterable[str], kernels: Iterable[str], tensors: Iterable[str]) -> None:
     """The program part of the header: march known, names well formed, every instruction an object
     with the six fields of the right types, calling a known kernel, naming stored constants."""
@@ -207,11 +218,17 @@ def check_program_header(h: Any, marches: Iterable[str], kernels: Iterable[str],
             for i, s in enumerate(shapes):
                 if s is None:
                     continue
-                _expect(s, list, f"{f}[{i}]", "an array of integers or null")
-                if len(s) > MAX_RANK:
-                    raise HeaderError(f"{f}[{i}]", f"rank {len(s)} is over the limit of {MAX_RANK}")
-                for j, d in enumerate(s):
-                    _int_in(d, f"{f}[{i}][{j}]", 0, MAX_DIM)
+                if isinstance(s, dict):  # a list / tuple input: {"items": [shape, ...]}
+                    _keys(s, {"items"}, f"{f}[{i}]")
+                    _expect(s["items"], list, f"{f}[{i}].items", "an array of shapes, one per element")
+                    if not 0 < len(s["items"]) <= MAX_SEQUENCE_ITEMS:
+                        raise HeaderError(
+                            f"{f}[{i}].items", f"has {len(s['items'])} shapes; 1 to {MAX_SEQUENCE_ITEMS} are allowed"
+                        )
+                    for k, item in enumerate(s["items"]):
+                        _shape(item, f"{f}[{i}].items[{k}]")
+                    continue
+                _shape(s, f"{f}[{i}]")
         if "exact_input_shapes" in h["meta"]:
             _expect(h["meta"]["exact_input_shapes"], bool, "program.meta.exact_input_shapes", "true or false")
         if "specialized" in h["meta"]:

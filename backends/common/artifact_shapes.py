@@ -45,7 +45,7 @@ class MemoryPlan:
 
     peak_bytes: int
     peak_instruction: int
-    input_shapes: list[list[int]]
+    input_shapes: list[Any]
 
 
 def _tensors(v: Any) -> Iterator[torch.Tensor]:
@@ -68,13 +68,33 @@ def _abstract(v: Any, where: str) -> Any:
     return v
 
 
-def input_shapes(program: Program) -> list[list[int]] | None:
+def input_shapes(program: Program) -> list[Any] | None:
+    """One declared shape per input: a list of ints for a tensor, a tuple of such lists for a list /
+    tuple input (``{"items": [...]}`` in the header); None when an input has none."""
     shapes = program.meta.get("input_shapes")
     if not isinstance(shapes, list) or len(shapes) != len(program.inputs):
         return None
-    if any(not isinstance(s, list) for s in shapes):
-        return None
-    return [[int(d) for d in s] for s in shapes]
+    out: list[Any] = []
+    for s in shapes:
+        if isinstance(s, dict) and isinstance(s.get("items"), list):
+            if not all(isinstance(item, list) for item in s["items"]):
+                return None
+            out.append(tuple([int(d) for d in item] for item in s["items"]))
+        elif isinstance(s, list):
+            out.append([int(d) for d in s])
+        else:
+            return None
+    return out
+
+
+def _each_shape(declared: Any) -> list[list[int]]:
+    return list(declared) if isinstance(declared, tuple) else [declared]
+
+
+def _meta_input(declared: Any, dtype: torch.dtype) -> Any:
+    if isinstance(declared, tuple):
+        return [torch.empty(s, dtype=dtype, device="meta") for s in declared]
+    return torch.empty(declared, dtype=dtype, device="meta")
 
 
 def infer_program(
@@ -108,8 +128,9 @@ def infer_program(
     for v, i in last_use.items():
         if v not in keep:
             frees.setdefault(i, []).append(v)
-    for i, s in enumerate(shapes):
-        n = math.prod(s) * 4
+    for i, declared in enumerate(shapes):
+        n = sum(math.prod(s) * 4 for s in _each_shape(declared))
+        s = declared if isinstance(declared, list) else [list(x) for x in declared]
         if n > (max_memory if max_memory is not None else 2**62):
             raise HeaderError(
                 f"program.meta.input_shapes[{i}]",
@@ -117,7 +138,7 @@ def infer_program(
                 f"{_human(max_memory if max_memory is not None else 2**62)}",
             )
     env: dict[str, Any] = {
-        name: torch.empty(shape, dtype=dt, device="meta")
+        name: _meta_input(shape, dt)
         for name, shape, dt in zip(program.inputs, shapes, input_dtypes or [torch.float32] * len(shapes), strict=True)
     }
     live = sum(_nbytes(v) for v in env.values())

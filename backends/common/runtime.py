@@ -142,21 +142,39 @@ class CompiledModel:
         for i, (x, want) in enumerate(zip(inputs, declared, strict=False)):
             if want is None:
                 continue
-            if not isinstance(x, torch.Tensor):
-                raise InputError(
-                    f"compiled model{self._where()}: input {i} must be a tensor of shape {want}, got {type(x).__name__}"
-                )
-            got = list(x.shape)
-            if len(got) != len(want) or sum(g != w for g, w in zip(got, want, strict=True)) > free:
-                which = (
-                    "only the batch dimension may differ"
-                    if free
-                    else "exactly: its forward's Python code read sizes, see program.meta['specialized']"
-                )
-                raise InputError(
-                    f"compiled model{self._where()}: input {i} has shape {got}; it was compiled for {want} "
-                    f"({which}): compile again for this shape"
-                )
+            if isinstance(want, dict):  # a list / tuple input: its length was fixed when the forward was traced
+                items = want.get("items", [])
+                if not isinstance(x, (list, tuple)):
+                    raise InputError(
+                        f"compiled model{self._where()}: input {i} must be a list or tuple of {len(items)} tensors, "
+                        f"got {type(x).__name__}"
+                    )
+                if len(x) != len(items):
+                    raise InputError(
+                        f"compiled model{self._where()}: input {i} has {len(x)} elements, but the model was compiled "
+                        f"for {len(items)} (its traced forward read that many): pass {len(items)}, or compile again"
+                    )
+                for k, (t, shape) in enumerate(zip(x, items, strict=True)):
+                    self._check_tensor(t, shape, free, f"input {i}[{k}]")
+                continue
+            self._check_tensor(x, want, free, f"input {i}")
+
+    def _check_tensor(self, x: Any, want: list[int], free: int, what: str) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise InputError(
+                f"compiled model{self._where()}: {what} must be a tensor of shape {want}, got {type(x).__name__}"
+            )
+        got = list(x.shape)
+        if len(got) != len(want) or sum(g != w for g, w in zip(got, want, strict=True)) > free:
+            which = (
+                "only the batch dimension may differ"
+                if free
+                else "exactly: its forward's Python code read sizes, see program.meta['specialized']"
+            )
+            raise InputError(
+                f"compiled model{self._where()}: {what} has shape {got}; it was compiled for {want} "
+                f"({which}): compile again for this shape"
+            )
 
     def _where(self) -> str:
         return f" '{self.source}'" if self.source else ""

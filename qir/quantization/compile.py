@@ -64,6 +64,17 @@ def _inputs(example_inputs: Any) -> tuple[Any, ...]:
     )
 
 
+def declared_shape(x: Any) -> Any:
+    """What ``program.meta.input_shapes`` records for one example input: a tensor's shape, or for a
+    list / tuple of tensors (an FPN head's ``feats``) ``{"items": [shape, ...]}``, which fixes its
+    length as the traced forward did; None for anything else (not checked at run)."""
+    if isinstance(x, torch.Tensor):
+        return list(x.shape)
+    if isinstance(x, (list, tuple)) and x and all(isinstance(t, torch.Tensor) for t in x):
+        return {"items": [list(t.shape) for t in x]}
+    return None
+
+
 def _resolve(module: nn.Module) -> nn.Module:
     if isinstance(module, (torch.jit.ScriptModule, torch.jit.ScriptFunction)):
         if not isinstance(module, torch.jit.ScriptModule):
@@ -284,7 +295,7 @@ def compile_model(
             "name": name or type(root).__name__,
             "input_source": sources or ["ddr"] * len(inputs),
             # checked on every call: a program lowered for one input size is only exact at that size
-            "input_shapes": [list(x.shape) if isinstance(x, torch.Tensor) else None for x in inputs],
+            "input_shapes": [declared_shape(x) for x in inputs],
             "torch": torch.__version__,
         }
     )

@@ -130,6 +130,14 @@ def test_missing_file(tmp_path: Path) -> None:
         ("exact_input_shapes", "yes", r"program\.meta\.exact_input_shapes: must be true or false"),
         ("specialized", "one line", r"program\.meta\.specialized: must be an array of strings"),
         ("specialized", ["ok", 3], r"program\.meta\.specialized\[1\]: must be a string"),
+        # a list input's declared shapes: {"items": [shape, ...]}, checked like a tensor's
+        ("input_shapes", [{"items": []}], r"input_shapes\[0\]\.items: has 0 shapes; 1 to 4096 are allowed"),
+        ("input_shapes", [{"items": [[1]] * 4097}], r"input_shapes\[0\]\.items: has 4097 shapes"),
+        ("input_shapes", [{"items": [[1, -2]]}], r"input_shapes\[0\]\.items\[0\]\[1\]"),
+        ("input_shapes", [{"items": [[1] * 40]}], r"input_shapes\[0\]\.items\[0\]: rank 40 is over the limit"),
+        ("input_shapes", [{"items": [[1]], "fn": "x"}], r"input_shapes\[0\]: unknown key\(s\) 'fn'"),
+        ("input_shapes", [{"item": [[1]]}], r"input_shapes\[0\]: missing key\(s\) items"),
+        ("input_shapes", ["2x2"], r"input_shapes\[0\]: must be an array of integers, null, or"),
     ],
 )
 def test_specialization_fields_are_validated(

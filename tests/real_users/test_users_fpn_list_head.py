@@ -12,15 +12,24 @@ error says to pass them."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 from names_flow import fx_flow
 from torch import nn
 
+from backends.common.runtime import InputError
 from qir.frontend.tracer import TraceError
 from qir.march import March, march_scope
-from qir.quantization import DeQuantStub, QuantStub, get_default_qat_qconfig, prepare_qat_fx
+from qir.quantization import (
+    DeQuantStub,
+    QuantStub,
+    compile_model,
+    get_default_qat_qconfig,
+    load_compiled,
+    prepare_qat_fx,
+)
 
 
 class FCOSHead(nn.Module):
@@ -82,3 +91,24 @@ def test_the_list_head_calibrates_trains_converts_and_compiles() -> None:
     # the forward read the list's length: the converted model refuses a list of another length
     with pytest.raises(ValueError, match=r"input 'feats' has 2 elements, but the model was traced for 3"):
         result.converted(_levels()[0][:2])
+
+
+def test_the_compiled_head_checks_the_list_length_and_each_level_shape(tmp_path: Path) -> None:
+    result = fx_flow(FCOSHead().eval(), _levels, steps=1, example_inputs=True)
+    levels = result.inputs[0]
+    compile_model(result.converted, list(result.inputs), hbm=tmp_path / "head.hbm")
+    loaded = load_compiled(tmp_path / "head.hbm")  # the memory bound is computed from the declared list
+    assert loaded.program.meta["input_shapes"] == [{"items": [list(t.shape) for t in levels]}]
+    got, want = loaded(levels), result.converted(levels)
+    assert all(torch.equal(a, b) for a, b in zip(got[0] + got[1], want[0] + want[1], strict=True))
+    # as the converted model does, the program refuses a list of another length (it indexed a missing
+    # level, or silently dropped the extra one, before) and a level of another size
+    with pytest.raises(InputError, match=r"input 0 has 2 elements, but the model was compiled for 3"):
+        loaded(levels[:2])
+    with pytest.raises(InputError, match=r"input 0 has 4 elements"):
+        loaded([*levels, levels[0]])
+    with pytest.raises(InputError, match=r"must be a list or tuple of 3 tensors, got Tensor"):
+        loaded(levels[0])
+    with pytest.raises(InputError, match=r"input 0\[1\] has shape \[2, 8, 5, 5\]; it was compiled for \[2, 8, 8, 8\]"):
+        loaded([levels[0], torch.randn(2, 8, 5, 5), levels[2]])
+    assert all(o.shape[0] == 1 for o in loaded([t[:1] for t in levels])[0])  # the batch stays free
