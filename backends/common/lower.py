@@ -351,10 +351,37 @@ def bind(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any])
     return dict(b.arguments)
 
 
+#: dtypes of the constant tensors a ``constant`` instruction may hold (a buffer the model reads)
+_STORED_DTYPES = (torch.float32, torch.int64, torch.int32, torch.int16, torch.int8)
+
+
+def stored_constants(ctx: LowerContext, node: Named, v: Any) -> Any:
+    """``v`` with each tensor in it (a buffer or parameter the model reads: a BEV grid repeated over
+    the batch, a decoder's anchor grid) stored in the program and read by a ``constant`` instruction:
+    instruction attributes hold plain data only."""
+    if isinstance(v, torch.Tensor):
+        if v.dtype not in _STORED_DTYPES:
+            raise LoweringError(
+                f"node '{node.name}': reads a {v.dtype} constant; a program stores float32, int64 and integer-code "
+                "constants (register the buffer as float32)"
+            )
+        c = ctx.const(f"{node.name}.const", v.detach())
+        return ValueRef(ctx.emit("constant", [], {}, {"value": c}, node.name, f"{node.name}_const"))
+    if isinstance(v, list):
+        return [stored_constants(ctx, node, x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(stored_constants(ctx, node, x) for x in v)
+    if isinstance(v, dict):
+        return {k: stored_constants(ctx, node, x) for k, x in v.items()}
+    return v
+
+
 def shape_call(
     ctx: LowerContext, node: Named, fn: str, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None
 ) -> ValueRef:
-    """Emit a ``shape_fn`` instruction calling allow-listed ``fn`` on (nested) values and literals."""
+    """Emit a ``shape_fn`` instruction calling allow-listed ``fn`` on (nested) values and literals
+    (tensor literals stored as constants)."""
+    args, kwargs = stored_constants(ctx, node, list(args)), stored_constants(ctx, node, dict(kwargs or {}))
     used = sorted(set(_names_in(list(args)) + _names_in(list((kwargs or {}).values()))))
     return ValueRef(
         ctx.emit("shape_fn", used, {"fn": fn, "args": list(args), "kwargs": dict(kwargs or {})}, {}, node.name, hint=fn)

@@ -44,6 +44,7 @@ from backends.common.lower import (
     names_in,
     op_rule,
 )
+from backends.common.lower_float import float_call, lower_float_call
 from backends.common.program import Program, ValueRef
 from qir.ir.graph import Graph, Node, Value, map_values
 from qir.ir.op import IRError, ModuleOp, resolve
@@ -80,7 +81,11 @@ def lower_ir(graph: Graph, example_inputs: Sequence[Any], march: str, opt: int =
         operands = [env[v] for v in n.operands]
         rule = op_rule(march, n.op.name)
         try:
-            res = rule(ctx, n, operands) if rule is not None else _legacy(ctx, graph, n, operands)
+            call = float_call(ctx, graph, n, operands)
+            if call is not None:  # float post-processing (or pre-processing): the program's CPU float part
+                res = lower_float_call(ctx, n, *call)
+            else:
+                res = rule(ctx, n, operands) if rule is not None else _legacy(ctx, graph, n, operands)
         except IRError as e:  # an op that cannot spell its own call: say which node, as rules do
             raise LoweringError(f"{_where(n)}: {e}") from e
         env[n] = res

@@ -173,8 +173,8 @@ _FAILED_NODE = re.compile(r"node '([^']+)'")
 
 
 def _float_tail_advice(graph: Graph, cause: BaseException) -> str:
-    """For a lowering failure on float code after a DeQuantStub (post-processing: box decoding, a
-    sigmoid, topk in float), what to do: a program holds the quantized part only."""
+    """For a lowering failure on float code after a DeQuantStub that the program's float part does
+    not run (a function off its allowlist: ``torch.nonzero``, a library's NMS), what to do."""
     found = _FAILED_NODE.search(str(cause))
     node = next((n for n in graph.nodes if found and n.name == found.group(1)), None)
     if node is None:
@@ -184,10 +184,12 @@ def _float_tail_advice(graph: Graph, cause: BaseException) -> str:
         return ""
     return (
         f". Node '{node.name}' ({node.op.name}) is float post-processing on the output of DeQuantStub "
-        f"'{dequant.scope or dequant.name}': a compiled program holds the quantized part only. Compile a model "
-        "whose forward returns the DeQuantStub outputs (keep the post-processing in a module or function the "
-        "deployed model leaves out, e.g. behind the seeds' `post_process is None` branch) and run it in torch on "
-        "the program's outputs (docs/hybrid.md, 'Wrapped functions')"
+        f"'{dequant.scope or dequant.name}' that a program's CPU float part cannot run: it runs the torch "
+        "functions listed in docs/backends.md ('The float part': elementwise math, comparisons, reductions, "
+        "topk / sort / gather, layout ops), never other code. Compile a model whose forward returns the "
+        "DeQuantStub outputs (keep the post-processing in a module or function the deployed model leaves out, "
+        "e.g. behind the seeds' `post_process is None` branch) and run it in torch on the program's outputs "
+        "(docs/hybrid.md, 'Wrapped functions')"
     )
 
 

@@ -137,21 +137,29 @@ def test_illegal_model_is_refused() -> None:
     assert torch.equal(compiled(x), converted(x))
 
 
-def test_unsupported_float_op_names_the_node() -> None:
-    class SoftmaxTail(nn.Module):
-        def __init__(self) -> None:
+def test_float_tail_ops_compile_and_an_unsupported_one_names_the_node() -> None:
+    class FloatTail(nn.Module):
+        def __init__(self, keep: bool) -> None:
             super().__init__()
             self.net = Stubbed(nn.Conv2d(1, 3, 3))
+            self.keep = keep
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.softmax(self.net(x), dim=1)
+            p = torch.softmax(self.net(x), dim=1)  # the float part: a float_fn instruction
+            return torch.nonzero(p > 0.5) if self.keep else p
 
-    with march_scope("bayes"):
-        prepared = prepare_qat_fx(SoftmaxTail(), {"": get_default_qat_qconfig()})
-        prepared(torch.randn(*SHAPE))
-        converted = convert_fx(prepared.eval())
-    with pytest.raises(CompileError, match=r"node 'softmax': function softmax has no lowering rule"):
-        compile_model(converted, [torch.randn(*SHAPE)], check=False)
+    x = torch.randn(*SHAPE)
+    for keep in (False, True):
+        with march_scope("bayes"):
+            prepared = prepare_qat_fx(FloatTail(keep), {"": get_default_qat_qconfig()})
+            prepared(torch.randn(*SHAPE))
+            converted = convert_fx(prepared.eval())
+        if not keep:
+            compiled = compile_model(converted, [x], check=False)
+            assert torch.equal(compiled(x), converted(x))
+            continue
+        with pytest.raises(CompileError, match=r"node 'nonzero': function .*nonzero has no lowering rule.*float part"):
+            compile_model(converted, [x], check=False)
 
 
 def test_batch_size_is_free(digits: nn.Module) -> None:

@@ -4,14 +4,16 @@ it: ``flatten(2).permute``, ``sigmoid`` on the scores, ``xy * stride + grid``, `
 a ``post_process`` switch the toolkit configs set to None for deployment. Calibration -> QAT ->
 convert -> check -> compile -> run.
 
-The float tail has no place in a compiled program (integer kernels only): compile_model refuses it
-naming the node, the DeQuantStub it starts from and the fix (it named only the missing lowering
-rule); the deployment model without the tail compiles, and the decode run in torch on the program's
-outputs equals the converted model's result."""
+The float tail compiles as the program's CPU float part (``float_fn`` instructions calling the same
+torch functions; compile_model refused it before): the artifact, saved and loaded, returns the
+converted model's boxes and scores bit for bit. A step off the float part's allowlist
+(``torch.nonzero``) is still refused, naming the node, the DeQuantStub and the fix; the deployment
+model without the tail compiles too, and the decode run in torch on its outputs gives the same."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +29,7 @@ from qir.quantization import (
     convert_fx,
     get_default_calib_qconfig,
     get_default_qat_qconfig,
+    load_compiled,
     prepare_qat_fx,
     set_fake_quantize,
 )
@@ -94,12 +97,41 @@ def _trained(model: nn.Module) -> torch.fx.GraphModule:
     return qat
 
 
-def test_compile_refuses_the_float_decode_and_the_deployed_model_compiles() -> None:
+def test_the_float_decode_compiles_as_the_programs_cpu_part(tmp_path: Path) -> None:
     decode = Decode()
     qat = _trained(Detector(decode).eval())
     converted = convert_fx(qat)
     x = _image()
-    with pytest.raises(CompileError, match=r"'sigmoid'.*DeQuantStub 'dequant'.*post_process is None"):
+    assert check_model(converted, x, advice=0).ok
+    compile_model(converted, list(x), hbm=tmp_path / "detector.hbm")
+    program = load_compiled(tmp_path / "detector.hbm")
+    ops = [(i.op, i.attrs.get("fn")) for i in program.program.instructions]
+    assert ("float_fn", "torch.sigmoid") in ops and ("float_fn", "torch.topk") in ops
+    assert ("constant", None) in ops  # the decoder's grid buffer, stored as float32
+    with torch.no_grad():
+        for images in (x, _image(), (torch.rand(1, 3, 16, 16),)):  # the batch stays free
+            boxes, top = program(*images)
+            want_boxes, want_top = converted(*images)
+            assert torch.equal(boxes, want_boxes) and torch.equal(top, want_top)
+        qat_boxes, qat_top = qat(*x)
+        boxes, top = program(*x)
+    # QAT in validation mode computes the integer grid: the decode sees the same values
+    assert float((qat_boxes - boxes).abs().max()) <= 1e-5 and float((qat_top - top).abs().max()) <= 1e-6
+
+
+class NonzeroDecode(nn.Module):
+    """A decode that keeps the scores above a threshold: ``nonzero`` has a data-dependent size."""
+
+    def forward(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = p.sigmoid()
+        return scores, torch.nonzero(scores > 0.5)
+
+
+def test_a_step_off_the_float_allowlist_is_refused_naming_the_node_and_the_deployed_model_compiles() -> None:
+    qat = _trained(Detector(NonzeroDecode()).eval())
+    converted = convert_fx(qat)
+    x = _image()
+    with pytest.raises(CompileError, match=r"'nonzero'.*DeQuantStub 'dequant'.*float part.*post_process is None"):
         compile_model(converted, list(x))
     # the toolkit's deploy config: post_process=None, the trained QAT state loaded strictly
     deployed = prepare_qat_fx(Detector().eval(), {"": get_default_qat_qconfig()})
@@ -109,11 +141,6 @@ def test_compile_refuses_the_float_decode_and_the_deployed_model_compiles() -> N
     deployed_int = convert_fx(deployed)
     program = compile_model(deployed_int, list(x))
     with torch.no_grad():
-        assert check_model(deployed_int, x, advice=0).ok
         assert torch.equal(program(*x), deployed_int(*x))
-        boxes, top = decode(program(*x))  # the float decode in torch on the program's outputs
-        want_boxes, want_top = converted(*x)
-        assert torch.equal(boxes, want_boxes) and torch.equal(top, want_top)
-        qat_boxes, qat_top = qat(*x)
-    # QAT in validation mode computes the integer grid: the decode sees the same values
-    assert float((qat_boxes - boxes).abs().max()) <= 1e-5 and float((qat_top - top).abs().max()) <= 1e-6
+        got, want = NonzeroDecode()(program(*x)), converted(*x)  # the decode in torch on the outputs
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -8,6 +8,7 @@ from backends.common.kernels import (  # noqa: F401
     codes,
     conv,
     elementwise,
+    float_ops,
     layer_norm,
     matmul,
     pool,

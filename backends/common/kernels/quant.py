@@ -97,7 +97,10 @@ def _prepare_dequant(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> t
     ),
 )
 def dequantize(inst: Instruction, args: list[Any], state: torch.Tensor) -> list[Any]:
-    """``float32(q) * s`` (per channel along ``axis`` when the scale has several entries)."""
+    """``float32(q) * s`` (per channel along ``axis`` when the scale has several entries), in torch's
+    standard (contiguous) layout whatever layout the integer kernels left the codes in (NHWC after a
+    native conv): the float part reads it as the converted model's float tensor, and torch's float
+    functions can round differently (1 ULP) on another memory layout (a vectorized inner loop)."""
     x = args[0]
     if x.is_floating_point():
         return [x]
@@ -111,7 +114,7 @@ def dequantize(inst: Instruction, args: list[Any], state: torch.Tensor) -> list[
         s = s.reshape(shape)
     else:
         s = s.reshape(())
-    return [x.to(torch.float32) * s]
+    return [(x.to(torch.float32) * s).contiguous()]
 
 
 def _constant_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
@@ -127,10 +130,13 @@ def _prepare_constant(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> 
     "constant",
     prepare=_prepare_constant,
     schema=KernelSchema(
-        inputs=(0, 0), consts={"value": Const(("int8", "int16", "int32"), (0, 8))}, shape=_constant_shape
+        inputs=(0, 0),
+        consts={"value": Const(("int8", "int16", "int32", "int64", "float32"), (0, 8))},
+        shape=_constant_shape,
     ),
 )
 def constant(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """The codes of a parameter a QuantStub quantizes (a DETR query embedding), quantized when the
-    program was compiled; a copy, so a caller that edits an output cannot change the program."""
+    program was compiled, or a float32 / int64 buffer the float part reads (a decoder's grid); a
+    copy, so a caller that edits an output cannot change the program."""
     return [state.clone()]
