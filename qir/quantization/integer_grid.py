@@ -132,7 +132,10 @@ def _functional_site(gm: torch.fx.GraphModule, n: torch.fx.Node) -> str | None:
     owner = n.args[0] if n.op == "call_method" and n.args else None
     if not isinstance(owner, torch.fx.Node) or owner.op != "get_attr":
         return None
-    m = gm.get_submodule(str(owner.target))
+    try:
+        m = gm.get_submodule(str(owner.target))
+    except AttributeError:  # a method of a buffer or parameter (``self.grid.repeat(b, 1, 1, 1)``), not of a module
+        return None
     return str(owner.target) if getattr(type(m), "grid_inputs", 0) < 0 else None
 
 
