@@ -1,22 +1,28 @@
-"""Segmented lookup tables for qint16 inputs: 8 dense segments of 64 intervals, interpolated.
+"""Segmented lookup tables for qint16 inputs: knots chosen by an error bound, interpolated.
 
-A qint16 input has 65,536 codes, too many for one table. The function is tabulated at 513
-knots ``k_j = -32768 + 128 j`` (8 segments of 64 intervals of 128 codes, covering the whole
-qint16 range, so no linear ends are needed) and interpolated linearly between knots, in
-integer arithmetic (docs/semantics.md, "Table lookup"):
+A qint16 input has 65,536 codes, too many for one table. The function is tabulated at knots
+and interpolated linearly between them in integer arithmetic (docs/semantics.md "Table
+lookup"; the formats and their rules are :mod:`qir.ir.table16`). For codes ``q`` in the
+interval ``[k_j, k_{j+1})`` of width ``2**s``:
 
-    d = q + 32768,  j = d >> 7,  r = d & 127
-    y = saturate(T[j] + (((T[j+1] - T[j]) * r + 64) >> 7))
+    r = q - k_j
+    y = saturate(T[j] + (((T[j+1] - T[j]) * r + (2**s >> 1)) >> s))
 
-with ``>>`` the arithmetic (floor) shift, so the interpolation rounds half up, and knot
-entries ``T[j] = clamp(floor(f(k_j * s_in) / s_out + 1/2), -2**24, 2**24)`` as int32 (``f`` in
-float64; the last knot, code 32768, lies just past the range and is evaluated like the
-others). Knots are not saturated to the output range: an interval that crosses the
-saturation point interpolates toward the true value and saturates after. The error
-against ``f(q * s_in) / s_out`` is at most 1 LSB (the rounding of the knots and of the
-interpolation) plus the interpolation error of ``f`` over 128 codes,
-``(128 s_in)**2 / 8 * max|f''| / s_out``; :func:`lut_int16` measures it over all 65,536
-codes and keeps it in the table (``max_error_lsb``).
+with ``>>`` the arithmetic (floor) shift, so the interpolation rounds half up.
+
+* **Version 2** (what :func:`lut_int16` builds): the knots are the cut of a binary tree of
+  aligned power-of-two intervals over the codes -32768 .. 32768. An interval of ``w`` codes
+  interpolates ``g = clamp(f(q s_in) / s_out, qmin, qmax)`` within ``w**2 / 8 * max|D2 g|``
+  LSB (``D2`` the second difference over its codes, the discrete form of ``h**2/8 max|f''|``);
+  the intervals with the largest bound are split first, until the :data:`KNOT_BUDGET` is
+  spent, so the knots are dense where ``f`` curves and sparse where it is straight or
+  saturated. Knot values ``T = floor(g + 1/2)`` lie in the output range.
+* **Version 1** (the original, still read): 513 uniform knots ``k_j = -32768 + 128 j``,
+  ``T[j] = clamp(floor(f(k_j s_in) / s_out + 1/2), -2**24, 2**24)``.
+
+Both are within 1 LSB of rounding (knot and step) plus the interval's interpolation bound of
+``f(q * s_in) / s_out``; :func:`lut_int16` measures the error over all 65,536 codes and keeps it
+in the table (``max_error_lsb``).
 """
 
 from __future__ import annotations
@@ -25,13 +31,16 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from qir.ir.numerics import DTypeLike, qdtype, round_half_up
+from qir.ir.table16 import KNOTS_V1, LATEST, QMIN16, SHIFT_V1, VALUE_LIMIT_V1, table16_shape_problem
 from qir.ir.types import DType
 
 __all__ = [
     "KNOTS",
+    "KNOT_BUDGET",
     "KNOT_LIMIT",
     "SEGMENTS",
     "SEGMENT_ENTRIES",
@@ -43,20 +52,28 @@ __all__ = [
 
 SEGMENTS = 8
 SEGMENT_ENTRIES = 64
-#: log2 of the input codes per interval: 8 * 64 intervals of 2**7 codes cover 2**16 codes
-SHIFT = 7
-KNOTS = SEGMENTS * SEGMENT_ENTRIES + 1
-#: knot entries are clamped to +-2**24: (T[j+1] - T[j]) * r stays far inside int64
-KNOT_LIMIT = 1 << 24
-_QMIN = -32768
+#: version 1: log2 of the input codes per interval (8 * 64 intervals of 2**7 codes cover 2**16 codes)
+SHIFT = SHIFT_V1
+#: version 1: the number of knots
+KNOTS = KNOTS_V1
+#: version 1 knot entries are clamped to +-2**24: (T[j+1] - T[j]) * r stays far inside int64
+KNOT_LIMIT = VALUE_LIMIT_V1
+#: version 2: at most this many intervals (knots - 1): the 513 values of version 1, plus the knot codes
+KNOT_BUDGET = 512
+_QMIN = QMIN16
+_CODES = 1 << 16
+_LEVELS = 16  # intervals of 2**1 .. 2**16 codes can be split
 
 
 class SegmentedTable(NamedTuple):
-    """The 513 knot entries (int32) of a qint16-input table, its output dtype and its measured error."""
+    """The knots of a qint16-input table (``entries``: int32; version 1 the 513 knot values,
+    version 2 a ``(2, n)`` tensor of knot codes and values), its output dtype, its measured
+    error in output LSBs and its format version."""
 
     entries: torch.Tensor
     out_dtype: DType
     max_error_lsb: float
+    version: int = LATEST
 
 
 def _ideal(fn: Callable[[torch.Tensor], torch.Tensor], s_in: float, s_out: float, codes: torch.Tensor) -> torch.Tensor:
@@ -70,12 +87,63 @@ def _ideal(fn: Callable[[torch.Tensor], torch.Tensor], s_in: float, s_out: float
     return y / s_out
 
 
-def _evaluate(entries: torch.Tensor, q: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+def _evaluate_v1(entries: torch.Tensor, q: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     t = entries.to(torch.int64)
     d = q.to(torch.int64) - _QMIN
     j = d >> SHIFT
     r = d & ((1 << SHIFT) - 1)
     return (t[j] + (((t[j + 1] - t[j]) * r + (1 << (SHIFT - 1))) >> SHIFT)).clamp(lo, hi)
+
+
+def _evaluate_v2(entries: torch.Tensor, q: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    knots, t = entries.to(torch.int64).unbind(0)
+    widths = knots[1:] - knots[:-1]
+    # log2 of each (power-of-two) width: exact in float64 for widths up to 2**16
+    shifts = torch.log2(widths.to(torch.float64)).round().to(torch.int64)
+    q = q.to(torch.int64)
+    j = torch.searchsorted(knots, q, right=True) - 1
+    r = q - knots[j]
+    step = ((t[j + 1] - t[j]) * r + (widths[j] >> 1)) >> shifts[j]
+    return (t[j] + step).clamp(lo, hi)
+
+
+def _uniform_knots(fn: Callable[[torch.Tensor], torch.Tensor], s_in: float, s_out: float) -> torch.Tensor:
+    knots = _QMIN + (torch.arange(KNOTS, dtype=torch.int64) << SHIFT)
+    return round_half_up(_ideal(fn, s_in, s_out, knots)).clamp(-KNOT_LIMIT, KNOT_LIMIT).to(torch.int32)
+
+
+def _bounded_knots(g: torch.Tensor, budget: int) -> torch.Tensor:
+    """Knot codes for ``g`` (the clamped ideal at the codes -32768 .. 32768): split the aligned
+    power-of-two intervals with the largest interpolation bound ``w**2 / 8 * max|D2 g|``."""
+    d2 = (g[2:] - 2 * g[1:-1] + g[:-2]).abs()  # at the codes -32767 .. 32767
+    # slot i of an interval starting at code c is the code c + 1 + i: its inner codes and its end
+    slots = torch.cat([d2, d2.new_zeros(1)])
+    bounds = []
+    for level in range(1, _LEVELS + 1):
+        slots = slots.view(-1, 2).amax(1)  # the max over each interval of 2**level codes, from the halves'
+        w = 1 << level
+        bounds.append(slots * (w * w / 8))
+    every = torch.cat(bounds)
+    # a parent's bound is >= 4x its children's: every bound above the threshold has its parent
+    # above it too, so the split intervals form a tree (ties at the threshold are not split)
+    k = budget - 1
+    if k < every.numel():
+        # the k-th largest bound, by selection (numpy's partition: linear time, exact)
+        n = every.numel()
+        threshold = float(np.partition(every.numpy(), n - k)[n - k])
+        split = every > threshold
+    else:
+        split = every > 0
+    mids = []
+    offset = 0
+    for level in range(1, _LEVELS + 1):
+        w = 1 << level
+        n = _CODES // w
+        b = split[offset : offset + n].nonzero().reshape(-1)
+        mids.append(_QMIN + b * w + w // 2)
+        offset += n
+    ends = torch.tensor([_QMIN, _QMIN + _CODES], dtype=torch.int64)
+    return torch.cat([ends, *mids]).sort().values
 
 
 def lut_int16(
@@ -84,29 +152,51 @@ def lut_int16(
     out_scale: float,
     out_dtype: DTypeLike = "qint8",
     measure: bool = True,
+    version: int = LATEST,
+    budget: int = KNOT_BUDGET,
 ) -> SegmentedTable:
-    """The segmented table of ``fn`` for qint16 input at ``in_scale``, output at ``out_scale`` in ``out_dtype``;
-    ``measure=False`` skips the error measurement over all 65,536 codes (``max_error_lsb`` is NaN)."""
+    """The segmented table of ``fn`` for qint16 input at ``in_scale``, output at ``out_scale`` in
+    ``out_dtype``, in format ``version`` (2: knots by the error bound, at most ``budget``
+    intervals; 1: the 513 uniform knots); ``measure=False`` skips the error measurement over all
+    65,536 codes (``max_error_lsb`` is NaN)."""
     qd = qdtype(out_dtype)
     if qd not in (DType.qint8, DType.qint16):
         raise ValueError(f"LUT output dtype must be qint8 or qint16, got {qd.name}")
+    if version not in (1, 2):
+        raise ValueError(f"table16 version must be 1 or 2, got {version!r}")
+    if not 1 <= budget <= _CODES:
+        raise ValueError(f"the knot budget is 1 to {_CODES} intervals, got {budget}")
     lo, hi = qd.qrange
     s_in = float(torch.tensor(float(in_scale), dtype=torch.float32))
     s_out = float(torch.tensor(float(out_scale), dtype=torch.float32))
-    knots = _QMIN + (torch.arange(KNOTS, dtype=torch.int64) << SHIFT)
-    entries = round_half_up(_ideal(fn, s_in, s_out, knots)).clamp(-KNOT_LIMIT, KNOT_LIMIT).to(torch.int32)
-    if not measure:
-        return SegmentedTable(entries, qd, math.nan)
-    codes = torch.arange(_QMIN, -_QMIN, dtype=torch.int64)
-    ideal = _ideal(fn, s_in, s_out, codes).clamp(lo, hi)
-    err = float((_evaluate(entries, codes, lo, hi).to(torch.float64) - ideal).abs().max())
-    return SegmentedTable(entries, qd, err)
+    codes = torch.arange(_QMIN, -_QMIN + 1, dtype=torch.int64)  # the range and the code past it
+    if version == 1:
+        entries = _uniform_knots(fn, s_in, s_out)
+        if not measure:
+            return SegmentedTable(entries, qd, math.nan, 1)
+        ideal = _ideal(fn, s_in, s_out, codes[:-1]).clamp(lo, hi)
+        got = _evaluate_v1(entries, codes[:-1], lo, hi)
+    else:
+        g = _ideal(fn, s_in, s_out, codes).clamp(lo, hi)
+        knots = _bounded_knots(g, budget)
+        values = round_half_up(g[knots - _QMIN])
+        entries = torch.stack([knots, values]).to(torch.int32)
+        if not measure:
+            return SegmentedTable(entries, qd, math.nan, 2)
+        ideal = g[:-1]
+        got = _evaluate_v2(entries, codes[:-1], lo, hi)
+    err = float((got.to(torch.float64) - ideal).abs().max())
+    return SegmentedTable(entries, qd, err, version)
 
 
-def lut_int16_apply(entries: torch.Tensor, q: torch.Tensor, out_dtype: DTypeLike) -> torch.Tensor:
-    """Look up qint16 codes ``q`` in the knot ``entries`` of a :func:`lut_int16` table."""
-    if entries.numel() != KNOTS:
-        raise ValueError(f"a qint16 segmented table has {KNOTS} knot entries, got {entries.numel()}")
+def lut_int16_apply(
+    entries: torch.Tensor, q: torch.Tensor, out_dtype: DTypeLike, version: int = LATEST
+) -> torch.Tensor:
+    """Look up qint16 codes ``q`` in the knots ``entries`` of a :func:`lut_int16` table of format ``version``."""
+    problem = table16_shape_problem(tuple(entries.shape), version)
+    if problem is not None or entries.numel() == 0:
+        raise ValueError(problem or "the table16 is empty: there is no segmented table to look qint16 codes up in")
     qd = qdtype(out_dtype)
     lo, hi = qd.qrange
-    return _evaluate(entries, q, lo, hi).to(qd.to_torch())
+    evaluate = _evaluate_v1 if version == 1 else _evaluate_v2
+    return evaluate(entries, q, lo, hi).to(qd.to_torch())

@@ -210,9 +210,11 @@ def lower_qlut_method(ctx: LowerContext, node: Node, operands: Sequence[Any]) ->
     x = _ref(operands[0], node)
     dt = _quantized_out(node)
     if ctx.values[x].dtype == torch.int16 and method == "exp":
-        knots = lut_int16(torch.exp, _in(node, 0), _out(node)[1], dt).entries
+        version = int(getattr(node.op, "table16_version", 1))
+        knots = lut_int16(torch.exp, _in(node, 0), _out(node)[1], dt, measure=False, version=version).entries
         c = ctx.const(f"{node.name}.table16", knots)
-        return ValueRef(ctx.emit("lut16", [x], {"what": method, "out_dtype": dt}, {"table": c}, node.name, method))
+        attrs = {"what": method, "out_dtype": dt, "version": version}
+        return ValueRef(ctx.emit("lut16", [x], attrs, {"table": c}, node.name, method))
     if ctx.values[x].dtype != torch.int8:
         raise LoweringError(
             f"node '{node.name}': {method} of a {ctx.values[x].dtype} tensor has no table; {method} takes qint8 codes"

@@ -91,7 +91,7 @@ def lower_qidentity(ctx: LowerContext, node: Any, operands: list[Any]) -> Any:
 
 
 def lower_qlut(ctx: LowerContext, node: Any, operands: list[Any]) -> ValueRef:
-    """``lut`` (256 entries) for qint8 codes, ``lut16`` (the segmented table's 513 knots) for qint16."""
+    """``lut`` (256 entries) for qint8 codes, ``lut16`` (the segmented table's knots and format version) for qint16."""
     op = node.op
     x = tensor_ref(operands[0], node)
     if ctx.values[x].dtype == torch.int8:
@@ -107,7 +107,7 @@ def lower_qlut(ctx: LowerContext, node: Any, operands: list[Any]) -> ValueRef:
             "undefined on part of the qint16 range at its input scale); give its producer a qint8 qconfig"
         )
     c = ctx.const(f"{_hint(node)}.table16", operands[2].to(torch.int32))
-    attrs = {"what": op.function, "out_dtype": op.out.dtype.name}
+    attrs = {"what": op.function, "out_dtype": op.out.dtype.name, "version": int(op.table16_version)}
     return ValueRef(ctx.emit("lut16", [x], attrs, {"table": c}, node.name, _hint(node)))
 
 

@@ -9,6 +9,7 @@ reports equal those of the same model traced with the modules kept opaque.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 import torch.nn.functional as F
@@ -235,8 +236,15 @@ def test_verify_names_the_fault() -> None:
     t8, t16, none = TensorType((256,), DType.int8), TensorType((513,), DType.int32), TensorType((0,), DType.int32)
     with pytest.raises(IRError, match="256 integer entries"):
         lut.verify([i8, TensorType((255,), DType.int8), t16])
-    with pytest.raises(IRError, match="513 integer knots"):
+    with pytest.raises(IRError, match="a version-1 table16 holds 513 knot values"):
         lut.verify([i8, t8, TensorType((512,), DType.int32)])
+    with pytest.raises(IRError, match=r"a version-2 table16 is \(2, n\)"):
+        attrs.evolve(lut, table16_version=2).verify([i8, t8, t16])
+    with pytest.raises(IRError, match="table16 holds integers"):
+        lut.verify([i8, t8, TensorType((513,), DType.float32)])
+    attrs.evolve(lut, table16_version=2).verify([TensorType((1, 4), DType.int16), t8, TensorType((2, 7), DType.int32)])
+    with pytest.raises(IRError, match="table16_version must be one of 1, 2"):
+        QLut(function="Sigmoid", out=spec, in_scales=(0.1,), table16_version=3)
     with pytest.raises(IRError, match=r"qlut \(Sigmoid\): qint16 input needs the segmented table16"):
         lut.verify([TensorType((1, 4), DType.int16), t8, none])
     with pytest.raises(IRError, match="read qint8 or qint16 codes"):

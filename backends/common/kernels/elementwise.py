@@ -23,6 +23,7 @@ from backends.common.kernels.schema import (
     SHIFT,
     Const,
     KernelSchema,
+    SchemaError,
     boolean,
     integer,
     one_of,
@@ -30,6 +31,9 @@ from backends.common.kernels.schema import (
     text,
 )
 from backends.common.program import Instruction
+from qir.ir.table16 import VERSIONS as TABLE16_VERSIONS
+from qir.ir.table16 import table16_problem, table16_shape_problem
+from qir.ir.types import DType
 
 
 def _prep_rq(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> RequantF64:
@@ -64,9 +68,26 @@ def _lut_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Te
     return [meta(x.shape, table.dtype)]
 
 
-#: a qint16 segmented table: 8 segments x 64 intervals of 128 codes, 513 knots
-_KNOTS16 = 513
 _LUT16_OUT = ("qint8", "qint16")
+
+
+def _lut16_version(inst: Instruction) -> int:
+    # a file written before the table format had a version holds version 1
+    return int(inst.attrs.get("version", 1))
+
+
+def _lut16_table(inst: Instruction, constants: Mapping[str, Any] | None) -> str | None:
+    """The segmented table against its format's rules (:func:`qir.ir.table16.table16_problem`):
+    knot order and spacing, values inside the output range, the length its version gives."""
+    table = None if constants is None else constants.get(inst.consts.get("table", ""))
+    if not isinstance(table, torch.Tensor):
+        return None
+    problem = table16_problem(table, _lut16_version(inst), DType.parse(str(inst.attrs["out_dtype"])))
+    if problem is None and table.numel() == 0:
+        problem = "the segmented table is empty: lut16 needs its knots"
+    if problem is not None:
+        raise SchemaError("consts.table", problem)
+    return None
 
 
 def _lut16_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.Tensor]) -> list[Any]:
@@ -74,8 +95,9 @@ def _lut16_shape(inst: Instruction, args: list[Any], consts: Mapping[str, torch.
     table = consts[inst.consts["table"]]
     if x.dtype != torch.int16:
         raise ShapeError(f"lut16 takes qint16 codes (a segmented table), got {x.dtype}")
-    if table.numel() != _KNOTS16:
-        raise ShapeError(f"a segmented table has {_KNOTS16} knots, got {table.numel()}")
+    problem = table16_shape_problem(tuple(table.shape), _lut16_version(inst))
+    if problem is not None or table.numel() == 0:
+        raise ShapeError(problem or "the segmented table is empty")
     return [code(x.shape, inst.attrs["out_dtype"])]
 
 
@@ -208,23 +230,42 @@ def lut(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -
 @register_kernel(
     "lut16",
     schema=KernelSchema(
-        attrs={"what": text(64, required=False), "out_dtype": one_of(*_LUT16_OUT)},
-        consts={"table": Const(("int32",), (1, 1))},
+        attrs={
+            "what": text(64, required=False),
+            "out_dtype": one_of(*_LUT16_OUT),
+            "version": integer(min(TABLE16_VERSIONS), max(TABLE16_VERSIONS), required=False),
+        },
+        consts={"table": Const(("int32",), (1, 2))},
+        extra=_lut16_table,
         shape=_lut16_shape,
     ),
 )
 def lut16(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
-    """A qint16 segmented table (docs/semantics.md "Table lookup"): the offset code ``u = q + 32768``
-    falls in interval ``j = u // 128`` at ``r = u - 128 j``; the result interpolates the int32
-    knots ``t[j]``, ``t[j + 1]`` as ``t[j] + floor(((t[j+1] - t[j]) r + 64) / 128)``, saturated.
+    """A qint16 segmented table (docs/semantics.md "Table lookup"), in format ``version`` (absent: 1).
 
-    int32 knots keep ``(t[j+1] - t[j]) r`` below 2**39, exact in int64."""
-    t = state["table"].to(torch.int64)
-    u = args[0].to(torch.int64) + 32768
-    j = torch.div(u, 128, rounding_mode="floor")
-    r = u - 128 * j
+    Version 1: the offset code ``u = q + 32768`` falls in interval ``j = u // 128`` at
+    ``r = u - 128 j``; the result interpolates the int32 knots ``t[j]``, ``t[j + 1]`` as
+    ``t[j] + floor(((t[j+1] - t[j]) r + 64) / 128)``, saturated. Version 2: row 0 holds the knot
+    codes ``k``, row 1 their values ``t``; ``q`` falls in interval ``j`` with
+    ``k[j] <= q < k[j+1]``, of width ``w``, at ``r = q - k[j]``; the result is
+    ``t[j] + floor(((t[j+1] - t[j]) r + w // 2) / w)``, saturated.
+
+    The loader checked the knots (:func:`qir.ir.table16.table16_problem`): values within 2**24
+    (version 1) or the output range (version 2) keep ``(t[j+1] - t[j]) r`` below 2**41, exact in int64."""
+    table = state["table"].to(torch.int64)
+    if _lut16_version(inst) == 1:
+        u = args[0].to(torch.int64) + 32768
+        j = torch.div(u, 128, rounding_mode="floor")
+        r = u - 128 * j
+        left = table[j]
+        step = torch.div((table[j + 1] - left) * r + 64, 128, rounding_mode="floor")
+        return [sat_to(left + step, str(inst.attrs["out_dtype"]))]
+    k, t = table[0], table[1]
+    q = args[0].to(torch.int64)
+    j = torch.bucketize(q, k, right=True) - 1
+    w = k[j + 1] - k[j]
     left = t[j]
-    step = torch.div((t[j + 1] - left) * r + 64, 128, rounding_mode="floor")
+    step = torch.div((t[j + 1] - left) * (q - k[j]) + torch.div(w, 2, rounding_mode="floor"), w, rounding_mode="floor")
     return [sat_to(left + step, str(inst.attrs["out_dtype"]))]
 
 

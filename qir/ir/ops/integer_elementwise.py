@@ -4,9 +4,9 @@
   ``qidentity``: the codes unchanged (an integer Identity, also what QAT Dropout converts to).
   All three keep the input's scale and dtype (:class:`~qir.ir.ops.integer_codes.SameScaleOp`).
 * ``qlut``: a nonlinear function by table lookup: ``table[q + 128]`` (256 entries) for qint8
-  codes, the segmented table ``table16`` (513 knots, interpolated) for qint16 codes; both are
-  state operands, ``function`` names the float function (``"Sigmoid"``, ``"Exp"``) as the
-  module records it.
+  codes, the segmented table ``table16`` (knots, interpolated; its format is
+  ``table16_version``, :mod:`qir.ir.table16`) for qint16 codes; both are state operands,
+  ``function`` names the float function (``"Sigmoid"``, ``"Exp"``) as the module records it.
 * ``qdiv``: ``x / y`` by exact integer division with the rule's multiplier and shift
   (docs/semantics.md "Division").
 """
@@ -33,12 +33,13 @@ from qir.ir.ops.integer_codes import (
     same_scale_spec,
     shaped_like,
 )
+from qir.ir.table16 import KNOTS_V1, check_table16_version, table16_problem, table16_shape_problem
 from qir.ir.types import DType, QuantSpec, TensorType, Type
 
 __all__ = ["KNOTS16", "QDiv", "QIdentity", "QLut", "QRelu", "QRelu6"]
 
-#: knots of a qint16 segmented table: 8 segments x 64 intervals of 128 codes, plus the end knot
-KNOTS16 = 8 * 64 + 1
+#: knots of a version-1 qint16 segmented table: 8 segments x 64 intervals of 128 codes, plus the end knot
+KNOTS16 = KNOTS_V1
 
 
 @register_op
@@ -99,9 +100,11 @@ class QIdentity(SameScaleOp):
 class QLut(IntegerModuleOp):
     """``function`` by table lookup at the input and output scales (docs/semantics.md "Table
     lookup"): qint8 codes index the 256-entry ``table`` (``table[q + 128]``); qint16 codes
-    interpolate between the 513 knots of ``table16`` (8 segments of 64 intervals of 128
-    codes). ``table16`` is empty when the function is undefined (NaN) somewhere on the qint16
-    range at the input scale: such a layer takes qint8 codes only."""
+    interpolate between the knots of ``table16`` in format ``table16_version``
+    (:mod:`qir.ir.table16`: 1, the 513 uniform knots, what text without the attribute holds;
+    2, ``(2, n)`` knot codes and values placed by an error bound). ``table16`` is empty when
+    the function is undefined (NaN) somewhere on the qint16 range at the input scale: such a
+    layer takes qint8 codes only."""
 
     name: ClassVar[str] = "qlut"
     operand_names: ClassVar[tuple[str, ...]] = ("input",)
@@ -110,8 +113,10 @@ class QLut(IntegerModuleOp):
     function: str
     out: QuantSpec
     in_scales: tuple[float, ...] = attrs.field(converter=_floats)
+    table16_version: int = 1
 
     def __attrs_post_init__(self) -> None:
+        check_table16_version(self.name, self.table16_version)
         if not self.function.isidentifier():
             raise IRError(f"qlut: function must name a function (an identifier), got {self.function!r}")
         if len(self.in_scales) != 1 or self.out.axis is not None:
@@ -132,10 +137,11 @@ class QLut(IntegerModuleOp):
         if table.dtype.to_torch() != self.out.dtype.to_torch():
             # the lookup returns the table's entries as they are: they are the output codes
             raise IRError(f"qlut: table entries are the output codes: out is {self.out.dtype.name}, table is {table}")
-        if table16.shape not in ((KNOTS16,), (0,)) or table16.dtype.is_float:
-            raise IRError(f"qlut: table16 must hold {KNOTS16} integer knots (or none), got {table16}")
+        problem = table16_shape_problem(table16.shape, self.table16_version)
+        if problem is not None or table16.dtype.is_float:
+            raise IRError(f"qlut: {problem or 'table16 holds integers'}; got {table16}")
         dt = code_dtype(self.name, operand_types[0])
-        if dt is DType.qint16 and table16.shape != (KNOTS16,):
+        if dt is DType.qint16 and table16.shape == (0,):
             raise IRError(
                 f"qlut ({self.function}): qint16 input needs the segmented table16, which is empty: the function "
                 f"is undefined (NaN) on part of the qint16 range at input scale {self.in_scales[0]:.6g}; use a "
@@ -143,6 +149,12 @@ class QLut(IntegerModuleOp):
             )
         if dt not in (DType.qint8, DType.qint16):
             raise IRError(f"qlut: tables read qint8 or qint16 codes, got {operand_types[0]}")
+
+    def verify_state(self, operand_types: Sequence[Type], state: dict[str, torch.Tensor]) -> None:
+        if "table16" in state:
+            problem = table16_problem(state["table16"], self.table16_version, self.out.dtype)
+            if problem is not None:
+                raise IRError(f"qlut ({self.function}): state operand table16: {problem}")
 
     def float_op(self) -> type | None:
         cls = float_class(self.function) or getattr(nn, self.function, None)
@@ -154,6 +166,7 @@ class QLut(IntegerModuleOp):
             function=str(m.op_name),
             out=QuantSpec((per_tensor_scale(m, "scale"),), m.dtype),
             in_scales=(per_tensor_scale(m, "input_scale_0"),),
+            table16_version=int(m.table16_version),
         )
 
 

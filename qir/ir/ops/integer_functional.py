@@ -25,6 +25,7 @@ from qir.ir.op import OP_REGISTRY, IRError, Op, register_op
 from qir.ir.ops.integer import IntegerModuleOp, _floats
 from qir.ir.ops.integer_codes import check_march, check_scales, code_dtype
 from qir.ir.ops.integer_probe import probe
+from qir.ir.table16 import check_table16_version
 from qir.ir.types import DType, QuantSpec, ScalarType, TensorType, Type
 
 __all__ = [
@@ -403,6 +404,23 @@ class QLutMethod(QFunctionalOp):
 
     name: ClassVar[str] = "qlut_method"
     ff_methods: ClassVar[tuple[str, ...]] = ("exp", "ceil", "floor")
+
+    #: the format of exp's qint16 segmented table (:mod:`qir.ir.table16`); text without it is version 1
+    table16_version: int = 1
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        check_table16_version(self.name, self.table16_version)
+
+    @classmethod
+    def from_call(cls, m: Any, method: str, bound: dict[str, Any]) -> tuple[QFunctionalOp, list[Any]]:
+        op, tensors = super().from_call(m, method, bound)
+        assert isinstance(op, QLutMethod)
+        return attrs.evolve(op, table16_version=int(getattr(m, "table16_version", 1))), tensors
+
+    def module_signature(self) -> Any:
+        # the version is the module's: call sites of different formats rebuild different modules
+        return (*super().module_signature(), self.table16_version)
 
     def result_shape(self, inputs: Sequence[torch.Tensor]) -> Sequence[int]:
         return inputs[0].shape

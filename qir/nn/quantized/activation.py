@@ -10,6 +10,7 @@ from torch import nn
 
 from backends.common import numerics
 from backends.common.lut_segmented import lut_int16, lut_int16_apply
+from qir.ir.table16 import LATEST
 from qir.nn.qat.activation import ReLU as QATReLU
 from qir.nn.qat.activation import ReLU6 as QATReLU6
 from qir.nn.qat.activation import UnaryLUT as QATUnaryLUT
@@ -53,17 +54,22 @@ class ReLU6(QuantizedModule):
 
 class UnaryLUT(QuantizedModule):
     """``f`` by table lookup: qint8 input through a 256-entry table (``numerics.lut_int8``),
-    qint16 input through a segmented table of 513 interpolated knots (``lut_segmented.lut_int16``).
+    qint16 input through a segmented table of interpolated knots (``lut_segmented.lut_int16``).
 
     Both tables are built at conversion (the module does not know its input dtype before it
     runs); ``table16`` is empty when ``f`` is undefined (NaN) somewhere on the qint16 range at
-    the input scale, and qint16 input is then refused. ``lut_int16`` measures the segmented
-    table's worst error against ``f`` in output LSBs (docs/semantics.md "Table lookup").
+    the input scale, and qint16 input is then refused. ``table16_version`` is the segmented
+    table's format (:mod:`qir.ir.table16`): conversion builds the latest (2: knots placed by an
+    error bound); a module saved before the version existed reads as 1 (513 uniform knots) and
+    computes what it did. ``lut_int16`` measures the segmented table's worst error against
+    ``f`` in output LSBs (docs/semantics.md "Table lookup").
     """
 
     table: torch.Tensor
     table16: torch.Tensor
     op_name: str
+    #: the class default is the format of modules pickled before the version existed
+    table16_version: int = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.int16:
@@ -74,7 +80,7 @@ class UnaryLUT(QuantizedModule):
                     "or use a qint8 qconfig for the producer"
                 )
             assert self.dtype is not None  # from_qat and the IR builder always set the tables' output dtype
-            return lut_int16_apply(self.table16, x, self.dtype)
+            return lut_int16_apply(self.table16, x, self.dtype, self.table16_version)
         if x.dtype != torch.int8:
             raise TypeError(f"{self.op_name}: table lookup takes qint8 or qint16 codes, got {x.dtype}")
         return numerics.lut_apply(self.table, x)
@@ -92,13 +98,14 @@ class UnaryLUT(QuantizedModule):
         with torch.no_grad():
             table = numerics.lut_int8(fn, new.per_tensor_input(0), float(new.scale[0]), fq.dtype)
             try:
-                entries = lut_int16(fn, new.per_tensor_input(0), float(new.scale[0]), fq.dtype).entries
+                entries = lut_int16(fn, new.per_tensor_input(0), float(new.scale[0]), fq.dtype, version=LATEST).entries
             except ValueError:
                 # f is undefined on part of the qint16 range at this scale (a qint8 producer's scale
                 # reaches 256x further in qint16 codes): no segmented table; qint16 input is refused
                 entries = torch.zeros(0, dtype=torch.int32)
         new.register_buffer("table", table)
         new.register_buffer("table16", entries)
+        new.table16_version = LATEST
         return new
 
     def extra_repr(self) -> str:
@@ -133,6 +140,7 @@ def _from_qlut(op: Any, tensors: dict[str, torch.Tensor]) -> UnaryLUT:
     m.op_name = op.function
     m.register_buffer("table", tensors["table"])
     m.register_buffer("table16", tensors["table16"])
+    m.table16_version = int(op.table16_version)
     return m
 
 

@@ -29,6 +29,7 @@ from backends.common.integer_rules import (
     ratio_params,
 )
 from backends.common.lut_segmented import lut_int16, lut_int16_apply
+from qir.ir.table16 import LATEST
 from qir.ir.types import DType
 from qir.nn.modules.functional import Dims, FloatFunctional, _dims
 from qir.nn.qat.functional import FloatFunctional as QATFloatFunctional
@@ -42,6 +43,9 @@ class QFunctional(QuantizedModule):
 
     num_inputs = -1  # any number: one per tensor input of the call site
     march: str
+    #: the format of ``exp``'s qint16 segmented table (:mod:`qir.ir.table16`): conversion builds the
+    #: latest; the class default is the format of modules pickled before the version existed
+    table16_version: int = 1
 
     @classmethod
     def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any], march: Any) -> QFunctional:
@@ -49,6 +53,7 @@ class QFunctional(QuantizedModule):
         fq = output_fq(qat)
         new = cls()
         new.march = march_name(march)
+        new.table16_version = LATEST
         if fq is None:  # high-precision matmul: int32 product at s_x * s_y
             if len(input_scales) != 2:
                 raise ValueError(
@@ -180,8 +185,12 @@ class QFunctional(QuantizedModule):
     def _lut(self, x: torch.Tensor, method: str, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         dt = self._qdtype(method)
         if x.dtype == torch.int16 and method == "exp":
-            knots = self._cached((method, "qint16"), lambda: lut_int16(fn, self._in(0), self._out, dt).entries)
-            return lut_int16_apply(knots, x, dt)
+            v = self.table16_version
+            knots = self._cached(
+                (method, "qint16", v),
+                lambda: lut_int16(fn, self._in(0), self._out, dt, measure=False, version=v).entries,
+            )
+            return lut_int16_apply(knots, x, dt, v)
         if x.dtype != torch.int8:
             raise NotImplementedError(
                 f"QFunctional.{method}: {x.dtype} input has no table; {method} takes qint8 codes"
@@ -207,6 +216,7 @@ def _from_functional_op(op: Any, tensors: dict[str, torch.Tensor]) -> QFunctiona
     """The QFunctional a ``qadd`` / ``qcat`` / ... op's call site holds (emit and evaluation)."""
     m = QFunctional()
     m.march = op.march
+    m.table16_version = int(getattr(op, "table16_version", LATEST))
     m._set_scales(op.in_scales, torch.tensor(op.out.scale, dtype=torch.float32), op.out.dtype)
     return m
 
