@@ -1,7 +1,7 @@
 """Mutation fuzzer for compiled artifacts: what a hostile or careless file does to ``load_compiled``.
 
 Compiles a few small models (both marches; convolutions, pooling, linear, add, lookup
-tables, layout functions; on Bayes, self-attention and LSTM cells from
+tables, layout functions; on Bayes, qint16 segmented tables, self-attention and LSTM cells from
 benchmarks/fuzz_ir_converted.py), then writes seeded mutations of their files (header values and
 structure, raw header text, data bytes, the container) and loads each with a memory bound
 (``load_compiled(path, max_memory=MAX_MEMORY)``, 1 GiB) and runs it under an address-space
@@ -16,7 +16,10 @@ counted instead of swapping. Every case ends in one class:
   should have bounded it), ``... hang``: over ``--timeout`` seconds twice (a bug; a case over it
   once runs again, since a hang repeats and a stall of a loaded machine does not).
 
-    python benchmarks/fuzz_artifact.py --cases 10000 --seed 0 [--txt out.txt] [--json out.json]
+    python benchmarks/fuzz_artifact.py --cases 10000 --seed 0 [--corpus lut16-bayes] [--txt out.txt] [--json out.json]
+
+On a file with ``lut16`` instructions (``lut16-bayes``), 30% of the cases break its segmented
+tables one rule at a time (:func:`m_table16`).
 
 Exit status 1 when any case is a bug.
 """
@@ -106,28 +109,34 @@ class Seed:
     inputs: tuple[torch.Tensor, ...]
 
 
-def build_corpus(out: Path) -> list[Seed]:
-    """Compile the corpus models (a few seconds) and split their files into header and data."""
+def build_corpus(out: Path, only: frozenset[str] = frozenset()) -> list[Seed]:
+    """Compile the corpus models (a few seconds; ``only``: these names, default all) and split their
+    files into header and data."""
     from qir.march import march_scope
     from qir.quantization import compile_model, convert_fx, get_default_qat_qconfig, prepare_qat_fx
 
     try:
-        from benchmarks.fuzz_ir_converted import _one, _Sequence, _sequence_inputs
+        from benchmarks.fuzz_ir_converted import _Lut16, _one, _Sequence, _sequence_inputs
     except ImportError:  # run as a script: benchmarks/ is on sys.path, not the repository root
-        from fuzz_ir_converted import _one, _Sequence, _sequence_inputs  # type: ignore[no-redef]
+        from fuzz_ir_converted import _Lut16, _one, _Sequence, _sequence_inputs  # type: ignore[no-redef]
 
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     seeds = []
-    for name, make, shape, inputs, march in (
-        ("digits-bayes", _Digits, (2, 1, 28, 28), _one, "bayes"),
-        ("small-bayes", _Small, (2, 3, 16, 16), _one, "bayes"),
-        ("small-bernoulli2", _Small, (2, 3, 16, 16), _one, "bernoulli2"),
+    for name, make, shape, inputs, march, dtype in (
+        ("digits-bayes", _Digits, (2, 1, 28, 28), _one, "bayes", "qint8"),
+        ("small-bayes", _Small, (2, 3, 16, 16), _one, "bayes", "qint8"),
+        ("small-bernoulli2", _Small, (2, 3, 16, 16), _one, "bernoulli2", "qint8"),
         # self-attention and LSTM cells (with state from QuantStubs, and without): Bayes only
-        ("sequence-bayes", _Sequence, (2, 5, 8), _sequence_inputs, "bayes"),
+        ("sequence-bayes", _Sequence, (2, 5, 8), _sequence_inputs, "bayes", "qint8"),
+        # qint16 table lookups (segmented tables): Bayes only
+        ("lut16-bayes", _Lut16, (2, 64), _one, "bayes", "qint16"),
     ):
+        if only and name not in only:
+            continue
         with march_scope(march):
-            prepared = prepare_qat_fx(make(), {"": get_default_qat_qconfig()}, example_inputs=inputs(shape, gen))
+            qconfig = get_default_qat_qconfig(dtype=dtype)
+            prepared = prepare_qat_fx(make(), {"": qconfig}, example_inputs=inputs(shape, gen))
             with torch.no_grad():
                 for _ in range(3):
                     prepared(*inputs(shape, gen))
@@ -296,6 +305,47 @@ HEADER_MUTATORS: list[Callable[[random.Random, dict[str, Any]], str]] = [
 ]  # fmt: skip
 
 
+def m_table16(rng: random.Random, h: dict[str, Any], section: bytes) -> tuple[str, bytes]:
+    """A ``lut16`` instruction's segmented table broken one rule at a time (its knot codes out of
+    order, a width that is not a power of two, the ends moved, a value outside the output range),
+    its ``version`` attribute changed or dropped, or its table's declared shape changed (the byte
+    size kept); ``h`` is edited in place, the new data section returned."""
+    insts = [i for i in h["program"]["instructions"] if i["op"] == "lut16"]
+    if not insts:
+        return "table16(none)", section
+    inst = rng.choice(insts)
+    entry = next(t for t in h["tensors"] if t["name"] == inst["consts"]["table"])
+    b = bytearray(section)
+    start, n = entry["offset"], entry["nbytes"] // 4
+    values = list(struct.unpack_from(f"<{n}i", b, start))
+    op = rng.choice(["swap", "bump", "ends", "value", "value", "random", "version", "shape"])
+    two_rows = len(entry["shape"]) == 2
+    half = n // 2 if two_rows else n
+    if op == "swap" and half > 2:
+        i = rng.randrange(1, half - 2)
+        values[i], values[i + 1] = values[i + 1], values[i]
+    elif op == "bump" and half > 2:
+        values[rng.randrange(1, half - 1)] += rng.choice([1, -1, 3])
+    elif op == "ends":
+        values[rng.choice([0, half - 1])] = rng.choice([-32769, -32767, 32767, 32769, 40000, 0])
+    elif op in ("value", "random"):
+        i = rng.randrange(half, n) if two_rows else rng.randrange(n)
+        values[i] = rng.choice([32768, -32769, 128, -129, 2**24 + 1, 2**31 - 1, -(2**31), 0, 1])
+        if op == "random":  # every value at once, random in a wide range
+            first = half if two_rows else 0
+            values[first:] = [rng.randint(-(2**20), 2**20) for _ in range(n - first)]
+    elif op == "version":
+        choice = rng.choice([0, 1, 2, 3, -1, "2", None, 2.0, "drop"])
+        if choice == "drop":
+            inst["attrs"].pop("version", None)
+        else:
+            inst["attrs"]["version"] = choice
+    else:
+        entry["shape"] = rng.choice([[n], [n // 2, 2] if two_rows else [n, 1], [1, n], [2, n // 2], [4, n // 4]])
+    struct.pack_into(f"<{n}i", b, start, *values)
+    return f"table16-{op}", bytes(b)
+
+
 def m_raw_text(rng: random.Random, text: bytes) -> tuple[str, bytes]:
     """Mutations below the JSON level: what a text editor or a hand-written file does."""
     op = rng.choice(["dup-key", "digits", "nesting", "nan", "flip", "truncate"])
@@ -382,6 +432,10 @@ def mutate(rng: random.Random, seed: Seed) -> tuple[str, bytes]:
     """One mutated file's bytes and the mutator's name."""
     r = rng.random()
     text = json.dumps(seed.header, separators=(",", ":")).encode()
+    if r < 0.3 and any(i["op"] == "lut16" for i in seed.header["program"]["instructions"]):
+        h = copy.deepcopy(seed.header)
+        name, section = m_table16(rng, h, seed.section)
+        return name, assemble(json.dumps(h, separators=(",", ":")).encode(), section)
     if r < 0.65:
         h = copy.deepcopy(seed.header)
         names = []
@@ -461,13 +515,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds per case before it counts as a hang")
     ap.add_argument("--limit-gib", type=float, default=2.0, help="address space allowed above the start-up mapping")
+    ap.add_argument("--corpus", default="", help="comma-separated corpus names to fuzz (default: all)")
     ap.add_argument("--txt", type=Path)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        seeds = build_corpus(Path(tmp))
+        seeds = build_corpus(Path(tmp), frozenset(filter(None, args.corpus.split(","))))
         cap = limit_address_space(args.limit_gib)
         t1 = time.perf_counter()
         counts, examples, stalls = fuzz(seeds, args.cases, args.seed, Path(tmp), args.timeout)

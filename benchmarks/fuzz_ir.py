@@ -13,7 +13,9 @@ another seed, NUL / unicode / bracket noise, hostile call targets, truncation, d
 nesting). On a seed with constants (the converted models), half the cases also set the values
 of one to three constants its nodes read to edge values (a shift of 63 or 99, a multiplier of 2**40, a NaN,
 zero or negative scale, a table entry of -1, one entry or all of them), the text left as it is
-or mutated too: the verifier must refuse what the integer kernels cannot run. Then
+or mutated too: the verifier must refuse what the integer kernels cannot run. On a seed with
+a qint16 segmented table (``table16``), 30% of the cases break one of the table's rules instead
+(:func:`mutate_table16`: knot order, interval widths, ends, value range, ``table16_version``). Then
 
 1. parses it (``allow_unbound=True``, under ``max_constant_bytes``) and binds its constants:
    the seed's own tensor where the key and declared type still match, otherwise seeded random
@@ -85,6 +87,8 @@ OK_CLASSES = ("parse-error", "verify-error", "ran", "no-inputs", "unbound-module
 MAX_CONSTANT_BYTES = 64 * 2**20
 #: share of the cases on a seed with constants (the converted models) whose constant values are mutated
 CONSTANT_MUTATION_RATE = 0.5
+#: share of the cases on a seed with a qint16 segmented table whose table breaks one of its rules
+TABLE16_MUTATION_RATE = 0.3
 
 
 # ----------------------------------------------------------------------------- seeds
@@ -409,6 +413,39 @@ def mutate_constants(
     return out, ", ".join(changes)
 
 
+def mutate_table16(
+    text: str, constants: dict[str, torch.Tensor], rng: random.Random
+) -> tuple[str, dict[str, torch.Tensor], str]:
+    """One rule of a segmented table broken: its knot codes out of order, a width that is not a
+    power of two, the ends moved, a value outside the output range, the table's ``table16_version``
+    changed in the text (with the values as they are). The text, a copy of ``constants``, and what changed."""
+    out = dict(constants)
+    keys = sorted(k for k, t in constants.items() if k.endswith("table16") and t.numel())
+    if not keys:
+        return text, out, ""
+    key = rng.choice(keys)
+    t = out[key].clone()
+    op = rng.choice(["swap", "bump", "ends", "value", "version", "rows"])
+    if t.dim() != 2 or op == "version":
+        v = rng.choice(["1", "3", "0", "-1", "2.0", '"2"', "None"])
+        return re.sub(r"table16_version=2\b", f"table16_version={v}", text, count=1), out, f"table16_version={v}"
+    knots, values = t[0], t[1]
+    n = t.shape[1]
+    if op == "swap" and n > 3:
+        i = rng.randrange(1, n - 2)
+        knots[i], knots[i + 1] = int(knots[i + 1]), int(knots[i])
+    elif op == "bump" and n > 2:
+        knots[rng.randrange(1, n - 1)] += rng.choice([1, -1, 3])
+    elif op == "ends":
+        knots[rng.choice([0, n - 1])] = rng.choice([-32769, -32767, 32767, 32769, 0])
+    elif op == "value":
+        values[rng.randrange(n)] = rng.choice([32768, -32769, 128, -129, 2**31 - 1, -(2**31)])
+    else:
+        t = t.flip(0)  # values where the knot codes belong
+    out[key] = t
+    return text, out, f"{key}: {op}"
+
+
 def mutate(text: str, rng: random.Random, pool: list[str]) -> str:
     for _ in range(rng.choice((1, 1, 2, 3))):
         text = _mutate_once(text, rng, pool)
@@ -570,7 +607,9 @@ def fuzz(cases: int, seed: int = 0, mem_bytes: int = 2 * 2**30, timeout: float =
             for i in range(cases):
                 name, text, constants = seeds[rng.randrange(len(seeds))]
                 changed = ""
-                if constants and rng.random() < CONSTANT_MUTATION_RATE:
+                if any(k.endswith("table16") for k in constants) and rng.random() < TABLE16_MUTATION_RATE:
+                    mutated, constants, changed = mutate_table16(text, constants, rng)
+                elif constants and rng.random() < CONSTANT_MUTATION_RATE:
                     # the values the text's constants hold, with the text as it is or mutated too
                     constants, changed = mutate_constants(constants, rng, read[name])
                     mutated = mutate(text, rng, pool) if rng.random() < 0.3 else text

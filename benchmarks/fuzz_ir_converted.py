@@ -7,7 +7,8 @@ with a fused add / linear, ``qmax_pool2d``, ``qlut``, ``qsoftmax``, ``qlayer_nor
 cat and stack, ``qinterpolate``, ``qadaptive_avg_pool2d``, ``qmatmul``, ``qmul_scalar``,
 ``qprelu``, ``qglu``, ``qmul``, ``qreduce``, ``qadd``, ``qminmax``, ``qlut_method``, ``qrelu6``,
 ``qavg_pool2d``, ``qadd_scalar``, ``qdiv``, ``qtensor_div``, ``qmultihead_attention``,
-``qlstm_cell`` with and without its state, ``qdequant_stub``) with their integer state
+``qlstm_cell`` with and without its state, ``qdequant_stub``; qint16 codes into ``qlut`` and
+``qlut_method``: segmented tables) with their integer state
 (weights, multipliers, shifts, tables) as constants. The fuzzer binds those real constants to
 a mutated text wherever its declared type still matches, so a mutant runs on the values a
 converted model holds.
@@ -99,6 +100,20 @@ class _Sequence(nn.Module):
         return self.dequant(self.fc(h2))
 
 
+class _Lut16(nn.Module):
+    """qint16 codes into Tanh (a qint16 output, a segmented ``table16``) and FloatFunctional.exp."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.act = nn.Tanh()
+        self.ff = FloatFunctional()
+        self.dequant = DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.ff.exp(self.act(self.quant(x))))
+
+
 def _one(shape: tuple[int, ...], gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     return (torch.randn(shape, generator=gen),)
 
@@ -109,25 +124,28 @@ def _sequence_inputs(shape: tuple[int, ...], gen: torch.Generator) -> tuple[torc
     return x, torch.randn(n, shape[2], generator=gen).tanh(), torch.randn(n, shape[2], generator=gen)
 
 
-#: (name, model, input shape, inputs from the shape, marches): the LSTM cell keeps its cell state
-#: in qint16, which only Bayes produces
+#: (name, model, input shape, inputs from the shape, marches, activation dtype): the LSTM cell
+#: keeps its cell state in qint16, and qint16 codes into a table are segmented tables, which only
+#: Bayes produces
 MODELS = (
-    ("vision", _Vision, (2, 3, 8, 8), _one, ("bayes", "bernoulli2")),
-    ("math", _Math, (2, 5, 8), _one, ("bayes", "bernoulli2")),
-    ("sequence", _Sequence, (2, 5, 8), _sequence_inputs, ("bayes",)),
+    ("vision", _Vision, (2, 3, 8, 8), _one, ("bayes", "bernoulli2"), "qint8"),
+    ("math", _Math, (2, 5, 8), _one, ("bayes", "bernoulli2"), "qint8"),
+    ("sequence", _Sequence, (2, 5, 8), _sequence_inputs, ("bayes",), "qint8"),
+    ("lut16", _Lut16, (2, 64), _one, ("bayes",), "qint16"),
 )
 
 
 def converted_seeds() -> list[tuple[str, str, dict[str, torch.Tensor]]]:
     """(name, text, constants) of each model converted on each march and traced."""
     seeds = []
-    for name, make, shape, inputs, marches in MODELS:
+    for name, make, shape, inputs, marches, dtype in MODELS:
         for march in marches:
             torch.manual_seed(0)
             gen = torch.Generator().manual_seed(0)
             batches = [inputs(shape, gen) for _ in range(3)]
             with march_scope(march):
-                qat = prepare_qat_fx(make(), {"": get_default_qat_qconfig()}, example_inputs=batches[0])
+                qconfig = get_default_qat_qconfig(dtype=dtype)
+                qat = prepare_qat_fx(make(), {"": qconfig}, example_inputs=batches[0])
                 for batch in batches:
                     qat(*batch)
                 model = convert_fx(qat.eval())
