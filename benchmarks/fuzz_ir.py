@@ -285,7 +285,9 @@ def _mutate_once(text: str, rng: random.Random, pool: list[str]) -> str:
             if not parts:
                 return rng.choice(EDGE_DIMS) + "x"
             i = rng.randrange(len(parts))
-            parts[i] = rng.choice((*EDGE_DIMS, str(max(int(parts[i]) - 1, 0)), str(int(parts[i]) + 1)))
+            # an earlier mutation may have left an empty dimension ("2xxqi16"): read it as 0
+            d = int(parts[i]) if parts[i].isdigit() else 0
+            parts[i] = rng.choice((*EDGE_DIMS, str(max(d - 1, 0)), str(d + 1)))
             if rng.random() < 0.2:
                 del parts[rng.randrange(len(parts))]
             return "".join(p + "x" for p in parts)

@@ -240,8 +240,9 @@ def test_verify_names_the_fault() -> None:
         lut.verify([i8, t8, TensorType((512,), DType.int32)])
     with pytest.raises(IRError, match=r"a version-2 table16 is \(2, n\)"):
         attrs.evolve(lut, table16_version=2).verify([i8, t8, t16])
-    with pytest.raises(IRError, match="table16 holds integers"):
-        lut.verify([i8, t8, TensorType((513,), DType.float32)])
+    for dt in (DType.float32, DType.bool):
+        with pytest.raises(IRError, match="table16 holds integers"):
+            lut.verify([i8, t8, TensorType((513,), dt)])
     attrs.evolve(lut, table16_version=2).verify([TensorType((1, 4), DType.int16), t8, TensorType((2, 7), DType.int32)])
     with pytest.raises(IRError, match="table16_version must be one of 1, 2"):
         QLut(function="Sigmoid", out=spec, in_scales=(0.1,), table16_version=3)

@@ -138,7 +138,7 @@ class QLut(IntegerModuleOp):
             # the lookup returns the table's entries as they are: they are the output codes
             raise IRError(f"qlut: table entries are the output codes: out is {self.out.dtype.name}, table is {table}")
         problem = table16_shape_problem(table16.shape, self.table16_version)
-        if problem is not None or table16.dtype.is_float:
+        if problem is not None or table16.dtype.is_float or table16.dtype in (DType.bool, DType.qbool):
             raise IRError(f"qlut: {problem or 'table16 holds integers'}; got {table16}")
         dt = code_dtype(self.name, operand_types[0])
         if dt is DType.qint16 and table16.shape == (0,):
