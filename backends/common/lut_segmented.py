@@ -48,6 +48,7 @@ __all__ = [
     "SegmentedTable",
     "lut_int16",
     "lut_int16_apply",
+    "method_table16",
 ]
 
 SEGMENTS = 8
@@ -100,7 +101,7 @@ def _evaluate_v2(entries: torch.Tensor, q: torch.Tensor, lo: int, hi: int) -> to
     widths = knots[1:] - knots[:-1]
     # log2 of each (power-of-two) width: exact in float64 for widths up to 2**16
     shifts = torch.log2(widths.to(torch.float64)).round().to(torch.int64)
-    q = q.to(torch.int64)
+    q = q.to(torch.int64).contiguous()
     j = torch.searchsorted(knots, q, right=True) - 1
     r = q - knots[j]
     step = ((t[j + 1] - t[j]) * r + (widths[j] >> 1)) >> shifts[j]
@@ -187,6 +188,32 @@ def lut_int16(
         got = _evaluate_v2(entries, codes[:-1], lo, hi)
     err = float((got.to(torch.float64) - ideal).abs().max())
     return SegmentedTable(entries, qd, err, version)
+
+
+#: FloatFunctional's table methods: exp is interpolated within :data:`KNOT_BUDGET` intervals; ceil /
+#: floor are step functions, exact only when every jump is its own interval: no budget (a flat
+#: stretch stays one interval, each jump costs about 16 knots)
+_METHOD_BUDGETS = {"exp": KNOT_BUDGET, "ceil": _CODES, "floor": _CODES}
+
+
+def method_table16(
+    method: str,
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    in_scale: float,
+    out_scale: float,
+    out_dtype: DTypeLike,
+    version: int,
+) -> torch.Tensor | None:
+    """The knots of ``FloatFunctional.<method>``'s qint16-input table (``exp`` / ``ceil`` / ``floor``),
+    or None when the method has none in format ``version`` (ceil / floor: version 1's uniform
+    knots interpolate across the jumps). Version 2's ceil / floor tables are exact: every code's
+    result is ``round(f(q * s_in) / s_out)``, as the 256-entry table of qint8 codes."""
+    if method not in _METHOD_BUDGETS:
+        raise ValueError(f"{method!r} has no table; the table methods are {', '.join(_METHOD_BUDGETS)}")
+    if method != "exp" and version == 1:
+        return None
+    budget = _METHOD_BUDGETS[method]
+    return lut_int16(fn, in_scale, out_scale, out_dtype, measure=False, version=version, budget=budget).entries
 
 
 def lut_int16_apply(

@@ -16,7 +16,7 @@ import torch
 from backends.common import numerics
 from backends.common.integer_rules import SCALAR_CODE, div_params, ratio_params
 from backends.common.lower import LowerContext, LoweringError, f32_scale, shape_call, tensor_ref
-from backends.common.lut_segmented import lut_int16
+from backends.common.lut_segmented import method_table16
 from backends.common.program import ValueRef
 from qir.ir.graph import Node
 
@@ -209,16 +209,17 @@ def lower_qlut_method(ctx: LowerContext, node: Node, operands: Sequence[Any]) ->
     method = node.op.method  # type: ignore[attr-defined]
     x = _ref(operands[0], node)
     dt = _quantized_out(node)
-    if ctx.values[x].dtype == torch.int16 and method == "exp":
-        version = int(getattr(node.op, "table16_version", 1))
-        knots = lut_int16(torch.exp, _in(node, 0), _out(node)[1], dt, measure=False, version=version).entries
-        c = ctx.const(f"{node.name}.table16", knots)
-        attrs = {"what": method, "out_dtype": dt, "version": version}
-        return ValueRef(ctx.emit("lut16", [x], attrs, {"table": c}, node.name, method))
+    version = int(getattr(node.op, "table16_version", 1))
+    if ctx.values[x].dtype == torch.int16:
+        knots = method_table16(method, _LUT_FUNCTIONS[method], _in(node, 0), _out(node)[1], dt, version)
+        if knots is not None:
+            c = ctx.const(f"{node.name}.table16", knots)
+            attrs = {"what": method, "out_dtype": dt, "version": version}
+            return ValueRef(ctx.emit("lut16", [x], attrs, {"table": c}, node.name, method))
     if ctx.values[x].dtype != torch.int8:
         raise LoweringError(
             f"node '{node.name}': {method} of a {ctx.values[x].dtype} tensor has no table; {method} takes qint8 codes"
-            + (" (a step function has no interpolated qint16 table)" if method != "exp" else "")
+            + (" or qint16 codes" if method == "exp" or version > 1 else " (table16_version 1: convert it again)")
         )
     table = numerics.lut_int8(_LUT_FUNCTIONS[method], _in(node, 0), _out(node)[1], dt)
     c = ctx.const(f"{node.name}.table", table)

@@ -13,9 +13,8 @@ observer sees the same values) and the converted ``QFunctional``'s rule on the i
   matmul) the int32 product at ``s_x * s_y``,
 * ``sum`` / ``mean``: the exact int64 sum requantized (``mean`` folds ``1 / n`` into the ratio),
 * ``maximum`` / ``minimum``: both inputs requantized to the output scale first,
-* ``exp`` / ``ceil`` / ``floor``: the 256-entry table of qint8 input; ``exp`` of qint16 input the
-  segmented 513-knot table. ``ceil`` / ``floor`` of qint16 codes have no integer form (convert
-  refuses them), so such a call stays float fake quantization and the binding says why.
+* ``exp`` / ``ceil`` / ``floor``: the 256-entry table of qint8 input, the segmented table of qint16
+  input (``lut_segmented.method_table16``: ceil / floor exact, every jump its own interval).
 """
 
 from __future__ import annotations
@@ -34,7 +33,8 @@ from backends.common.integer_rules import (
     mul_scalar_int,
     ratio_params,
 )
-from backends.common.lut_segmented import lut_int16, lut_int16_apply
+from backends.common.lut_segmented import lut_int16_apply, method_table16
+from qir.ir.table16 import LATEST
 from qir.ir.types import DType
 
 __all__ = ["METHODS", "float_result", "integer_result", "operands", "refusal"]
@@ -103,11 +103,8 @@ def float_result(method: str, ts: list[torch.Tensor], opts: dict[str, Any]) -> t
 
 def refusal(method: str, in_dtypes: Sequence[DType]) -> str | None:
     """Why a call of ``method`` on inputs of ``in_dtypes`` has no integer form, or None."""
-    if method in ("ceil", "floor") and in_dtypes and in_dtypes[0] is not DType.qint8:
-        return (
-            f"FloatFunctional.{method} of {in_dtypes[0].name} codes has no integer form (a step function has no "
-            "interpolated qint16 table); it trains with float fake quantization"
-        )
+    if method in ("ceil", "floor") and in_dtypes and in_dtypes[0] not in (DType.qint8, DType.qint16):
+        return f"FloatFunctional.{method} of {in_dtypes[0].name} codes has no table; it trains with float fake quant"
     return None
 
 
@@ -130,7 +127,7 @@ def integer_result(
     opts: dict[str, Any],
 ) -> torch.Tensor | None:
     """The converted ``QFunctional.<method>`` on the int64 input codes ``qs`` of ``in_dtypes`` grids
-    (qir.nn.quantized.functional), or None when it has none (qint16 ``ceil`` / ``floor``). ``s_out``
+    (qir.nn.quantized.functional), or None when it has none. ``s_out``
     None: a high-precision matmul (int32 output)."""
     x = qs[0]
     if method == "matmul":
@@ -164,6 +161,5 @@ def integer_result(
     fn = _TABLES[method]
     if in_dtypes[0] is DType.qint8:
         return numerics.lut_apply(numerics.lut_int8(fn, scales[0], s_out, dt), x)
-    if method == "exp":
-        return lut_int16_apply(lut_int16(fn, scales[0], s_out, dt, measure=False).entries, x, dt)
-    return None
+    knots = method_table16(method, fn, scales[0], s_out, dt, LATEST)
+    return None if knots is None else lut_int16_apply(knots, x, dt)

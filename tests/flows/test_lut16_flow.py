@@ -183,17 +183,36 @@ def test_floatfunctional_exp_of_qint16_codes(tmp_path: Path) -> None:
     assert torch.equal(loaded(x), conv(x))
 
 
-def test_floatfunctional_ceil_of_qint16_codes_is_refused() -> None:
+@pytest.mark.parametrize("method", ["ceil", "floor"])
+def test_floatfunctional_ceil_floor_of_qint16_codes(method: str, tmp_path: Path) -> None:
+    """An exact segmented table: the converted model, the IR and the artifact agree, and every
+    output is the rounding of the float function at the output scale."""
     torch.manual_seed(0)
-    x = torch.randn(2, 3, 5, 5)
+    x = torch.randn(2, 3, 5, 5) * 3
     with march_scope("bayes"):
-        m = prepare_qat_fx(_FFExp("ceil").eval(), _qconfig(False))
+        q16 = get_default_qat_qconfig(dtype="qint16")  # Bayes: ceil / floor keep their input's dtype
+        m = prepare_qat_fx(
+            _FFExp(method).eval(), {"": get_default_qat_qconfig(), "module_name": {"conv": q16, "ff": q16}}
+        )
         m(x)
         set_fake_quantize(m, "validation")
         conv = convert_fx(m)
-    for model in (m, conv):  # validation runs the converted model
-        with pytest.raises(NotImplementedError, match=r"QFunctional\.ceil: torch\.int16 input has no table"):
-            model(x)
+    g = trace(conv, x)
+    (node,) = [n for n in g.nodes if n.op.name == "qlut_method"]
+    assert node.op.table16_version == 2 and node.operands[0].type.dtype.name in ("qint16", "int16")
+    compile_model(conv, x, hbm=tmp_path / "m.hbm")
+    loaded = load_compiled(tmp_path / "m.hbm")
+    assert "lut16" in [i.op for i in loaded.program.instructions]
+    with torch.no_grad():
+        want = conv(x)
+        assert torch.equal(m(x), want)
+    assert torch.equal(run_graph(g, x), want) and torch.equal(loaded(x), want)
+    ff = conv.get_submodule("ff")
+    codes = conv.get_submodule("conv")(conv.get_submodule("quant")(x))
+    s_in, s_out = float(ff.input_scale_0[0]), float(ff.scale[0])
+    fn = getattr(torch, method)
+    ideal = torch.floor(fn(codes.double() * float(torch.tensor(s_in))) / s_out + 0.5).clamp(-32768, 32767)
+    assert torch.equal(getattr(ff, method)(codes).double(), ideal)
 
 
 def _header_and_section(path: Path) -> tuple[dict[str, Any], bytes]:

@@ -11,7 +11,7 @@ from nn_helpers import QC8, QC16
 from torch import nn
 
 import qir.nn as qnn
-from backends.common.lut_segmented import KNOT_BUDGET, KNOTS, SHIFT, lut_int16, lut_int16_apply
+from backends.common.lut_segmented import KNOT_BUDGET, KNOTS, SHIFT, lut_int16, lut_int16_apply, method_table16
 from qir.ir.numerics import round_half_up
 from qir.ir.ops.integer_elementwise import KNOTS16
 from qir.ir.table16 import LATEST, table16_problem
@@ -185,3 +185,23 @@ def test_qint16_hardsigmoid_in_a_model() -> None:
     s_out = float(lut.scale[0])
     bound = lut_int16(nn.Hardsigmoid(), float(lut.input_scale_0[0]), s_out, lut.dtype).max_error_lsb
     assert float((out - sim).abs().max()) / s_out <= bound + 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("method", ["ceil", "floor"])
+@pytest.mark.parametrize("amax", [3.0, 8.0, 100.0])
+@pytest.mark.parametrize("dt", ["qint8", "qint16"])
+def test_step_functions_get_exact_tables(method: str, amax: float, dt: str) -> None:
+    """ceil / floor of qint16 codes: every jump its own interval, so every code's result is the
+    rounding of the function at the output scale (what the 256-entry table is for qint8 codes)."""
+    fn = getattr(torch, method)
+    s_in = amax / 32767.5
+    s_out = (amax + 1) / (127.5 if dt == "qint8" else 32767.5)
+    knots = method_table16(method, fn, s_in, s_out, dt, 2)
+    assert knots is not None and table16_problem(knots, 2, DType.parse(dt)) is None
+    lo, hi = DType.parse(dt).qrange
+    x = CODES.double() * float(torch.tensor(s_in, dtype=torch.float32))
+    ideal = torch.floor(fn(x) / float(torch.tensor(s_out, dtype=torch.float32)) + 0.5).clamp(lo, hi)
+    assert torch.equal(lut_int16_apply(knots, CODES, dt, 2).double(), ideal)
+    jumps = int((fn(x)[1:] != fn(x)[:-1]).sum())
+    assert knots.shape[1] <= 2 + 2 * 16 * (jumps + 1)  # about 16 knots per jump, flat stretches one interval
+    assert method_table16(method, fn, s_in, s_out, dt, 1) is None  # version 1 interpolates across the jumps

@@ -135,7 +135,7 @@ def test_functional_spellings_train_as_the_converted_model(march: str) -> None:
 
 
 class _Sixteen(nn.Module):
-    """qint16 codes into exp (the segmented table), mean and, when asked, ceil (no integer form)."""
+    """qint16 codes into exp (the segmented table), mean and, when asked, ceil (the exact segmented table)."""
 
     def __init__(self, ceil: bool = False) -> None:
         super().__init__()
@@ -165,18 +165,15 @@ def test_qint16_exp_and_mean_train_as_the_converted_model() -> None:
     _train_equal_to_converted(qat, "bayes", convert_fx)
 
 
-def test_qint16_ceil_has_no_integer_form_and_says_so() -> None:
+def test_qint16_ceil_trains_as_the_converted_model() -> None:
+    """ceil of qint16 codes: the exact segmented table (every jump its own interval), on the grid."""
     torch.manual_seed(0)
     with march_scope("bayes"):
         qat = prepare_qat_fx(_Sixteen(ceil=True), _qint16_conv()).train()
     report = integer_grid_report(qat)
-    assert report["exp"] == report["mean"] == "grid" and report["ceil"] == "float fake quant"
-    assert "ceil of qint16 codes has no integer form" in bind_integer_grid(qat, "bayes")["ceil"]
-    x, y = _inputs(torch.Generator().manual_seed(2))
-    out = qat(x, y)
-    set_integer_grid(qat, False)
-    disable_observer(qat)
-    assert torch.equal(out[2], qat(x, y)[2])  # the float fake quant forward
+    assert report["exp"] == report["mean"] == report["ceil"] == "grid", report
+    assert bind_integer_grid(qat, "bayes") == {}
+    _train_equal_to_converted(qat, "bayes", convert_fx)
 
 
 def test_gradients_are_the_float_fake_quant_gradients() -> None:

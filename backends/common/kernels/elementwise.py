@@ -261,7 +261,7 @@ def lut16(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor])
         step = torch.div((table[j + 1] - left) * r + 64, 128, rounding_mode="floor")
         return [sat_to(left + step, str(inst.attrs["out_dtype"]))]
     k, t = table[0], table[1]
-    q = args[0].to(torch.int64)
+    q = args[0].to(torch.int64).contiguous()
     j = torch.bucketize(q, k, right=True) - 1
     w = k[j + 1] - k[j]
     left = t[j]

@@ -399,8 +399,8 @@ class QReduce(QFunctionalOp):
 @register_op
 @attrs.frozen
 class QLutMethod(QFunctionalOp):
-    """``exp`` / ``ceil`` / ``floor`` of qint8 codes through a 256-entry table (``exp`` of qint16
-    codes through a segmented table)."""
+    """``exp`` / ``ceil`` / ``floor`` of qint8 codes through a 256-entry table, of qint16 codes
+    through a segmented table (ceil / floor: from ``table16_version`` 2, exact)."""
 
     name: ClassVar[str] = "qlut_method"
     ff_methods: ClassVar[tuple[str, ...]] = ("exp", "ceil", "floor")
@@ -427,10 +427,12 @@ class QLutMethod(QFunctionalOp):
 
     def verify_(self, operand_types: Sequence[Type]) -> None:
         dtype = code_dtype(self.name, operand_types[0])
-        if dtype is not DType.qint8 and not (dtype is DType.qint16 and self.method == "exp"):
+        # ceil / floor of qint16 codes: exact segmented tables from format version 2
+        qint16 = self.method == "exp" or self.table16_version > 1
+        if dtype is not DType.qint8 and not (dtype is DType.qint16 and qint16):
             raise IRError(
-                f"qlut_method: {self.method} reads qint8 codes"
-                + (" (exp also qint16)" if self.method != "exp" else " or qint16 codes")
+                f"qlut_method: {self.method} reads qint8"
+                + (" or qint16 codes" if qint16 else " codes (qint16 from table16_version 2)")
                 + f", got {operand_types[0]}"
             )
         super().verify_(operand_types)

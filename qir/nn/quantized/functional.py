@@ -28,7 +28,7 @@ from backends.common.integer_rules import (
     mul_scalar_int,
     ratio_params,
 )
-from backends.common.lut_segmented import lut_int16, lut_int16_apply
+from backends.common.lut_segmented import lut_int16_apply, method_table16
 from qir.ir.table16 import LATEST
 from qir.ir.types import DType
 from qir.nn.modules.functional import Dims, FloatFunctional, _dims
@@ -184,17 +184,18 @@ class QFunctional(QuantizedModule):
 
     def _lut(self, x: torch.Tensor, method: str, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         dt = self._qdtype(method)
-        if x.dtype == torch.int16 and method == "exp":
-            v = self.table16_version
+        v = self.table16_version
+        if x.dtype == torch.int16:
             knots = self._cached(
-                (method, "qint16", v),
-                lambda: lut_int16(fn, self._in(0), self._out, dt, measure=False, version=v).entries,
+                (method, "qint16", v), lambda: method_table16(method, fn, self._in(0), self._out, dt, v)
             )
-            return lut_int16_apply(knots, x, dt, v)
+            if knots is not None:
+                return lut_int16_apply(knots, x, dt, v)
         if x.dtype != torch.int8:
             raise NotImplementedError(
                 f"QFunctional.{method}: {x.dtype} input has no table; {method} takes qint8 codes"
-                + (" (a step function has no interpolated qint16 table)" if method != "exp" else "")
+                + (" (or qint16 codes)" if method == "exp" else "")
+                + (" (a module converted before the table16 format version 2: convert it again)" if v == 1 else "")
             )
         table = self._cached((method,), lambda: numerics.lut_int8(fn, self._in(0), self._out, dt))
         return numerics.lut_apply(table, x)
