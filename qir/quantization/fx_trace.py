@@ -130,19 +130,37 @@ class _RankOnly(torch.fx.Interpreter):
             return obj.to("meta") if isinstance(obj, torch.Tensor) else obj
         if n.op == "call_module":
             m = self.module.get_submodule(str(n.target))
+            first = _first_tensor((args, kwargs))
+            if isinstance(m, nn.Linear) and first is not None and first.dim() == 3:
+                # a Linear maps the last dim: tokens (B, N, C) stay rank 3 (a transformer's q / kv / proj);
+                # other ranks keep the guess of 2 (a model input's rank is guessed as 4, and a classifier
+                # on it is (B, C))
+                return _meta_like(3)
             rank = _weighted_rank(m)
             if rank is not None:
                 return _meta_like(rank)
-            first = _first_tensor((args, kwargs))
             return first if first is not None else _meta_like(4)
         try:
             return getattr(self, n.op)(n.target, args, kwargs)
         except Exception:  # shapes are invented here: keep the first input's value
+            rank = _reshape_rank(n, args)
+            if rank is not None:  # x.reshape(b, -1, h // 2, w // 2): 1 // 2 = 0 on invented sizes
+                return _meta_like(rank)
             first = _first_tensor((args, kwargs))
             if first is None and _all_numbers((args, kwargs)):
                 # arithmetic on invented sizes (1 // 2 = 0, then 0 ** -0.5): still a number, not a tensor
                 return _number_like(n.target, (args, kwargs))
             return first if first is not None else _meta_like(4)
+
+
+def _reshape_rank(n: torch.fx.Node, args: Any) -> int | None:
+    """The rank a ``reshape`` / ``view`` call asks for (its size arguments), or None for another call."""
+    is_method = n.op == "call_method" and n.target in ("reshape", "view")
+    is_function = n.op == "call_function" and n.target is torch.reshape
+    if not (is_method or is_function) or len(args) < 2:
+        return None
+    sizes = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list, torch.Size)) else args[1:]
+    return len(sizes) if all(isinstance(d, int) for d in sizes) else None
 
 
 def _all_numbers(args: Any) -> bool:
@@ -165,7 +183,8 @@ _WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspo
 
 
 def _weighted_rank(m: nn.Module) -> int | None:
-    """Output rank of a conv (its weight's rank) or linear (2) module, else None."""
+    """Output rank of a conv (its weight's rank) or linear (2; 3 on (B, N, C) tokens, see
+    ``_RankOnly._value``) module, else None."""
     w = getattr(m, "weight", None)
     if isinstance(m, _WEIGHTED) and isinstance(w, torch.Tensor):
         return w.dim()
