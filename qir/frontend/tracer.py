@@ -190,6 +190,23 @@ def static_piece_count(node: torch.fx.Node) -> int | None:
     return None
 
 
+def whole_chunk_calls(graph: torch.fx.Graph) -> list[str]:
+    """The ``chunk(n)`` calls of ``graph`` whose pieces it reads up to the n-th (``a, b, c, d = x.chunk(4)``,
+    a loop over them), described for an error message. Traced without example inputs, each assumes
+    torch returns n pieces, which it does only when the size along the dim allows (``chunk(4)`` of 5
+    channels gives 3): a run on a smaller size indexes a piece that is not there."""
+    found = []
+    for n in graph.nodes:
+        k = static_piece_count(n) if _is_chunk(n) else None
+        if k is None:
+            continue
+        read = [u.args[1] for u in n.users if u.target is operator.getitem and isinstance(u.args[1], int)]
+        if read and max(read) == k - 1:
+            dim = n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0)
+            found.append(f"'{n.name}' (chunk({k}, dim={dim}))")
+    return found
+
+
 #: Tensor methods whose in-place form (``x.sigmoid_()``, CenterNet's ``_sigmoid``) is traced as the
 #: out-of-place call, so it gets the same IR op (a table lookup, a FloatFunctional, ...)
 _INPLACE_METHODS = frozenset(

@@ -126,6 +126,11 @@ def forget_failure(model: nn.Module) -> None:
     _FAILED.pop(model, None)
 
 
+#: ``GraphModule.meta`` key: True when prepare traced the model without example inputs (a ``chunk(n)``
+#: then has the call's n pieces, see :func:`_missing_piece`)
+TRACED_WITHOUT_EXAMPLES_KEY = "qir.traced_without_examples"
+
+
 class ExactValidationMixin:
     """Mixed into a prepared GraphModule's class: validation state runs the integer twin."""
 
@@ -134,7 +139,29 @@ class ExactValidationMixin:
         if twin is not None:
             with torch.no_grad():
                 return twin(*args, **kwargs)
-        return super()._call_impl(*args, **kwargs)  # type: ignore[misc]
+        try:
+            return super()._call_impl(*args, **kwargs)  # type: ignore[misc]
+        except IndexError as e:
+            better = _missing_piece(self, e)  # type: ignore[arg-type]
+            if better is e:
+                raise
+            raise better from e
+
+
+def _missing_piece(gm: torch.fx.GraphModule, e: IndexError) -> IndexError:
+    """``e`` explained when ``gm`` was prepared without example inputs and reads all n pieces of a
+    ``chunk(n)``: the piece count was taken from the call, and this input's size gave fewer."""
+    from qir.frontend.tracer import whole_chunk_calls
+
+    calls = whole_chunk_calls(gm.graph) if gm.meta.get(TRACED_WITHOUT_EXAMPLES_KEY) else []
+    if not calls:
+        return e
+    return IndexError(
+        f"{e}: {type(gm).__name__} was prepared without example inputs, so the chunk call(s) {', '.join(calls)} were "
+        "traced as n pieces each, the count the call asks for; torch returns fewer when the size along the dim is "
+        "small for n (chunk(4) of 5 channels gives 3). Pass example_inputs=(...) to prepare_qat_fx: the piece "
+        "count is then measured on them"
+    )
 
 
 class QATGraphModule(ExactValidationMixin, torch.fx.GraphModule):

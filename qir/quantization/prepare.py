@@ -48,6 +48,7 @@ from passes.pipeline import Pipeline
 from qir.frontend.convert import gc_paused
 from qir.march import March, get_march
 from qir.qat_mode import QATMode, get_qat_mode
+from qir.quantization.exact_validation import TRACED_WITHOUT_EXAMPLES_KEY
 from qir.quantization.exact_validation import install as install_exact_validation
 from qir.quantization.fake_quant_ir import fake_quant_spec
 from qir.quantization.fake_quantize import FakeQuantize
@@ -460,6 +461,7 @@ def _prepare_float(
         example_inputs=_detached(example_inputs),
     )
     gm.meta[PREPARE_PATH_KEY] = path
+    gm.meta[TRACED_WITHOUT_EXAMPLES_KEY] = example_inputs is None
     check_convertible(gm, record.owners)
     gm.train(model.training)
     follow_training(gm)

@@ -174,9 +174,13 @@ def test_a_chunk_into_fewer_pieces_than_asked_matches_torch() -> None:
     result = fx_flow(model, lambda: (torch.randn(2, 3, 4, 4),), steps=2, example_inputs=True)
     assert [p.shape[1] for p in result.integer_out] == [2, 2, 1]
     assert result.max_error() <= 2.01 * float(result.qat.get_submodule("conv").activation_post_process.scale)
-    # without them the graph has the call's count: the run fails loudly, never a silently wrong list
+    # without them the graph has the call's count: the run fails loudly, never a silently wrong list,
+    # and the prepared model's error names the chunk call and the fix
     with pytest.raises(IndexError):
         fuse_fx(model)(x)
+    prepared = prepare_qat_fx(model, {"": get_default_qat_qconfig()})
+    with pytest.raises(IndexError, match=r"without example inputs.*'chunk' \(chunk\(4, dim=1\)\).*example_inputs="):
+        prepared(x)
 
 
 def test_the_detector_calibrates_trains_converts_and_compiles_with_qint16_heads() -> None:
