@@ -1,10 +1,12 @@
 """``insert-observers``: the prepare step as a pass — float layers become QAT ops.
 
 Each node whose scope (module path) the options name is replaced by the QAT op its
-observer rule builds (``conv2d`` -> ``qat_conv``, the input ``QuantStub`` call ->
-``qat_quant_stub``, ...), with that module's resolved qconfig: the weight fake quant and the
+observer rule builds (``conv2d`` -> ``qat_conv``, ``max_pool2d`` -> ``qat_max_pool2d``, the
+input ``QuantStub`` call -> ``qat_quant_stub``, a FloatFunctional's ``add`` ->
+``qat_functional``, ...), with that module's resolved qconfig: the weight fake quant and the
 output fake quant as :class:`~qir.ir.ops.qat.FakeQuantSpec` data. The rules are registered
-per float op name or per opaque module class with :func:`register_observer_rule` by the layer
+per float op name, per opaque module class, or per FloatFunctional class (its method nodes:
+the rule gets a :class:`MethodCall`) with :func:`register_observer_rule` by the layer
 that defines the QAT modules (``qir.nn.qat``, whose ``from_float`` they reuse), so this pass
 imports no module library and the trainable model it leads to computes what module swapping
 builds.
@@ -35,7 +37,7 @@ the whole model by module swapping and says why); run on them, the pass raises
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -43,7 +45,7 @@ import torch
 
 from passes.base import Pass, PassContext, add_state_constant, drop_unused_constants, read_state, register_pass
 from qir.ir.graph import Graph, Node, Value
-from qir.ir.op import IRError, ModuleOp, Op
+from qir.ir.op import IRError, ModuleOp, Op, resolve
 from qir.ir.ops.core import Call, Constant
 from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp
 from qir.ir.parser import parse_value
@@ -53,14 +55,16 @@ __all__ = [
     "OWN_PER_SITE",
     "InsertObservers",
     "InsertObserversError",
+    "MethodCall",
     "ObserveRule",
     "fake_quant_text",
     "register_observer_rule",
     "uncovered",
 ]
 
-#: rule(float op, module object of an opaque call or None, float state by role, activation fake
-#: quant, weight fake quant) -> (QAT op, its state by role)
+#: rule(float op, module object of an opaque call (a :class:`MethodCall` for a FloatFunctional
+#: method node) or None, float state by role, activation fake quant, weight fake quant)
+#: -> (QAT op, its state by role); the QAT op takes the node's operands in their order
 ObserveRule = Callable[
     [Op, Any, dict[str, torch.Tensor], FakeQuantSpec | None, FakeQuantSpec | None],
     tuple[QATModuleOp, dict[str, torch.Tensor]],
@@ -75,6 +79,17 @@ OWN_PER_SITE = "activation_post_process"
 
 class InsertObserversError(IRError):
     """A node the options name cannot get observers; the message names it and why."""
+
+
+@attrs.frozen
+class MethodCall:
+    """What a rule registered for a FloatFunctional class gets for one of its method nodes (the
+    front end's ``meta["float_functional"]``): the module object, the method called and how
+    many operands the node has (the QAT op takes them in their order)."""
+
+    module: Any
+    method: str
+    operands: int
 
 
 def register_observer_rule(key: str | type, rule: ObserveRule) -> None:
@@ -106,16 +121,22 @@ def _module_object(graph: Graph, n: Node) -> Any:
 
 
 def _rule(graph: Graph, n: Node) -> tuple[ObserveRule | None, Any, str]:
-    """The node's rule, its module object (opaque calls) and what the node is, for messages."""
+    """The node's rule, its module object (opaque calls; a :class:`MethodCall` for a
+    FloatFunctional method) and what the node is, for messages."""
     obj = _module_object(graph, n)
     if obj is not None:
         return _RULES.get(type(obj)), obj, f"module {type(obj).__name__}"
     op = n.op
-    if isinstance(op, ModuleOp) and not isinstance(op, QATModuleOp):
-        return _RULES.get(op.name), None, f"op {op.name!r}"
     if isinstance(op, Call):
         return None, None, f"call of {op.target!r}"
-    return None, None, f"op {op.name!r}"
+    method = n.meta.get("float_functional")
+    ff = graph.objects.get(f"module:{n.scope}") if method else None
+    if ff is not None:
+        call = MethodCall(ff, str(method), len(n.operands))
+        return _RULES.get(type(ff)), call, f"{type(ff).__name__}.{method} (op {op.name!r})"
+    if isinstance(op, QATModuleOp):
+        return None, None, f"op {op.name!r} (already a QAT op)"
+    return _RULES.get(op.name), None, f"op {op.name!r}"
 
 
 def uncovered(graph: Graph, scopes: Mapping[str, Any] | set[str]) -> list[tuple[str, str]]:
@@ -174,6 +195,38 @@ def _restore_float_state(graph: Graph, moved: Mapping[str, str]) -> None:
         graph.constants = {back.get(k, k): t for k, t in graph.constants.items()}
 
 
+def _bind_call(new_op: QATModuleOp, call: Call, operands: Sequence[Value]) -> tuple[QATModuleOp, list[Value]]:
+    """The QAT op and its inputs for an opaque module call's arguments, as the front end binds a
+    QAT module's call: the op's ``bind_call`` (a run-time size), else graph values only, in order."""
+    args, kwargs = resolve(call.args, list(operands)), resolve(call.kwargs, list(operands))
+    bind = getattr(new_op, "bind_call", None)
+    if bind is not None:
+        bound, inputs = bind(list(args), dict(kwargs))
+        return bound, list(inputs)
+    if kwargs or not all(isinstance(a, Value) for a in args):
+        raise NotImplementedError(f"{new_op.name} takes graph values only; the call passes {call.args!r} {kwargs!r}")
+    return new_op, list(args)
+
+
+def _check_unshared(graph: Graph, module: Any) -> None:
+    """Refuse an opaque call's module holding a tensor another layer reads (a conv shared by two
+    call sites, one fused with an add into a ConvAdd module): its QAT state would not be tied to
+    the other layer's, which module swapping does."""
+    if not isinstance(module, torch.nn.Module):
+        return
+    mine = {t.data_ptr() for t in (*module.parameters(), *module.buffers()) if t.numel()}
+    if not mine:
+        return
+    others = [t for t in graph.constants.values() if t.numel()]
+    for key, obj in graph.objects.items():
+        if key.startswith("module:") and obj is not module and isinstance(obj, torch.nn.Module):
+            others.extend(t for t in (*obj.parameters(), *obj.buffers()) if t.numel())
+    if any(t.data_ptr() in mine for t in others):
+        raise NotImplementedError(
+            f"{type(module).__name__} shares a tensor with another layer; module swapping ties their QAT state"
+        )
+
+
 @register_pass
 @attrs.frozen
 class InsertObservers(Pass):
@@ -222,6 +275,7 @@ class InsertObservers(Pass):
         first: dict[str, dict[str, Node]] = {}  # scope -> role -> constant of its first call
         shared: dict[tuple[Node, str], Node] = {}  # (float constant, role) -> its QAT constant
         converted = 0
+        methods: set[str] = set()  # scopes of converted FloatFunctional method nodes
         for n in list(graph.nodes):
             if n.scope is None or n.scope not in specs or isinstance(n.op, Constant):
                 continue
@@ -236,8 +290,11 @@ class InsertObservers(Pass):
                         "time(s) but call_sites names no scope for this call; give every call after the first one"
                     )
                 site = names[k - 1]
-            self._convert(graph, n, specs[n.scope], site, first.get(n.scope), shared, first)
+            if self._convert(graph, n, specs[n.scope], site, first.get(n.scope), shared, first):
+                methods.add(n.scope)
             converted += 1
+        for scope in methods:  # the float FloatFunctional: emit installs the QAT ops' modules instead
+            graph.objects.pop(f"module:{scope}", None)
         _restore_float_state(graph, moved)
         ctx.count("insert-observers.converted", converted)
         return converted > 0
@@ -251,7 +308,8 @@ class InsertObservers(Pass):
         owner: dict[str, Node] | None,
         shared: dict[tuple[Node, str], Node],
         first: dict[str, dict[str, Node]],
-    ) -> None:
+    ) -> bool:
+        """Replace ``n`` by its QAT op; True when it was a FloatFunctional method node."""
         rule, obj, _ = _rule(graph, n)
         assert rule is not None  # uncovered() checked
         op = n.op
@@ -264,7 +322,10 @@ class InsertObservers(Pass):
         tensors, float_consts = read_state(graph, roles, params, where, InsertObserversError)
         try:
             new_op, state = rule(op, obj, tensors, *spec)
-        except (ValueError, TypeError, NotImplementedError) as e:
+            if isinstance(op, Call):
+                new_op, inputs = _bind_call(new_op, op, n.operands)
+                _check_unshared(graph, obj)
+        except (ValueError, TypeError, NotImplementedError, IRError) as e:
             raise InsertObserversError(f"insert-observers: %{n.name} (module {n.scope}): {e}") from e
         if new_op.num_inputs() != len(inputs):
             raise InsertObserversError(
@@ -298,3 +359,4 @@ class InsertObservers(Pass):
         graph.erase_node(n)
         drop_unused_constants(graph, float_consts.values())
         graph.rename(new, name)
+        return isinstance(obj, MethodCall)

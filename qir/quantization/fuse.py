@@ -596,7 +596,9 @@ def emit_fused(fused: FusedIR, graph: Graph | None = None) -> torch.fx.GraphModu
     for path in order:  # modules the graph no longer calls (fused away, unused) stay as Identity
         if path and not _has_path(gm, path) and not root.get_submodule(path)._modules and not replaced(path):
             _set_submodule(gm, path, nn.Identity())
-    _reorder(gm, order)
+    # inside a QAT layer its own children's order holds (a torch FloatFunctional's Identity
+    # activation_post_process must not move ahead of the ConvAdd's weight_fake_quant replacing it)
+    _reorder(gm, [p for p in order if not replaced(p)])
     gm.recompile()
     gm.training = fused.training
     gm.meta[FUSER_RECORD_KEY] = fused.record

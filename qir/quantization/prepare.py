@@ -297,6 +297,10 @@ def _observe_by_pass(
         owner = gm.get_submodule(path)
         for site in names:
             tie_to(gm.get_submodule(site), owner)
+            # last among its siblings, in call order, as module swapping adds the call sites
+            parent, _, leaf = site.rpartition(".")
+            children = gm.get_submodule(parent)._modules
+            children[leaf] = children.pop(leaf)
     if sites:
         gm.register_load_state_dict_post_hook(retie_after_load)
     return gm, ""

@@ -1,7 +1,8 @@
 """prepare_qat_fx by the ``insert-observers`` pass and by module swapping give the same model.
 
 A model whose quantized layers all have QAT ops (conv / linear with fused add / ReLU / ReLU6,
-stubs) is prepared by the pass on the fused IR and emitted; any other is swapped whole, and
+stubs, pools, FloatFunctional methods, table lookups, resizes, softmax, layer norm, PReLU, GLU,
+Div) is prepared by the pass on the fused IR and emitted; any other is swapped whole, and
 ``meta[PREPARE_PATH_KEY]`` says why. Module swapping is the oracle: the same state-dict keys
 (in order) and tensors, the same outputs in calibration, QAT and validation after a few
 optimizer steps, and the same converted model.
@@ -21,6 +22,7 @@ import passes
 import qir
 import qir.quantization.prepare as prepare_module
 from passes.insert_observers import InsertObservers
+from qir.nn.modules.functional import FloatFunctional
 from qir.quantization import (
     DeQuantStub,
     FakeQuantState,
@@ -34,6 +36,7 @@ from qir.quantization import (
 )
 from qir.quantization.prepare import PREPARE_BY_PASS, PREPARE_PATH_KEY
 from tests.quantization.path_blocks import Block, InvertedResidual
+from tests.quantization.path_op_nets import NormsAndLuts, PoolsAndFunctionals, TorchFunctionals
 
 
 class ResNetShaped(nn.Module):
@@ -78,7 +81,11 @@ def _qconfig(net: type[nn.Module], calib: bool, march: str) -> dict[str, Any]:
             "module_type": [(nn.Linear, make(dtype=wide))],  # fc: a qint16 output (bayes)
             "module_name": [("post", None), ("layer1.conv1", slow)],
         }
-    return {"": make(), "module_name": [("blocks.1.pw.0", make(dtype=wide))]}
+    if net is MobileNetShaped:
+        return {"": make(), "module_name": [("blocks.1.pw.0", make(dtype=wide))]}
+    if net is PoolsAndFunctionals:  # the FloatFunctional's calls and the sigmoid: a qint16 output (bayes)
+        return {"": make(), "module_name": [("ff", make(dtype=wide)), ("sig", make(dtype=wide))]}
+    return {"": make(), "module_type": [(nn.Softmax, make(dtype=wide))]}
 
 
 @contextmanager
@@ -106,7 +113,11 @@ def _same_state(a: nn.Module, b: nn.Module) -> None:
 
 
 def _same_outputs(a: nn.Module, b: nn.Module, x: torch.Tensor) -> None:
-    for ya, yb in zip(_outputs(a(x)), _outputs(b(x)), strict=True):
+    outs = []
+    for m in (a, b):
+        torch.manual_seed(3)  # the same dropout masks in training
+        outs.append(_outputs(m(x)))
+    for ya, yb in zip(*outs, strict=True):
         assert torch.equal(ya, yb)
 
 
@@ -139,7 +150,7 @@ def _flow(net: type[nn.Module], march: str) -> tuple[nn.Module, nn.Module, torch
 
 
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
-@pytest.mark.parametrize("net", [ResNetShaped, MobileNetShaped])
+@pytest.mark.parametrize("net", [ResNetShaped, MobileNetShaped, PoolsAndFunctionals, NormsAndLuts, TorchFunctionals])
 def test_the_pass_path_equals_module_swap(net: type[nn.Module], march: str) -> None:
     calib, qat, x = _flow(net, march)
     with _module_swap():
@@ -173,20 +184,21 @@ def test_the_overrides_reach_the_pass_path() -> None:
 
 
 def test_an_op_without_a_qat_op_prepares_the_whole_model_by_module_swap() -> None:
-    class WithPool(nn.Module):
+    class WithAddReLU(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.quant, self.dequant = QuantStub(), DeQuantStub()
-            self.conv, self.pool = nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1)
+            self.conv, self.ff = nn.Conv2d(3, 4, 3), FloatFunctional()
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.dequant(self.pool(self.conv(self.quant(x))))
+            y = self.conv(self.quant(x))
+            return self.dequant(self.ff.add_relu(y, y))
 
     qir.set_march("bayes")
-    qat = prepare_qat_fx(WithPool(), {"": get_default_qat_qconfig()}, torch.randn(1, 3, 8, 8))
+    qat = prepare_qat_fx(WithAddReLU(), {"": get_default_qat_qconfig()}, torch.randn(1, 3, 8, 8))
     why = qat.meta[PREPARE_PATH_KEY]
     assert why.startswith("module swap: the insert-observers pass does not cover ")
-    assert "at 'pool' has no observer rule" in why
+    assert "call of 'ff.add_relu' at 'ff' has no observer rule" in why
     assert type(qat.conv).__name__ == "Conv2d" and hasattr(qat.conv, "weight_fake_quant")  # swapped too
 
 

@@ -116,6 +116,7 @@ __all__ += ["AnchorGenerator", "GridSample", "MultiScaleRoIAlign", "RoIAlign"]
 # registers the IR's QAT ops (qat_conv, qat_quant_stub, qat_dequant_stub) for these classes, and
 # the insert-observers pass's rules (float layer -> QAT op)
 from qir.nn.qat import ir_observe as _ir_observe  # noqa: E402, F401
+from qir.nn.qat import ir_observe_functional as _ir_observe_functional  # noqa: E402, F401
 from qir.nn.qat import ir_ops as _ir_ops  # noqa: E402, F401
 from qir.nn.qat import ir_ops_activation as _ir_ops_activation  # noqa: E402, F401
 from qir.nn.qat import ir_ops_conv_bn as _ir_ops_conv_bn  # noqa: E402, F401

@@ -4,8 +4,12 @@ One rule for every float layer that has a QAT op: rebuild the float module (the 
 from its IR op and tensors, or the opaque call's module object), give it the qconfig the
 pass was given (its fake quants rebuilt from their :class:`~qir.ir.ops.qat.FakeQuantSpec`),
 convert it with the QAT class's own ``from_float`` (the arithmetic module swapping uses),
-and read the QAT op and its state back (qir/nn/qat/ir_ops.py). The float op names and
-module classes registered here are the layers ``prepare_qat_fx`` prepares by the pass.
+and read the QAT op and its state back (qir/nn/qat/ir_ops*.py). The float op names and
+module classes registered here are the layers ``prepare_qat_fx`` prepares by the pass; since
+every rule runs the QAT class's ``from_float`` and reads its QAT op back, which layers get an
+output observer (an average pool and a table lookup do; ReLU, max pool and a nearest resize keep
+their input's scale) is exactly module swapping's. FloatFunctional method nodes have their rule
+in :mod:`qir.nn.qat.ir_observe_functional`.
 """
 
 from __future__ import annotations
@@ -13,12 +17,19 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 from torch.ao.quantization import DeQuantStub as TorchDeQuantStub
 from torch.ao.quantization import QuantStub as TorchQuantStub
 
 from passes.insert_observers import register_observer_rule
-from qir.ir.op import Op
+from qir.ir.op import ModuleOp, Op
+from qir.ir.ops.core import Identity
 from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp
+from qir.nn.modules.binary import Div as FloatDiv
+from qir.nn.modules.grid_sample import GridSample as FloatGridSample
+from qir.nn.modules.interpolate import Interpolate as FloatInterpolate
+from qir.nn.modules.unary import UNARY_MODULES
+from qir.nn.qat.activation import LUT_FLOAT_CLASSES
 from qir.nn.qat.conv import QAT_CONV_CLASSES, fused_float_class
 from qir.quantization.fake_quant_ir import fake_quant_factory
 from qir.quantization.qat_classes import qat_class_for
@@ -27,17 +38,63 @@ from qir.quantization.stubs import DeQuantStub, QuantStub
 
 __all__ = ["OBSERVED_MODULES", "OBSERVED_OPS", "observe"]
 
-#: float IR ops whose layers become ``qat_conv``
-OBSERVED_OPS = ("conv1d", "conv2d", "conv3d", "conv_transpose2d", "linear")
-#: opaque module classes whose calls become QAT ops: the stubs, and the fused conv / linear
-#: modules a fused model holds (re-preparing a calibrated model traces its fused float model)
+#: float IR ops whose layers become QAT ops, by family
+OBSERVED_OPS = (
+    # qat_conv
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose2d",
+    "linear",
+    # qat_max_pool2d / qat_avg_pool2d / qat_adaptive_avg_pool2d
+    "max_pool2d",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
+    # qat_relu / qat_relu6 / qat_identity / qat_dropout
+    "relu",
+    "relu6",
+    "identity",
+    "dropout",
+    # qat_lut: torch's activations a UnaryLUT takes (LUT_FLOAT_CLASSES)
+    *("sigmoid", "tanh", "silu", "hardswish", "hardsigmoid", "mish", "selu", "gelu", "elu", "celu"),
+    *("leaky_relu", "softplus"),
+    # qat_softmax, qat_layer_norm, qat_glu, qat_prelu, qat_interpolate (nn.Upsample)
+    "softmax",
+    "layer_norm",
+    "glu",
+    "prelu",
+    "interpolate",
+)
+#: opaque module classes whose calls become QAT ops: the stubs, the fused conv / linear modules
+#: a fused model holds (re-preparing a calibrated model traces its fused float model), qir's own
+#: float modules (traced as leaves): Interpolate, Div, GridSample, the unary LUT modules, and the
+#: torch modules of the op families above, which prepare generates for functional calls
+#: (``torch.sigmoid`` -> ``nn.Sigmoid``, ``F.softmax`` -> ``nn.Softmax``) as opaque calls
 OBSERVED_MODULES: tuple[type, ...] = (
     QuantStub,
     DeQuantStub,
     TorchQuantStub,
     TorchDeQuantStub,
     *dict.fromkeys(fused_float_class(cls) for cls in QAT_CONV_CLASSES.values()),
+    FloatInterpolate,
+    FloatDiv,
+    FloatGridSample,
+    *UNARY_MODULES.values(),
+    *LUT_FLOAT_CLASSES,
+    *(nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.ReLU, nn.ReLU6, nn.Identity, nn.Upsample),
+    *(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Softmax, nn.LayerNorm, nn.GLU, nn.PReLU),
 )
+
+
+def _float_module(op: Op, module: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """The float module the layer is: the opaque call's object, or rebuilt from the float op."""
+    if module is not None:
+        return module
+    if isinstance(op, Identity):
+        return nn.Identity()
+    if not isinstance(op, ModuleOp):
+        raise NotImplementedError(f"op {op.name!r} is not a module's op")
+    return op.to_module(tensors)
 
 
 def observe(
@@ -48,7 +105,7 @@ def observe(
     weight: FakeQuantSpec | None,
 ) -> tuple[QATModuleOp, dict[str, torch.Tensor]]:
     """The QAT op of one float layer and its new state (weight, bias, fake-quant buffers) by role."""
-    float_module = module if module is not None else op.to_module(tensors)  # type: ignore[attr-defined]
+    float_module = _float_module(op, module, tensors)
     cls = qat_class_for(float_module)
     if cls is None:
         raise NotImplementedError(f"{type(float_module).__name__} has no QAT class")

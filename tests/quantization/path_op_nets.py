@@ -1,0 +1,82 @@
+"""Nets of the op families besides conv / linear (pools, FloatFunctional methods, table lookups,
+resizes, softmax, layer norm, ...) for the prepare-path oracle tests: each takes (N, 3, 16, 16)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import qir.nn as qnn
+from qir.nn.modules.functional import FloatFunctional
+from qir.quantization import DeQuantStub, QuantStub
+
+
+class PoolsAndFunctionals(nn.Module):
+    """Pools, generated and user FloatFunctional methods (one FloatFunctional called four times),
+    a sigmoid table lookup, bilinear and nearest resizes, ReLU / Dropout / Identity modules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.pool, self.avg, self.gap = nn.MaxPool2d(2), nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1)
+        self.ff = FloatFunctional()
+        self.sig = nn.Sigmoid()
+        self.up = qnn.Interpolate(scale_factor=2, mode="bilinear", align_corners=False)
+        self.near = nn.Upsample(scale_factor=2, mode="nearest")
+        self.relu, self.drop, self.ident = nn.ReLU(), nn.Dropout(0.1), nn.Identity()
+        self.conv2 = nn.Conv2d(16, 8, 1)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.conv(self.quant(x))
+        a, b = self.pool(x), self.avg(x)
+        c = torch.cat([a + b, a * b], 1)
+        c = self.ff.add_scalar(self.ff.mul_scalar(c, 0.5), 1.0)
+        d = self.relu(self.drop(self.ident(self.conv2(self.up(self.sig(c))))))
+        s = self.ff.add(d, self.near(a))
+        m = self.ff.mean(s, dim=1, keepdim=True)
+        return self.dequant(self.fc(torch.flatten(self.gap(s), 1))), self.dequant(m)
+
+
+class NormsAndLuts(nn.Module):
+    """Softmax, layer norm over a permuted tensor, tanh / SiLU / qir.nn.Exp / generated sigmoid
+    table lookups, PReLU, GLU over a concatenation, qir.nn.Div, FloatFunctional sum and stack."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.sm = nn.Softmax(dim=1)
+        self.ln = nn.LayerNorm(16)
+        self.tanh, self.silu, self.exp = nn.Tanh(), nn.SiLU(), qnn.Exp()
+        self.prelu = nn.PReLU(16)
+        self.glu = nn.GLU(dim=1)
+        self.div = qnn.Div()
+        self.ff = FloatFunctional()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.conv(self.quant(x))
+        s = self.sm(x)
+        n = self.ln(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        g = self.glu(torch.cat([self.prelu(self.silu(self.tanh(n))), s], 1))
+        q = self.div(self.exp(g), self.ff.add_scalar(torch.sigmoid(g), 1.0))
+        return self.dequant(self.ff.sum(q, dim=(2, 3))), self.dequant(self.ff.stack([s, x], 1))
+
+
+class TorchFunctionals(nn.Module):
+    """torch's FloatFunctional (its own Identity ``activation_post_process`` child): an ``add`` that
+    fuses into the conv before it (the ConvAdd takes the FloatFunctional's path), a ``mul`` that stays."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv0 = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.conv1, self.bn1 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.add, self.mul = torch.ao.nn.quantized.FloatFunctional(), torch.ao.nn.quantized.FloatFunctional()
+        self.pool = nn.MaxPool2d(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv0(self.quant(x))
+        y = self.add.add(self.bn1(self.conv1(x)), x)
+        return self.dequant(self.pool(self.mul.mul(y, x)))
