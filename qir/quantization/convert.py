@@ -627,7 +627,9 @@ def convert_fx(
         # tests/quantization/test_convert_untouched.py).
         graph, why = _qat_ir(qat_model, mapping, inputs)
         if graph is not None:
-            return follow_training(_convert_by_passes(qat_model, graph, pipe))
+            converted, why = _try_passes(qat_model, graph, pipe)
+            if converted is not None:
+                return converted
     model = copy.deepcopy(qat_model)  # module swapping rebuilds the model in place
     fold_batch_norms(model)  # with_bn QAT convs become their fuse_bn classes (the eval forward's fold)
     if isinstance(model, torch.fx.GraphModule):
@@ -637,7 +639,9 @@ def convert_fx(
     if not why:
         graph, why = _qat_ir(gm, mapping, inputs)
         if graph is not None:
-            return follow_training(_convert_by_passes(gm, graph, pipe))
+            converted, why = _try_passes(gm, graph, pipe)
+            if converted is not None:
+                return converted
     _convert_modules(gm, gm, march, mapping)
     gm.eval()
     gm.meta.pop(PREPARE_RECORD_KEY, None)
@@ -710,6 +714,21 @@ def _without_qat_op(gm: torch.fx.GraphModule) -> str | None:
             if qat_method_reader(module_self(gm, n)) is None or n.target not in FF_METHOD_FORMS:
                 return f"'{n.args[0].target}.{n.target}' (a FloatFunctional method): it has no QAT op"  # type: ignore[union-attr]
     return None
+
+
+def _try_passes(gm: torch.fx.GraphModule, graph: Any, pipe: Pipeline) -> tuple[torch.fx.GraphModule | None, str]:
+    """The model converted by the pipeline, or ``(None, why not)`` when the ``quantize`` pass itself
+    refuses it (a layer's dtype the march cannot requantize to, a table reading qint16): module
+    swapping then converts it and raises, or defers to run time, as it always has. A failure of
+    any other pass is the user's and propagates."""
+    from passes.errors import PassFailure
+
+    try:
+        return follow_training(_convert_by_passes(gm, graph, pipe)), ""
+    except PassFailure as e:
+        if not isinstance(e.pass_, Quantize):
+            raise
+        return None, f"the quantize pass refused the model: {e.__cause__ or e}"
 
 
 def _convert_by_passes(gm: torch.fx.GraphModule, graph: Any, pipe: Pipeline) -> torch.fx.GraphModule:

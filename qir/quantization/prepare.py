@@ -52,6 +52,7 @@ from qir.quantization.exact_validation import TRACED_WITHOUT_EXAMPLES_KEY
 from qir.quantization.exact_validation import install as install_exact_validation
 from qir.quantization.fake_quant_ir import fake_quant_spec
 from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.first_inputs import record_first_inputs
 from qir.quantization.functional_swap import quantized_values, swap_functionals
 from qir.quantization.fuse import ALL_FUNCTIONALS, FusedIR, FuseRecord, build_fused_ir, emit_fused
 from qir.quantization.hybrid import HYBRID_KEY, HybridSpec, check_cpu_calls, cpu_modules, place_boundaries
@@ -466,6 +467,8 @@ def _prepare_float(
     )
     gm.meta[PREPARE_PATH_KEY] = path
     gm.meta[TRACED_WITHOUT_EXAMPLES_KEY] = example_inputs is None
+    if example_inputs is None:  # convert_fx types the QAT IR with the first call's inputs instead
+        record_first_inputs(gm)
     check_convertible(gm, record.owners)
     gm.train(model.training)
     follow_training(gm)

@@ -271,6 +271,28 @@ def test_copies_of_codes_by_the_pass_equal_module_swap(march: str) -> None:
     _same(_swapped(qat), by_pass, x)
 
 
+def test_a_model_the_quantize_pass_refuses_converts_by_module_swap_saying_why() -> None:
+    class Table16(nn.Module):  # a qint16 input to softmax's qint8 exp table: refused at run time
+        def __init__(self) -> None:
+            super().__init__()
+            self.quant, self.dequant = QuantStub(), DeQuantStub()
+            self.conv, self.sm = nn.Conv2d(3, 4, 1), nn.Softmax(1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.dequant(self.sm(self.conv(self.quant(x))))
+
+    qat, x = _qat(
+        Table16(),
+        "bayes",
+        {"": get_default_qat_qconfig(), "module_name": {"conv": get_default_qat_qconfig(dtype="qint16")}},
+    )
+    out = convert_fx(qat)
+    why = out.meta[CONVERT_PATH_KEY]
+    assert why.startswith("module swap: the quantize pass refused the model: ") and "qint8" in why
+    with pytest.raises(NotImplementedError, match="only qint8 input"):
+        out(x)
+
+
 @pytest.mark.parametrize("net", [Functional, Layers, Math, Warp])
 def test_the_pass_path_leaves_the_qat_model_untouched(net: type[nn.Module]) -> None:
     qat, _ = _qat(net(), "bayes")
