@@ -34,10 +34,11 @@ from qir.ir.graph import Graph, Node, Value
 from qir.ir.op import IRError, MovesCodes, Op
 from qir.ir.ops.core import Constant
 from qir.ir.ops.qat import QATModuleOp
-from qir.ir.types import TensorType
+from qir.ir.types import DType, QuantSpec, SequenceType, TensorType, Type
 
 __all__ = [
     "QUERY_OPS",
+    "SPLIT_OPS",
     "Quantize",
     "QuantizeError",
     "QuantizeRule",
@@ -52,6 +53,9 @@ QuantizeRule = Callable[
 
 _RULES: dict[str, QuantizeRule] = {}
 
+#: ops that split codes into a tuple of codes at the input's scale (``y.chunk(2, 1)``); a
+#: ``getitem`` of their result moves codes of the tuple
+SPLIT_OPS = frozenset({"split", "chunk", "unbind"})
 #: ops that read only the shape of codes (``x.size(1)``; ``x.shape`` is a ``getattr``)
 QUERY_OPS = frozenset({"size", "dim", "numel"})
 
@@ -91,7 +95,8 @@ def _walk(graph: Graph) -> tuple[list[Node], list[tuple[str, str]]]:
             continue
         if op.name in QUERY_OPS or (op.name == "getattr" and op.attr in ("shape", "ndim")):  # type: ignore[attr-defined]
             continue  # sizes of the codes are the float tensor's: numbers, not codes
-        if op.has_trait(MovesCodes) and len([v for v in n.operands if isinstance(v.type, TensorType)]) == 1:
+        tensors = [v for v in n.operands if isinstance(v.type, TensorType)]
+        if (op.has_trait(MovesCodes) or op.name in SPLIT_OPS) and (len(tensors) == 1 or _item_of_codes(n, quantized)):
             quantized.add(n)
             layout.append(n)
             continue
@@ -109,6 +114,37 @@ def _input_scale(node: Node, v: Value) -> torch.Tensor:
         # per channel (a qint32 accumulator): shaped to broadcast from its axis, as the layer keeps it
         scale = scale.reshape([scale.numel()] + [1] * (t.rank - 1 - t.quant.axis % t.rank))
     return scale
+
+
+def _item_of_codes(n: Node, quantized: set[Value]) -> bool:
+    """``n`` is a ``getitem`` of a tuple of codes (a split's result)."""
+    return n.op.name == "getitem" and n.operands[0] in quantized and isinstance(n.operands[0].type, SequenceType)
+
+
+def _moved(n: Node) -> Value:
+    """The value a layout node moves: the tuple a ``getitem`` indexes, else its one tensor operand."""
+    if n.op.name == "getitem" and isinstance(n.operands[0].type, SequenceType):
+        return n.operands[0]
+    return next(v for v in n.operands if isinstance(v.type, TensorType))
+
+
+def _codes_spec(t: Type) -> tuple[DType, QuantSpec] | None:
+    """The dtype and spec of the codes a value holds (a tensor, or a tuple of codes at one spec)."""
+    if isinstance(t, TensorType):
+        return None if t.quant is None else (t.dtype, t.quant)
+    if isinstance(t, SequenceType):
+        specs = {_codes_spec(e) for e in t.elements}
+        return specs.pop() if len(specs) == 1 else None
+    return None
+
+
+def _as_codes(t: Type, dtype: DType, spec: QuantSpec) -> Type:
+    """``t`` retyped as codes of ``dtype`` at ``spec`` (each tensor of a tuple)."""
+    if isinstance(t, TensorType):
+        return TensorType(t.shape, dtype, spec)
+    if isinstance(t, SequenceType):
+        return SequenceType(tuple(_as_codes(e, dtype, spec) for e in t.elements), t.kind)
+    return t
 
 
 @register_pass
@@ -143,10 +179,10 @@ class Quantize(Pass):
             if isinstance(op, QATModuleOp):
                 self._convert(graph, n, op, str(march))
                 converted += 1
-            elif n in moves and isinstance(n.type, TensorType):
-                src = next(v.type for v in n.operands if isinstance(v.type, TensorType))
-                if isinstance(src, TensorType) and src.quant is not None:
-                    n.type = TensorType(n.type.shape, src.dtype, src.quant)
+            elif n in moves:
+                src = _codes_spec(_moved(n).type)
+                if src is not None:
+                    n.type = _as_codes(n.type, *src)
         if converted:
             graph.training = False
         ctx.count("quantize.converted", converted)

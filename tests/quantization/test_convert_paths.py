@@ -271,6 +271,30 @@ def test_copies_of_codes_by_the_pass_equal_module_swap(march: str) -> None:
     _same(_swapped(qat), by_pass, x)
 
 
+class Splits(nn.Module):
+    """Codes split into tuples (``chunk``, ``torch.split``, ``unbind``) and indexed (a C2f block's split)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv, self.c2, self.c3 = nn.Conv2d(3, 8, 1), nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(2, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(self.quant(x))
+        a, b = y.chunk(2, 1)
+        p, q = torch.split(a, [2, 2], dim=1)
+        rows = b.unbind(2)
+        return self.dequant(torch.cat([self.c2(b), self.c3(p), q, rows[0].unsqueeze(2).expand(-1, -1, 16, -1)], dim=1))
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+def test_splits_of_codes_by_the_pass_equal_module_swap(march: str) -> None:
+    qat, x = _qat(Splits(), march)
+    by_pass = convert_fx(qat)
+    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
+    _same(_swapped(qat), by_pass, x)
+
+
 def test_a_model_the_quantize_pass_refuses_converts_by_module_swap_saying_why() -> None:
     class Table16(nn.Module):  # a qint16 input to softmax's qint8 exp table: refused at run time
         def __init__(self) -> None:
