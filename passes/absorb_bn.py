@@ -59,7 +59,8 @@ def fold_batch_norm(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weight', bias')`` of ``conv`` followed by an eval batch norm, computed in float64."""
-    w = weight.detach().double()
+    # a float64 copy, scaled in place below (the weights are the bulk of a model: one temporary, not two)
+    w = weight.detach().to(torch.float64, copy=True)
     scale = (gamma.detach().double() if gamma is not None else 1.0) / torch.sqrt(var.detach().double() + eps)
     shift = beta.detach().double() if beta is not None else torch.zeros_like(scale)
     b = bias.detach().double() if bias is not None else torch.zeros_like(scale)
@@ -70,7 +71,7 @@ def fold_batch_norm(
         s = scale.reshape(groups, 1, out_g, *([1] * (w.dim() - 2)))
         w = (w.reshape(groups, in_g, out_g, *w.shape[2:]) * s).reshape(w.shape)
     else:  # conv (out, in/groups, *k) and linear (out, in): out channels on axis 0
-        w = w * scale.reshape(-1, *([1] * (w.dim() - 1)))
+        w.mul_(scale.reshape(-1, *([1] * (w.dim() - 1))))
     b = (b - mean.detach().double()) * scale + shift
     return w, b
 

@@ -680,12 +680,13 @@ def _qat_ir(gm: torch.fx.GraphModule, mapping: Mapping[type, type] | None, examp
     from qir.frontend import trace
     from qir.frontend.tracer import TraceError
     from qir.ir.op import IRError
-    from qir.quantization.fake_quantize import float_fake_quant
+    from qir.quantization.fake_quantize import float_fake_quant, types_only_fake_quant
 
     try:
-        # the run only types the values: the float fake-quant forward gives the same shapes and
-        # dtypes as the integer-grid one, at a fraction of the cost
-        with float_fake_quant():
+        # the run only types the values: the float forward with fake quants passing their inputs
+        # through gives the same shapes and dtypes as the integer-grid one, at a fraction of the cost
+        # (the graph's constants are the model's own tensors, not values of this run)
+        with float_fake_quant(), types_only_fake_quant():
             graph = trace(gm, example_inputs)
     except (TraceError, IRError) as e:
         return None, f"the QAT model's IR could not be built: {e}"

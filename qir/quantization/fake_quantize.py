@@ -285,10 +285,18 @@ class FakeQuantize(nn.Module):
         """Built with ``scale=``: never observes, so edits to ``self.scale`` stick."""
         return isinstance(self.observer, FixedScaleObserver)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def observe(self, x: torch.Tensor) -> None:
+        """What :meth:`forward` does to this fake quant's state (observe ``x``, take the observer's
+        scale), without fake-quantizing ``x``: the scale a forward of ``x`` would use, at the cost of
+        the observer alone (conversion reads a weight's scale so)."""
         if self.observer_enabled and not self.has_fixed_scale:
             self.observer(x.detach())
             self._take_observer_scale()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and _TYPES_ONLY.get():
+            return x  # same shape and dtype: all a typing run reads
+        self.observe(x)
         if not self.fake_quant_enabled:
             return x
         if self.scale.numel() == 0:
@@ -416,6 +424,22 @@ def float_fake_quant() -> Iterator[None]:
         yield
     finally:
         _FLOAT_ONLY.reset(token)
+
+
+_TYPES_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("qir_types_only_fake_quant", default=False)
+
+
+@contextlib.contextmanager
+def types_only_fake_quant() -> Iterator[None]:
+    """Within the block, a :class:`FakeQuantize` returns a float32 input as it is and observes
+    nothing: for runs that read only the shapes and dtypes of a QAT model's values (a fake quant
+    keeps both), such as the trace ``convert_fx`` types the QAT model's IR with; the values are not
+    the model's. Subclasses with their own ``forward`` (a learnable scale) run as usual."""
+    token = _TYPES_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _TYPES_ONLY.reset(token)
 
 
 def float_fake_quant_active() -> bool:

@@ -307,6 +307,41 @@ def _observe_by_pass(
     return gm, ""
 
 
+def _float_record(gm: torch.fx.GraphModule, plan: Plan) -> torch.fx.GraphModule:
+    """The deep copy of the fused float model ``gm`` that the :class:`PrepareRecord` keeps.
+
+    The float modules ``plan`` names are taken over instead of copied: the QAT model gets new
+    modules in their place either way (module swapping's ``from_float`` copies their tensors; the
+    ``insert-observers`` path emits a new model), so after this ``gm`` is the only other holder of
+    them, and it lets go of them or is dropped. One copy of the weights instead of two. A planned
+    module ``gm`` holds elsewhere too (at a second path, or one of its tensors in another module)
+    is copied as before, so the record never shares state with the model that trains."""
+    planned = {id(m): m for _, m, _, _ in plan}
+    outside: set[int] = set()  # modules and tensors reachable without entering a planned module
+    hits: dict[int, int] = {}  # planned module -> the number of places the tree holds it
+
+    def walk(mod: nn.Module) -> None:
+        outside.update(id(t) for t in (*mod._parameters.values(), *mod._buffers.values()) if t is not None)
+        for child in mod._modules.values():
+            if child is None:
+                continue
+            if id(child) in planned:
+                hits[id(child)] = hits.get(id(child), 0) + 1
+            elif id(child) not in outside:
+                outside.add(id(child))
+                walk(child)
+
+    walk(gm)
+    memo: dict[int, Any] = {}
+    for key, m in planned.items():
+        if hits.get(key) != 1:
+            continue
+        inner = [id(x) for x in m.modules()] + [id(t) for t in (*m.parameters(), *m.buffers())]
+        if not any(i in outside for i in inner):
+            memo[key] = m
+    return copy.deepcopy(gm, memo)
+
+
 def _tie_shared_parameters(
     float_mod: nn.Module, qat: nn.Module, shared: dict[tuple[int, tuple[int, ...], tuple[int, ...]], nn.Parameter]
 ) -> None:
@@ -430,9 +465,9 @@ def _prepare_float(
     for path, target in swapped.items():
         record.generated[path] = target
         record.sources[path] = [path]
-    float_copy = copy.deepcopy(gm)
     spec = parse_qconfig_dict(qconfig_dict, record.qconfig_attrs)
     plan = _plan(gm, record, spec, keep_float=cpu)
+    float_copy = _float_record(gm, plan)
     kind = check_kinds({p: qc for p, _, _, qc in plan})
     # every call site of a module called at several places gets its own output observer
     sites = split_call_sites(gm, [p for p, _, _, _ in plan])

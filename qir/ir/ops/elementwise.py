@@ -28,6 +28,11 @@ from qir.ir.types import Type
 _ACT = frozenset({Pure, Elementwise, ShapePreserving})
 
 
+def _meta_float(x: Any) -> bool:
+    """A floating meta tensor: a shape-inference operand a ReLU keeps as it is."""
+    return isinstance(x, torch.Tensor) and x.device.type == "meta" and x.is_floating_point()
+
+
 @register_op
 @attrs.frozen
 class Relu(ModuleOp):
@@ -44,6 +49,8 @@ class Relu(ModuleOp):
     inplace: bool = False  # kept so emitted modules print like the originals
 
     def compute(self, x: Any) -> Any:
+        if _meta_float(x):  # shape inference: same shape and dtype; torch's meta relu costs ~1 ms
+            return x
         return torch.relu(x)
 
     def torch_call(self, operands: Sequence[Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
@@ -72,6 +79,8 @@ class Relu6(ModuleOp):
     inplace: bool = False
 
     def compute(self, x: Any) -> Any:
+        if _meta_float(x):  # shape inference: same shape and dtype; torch's meta relu6 costs ~4 ms
+            return x
         return F.relu6(x)
 
     def torch_call(self, operands: Sequence[Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:

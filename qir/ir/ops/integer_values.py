@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from qir.ir.numerics import abs_sums
 from qir.ir.op import IRError
 from qir.ir.types import DType, TensorType, Type
 
@@ -166,14 +167,13 @@ def check_linear_state(
 
 def _channel_l1(w: torch.Tensor, out_axis: int, groups: int) -> torch.Tensor:
     """``sum |w|`` over the weights that feed each output channel, in output-channel order."""
-    a = w.to(torch.int64).abs()
     if out_axis == 0:
-        return a.reshape(w.shape[0], -1).sum(dim=1)
+        return abs_sums(w, 0)
     # a transposed conv's weight is (in, out / groups, ...): output channel g * (out / groups) + j
     # reads the in / groups input channels of group g through column j
     g = groups if groups >= 1 and w.shape[0] % groups == 0 else 1
-    per = a.reshape(g, w.shape[0] // g, w.shape[out_axis], -1).sum(dim=(1, 3))
-    return per.reshape(-1)
+    rows = w.reshape(g, w.shape[0] // g, w.shape[out_axis], -1).transpose(1, 2)
+    return abs_sums(rows.reshape(g * w.shape[out_axis], -1), 0)
 
 
 def _per_channel(t: torch.Tensor | None, c: int) -> torch.Tensor | None:

@@ -24,6 +24,7 @@ from torch import nn
 from backends.common import numerics
 from backends.common.integer_rules import fused_add_int, fused_add_params
 from qir.frontend.convert import scratch_buffers
+from qir.ir.numerics import abs_sum_max
 from qir.ir.types import DType
 from qir.nn.qat.conv import QAT_CONV_CLASSES, QATConvBase, class_name
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq, per_tensor_scale
@@ -43,7 +44,10 @@ def observed_weight_scale(fq: FakeQuantize, weight: torch.Tensor, owner: str) ->
     """The scale and dtype weight fake quant ``fq`` of module class ``owner`` gives ``weight`` now:
     observed into scratch buffers, so ``fq`` keeps its state and no module is copied."""
     with torch.no_grad(), scratch_buffers(fq):
-        fq(weight.detach())
+        if type(fq).forward is FakeQuantize.forward:
+            fq.observe(weight.detach())  # forward's update without the fake-quantized weight it discards
+        else:  # a subclass's own forward (a learnable scale) decides its scale
+            fq(weight.detach())
         scale = fq.scale.detach().to(torch.float32).clone()
     if scale.numel() == 0:
         raise ValueError(
@@ -68,8 +72,7 @@ def conv_hyper_parameters(m: Any) -> dict[str, Any]:
 
 def weight_l1_max(weight: torch.Tensor, weight_axis: int) -> int:
     """Max over output channels of ``sum |w|`` of the weight codes: bounds every partial sum / max|x|."""
-    w_abs = weight.to(torch.int64).abs().transpose(0, weight_axis)
-    return int(w_abs.reshape(w_abs.shape[0], -1).sum(dim=1).max()) if weight.numel() else 0
+    return abs_sum_max(weight, weight_axis)
 
 
 @dataclasses.dataclass(frozen=True)
