@@ -310,3 +310,56 @@ def test_a_reused_epilogue_follows_the_addend_and_the_batch() -> None:
         got = conv_mod._conv_vnni(x, st_, attrs, addend).clone()
         acc = F.conv2d(x.double(), w.double(), None, 1, 1).permute(0, 2, 3, 1).to(torch.int64)
         assert torch.equal(got, _reference(acc, addend, c))
+
+
+@needs_vnni
+@pytest.mark.parametrize("kernel", [3, 1])
+def test_a_repeated_call_reuses_its_packed_call_only_for_the_same_places(kernel: int) -> None:
+    """A conv called again on the same NHWC input and addend tensors repeats its packed native call
+    (what a compiled model does call after call); new contents in place give their own codes, and a
+    new input or addend tensor, another batch size in between, or an NCHW input (copied on each
+    call) build a new call: every result equals the int64 rules."""
+    g = torch.Generator().manual_seed(6)
+    c = {
+        "mult": torch.randint(16384, 32768, (20,), generator=g),
+        "shift": torch.randint(18, 26, (20,), generator=g),
+        "bias": torch.randint(-1000, 1000, (20,), generator=g),
+        "relu6": torch.zeros(20, dtype=torch.int64),
+        "act": "relu",
+        "out": "qint8",
+        "add": (20000, 14, 1),
+    }
+    w = torch.randint(-128, 128, (20, 8, kernel, kernel), generator=g, dtype=torch.int8)
+    st_ = _state(w, c)
+    pad = kernel // 2
+    attrs = {"kernel_size": [kernel, kernel], "stride": [1, 1], "padding": [pad, pad], "dilation": [1, 1]}
+
+    def codes(shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.randint(-128, 128, shape, generator=g, dtype=torch.int8)
+
+    def check(x: torch.Tensor, addend: torch.Tensor) -> None:
+        got = conv_mod._conv_vnni(x, st_, attrs, addend).clone()
+        acc = F.conv2d(x.double(), w.double(), None, 1, pad).permute(0, 2, 3, 1).to(torch.int64)
+        assert torch.equal(got, _reference(acc, addend, c))
+
+    x = codes((2, 8, 7, 9)).contiguous(memory_format=torch.channels_last)
+    addend = codes((2, 7, 9, 20))
+    check(x, addend)
+    first = st_.last_call
+    assert first is not None
+    check(x, addend)
+    assert st_.last_call is first  # repeated, not rebuilt
+    x.copy_(codes(tuple(x.shape)))  # new contents in place
+    addend.copy_(codes(tuple(addend.shape)))
+    check(x, addend)
+    assert st_.last_call is first
+    check(x.clone(memory_format=torch.channels_last), addend)  # another input tensor
+    assert st_.last_call is not first
+    second = st_.last_call
+    check(x, addend.clone())  # another addend tensor
+    assert st_.last_call is not second
+    check(codes((3, 8, 7, 9)).contiguous(memory_format=torch.channels_last), codes((3, 7, 9, 20)))
+    check(x, addend)  # back to the first batch size: the output buffer was replaced in between
+    nchw = codes((2, 8, 7, 9))
+    check(nchw, addend)
+    assert st_.last_call is None  # an input copied to NHWC on each call is never repeated

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 __all__ = [
+    "Call",
     "Epilogue",
     "channel_groups",
     "float_bits",
@@ -307,24 +308,51 @@ def float_bits(v: float) -> int:
     return int(struct.unpack("<I", struct.pack("<f", v))[0])
 
 
+class Call:
+    """A call of entry point ``name`` with its arguments packed once (see :func:`run`): a layer whose
+    inputs and outputs stay where they were (the same buffers, call after call) repeats it without
+    rebuilding the argument array. Calling it runs the task on :func:`threads` threads at that time.
+    ``keep``: objects the arguments point into (an epilogue structure, buffers), kept alive with it."""
+
+    __slots__ = ("_lib", "argv", "grain", "keep", "name", "nargs", "per", "rows", "tid", "work")
+
+    def __init__(
+        self,
+        name: str,
+        args: tuple[int, ...],
+        rows: int,
+        work: int,
+        grain: int = 1,
+        per: int = PARTS_PER_THREAD,
+        keep: object = None,
+    ) -> None:
+        lib = _lib or library()  # the loaded library even where a test stubs library() out for new states
+        if lib is None:
+            raise RuntimeError(f"native kernel {name}: the library is not available ({status()})")
+        task = _tasks.get(name)
+        if task is None:
+            raise ValueError(f"native kernel {name}: not a row-range entry point of {_SRC.name}")
+        self.tid, self.nargs = task
+        if len(args) != self.nargs:
+            raise ValueError(f"native kernel {name}: takes {self.nargs} arguments before r0, r1, got {len(args)}")
+        self._lib, self.name = lib, name
+        self.argv = (ctypes.c_int64 * self.nargs)(*args)
+        self.rows, self.work, self.grain, self.per, self.keep = rows, work, grain, per, keep
+
+    def __call__(self) -> int:
+        nt = threads() if self.work >= _SPLIT_MIN else 1
+        res = int(self._lib.qir_run(self.tid, self.argv, self.nargs, self.rows, nt, self.grain, self.per))
+        if res < 0:
+            raise RuntimeError(
+                f"native kernel {self.name}: qir_run refused task {self.tid} with {self.nargs} arguments"
+            )
+        return res
+
+
 def run(name: str, args: tuple[int, ...], rows: int, work: int, grain: int = 1, per: int = PARTS_PER_THREAD) -> int:
     """Entry point ``name`` of the loaded library over rows ``[0, rows)`` with ``args`` (its
     parameters before ``r0, r1``: integers, pointers as integers, floats through :func:`float_bits`),
     on :func:`threads` threads (``per`` parts each, cut at multiples of ``grain`` rows)
     when ``work`` (about the multiply-adds or bytes the call moves) pays for the hand-off. Returns
     the sum of the parts' results (a failure flag or count for the kernels that return one, else 0)."""
-    lib = _lib or library()  # the loaded library even where a test stubs library() out for new states
-    if lib is None:
-        raise RuntimeError(f"native kernel {name}: the library is not available ({status()})")
-    task = _tasks.get(name)
-    if task is None:
-        raise ValueError(f"native kernel {name}: not a row-range entry point of {_SRC.name}")
-    tid, nargs = task
-    if len(args) != nargs:
-        raise ValueError(f"native kernel {name}: takes {nargs} arguments before r0, r1, got {len(args)}")
-    nt = threads() if work >= _SPLIT_MIN else 1
-    argv = (ctypes.c_int64 * nargs)(*args)
-    res = int(lib.qir_run(tid, argv, nargs, rows, nt, grain, per))
-    if res < 0:
-        raise RuntimeError(f"native kernel {name}: qir_run refused task {tid} with {nargs} arguments")
-    return res
+    return Call(name, args, rows, work, grain, per)()
