@@ -36,6 +36,16 @@ class DType(enum.Enum):
     qint32 = "qi32"
     qbool = "qbool"
 
+    def __eq__(self, other: object) -> builtins.bool:
+        # The plugin's dtypes are the strings "qint8" / "qint16" (qir.dtype keeps them), and users'
+        # code branches on ``fake_quant.dtype == qint16``: an enum never equal to its name would
+        # silently take the other branch. Equal to its name only; the hash is the name's already.
+        if isinstance(other, str):
+            return other == self.name
+        return self is other
+
+    __hash__ = enum.Enum.__hash__
+
     @property
     def is_quantized(self) -> builtins.bool:
         return self in _QUANT_RANGE
