@@ -9,12 +9,17 @@ the integer grid and with float fake quantization (``set_integer_grid(model, Fal
 the figure is the minimum over ``--rounds`` of ``--steps`` steps, per layer. Prints microseconds
 per layer and the ratios to float.
 
-    PYTHONPATH=. python benchmarks/grid_conv_fixed_cost.py [--layers 20] [--rounds 7] [--steps 20]
+    PYTHONPATH=. python benchmarks/grid_conv_fixed_cost.py [--layers 20] [--rounds 7] [--steps 20] [--ops]
+
+``--ops`` also counts the tensor operations one forward + backward dispatches per layer (a
+``TorchDispatchMode``, after the timing), per operation, for the grid and the float fake quant: the
+fixed cost as a count the machine's load does not blur.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import sys
 import time
@@ -48,11 +53,30 @@ def _qat(model: nn.Module, grid: bool) -> nn.Module:
     return set_integer_grid(qat, grid)
 
 
+def count_ops(step: Callable[[], None]) -> collections.Counter[str]:
+    """The tensor operations one call of ``step`` dispatches, by name."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: collections.Counter[str] = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops[str(func.overloadpacket.__name__)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count() as c:
+        step()
+    return c.ops
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--layers", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--ops", action="store_true", help="also count the tensor operations per layer")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -81,6 +105,13 @@ def main(argv: list[str] | None = None) -> int:
                 best[k] = min(best[k], (time.process_time() - c0) / args.steps / args.layers * 1e6)
     cells = "  ".join(f"{k} {v:.0f} us ({v / best['float']:.2f}x)" for k, v in best.items())
     print(f"torch {torch.__version__}, 1 thread, per layer fwd + bwd, min of {args.rounds} x {args.steps}: {cells}")
+    if args.ops:
+        counts = {k: count_ops(steps[k]) for k in ("grid", "float fq")}
+        total = {k: sum(c.values()) / args.layers for k, c in counts.items()}
+        print(f"tensor operations per layer: grid {total['grid']:.1f}, float fq {total['float fq']:.1f}")
+        print(f"{'operation':<24} {'grid':>6} {'float fq':>9}")
+        for name, n in counts["grid"].most_common(20):
+            print(f"{name:<24} {n / args.layers:>6.1f} {counts['float fq'][name] / args.layers:>9.1f}")
     return 0
 
 

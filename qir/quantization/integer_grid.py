@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 import torch.fx
 import torch.nn.functional as F
@@ -59,6 +60,7 @@ from qir.quantization.fake_quantize import (
     fake_quantize,
     float_fake_quant_active,
 )
+from qir.quantization.integer_grid_conv import ConvGeometry, ConvRequant, RequantConstants
 from qir.quantization.integer_grid_methods import SCALAR_METHODS
 from qir.quantization.observer import (
     MinMaxObserver,
@@ -747,8 +749,16 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     in_fq = binding.inputs[0]
     s_in = float(in_fq.scale.reshape(-1)[0])
     wq = _WeightCodes.apply(w, numerics.broadcast_along(s_w, w_axis, w.dim()), wfq.qmin, wfq.qmax, s_in)
+    xmax = max(-in_fq.qmin, in_fq.qmax)
+    # CPU (numpy reads the scales), and not under torch.jit.trace (it cannot record a Function taking a callable)
+    if ofq is not None and not m.has_add and FUSED_CONV and x.device.type == "cpu" and not torch.jit.is_tracing():
+        geometry = _plain_geometry(m, x)
+        if geometry is not None and _fits_float32(m, wq, xmax):
+            fused: torch.Tensor | None = _fused_conv(m, x, wq, binding.march, s_in, geometry)
+            if fused is not None:
+                return fused
     xq = _Codes.apply(x, (1.0 / in_fq.scale.detach()).reshape(()), False)
-    acc = _accumulate(m, m.float_conv.__name__, xq, wq, max(-in_fq.qmin, in_fq.qmax))
+    acc = _accumulate(m, m.float_conv.__name__, xq, wq, xmax)
     # the bias: int32 at s_in * s_w (numerics.quantize_bias)
     c_out = int(m.out_features if m.float_conv is nn.Linear else m.out_channels)
     s_w_c = s_w.detach()
@@ -797,6 +807,109 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     mult, sh = numerics.multiplier_shift(s_acc / s_out, lim.max_multiplier, lim.max_shift)
     ratio = torch.ldexp(mult.to(torch.float64), -sh).reshape(-1).expand(c_out).contiguous()
     out = _Requant.apply(acc, bq, numerics.broadcast_along(ratio, axis, acc.dim()), lo, hi, out_scale, acc_grad)
+    return out
+
+
+def _observe_extremes(
+    fq: FakeQuantize, acc: torch.Tensor, b_codes: np.ndarray, s32: np.ndarray, axis: int, act: str | None
+) -> bool:
+    """:func:`_observe_output` without addend for a min-max observer and a contiguous accumulator whose
+    channels are its axis 1 (of 3 or more): the per-channel extremes (``amin`` / ``amax``), the rest on
+    the host in numpy with the same IEEE operations (``b·s + a·s``
+    rounds once in float64 either way: ``a·s`` of two float32 numbers is exact). False when it does not
+    apply (nothing observed)."""
+    if not fq.observer_enabled or fq.has_fixed_scale:
+        return True
+    a = acc.detach()
+    if not isinstance(fq.observer, _MIN_MAX_OBSERVERS) or a.dim() < 3 or axis % a.dim() != 1 or not a.numel():
+        return False
+    if not a.is_contiguous():
+        return False
+    dims = [0, *range(2, a.dim())]  # amin and amax: aminmax(dim=) over short rows is many times slower
+    mn, mx = a.amin(dim=dims), a.amax(dim=dims)
+    s64 = s32.astype(np.float64)
+    bs = b_codes * s64
+    lo = float((bs + mn.numpy().astype(np.float64) * s64).min())
+    hi = float((bs + mx.numpy().astype(np.float64) * s64).max())
+    y = torch.tensor([lo, hi], dtype=torch.float32)
+    if act == "relu":
+        y = y.clamp_(min=0.0)
+    elif act == "relu6":
+        y = y.clamp_(0.0, 6.0)
+    _observe(fq, y)
+    return True
+
+
+#: the single-node forward (qir.quantization.integer_grid_conv) where it applies; False: the unfused
+#: chain everywhere (the reference the tests compare the fused node with)
+FUSED_CONV = True
+
+
+def _plain_geometry(m: Any, x: torch.Tensor) -> ConvGeometry | None:
+    """A batched, not transposed convolution with zero padding given in numbers: its geometry, else None."""
+    if m.float_conv not in (nn.Conv1d, nn.Conv2d, nn.Conv3d) or m.padding_mode != "zeros" or isinstance(m.padding, str):
+        return None
+    if x.dim() != len(m.stride) + 2:
+        return None
+    return ConvGeometry(list(m.stride), list(m.padding), list(m.dilation), int(m.groups))
+
+
+def _fits_float32(m: Any, wq: torch.Tensor, xmax: int) -> bool:
+    """Whether :func:`_accumulate` would sum the whole reduction in float32 in one piece."""
+    if (wq.numel() // int(m.out_channels)) * 128 * xmax < _F32_EXACT:
+        return True
+    w_abs_in = wq.detach().abs().reshape(wq.shape[0], wq.shape[1], -1).sum(dim=2).to(torch.float64)
+    worst = float(w_abs_in.sum(dim=1).max())
+    if int(m.groups) == 1:
+        return worst <= (_F32_EXACT - 1) / xmax  # _chunks: no split needed
+    return worst * xmax < _F32_EXACT
+
+
+def _fused_conv(
+    m: Any, x: torch.Tensor, wq: torch.Tensor, march: str, s_in: float, geometry: ConvGeometry
+) -> torch.Tensor | None:
+    """The plain requantizing conv (output fake quant, no fused add) as one autograd node
+    (:class:`~qir.quantization.integer_grid_conv.ConvRequant`), the per-channel constants computed
+    on the host: numpy's float64 / float32 operations are the IEEE operations the unfused chain makes
+    with torch (the tests compare both bit for bit). None when the bias is not finite (the unfused
+    chain then computes whatever torch makes of it)."""
+    ofq = m.activation_post_process
+    c_out = int(m.out_channels)
+    s_w32 = np.array(np.broadcast_to(m.weight_fake_quant.scale.detach().numpy().reshape(-1), (c_out,)))
+    s_w64 = s_w32.astype(np.float64)
+    s_acc = s_w64 * s_in  # numerics.accumulator_scale: the float64 product of the float32 scales
+    if m.bias is None:
+        b_codes = np.zeros(c_out)
+    else:
+        v = m.bias.detach().numpy().astype(np.float64) / s_acc  # numerics.quantize_bias
+        if not np.isfinite(v).all():
+            return None
+        f = np.floor(v)
+        b_codes = np.clip(f + (v - f >= 0.5), -(2.0**31), 2.0**31 - 1)
+    nd = x.dim()
+    shape = [1] * nd
+    shape[m.out_axis % nd] = c_out
+
+    def along(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).view(shape)
+
+    acc_scale = along(s_acc.astype(np.float32))
+    acc_grad = along(s_w32)
+    dtype = DType(ofq.dtype)
+    check_out_dtype(march, dtype, "conv / linear")
+    lim = numerics.requant_limits(march)
+
+    def plan(acc: torch.Tensor) -> RequantConstants:
+        if not _observe_extremes(ofq, acc, b_codes, s_acc.astype(np.float32), m.out_axis, m.act):
+            _observe_output(ofq, acc, along(b_codes), acc_scale, m.act, None)
+        s_out = float(ofq.scale.reshape(-1)[0])
+        lo, hi = _act_bounds(m.act, dtype, constant_code(6.0, s_out, dtype) if m.act == "relu6" else None)
+        mult, sh = numerics.multiplier_shift(torch.from_numpy(s_acc / s_out), lim.max_multiplier, lim.max_shift)
+        ratio = np.ldexp(mult.numpy().astype(np.float64), -sh.numpy())
+        return RequantConstants(along(b_codes * ratio + 0.5), along(ratio), lo, hi, s_out, acc_grad)
+
+    inv = float(np.float32(1.0) / np.float32(s_in))
+    out: torch.Tensor = ConvRequant.apply(x, wq, m.bias, inv, geometry, torch.from_numpy(s_w64), m.out_axis, plan)
     return out
 
 

@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -371,16 +372,29 @@ class ObserverBase(nn.Module):
             ax = self.ch_axis % x.dim()
             dims = [d for d in range(x.dim()) if d != ax]
             lo, hi = torch.amin(x, dim=dims), torch.amax(x, dim=dims)
-        # finite sums: every term finite (an Inf or NaN makes the sum one; an overflowing sum of
-        # finite terms only sends the batch to the general path). max - min finite and >= 0 on every
-        # channel: the range is finite and has seen data everywhere
-        span = self.max_val - self.min_val
-        if not math.isfinite(float(lo.sum() + hi.sum() + span.sum())) or float(span.amin()) < 0:
+        # read on the host through numpy views (no tensor operations): the batch's extremes and the
+        # range finite, and max >= min on every channel (the range has seen data everywhere)
+        b_lo, b_hi = lo.numpy(), hi.numpy()
+        o_lo, o_hi = self.min_val.numpy(), self.max_val.numpy()
+        if not (np.isfinite(b_lo).all() and np.isfinite(b_hi).all() and np.isfinite(o_lo).all()):
+            return False
+        if not (np.isfinite(o_hi).all() and (o_hi >= o_lo).all()):
             return False
         if not self._combine_settled(lo, hi):
             return False
-        self._update_scale()
+        if n == 1:
+            self._scale_on_host()
+        else:  # every channel has seen data: _update_scale's where() selects the new scale everywhere
+            self.scale.copy_(self._scale_from(self.min_val, self.max_val))
         return True
+
+    def _scale_on_host(self) -> None:
+        """:meth:`_scale_from` of a one-element range that has seen data, in numpy float32: the same IEEE
+        negation, maximum, division and clamps (``clamp_min`` compares with the bound cast to float32)."""
+        lo, hi = self.min_val.numpy()[0], self.max_val.numpy()[0]
+        amax = np.maximum(np.maximum(-lo, hi), np.float32(0.0))
+        s = np.maximum(amax / np.float32(scale_denominator(self.dtype)), np.float32(self.eps))
+        self.scale.fill_(float(s))
 
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(scale, zero_point)``: float32 and int32 tensors, shape (1,) or (C,); zero point is 0."""

@@ -1,0 +1,136 @@
+"""One autograd node for the activation-sized work of a bound conv on the integer grid.
+
+The unfused forward of :func:`qir.quantization.integer_grid.conv_forward` chains four autograd
+functions and the convolution (input codes, the convolution, bias codes, requantization), each with
+its own Python and dispatch overhead: on the small layers of mobilenet_v2 that fixed cost is most of
+the training step's overhead. :class:`ConvRequant` computes the same values in one node:
+
+* forward: the input codes ``round(x · (1/s_in))`` (block by block), the convolution of the codes,
+  then ``plan(acc)`` (the caller's: the output observer's update and the requantization constants,
+  computed after the accumulator exists because the output scale depends on it), then the
+  requantization :func:`requant_blocks`;
+* backward: ``g = grad · gain`` (``gain``: the accumulator's gradient factor where the output was not
+  clamped), the bias gradient ``sum(g) / (s_acc / s_in)`` and ``aten.convolution_backward`` of ``g``,
+  the very calls autograd makes for the unfused chain, so the gradients are equal bit for bit
+  (tests/quantization/test_integer_grid_fused.py compares both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from qir.quantization.blockwise import blocks, part
+
+__all__ = ["ConvGeometry", "ConvRequant", "RequantConstants", "input_codes", "requant_blocks"]
+
+
+class RequantConstants(NamedTuple):
+    """What :func:`requant_blocks` needs, broadcasting against the accumulator: ``offset`` (float64,
+    ``bias_codes · ratio + 1/2``), ``ratio`` (float64, ``M / 2**shift``), the clamp ``lo`` / ``hi``
+    (ints or float32 tensors), the output scale and the accumulator's gradient factor (float32)."""
+
+    offset: torch.Tensor
+    ratio: torch.Tensor
+    lo: Any
+    hi: Any
+    out_scale: torch.Tensor | float
+    acc_grad: torch.Tensor
+
+
+class ConvGeometry(NamedTuple):
+    """A plain (not transposed) convolution's arguments, for ``conv`` and ``aten.convolution_backward``."""
+
+    stride: list[int]
+    padding: list[int]
+    dilation: list[int]
+    groups: int
+
+
+def input_codes(x: torch.Tensor, inv_scale: torch.Tensor | float) -> torch.Tensor:
+    """``round(x · inv_scale)`` of a tensor already on the grid of ``1 / inv_scale``, block by block
+    (the product rounded while it is in cache)."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    nd = x.dim()
+    for idx in blocks(x.shape):
+        # x = q * s up to float32 rounding: |x/s - q| < 0.02
+        torch.mul(part(x, idx, nd), inv_scale, out=out[idx]).round_()
+    return out
+
+
+def requant_blocks(acc: torch.Tensor, c: RequantConstants) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(clamp(floor(acc · ratio + offset), lo, hi) · out_scale, gain)`` evaluated exactly in float64
+    block by block; ``gain`` is ``acc_grad`` where the result was not clamped, else 0 (a float tensor:
+    multiplying by it is vectorized, masking by a bool tensor is not). Only the two results are
+    allocated at full size."""
+    out = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
+    gain = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
+    nd = acc.dim()
+    q = qc = torch.empty(0)  # scratch blocks, reused: the blocks but the last have one shape
+    for idx in blocks(acc.shape):
+        a = acc[idx]
+        if q.shape != a.shape:
+            q = torch.empty(a.shape, dtype=torch.float64, device=acc.device)
+            qc = torch.empty(a.shape, dtype=torch.float32, device=acc.device)
+        # exact: products and sums below 2**53
+        q.copy_(a).mul_(part(c.ratio, idx, nd)).add_(part(c.offset, idx, nd))
+        o = out[idx]
+        o.copy_(q.floor_())  # |q| <= 2**31: float32 keeps lo / hi right
+        torch.clamp(o, part(c.lo, idx, nd), part(c.hi, idx, nd), out=qc)  # ints or tensors, both accepted
+        torch.eq(qc, o, out=gain[idx]).mul_(part(c.acc_grad, idx, nd))
+        torch.mul(qc, c.out_scale, out=o)
+    return out, gain
+
+
+class ConvRequant(torch.autograd.Function):
+    """``requant(conv(round(x / s_in), wq) + bias codes) · s_out`` with the straight-through gradient,
+    as one autograd node (see the module docstring).
+
+    ``x``: the input, on the grid of ``s_in``; ``wq``: the weight codes (their own autograd node
+    scales the gradient by ``s_in / s_w``); ``bias``: the float bias or None (only its gradient is
+    computed here: ``plan`` quantizes it); ``bias_div``: ``s_acc / s_in`` per output channel (float64),
+    the divisor of the bias gradient; ``plan(acc)``: the output observer's update and the
+    :class:`RequantConstants` (called once, after the convolution).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        wq: torch.Tensor,
+        bias: torch.Tensor | None,
+        inv_scale: float,
+        geometry: ConvGeometry,
+        bias_div: torch.Tensor,
+        out_axis: int,
+        plan: Callable[[torch.Tensor], RequantConstants],
+    ) -> torch.Tensor:
+        xq = input_codes(x, inv_scale)
+        g = geometry
+        acc = torch.convolution(xq, wq, None, g.stride, g.padding, g.dilation, False, [0] * len(g.stride), g.groups)
+        out, gain = requant_blocks(acc, plan(acc))
+        ctx.save_for_backward(xq, wq, gain, bias_div)
+        ctx.geometry = g
+        shape = [1] * acc.dim()
+        ax = out_axis % acc.dim()
+        shape[ax] = acc.shape[ax]
+        ctx.bias_shape = torch.Size(shape)  # the broadcast bias codes' shape: their gradient's sum
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        xq, wq, gain, bias_div = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        g = grad * gain
+        gx = gw = gb = None
+        if need_b:
+            gb = (g.sum_to_size(ctx.bias_shape).reshape(-1) / bias_div).to(torch.float32)
+        if need_x or need_w:
+            c = ctx.geometry
+            out_pad = [0] * len(c.stride)
+            gx, gw, _ = torch.ops.aten.convolution_backward(
+                g, xq, wq, None, c.stride, c.padding, c.dilation, False, out_pad, c.groups, [need_x, need_w, False]
+            )
+        return gx, gw, gb, None, None, None, None, None
