@@ -60,7 +60,7 @@ from qir.quantization.fake_quantize import (
     fake_quantize,
     float_fake_quant_active,
 )
-from qir.quantization.integer_grid_conv import ConvGeometry, ConvRequant, RequantConstants
+from qir.quantization.integer_grid_conv import ConvGeometry, ConvRequant, RequantConstants, input_codes, requant_blocks
 from qir.quantization.integer_grid_methods import SCALAR_METHODS
 from qir.quantization.observer import (
     MinMaxObserver,
@@ -394,12 +394,7 @@ class _Codes(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, inv_scale: torch.Tensor, scaled: bool = True) -> torch.Tensor:
         ctx.save_for_backward(inv_scale)
         ctx.scaled = scaled
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        nd = x.dim()
-        for idx in blocks(x.shape):  # the product rounded while it is in cache
-            # x = q * s up to float32 rounding: |x/s - q| < 0.02
-            torch.mul(part(x, idx, nd), inv_scale, out=out[idx]).round_()
-        return out
+        return input_codes(x, inv_scale)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -452,23 +447,7 @@ class _Requant(torch.autograd.Function):
         acc_scale: torch.Tensor,
     ) -> torch.Tensor:
         off = bias.to(torch.float64) * ratio + 0.5
-        out = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
-        # the backward's factor: acc_scale where the result was not clamped, else 0 (a float
-        # tensor: multiplying by it is vectorized, masking by a bool tensor is not)
-        gain = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
-        nd = acc.dim()
-        q = qc = torch.empty(0)  # scratch blocks, reused: the blocks but the last have one shape
-        for idx in blocks(acc.shape):
-            a = acc[idx]
-            if q.shape != a.shape:
-                q = torch.empty(a.shape, dtype=torch.float64, device=acc.device)
-                qc = torch.empty(a.shape, dtype=torch.float32, device=acc.device)
-            q.copy_(a).mul_(part(ratio, idx, nd)).add_(part(off, idx, nd))  # exact: products and sums below 2**53
-            o = out[idx]
-            o.copy_(q.floor_())  # |q| <= 2**31: float32 keeps lo / hi right
-            torch.clamp(o, part(lo, idx, nd), part(hi, idx, nd), out=qc)  # ints or tensors, both accepted
-            torch.eq(qc, o, out=gain[idx]).mul_(part(acc_scale, idx, nd))
-            torch.mul(qc, out_scale, out=o)
+        out, gain = requant_blocks(acc, RequantConstants(off, ratio, lo, hi, out_scale, acc_scale))
         ctx.save_for_backward(gain)
         ctx.bias_shape = bias.shape
         return out
