@@ -93,19 +93,27 @@ class Demo:
         return calib
 
     def qat_stage(self, calib: nn.Module, epochs: int) -> nn.Module:
-        from qir.quantization import get_default_qat_out_qconfig, get_default_qat_qconfig, prepare_qat_fx
+        from qir.quantization import (
+            get_default_qat_out_qconfig,
+            get_default_qat_qconfig,
+            prepare_qat_fx,
+            set_fake_quantize,
+        )
 
         t0 = time.perf_counter()
         qat = prepare_qat_fx(
             calib, {"": get_default_qat_qconfig(), "module_name": {CLASSIFIER: get_default_qat_out_qconfig()}}
         )
         train(qat, self.x_tr, self.y_tr, epochs, lr=1e-4, seed=self.seed + 1000, desc="QAT", progress=self.progress)
+        # validation mode freezes the observers: evaluating in QAT mode would move the activation
+        # scales with every test batch (test statistics leaking into the deployed scales)
+        set_fake_quantize(qat, "validation")
         self.qat_logits = self._eval(qat, "QAT eval")
         self._row(
             "QAT",
             accuracy(self.qat_logits, self.y_te),
             time.perf_counter() - t0,
-            f"{_n(epochs, 'epoch')} from the calibrated scales; {CLASSIFIER}: qint32 output",
+            f"{_n(epochs, 'epoch')} from the calibrated scales; {CLASSIFIER}: qint32 output; validation mode",
         )
         return qat
 
