@@ -147,6 +147,8 @@ def run_march(
             calib, {"": get_default_qat_qconfig(), "module_name": {"fc": get_default_qat_out_qconfig()}}
         )
         train(qat_model, x_tr, y_tr, qat_epochs, lr=1e-4, seed=seed + 1000)
+        # validation mode: observers frozen, so evaluating does not move the scales that convert reads
+        set_fake_quantize(qat_model, "validation")
         qat_pred = predict(qat_model, x_te)
         converted = convert_fx(qat_model)
         conv_pred = predict(converted, x_te)
