@@ -102,6 +102,18 @@ def _same(a: nn.Module, b: nn.Module, x: torch.Tensor) -> None:
     assert all(torch.equal(sa[k], sb[k]) and sa[k].dtype == sb[k].dtype for k in sa)
 
 
+def _pass_equals_swap(model: nn.Module, march: str, scaled: bool = False) -> tuple[nn.Module, torch.Tensor]:
+    """``model`` prepared and trained, converted by the quantize pass: equal to module swapping on its
+    input (and on 3x that input with ``scaled``). Returns the converted model and the input."""
+    qat, x = _qat(model, march)
+    by_pass = convert_fx(qat)
+    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
+    _same(_swapped(qat), by_pass, x)
+    if scaled:
+        assert torch.equal(_swapped(qat)(x * 3), by_pass(x * 3))
+    return by_pass, x
+
+
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
 @pytest.mark.parametrize("net", [ResNetShaped, MobileNetShaped])
 def test_pass_path_equals_module_swap(net: type[nn.Module], march: str) -> None:
@@ -163,11 +175,7 @@ class Scaled(nn.Module):
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
 @pytest.mark.parametrize("net", [AddCat, Functional, Scaled])
 def test_float_functional_nets_by_the_pass_equal_module_swap(net: type[nn.Module], march: str) -> None:
-    qat, x = _qat(net(), march)
-    by_pass = convert_fx(qat)
-    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
-    _same(_swapped(qat), by_pass, x)
-    assert torch.equal(_swapped(qat)(x * 3), by_pass(x * 3))
+    _pass_equals_swap(net(), march, scaled=True)
 
 
 class Layers(nn.Module):
@@ -194,11 +202,7 @@ class Layers(nn.Module):
 
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
 def test_layer_nets_by_the_pass_equal_module_swap(march: str) -> None:
-    qat, x = _qat(Layers(), march)
-    by_pass = convert_fx(qat)
-    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
-    _same(_swapped(qat), by_pass, x)
-    assert torch.equal(_swapped(qat)(x * 3), by_pass(x * 3))
+    by_pass, x = _pass_equals_swap(Layers(), march, scaled=True)
     if march == "bayes":
         assert torch.equal(compile_model(by_pass, [x])(x), by_pass(x))
 
@@ -220,11 +224,7 @@ class Math(nn.Module):
 
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
 def test_math_nets_by_the_pass_equal_module_swap(march: str) -> None:
-    qat, x = _qat(Math(), march)
-    by_pass = convert_fx(qat)
-    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
-    _same(_swapped(qat), by_pass, x)
-    assert torch.equal(_swapped(qat)(x * 3), by_pass(x * 3))
+    _pass_equals_swap(Math(), march, scaled=True)
 
 
 class Warp(nn.Module):
@@ -243,10 +243,7 @@ class Warp(nn.Module):
 
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
 def test_grid_sample_nets_by_the_pass_equal_module_swap(march: str) -> None:
-    qat, x = _qat(Warp(), march)
-    by_pass = convert_fx(qat)
-    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
-    _same(_swapped(qat), by_pass, x)
+    _pass_equals_swap(Warp(), march)
 
 
 class Copies(nn.Module):
@@ -265,10 +262,7 @@ class Copies(nn.Module):
 
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
 def test_copies_of_codes_by_the_pass_equal_module_swap(march: str) -> None:
-    qat, x = _qat(Copies(), march)
-    by_pass = convert_fx(qat)
-    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
-    _same(_swapped(qat), by_pass, x)
+    _pass_equals_swap(Copies(), march)
 
 
 class Splits(nn.Module):
@@ -289,10 +283,7 @@ class Splits(nn.Module):
 
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
 def test_splits_of_codes_by_the_pass_equal_module_swap(march: str) -> None:
-    qat, x = _qat(Splits(), march)
-    by_pass = convert_fx(qat)
-    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
-    _same(_swapped(qat), by_pass, x)
+    _pass_equals_swap(Splits(), march)
 
 
 def test_a_model_the_quantize_pass_refuses_converts_by_module_swap_saying_why() -> None:
