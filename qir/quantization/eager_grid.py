@@ -19,7 +19,7 @@ from torch import nn
 
 from qir.quantization.eager_record import SOURCES, Source
 from qir.quantization.fake_quantize import FakeQuantize
-from qir.quantization.integer_grid import _plain_fq, bind_sites, source_of_module
+from qir.quantization.integer_grid import bind_sites, output_fake_quant, source_of_module
 
 __all__ = ["CALLED_METHODS", "bind_eager_grid"]
 
@@ -33,10 +33,8 @@ def _fake_quant_of(root: nn.Module, src: Source | None) -> FakeQuantize | None:
         return None
     path, index = src
     m = root.get_submodule(path)
-    outs = getattr(m, "output_fake_quants", None)
-    if callable(outs):  # one fake quant per output (attention's (out, weights))
-        fqs = outs()
-        return _plain_fq(fqs[index]) if 0 <= index < len(fqs) else None
+    if callable(getattr(m, "output_fake_quants", None)):  # one fake quant per output (attention's (out, weights))
+        return output_fake_quant(m, index)
     if index != 0:
         return None  # one output of several: several scales
     return source_of_module(m, None)

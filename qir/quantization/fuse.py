@@ -588,7 +588,7 @@ def emit_fused(fused: FusedIR, graph: Graph | None = None) -> torch.fx.GraphModu
     qat = {f"{n.scope}." for n in g.nodes if n.scope and isinstance(n.op, QATModuleOp)}
 
     def replaced(path: str) -> bool:
-        return bool(qat) and any(path.startswith(p) for p in _prefixes_of(path) if p in qat)
+        return any(p in qat for p in _prefixes_of(path))
 
     for path in fused.consumed:
         if path and not _has_path(gm, path) and not replaced(path):

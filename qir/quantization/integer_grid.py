@@ -187,7 +187,13 @@ def _output_source(gm: torch.fx.GraphModule, n: torch.fx.Node) -> FakeQuantize |
     owner, index = n.args
     if not isinstance(owner, torch.fx.Node) or owner.op != "call_module" or not isinstance(index, int):
         return None
-    fqs = getattr(gm.get_submodule(str(owner.target)), "output_fake_quants", None)
+    return output_fake_quant(gm.get_submodule(str(owner.target)), index)
+
+
+def output_fake_quant(m: nn.Module, index: int) -> FakeQuantize | None:
+    """Output ``index``'s per-tensor fake quant of a module with one fake quant per output
+    (``output_fake_quants()``: attention's ``(out, weights)``); None for any other module or index."""
+    fqs = getattr(m, "output_fake_quants", None)
     outs = fqs() if callable(fqs) else ()
     return _plain_fq(outs[index]) if 0 <= index < len(outs) else None
 

@@ -70,11 +70,6 @@ def conv_hyper_parameters(m: Any) -> dict[str, Any]:
     }
 
 
-def weight_l1_max(weight: torch.Tensor, weight_axis: int) -> int:
-    """Max over output channels of ``sum |w|`` of the weight codes: bounds every partial sum / max|x|."""
-    return abs_sum_max(weight, weight_axis)
-
-
 @dataclasses.dataclass(frozen=True)
 class ConvIntegerState:
     """What converting a QAT conv / linear gives: the integer module's buffers and add parameters."""
@@ -199,7 +194,7 @@ class QuantizedConvBase(QuantizedModule):
         self.dtype = st.dtype
         for role in ("weight", "bias", "scale", "multiplier", "shift", "relu6_bound"):
             self.register_buffer(role, getattr(st, role))
-        self.weight_l1_max = weight_l1_max(self.weight, qat.weight_axis)
+        self.weight_l1_max = abs_sum_max(self.weight, qat.weight_axis)
         if self.has_add:
             self.add_multiplier, self.add_shift, self.extra_bits = st.add_multiplier, st.add_shift, st.extra_bits
         self.march = march
@@ -356,14 +351,18 @@ LinearAddReLU6: type[QuantizedConvBase]
 MODULE_KIND = {"conv1d": "Conv1d", "conv2d": "Conv2d", "conv3d": "Conv3d", "conv_transpose2d": "ConvTranspose2d"}
 MODULE_KIND["linear"] = "Linear"
 
+#: (kind, fused add, activation) -> the quantized conv class (the first registered, as a search would give)
+CONV_CLASS_OF: dict[tuple[str, bool, Any], type[QuantizedConvBase]] = {}
+for _c in QUANTIZED_CONV_CLASSES.values():
+    CONV_CLASS_OF.setdefault((_c.kind, _c.has_add, _c.act), _c)
+
 
 def _from_qconv(op: Any, tensors: dict[str, torch.Tensor]) -> QuantizedConvBase:
     """The integer module a ``qconv`` op stands for, holding ``tensors`` (emit and evaluation)."""
     kind = MODULE_KIND[op.kind]
-    matches = [c for c in QUANTIZED_CONV_CLASSES.values() if (c.kind, c.has_add, c.act) == (kind, op.add, op.act)]
-    if not matches:
+    cls = CONV_CLASS_OF.get((kind, op.add, op.act))
+    if cls is None:
         raise ValueError(f"qconv: no quantized {kind} class with add={op.add} act={op.act!r}")
-    cls = matches[0]
     m = cls()
     m.hp = op.hyper_parameters()
     m.num_input_scales = len(op.in_scales)
@@ -379,7 +378,7 @@ def _from_qconv(op: Any, tensors: dict[str, torch.Tensor]) -> QuantizedConvBase:
     for role in ("multiplier", "shift", "relu6_bound"):
         m.register_buffer(role, tensors[role])
     w_axis = 1 if kind == "ConvTranspose2d" else 0
-    m.weight_l1_max = weight_l1_max(m.weight, w_axis)
+    m.weight_l1_max = abs_sum_max(m.weight, w_axis)
     m.march = op.march
     if op.add:
         m.add_multiplier, m.add_shift, m.extra_bits = op.add_multiplier, op.add_shift, op.extra_bits

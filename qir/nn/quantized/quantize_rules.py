@@ -26,8 +26,8 @@ from qir.ir.ops.integer_stubs import QDequantStub, QQuantStub
 from qir.nn.qat.ir_ops import build_fake_quant
 from qir.nn.quantized._base import as_scale_tensor, march_name
 from qir.nn.quantized.conv import (
+    CONV_CLASS_OF,
     MODULE_KIND,
-    QUANTIZED_CONV_CLASSES,
     conv_hyper_parameters,
     integer_conv_state,
     observed_weight_scale,
@@ -49,10 +49,6 @@ def swapped_rule(integer_op: type[ModuleOp]) -> QuantizeRule:
         return new, {role: getattr(q, role) for role in new.param_roles()}
 
     return rule
-
-
-#: (kind, fused add, activation) -> quantized conv class
-_CLASSES = {(c.kind, c.has_add, c.act): c for c in QUANTIZED_CONV_CLASSES.values()}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -81,7 +77,7 @@ def _hyper_parameters(
 
 
 def _conv(op: Any, tensors: dict[str, torch.Tensor], scales: Sequence[torch.Tensor], march: str) -> Any:
-    cls = _CLASSES[(MODULE_KIND[op.kind], op.add, op.act)]
+    cls = CONV_CLASS_OF[(MODULE_KIND[op.kind], op.add, op.act)]
     name = cls.__name__
     march = march_name(march)
     ins = [as_scale_tensor(s, f"{name} input {i}") for i, s in enumerate(scales)]
