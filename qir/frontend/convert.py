@@ -39,8 +39,8 @@ from qir.frontend.tracer import (
     trace_error,
 )
 from qir.ir.graph import Graph, Node, Value, split_operands
-from qir.ir.op import IRError, ModuleOp, Op, Transparent
-from qir.ir.ops.core import Call, GetItem, Identity
+from qir.ir.op import IRError, ModuleOp, MovesCodes, Op, Transparent
+from qir.ir.ops.core import Call, Identity
 from qir.ir.ops.integer import IntegerModuleOp, integer_method_op
 from qir.ir.ops.qat_functional import qat_method_reader
 from qir.ir.ops.shape import Transpose
@@ -245,7 +245,7 @@ class _Converter:
         t = self.type_of(n)
         if isinstance(op, IntegerModuleOp):
             t = op.typed_result(t)  # codes typed with the layer's output QuantSpec
-        elif op.has_trait(Transparent) or isinstance(op, GetItem):
+        elif op.has_trait(Transparent) or op.has_trait(MovesCodes):
             t = _moved_codes_type(op, operands, t)
         node = self.g.add_node(op, operands, t, name=n.name, scope=scope)
         self.env[n.name] = node

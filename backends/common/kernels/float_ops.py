@@ -75,10 +75,7 @@ def float_function_name(fn: Any = None, method: str | None = None) -> str | None
     if method is not None:
         name = f"Tensor.{method}"
         return name if name in FLOAT_FUNCTIONS else None
-    try:
-        return _NAME_OF.get(id(fn)) if fn is not None else None
-    except TypeError:
-        return None
+    return _NAME_OF.get(id(fn)) if fn is not None else None
 
 
 def _plain(out: Any) -> Any:

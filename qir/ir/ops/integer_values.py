@@ -14,7 +14,7 @@ compute a silently wrong result or fail mid-graph. The ranges are the datapath's
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import torch
 
@@ -227,8 +227,3 @@ def check_requant_fits_int64(
                 f"+ |bias| {bb}) times the {prefix}multiplier {mm} plus the rounding half "
                 f"can reach {top:.3g}, beyond int64 (2**63)"
             )
-
-
-def bound_state(roles: Sequence[str], values: Sequence[torch.Tensor | None]) -> dict[str, torch.Tensor]:
-    """``{role: tensor}`` for the state operands bound to constants."""
-    return {r: t for r, t in zip(roles, values, strict=False) if t is not None}
