@@ -22,7 +22,8 @@ Options are plain data, so the pass prints and parses back:
 * ``call_sites``: ``[[scope, [site, ...]], ...]``: a module called at several places gets a
   QAT op per call; call ``k`` (``k`` >= 1, graph order) takes scope ``sites[k - 1]``. The
   call sites share the first call's weight, bias and weight fake quant (constants), and
-  each has its own output fake quant (``activation_post_process.*``): one observer per call.
+  each has its own output fake quant (``activation_post_process.*``; the roles the QAT op's
+  ``own_per_site`` names): one observer per call.
 
 A float tensor two layers share (one constant operand of both) stays one tensor: the second
 layer's QAT op takes the first one's QAT parameter of that role.
@@ -52,7 +53,6 @@ from qir.ir.parser import parse_value
 from qir.ir.printer import format_value
 
 __all__ = [
-    "OWN_PER_SITE",
     "InsertObservers",
     "InsertObserversError",
     "MethodCall",
@@ -72,9 +72,6 @@ ObserveRule = Callable[
 
 #: float op name or opaque module class -> rule
 _RULES: dict[str | type, ObserveRule] = {}
-
-#: state roles each call site of a module holds for itself (its output observer); the rest are shared
-OWN_PER_SITE = "activation_post_process"
 
 
 class InsertObserversError(IRError):
@@ -337,7 +334,7 @@ class InsertObservers(Pass):
         for role in new_op.param_roles():
             if role not in state:
                 raise InsertObserversError(f"insert-observers: %{n.name}: the rule gave no {role} for {new_op.name}")
-            if owner is not None and not role.startswith(OWN_PER_SITE):
+            if owner is not None and not new_op.own_per_site(role):
                 consts[role] = owner[role]  # a later call site: the first call's weight and weight fake quant
                 continue
             source = float_consts.get(role)

@@ -180,7 +180,12 @@ class Quantize(Pass):
                 self._convert(graph, n, op, str(march))
                 converted += 1
             elif n in moves:
-                src = _codes_spec(_moved(n).type)
+                moved = _moved(n).type
+                index = getattr(n.op, "index", None)
+                if n.op.name == "getitem" and isinstance(moved, SequenceType) and isinstance(index, int):
+                    n.type = moved.elements[index]  # one result of a tuple-valued layer (h' or c')
+                    continue
+                src = _codes_spec(moved)
                 if src is not None:
                     n.type = _as_codes(n.type, *src)
         if converted:
@@ -201,14 +206,15 @@ class Quantize(Pass):
             raise QuantizeError(f"quantize: %{n.name}{where}: {e}") from e
         bind = getattr(new_op, "bind_call", None)
         if bind is not None:  # as the front end binds it: a layer keeping its input's dtype reads the codes'
+            call = getattr(op, "module_call", None)  # the call's form (an LSTM cell's ``(x, (h, c))``)
+            args, kwargs = call(inputs) if call is not None else (list(inputs), {})
             try:
-                new_op, _ = bind(list(inputs), {})
+                new_op, _ = bind(list(args), dict(kwargs))
             except IRError as e:
                 raise QuantizeError(f"quantize: %{n.name}: {e}") from e
         name, scope = n.name, n.scope
-        shape = n.type.shape if isinstance(n.type, TensorType) else ()
-        result_type = getattr(new_op, "result_type", None)
-        new_type = result_type(shape) if result_type is not None else n.type
+        typed = getattr(new_op, "typed_result", None)  # each element's spec of a tuple-valued layer
+        new_type = typed(n.type) if typed is not None else n.type
         new = graph.create_node(new_op, list(inputs), new_type, name=f"{name}_q", scope=scope)
         graph.insert_node(new, after=n)
         n.replace_all_uses_with(new)

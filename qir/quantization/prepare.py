@@ -577,13 +577,14 @@ def prepare_qat_fx(
                 "prepare the float model instead"
             )
         _same_hybrid(record, spec)
+        if example_inputs is None:
+            # the first prepare's example inputs, or the arguments of the prepared model's first call
+            # (qir/quantization/first_inputs.py): real inputs type the IR, never guessed shapes
+            example_inputs = record.example_inputs
         new = _prepare_float(
             record.float_model, qconfig_dict, example_inputs, march, spec, record.cpu, resolved, record.batch_norms
         )
         _carry_scales(model, new)
-        new_record = new.meta[PREPARE_RECORD_KEY]
-        if new_record.example_inputs is None:
-            new_record.example_inputs = record.example_inputs  # the first prepare's, for convert_fx
         new.train(model.training)
         return _apply_qat_mode(new)
     return _apply_qat_mode(_prepare_float(model, qconfig_dict, example_inputs, march, spec, pipeline=resolved))

@@ -80,3 +80,22 @@ class TorchFunctionals(nn.Module):
         x = self.conv0(self.quant(x))
         y = self.add.add(self.bn1(self.conv1(x)), x)
         return self.dequant(self.pool(self.mul.mul(y, x)))
+
+
+class Recurrent(nn.Module):
+    """LSTM cells on pooled conv features: one called without a state, one called twice with the
+    state before it (two call sites: shared weights, each its own activation fake quants)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.cell0, self.cell = nn.LSTMCell(8, 6), nn.LSTMCell(8, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = torch.flatten(self.gap(self.conv(self.quant(x))), 1)
+        h, c = self.cell0(f)
+        for _ in range(2):
+            h, c = self.cell(f, (h, c))
+        return self.dequant(h)

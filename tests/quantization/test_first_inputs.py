@@ -18,7 +18,7 @@ from qir.quantization import (
     set_fake_quantize,
 )
 from qir.quantization.convert import CONVERT_PATH_KEY
-from qir.quantization.prepare import PREPARE_RECORD_KEY
+from qir.quantization.prepare import PREPARE_BY_PASS, PREPARE_PATH_KEY, PREPARE_RECORD_KEY
 from tests.quantization.path_op_nets import PoolsAndFunctionals
 
 
@@ -46,7 +46,9 @@ def test_calibration_then_qat_without_example_inputs_converts_by_the_quantize_pa
     assert _record(calib).example_inputs is recorded  # recorded once
 
     qat = prepare_qat_fx(calib, {"": get_default_qat_qconfig()})
-    assert _record(qat).example_inputs is recorded  # carried to the QAT model
+    carried = _record(qat).example_inputs  # type: ignore[attr-defined]
+    assert torch.equal(carried[0], recorded[0])  # carried to the QAT model: they typed its IR
+    assert qat.meta[PREPARE_PATH_KEY] == PREPARE_BY_PASS
     opt = torch.optim.SGD(qat.parameters(), lr=0.01)
     for _ in range(2):
         loss = sum(y.square().mean() for y in qat(torch.randn(4, 3, 16, 16)))

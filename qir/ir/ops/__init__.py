@@ -26,6 +26,7 @@ from qir.ir.ops import (  # noqa: F401
     qat_pool,
     qat_resize,
     qat_sampling,
+    qat_sequence,
     quant,
     reduce,
     shape,

@@ -174,6 +174,12 @@ class QATModuleOp(ModuleOp):
     def module_signature(self) -> Any:
         return self
 
+    def own_per_site(self, role: str) -> bool:
+        """Whether each call site of a module called at several places holds state ``role`` for
+        itself (its output observer) rather than sharing the first call's (weights, weight fake
+        quants), as module swapping ties them (qir/quantization/shared_calls.py)."""
+        return role.startswith("activation_post_process")
+
     def float_op(self) -> Op | type | None:
         """The float op the operator tables describe this layer as (legality)."""
         return None

@@ -125,3 +125,4 @@ from qir.nn.qat import ir_ops_math as _ir_ops_math  # noqa: E402, F401
 from qir.nn.qat import ir_ops_pool as _ir_ops_pool  # noqa: E402, F401
 from qir.nn.qat import ir_ops_resize as _ir_ops_resize  # noqa: E402, F401
 from qir.nn.qat import ir_ops_sampling as _ir_ops_sampling  # noqa: E402, F401
+from qir.nn.qat import ir_ops_sequence as _ir_ops_sequence  # noqa: E402, F401

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import torch
 from torch import nn
 from torch.ao.quantization import DeQuantStub as TorchDeQuantStub
@@ -25,6 +26,7 @@ from passes.insert_observers import register_observer_rule
 from qir.ir.op import ModuleOp, Op
 from qir.ir.ops.core import Identity
 from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp
+from qir.ir.ops.qat_sequence import QATLstmCell
 from qir.nn.modules.binary import Div as FloatDiv
 from qir.nn.modules.grid_sample import GridSample as FloatGridSample
 from qir.nn.modules.interpolate import Interpolate as FloatInterpolate
@@ -36,7 +38,7 @@ from qir.quantization.qat_classes import qat_class_for
 from qir.quantization.qconfig import QConfig
 from qir.quantization.stubs import DeQuantStub, QuantStub
 
-__all__ = ["OBSERVED_MODULES", "OBSERVED_OPS", "observe"]
+__all__ = ["OBSERVED_MODULES", "OBSERVED_OPS", "observe", "observe_lstm_cell"]
 
 #: float IR ops whose layers become QAT ops, by family
 OBSERVED_OPS = (
@@ -119,9 +121,24 @@ def observe(
     return qat_op, {role: state[role] for role in qat_op.param_roles()}
 
 
+def observe_lstm_cell(
+    op: Op,
+    module: Any,
+    tensors: dict[str, torch.Tensor],
+    activation: FakeQuantSpec | None,
+    weight: FakeQuantSpec | None,
+) -> tuple[QATModuleOp, dict[str, torch.Tensor]]:
+    """``lstm_cell`` -> ``qat_lstm_cell``: called with a state or not as the float call is."""
+    qat_op, state = observe(op, module, tensors, activation, weight)
+    if not isinstance(qat_op, QATLstmCell):
+        raise TypeError(f"op {op.name!r}: expected the QAT cell's qat_lstm_cell, got {qat_op.name!r}")
+    return attrs.evolve(qat_op, has_state=bool(getattr(op, "has_state", False))), state
+
+
 def _register() -> None:
     for name in OBSERVED_OPS:
         register_observer_rule(name, observe)
+    register_observer_rule("lstm_cell", observe_lstm_cell)
     for cls in OBSERVED_MODULES:
         register_observer_rule(cls, observe)
 

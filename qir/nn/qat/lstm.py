@@ -72,8 +72,10 @@ class LSTMCell(QATModule, nn.LSTMCell):
     cell_tanh_input: FakeQuantize
     tanh_c_post_process: FakeQuantize
 
-    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, *, qconfig: QConfig) -> None:
-        super().__init__(input_size, hidden_size, bias)
+    def __init__(
+        self, input_size: int, hidden_size: int, bias: bool = True, *, qconfig: QConfig, device: Any = None
+    ) -> None:
+        super().__init__(input_size, hidden_size, bias, device=device)
         name = type(self).__name__
         self.qconfig = qconfig
         self.weight_ih_fake_quant = make_weight_fq(qconfig, name, 0)
