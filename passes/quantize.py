@@ -15,6 +15,19 @@ carry their input's, so a rule reads each input's scale from its operand type.
 The integer state replaces the QAT state under the same state-dict prefix (``conv.weight``
 is the int8 weight afterwards); the graph leaves training mode.
 
+Float ops that run on codes (``clamp``, ``pad``, ``relu``, ``max``, a float32 ``cast``, ...) follow the
+*code rule* registered for their op name (:func:`register_code_rule`): the rule gives the op that
+computes the same thing on codes (the op as written, an integer form with its constants as codes,
+or nothing: an identity on codes), and the pass retypes the result with the input's spec. The
+rules, like the layer rules, are the ones module swapping applies (``qir.nn.quantized``).
+
+A call of a function the user keeps opaque (``qir.utils.fx_helper.wrap``: post-processing such as
+anchor decoding, score thresholds, top-k) is a float call: each quantized value it receives goes
+through a generated dequant stub (``_generated_wrap_dequant_<k>``, one per value, shared by the
+calls that read it), so the function gets ``codes * scale`` in float32, the QAT model's values, as
+module swapping gives it; its results are float. Which callables are such calls is registered with
+:func:`register_float_call` (this pass imports no ``qir.utils``).
+
 The pass covers a graph when every value it touches is one of these; :func:`uncovered` lists
 the nodes it does not (``convert_fx`` then converts by module swapping and says why). Run
 on such a graph the pass raises :class:`QuantizeError` naming the first one.
@@ -22,8 +35,8 @@ on such a graph the pass raises :class:`QuantizeError` naming the first one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import attrs
 import torch
@@ -31,17 +44,23 @@ import torch
 from passes.base import Pass, PassContext, add_state_constant, drop_unused_constants, read_state, register_pass
 from passes.legalize import resolve_march
 from qir.ir.graph import Graph, Node, Value
-from qir.ir.op import IRError, MovesCodes, Op
-from qir.ir.ops.core import Constant
-from qir.ir.ops.qat import QATModuleOp
+from qir.ir.op import IRError, ModuleOp, MovesCodes, Op
+from qir.ir.ops.core import Call, Constant
+from qir.ir.ops.qat import QATDequantStub, QATModuleOp
 from qir.ir.types import DType, QuantSpec, SequenceType, TensorType, Type
 
 __all__ = [
     "QUERY_OPS",
     "SPLIT_OPS",
+    "CodeRule",
+    "OnCodes",
     "Quantize",
     "QuantizeError",
     "QuantizeRule",
+    "WRAP_DEQUANT_PREFIX",
+    "code_rule_covers_module",
+    "register_code_rule",
+    "register_float_call",
     "register_quantize_rule",
     "uncovered",
 ]
@@ -60,6 +79,31 @@ SPLIT_OPS = frozenset({"split", "chunk", "unbind"})
 QUERY_OPS = frozenset({"size", "dim", "numel"})
 
 
+@attrs.frozen
+class OnCodes:
+    """What a float op computes on codes after conversion (a :data:`CodeRule`'s answer).
+
+    ``op``: the op to run on the codes, with the node's operands (the node's own op when it is
+    exact on codes as written); None: the op is an identity on codes and the node is removed.
+    ``objects``: the callables ``op`` names (an opaque ``call``'s target), added to the graph's."""
+
+    op: Op | None
+    objects: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+#: rule(op, operand types, carrying the codes' specs) -> OnCodes; raises ValueError / TypeError
+#: naming the fix when the op has no exact form on those codes
+CodeRule = Callable[[Op, Sequence[Type]], OnCodes]
+
+_CODE_RULES: dict[str, tuple[CodeRule, bool]] = {}
+
+
+_FLOAT_CALLS: list[Callable[[Any], bool]] = []
+
+#: generated dequant stubs in front of float calls are named ``<prefix><k>`` (module swapping's names)
+WRAP_DEQUANT_PREFIX = "_generated_wrap_dequant_"
+
+
 class QuantizeError(IRError):
     """The graph holds a node the ``quantize`` pass has no rule for; the message names it."""
 
@@ -69,17 +113,59 @@ def register_quantize_rule(op_name: str, rule: QuantizeRule) -> None:
     _RULES[op_name] = rule
 
 
+def register_code_rule(op_name: str, rule: CodeRule, *, modules: bool = False) -> None:
+    """Convert nodes of the float op ``op_name`` whose operands are codes with ``rule`` (called by
+    ``qir.nn.quantized``). ``modules``: the rule also covers the op's module form (``nn.ConstantPad2d``
+    left float by prepare); otherwise only its functional and method calls."""
+    _CODE_RULES[op_name] = (rule, modules)
+
+
+def code_rule_covers_module(op_name: str) -> bool:
+    """Whether a module of the float op ``op_name`` called on codes converts by its code rule."""
+    entry = _CODE_RULES.get(op_name)
+    return entry is not None and entry[1]
+
+
+def register_float_call(is_float_call: Callable[[Any], bool]) -> None:
+    """Opaque function calls whose callable satisfies ``is_float_call`` run in float on dequantized
+    inputs (``qir.nn.quantized`` registers ``fx_helper.wrap``-ed functions and methods)."""
+    if is_float_call not in _FLOAT_CALLS:
+        _FLOAT_CALLS.append(is_float_call)
+
+
+def _is_float_call(graph: Graph, op: Op) -> bool:
+    if not isinstance(op, Call) or op.kind != "function":
+        return False
+    fn = graph.objects.get(op.target)
+    return fn is not None and any(pred(fn) for pred in _FLOAT_CALLS)
+
+
 def uncovered(graph: Graph) -> list[tuple[str, str]]:
     """``(node, reason)`` for each node the pass cannot convert (empty: it converts the whole graph).
 
     Only values the QAT ops make codes count: an already-integer graph is covered (nothing to do)."""
-    return _walk(graph)[1]
+    return _walk(graph).bad
 
 
-def _walk(graph: Graph) -> tuple[list[Node], list[tuple[str, str]]]:
-    """The layout nodes that carry codes after conversion, and the nodes the pass cannot convert."""
+@attrs.frozen
+class _Plan:
+    """What the pass does beyond the QAT ops: retype ``layout`` nodes, convert ``on_codes`` nodes
+    by their code rules, dequantize the quantized inputs of ``float_calls``; ``bad``: what it cannot.
+    ``quantized``: the values that are codes after conversion."""
+
+    layout: list[Node]
+    on_codes: list[Node]
+    float_calls: list[Node]
+    bad: list[tuple[str, str]]
+    quantized: set[Value]
+
+
+def _walk(graph: Graph) -> _Plan:
+    """The pass's plan for ``graph``: one walk over its nodes in order."""
     out: list[tuple[str, str]] = []
     layout: list[Node] = []
+    on_codes: list[Node] = []
+    float_calls: list[Node] = []
     quantized: set[Value] = set()  # values that are codes after conversion
     for n in graph.nodes:
         op = n.op
@@ -97,12 +183,35 @@ def _walk(graph: Graph) -> tuple[list[Node], list[tuple[str, str]]]:
             continue  # sizes of the codes are the float tensor's: numbers, not codes
         tensors = [v for v in n.operands if isinstance(v.type, TensorType)]
         if (op.has_trait(MovesCodes) or op.name in SPLIT_OPS) and (len(tensors) == 1 or _item_of_codes(n, quantized)):
-            quantized.add(n)
+            if _holds_floats(n.type):  # the indices of a (values, indices) pair are exact, not codes
+                quantized.add(n)
             layout.append(n)
+            continue
+        if _is_float_call(graph, op):  # runs in float: its quantized inputs are dequantized, its results float
+            pairs = [v for v in n.operands if v in quantized and not isinstance(v.type, TensorType)]
+            if pairs:
+                what = f"wrapped function {op.target!r}"  # type: ignore[attr-defined]
+                out.append((n.name, f"{what} receives the whole tuple %{pairs[0].name}; pass its tensors one by one"))
+            float_calls.append(n)
+            continue
+        entry = _CODE_RULES.get(op.name)
+        if entry is not None and (entry[1] or not (isinstance(op, ModuleOp) and n.scope)):
+            if _holds_floats(n.type):  # an argmax's indices, a comparison's booleans: exact values
+                quantized.add(n)
+            on_codes.append(n)
             continue
         what = f"call of {op.target!r}" if op.name == "call" else f"op {op.name!r}"  # type: ignore[attr-defined]
         out.append((n.name, f"{what} on quantized values has no quantize rule"))
-    return layout, out
+    return _Plan(layout, on_codes, float_calls, out, quantized)
+
+
+def _holds_floats(t: Type) -> bool:
+    """Whether ``t`` is, or holds, a float tensor (what becomes codes after conversion)."""
+    if isinstance(t, TensorType):
+        return t.dtype.is_float
+    if isinstance(t, SequenceType):
+        return any(_holds_floats(e) for e in t.elements)
+    return False
 
 
 def _input_scale(node: Node, v: Value) -> torch.Tensor:
@@ -139,12 +248,47 @@ def _codes_spec(t: Type) -> tuple[DType, QuantSpec] | None:
 
 
 def _as_codes(t: Type, dtype: DType, spec: QuantSpec) -> Type:
-    """``t`` retyped as codes of ``dtype`` at ``spec`` (each tensor of a tuple)."""
+    """``t`` retyped as codes of ``dtype`` at ``spec`` (each float tensor of a tuple: indices stay)."""
     if isinstance(t, TensorType):
-        return TensorType(t.shape, dtype, spec)
+        return TensorType(t.shape, dtype, spec) if t.dtype.is_float or t.quant is not None else t
     if isinstance(t, SequenceType):
         return SequenceType(tuple(_as_codes(e, dtype, spec) for e in t.elements), t.kind)
     return t
+
+
+def _module_paths(graph: Graph) -> set[str]:
+    """The module paths the graph uses: node scopes, state-dict owners, kept module objects."""
+    used: set[str] = set()
+    for n in graph.nodes:
+        if n.scope:
+            used.add(n.scope)
+        if isinstance(n.op, Constant):
+            used.add(n.op.key.rpartition(".")[0])
+    used.update(k.removeprefix("module:") for k in graph.objects if isinstance(k, str) and k.startswith("module:"))
+    return used
+
+
+def _dequantize_float_call_inputs(graph: Graph, calls: list[Node], quantized: set[Value]) -> None:
+    """A generated ``qat_dequant_stub`` after each QAT-produced value a float call reads (converted
+    with the other QAT ops), named and numbered as module swapping names its stubs."""
+    if not calls:
+        return
+    used = _module_paths(graph)
+    made: dict[Value, Node] = {}
+    k = 0
+    for call in calls:
+        for v in call.operands:
+            if v not in quantized:
+                continue
+            if v not in made:
+                while f"{WRAP_DEQUANT_PREFIX}{k}" in used:
+                    k += 1
+                path = f"{WRAP_DEQUANT_PREFIX}{k}"
+                used.add(path)
+                stub = graph.create_node(QATDequantStub(), [v], v.type, name=path, scope=path)
+                graph.insert_node(stub, after=v)  # type: ignore[arg-type]  # a quantized value is a node's
+                made[v] = stub
+            call.replace_operand(v, made[v])
 
 
 @register_pass
@@ -162,7 +306,8 @@ class Quantize(Pass):
     march: str | None = None
 
     def apply(self, ctx: PassContext, graph: Graph) -> bool:
-        layout, bad = _walk(graph)
+        plan = _walk(graph)
+        bad = plan.bad
         if bad:
             node, why = bad[0]
             more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
@@ -172,8 +317,9 @@ class Quantize(Pass):
         march = resolve_march(self.march, ctx)
         if march in ("", "none"):
             raise QuantizeError("quantize needs a march: quantize{march=bayes}, or qir.march.set_march(...) first")
+        _dequantize_float_call_inputs(graph, plan.float_calls, plan.quantized)
         converted = 0
-        moves = set(layout)
+        moves, rules = set(plan.layout), set(plan.on_codes)
         for n in list(graph.nodes):
             op = n.op
             if isinstance(op, QATModuleOp):
@@ -183,15 +329,36 @@ class Quantize(Pass):
                 moved = _moved(n).type
                 index = getattr(n.op, "index", None)
                 if n.op.name == "getitem" and isinstance(moved, SequenceType) and isinstance(index, int):
-                    n.type = moved.elements[index]  # one result of a tuple-valued layer (h' or c')
+                    n.type = moved.elements[index]  # the item as retyped: a split's piece, a layer's h' or c'
                     continue
                 src = _codes_spec(moved)
                 if src is not None:
                     n.type = _as_codes(n.type, *src)
+            elif n in rules:
+                self._on_codes(graph, n)
         if converted:
             graph.training = False
         ctx.count("quantize.converted", converted)
         return converted > 0
+
+    def _on_codes(self, graph: Graph, n: Node) -> None:
+        """Convert float op ``n`` on codes by its code rule: its codes' op, its result retyped as
+        codes of its (first) codes operand's spec, or the node removed when it is an identity."""
+        rule, _ = _CODE_RULES[n.op.name]
+        codes = next((v for v in n.operands if _codes_spec(v.type) is not None), None)
+        if codes is None:
+            raise QuantizeError(f"quantize: %{n.name} ({n.op.name}): none of its operands has a scale")
+        try:
+            on = rule(n.op, [v.type for v in n.operands])
+        except (ValueError, TypeError, NotImplementedError) as e:
+            raise QuantizeError(f"quantize: %{n.name} ({n.op.name}): {e}") from e
+        if on.op is None:  # an identity on codes (a float32 cast: the fake-quantized values were float already)
+            n.replace_all_uses_with(codes)
+            graph.erase_node(n)
+            return
+        graph.objects.update(on.objects)
+        n.op = on.op
+        n.type = _as_codes(n.type, *_codes_spec(codes.type))  # type: ignore[misc]
 
     def _convert(self, graph: Graph, n: Node, op: QATModuleOp, march: str) -> None:
         where = f"quantize: %{n.name} ({op.name})"

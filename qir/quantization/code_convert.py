@@ -41,7 +41,16 @@ from qir.quantization.code_ops import (
 )
 from qir.quantization.scale_ops import BOOL, CODE_OPS, CODES, INDEX, PAIR, REDUCE, code_op
 
-__all__ = ["CONVERTED_FORMS", "EXACT", "CodeOpError", "CodeResult", "classify", "rewrite_code_ops"]
+__all__ = [
+    "CONVERTED_FORMS",
+    "EXACT",
+    "CodeOpError",
+    "CodeResult",
+    "classify",
+    "pad_code",
+    "require_per_tensor",
+    "rewrite_code_ops",
+]
 
 Scale = torch.Tensor | None
 
@@ -96,13 +105,18 @@ def _spelling(n: torch.fx.Node) -> str:
     return getattr(n.target, "__name__", str(n.target))
 
 
-def _per_tensor(s: torch.Tensor, n: torch.fx.Node, what: str) -> None:
+def require_per_tensor(s: torch.Tensor, where: str, what: str) -> None:
+    """Raise naming ``where`` when ``s`` is per channel: a constant has no single code there."""
     if s.numel() != 1:
         raise CodeOpError(
-            f"{_spelling(n)} at node '{n.name}' {what} on a tensor with per-channel scales (a high-precision "
+            f"{where} {what} on a tensor with per-channel scales (a high-precision "
             "qint32 output); its constant has no single code: give the producer an output fake quant "
             "(a qconfig with an activation)"
         )
+
+
+def _per_tensor(s: torch.Tensor, n: torch.fx.Node, what: str) -> None:
+    require_per_tensor(s, f"{_spelling(n)} at node '{n.name}'", what)
 
 
 def classify(n: torch.fx.Node, op: str, scales: Mapping[str, Scale], dtypes: Mapping[str, DType | None]) -> CodeResult:
@@ -276,15 +290,20 @@ def _compare_change(
 
 
 def _pad_code(n: torch.fx.Node, value: float, s: torch.Tensor, dt: DType, where: str) -> int:
+    return pad_code(value, s, dt, f"{where} at node '{n.name}'")
+
+
+def pad_code(value: float, s: torch.Tensor, dt: DType, where: str) -> int:
+    """The code a constant pad's ``value`` becomes at scale ``s`` (``where`` names the call in errors)."""
     qmin, qmax = dt.qrange
     try:
         raw = rounded_code(value, s)
     except ValueError as e:
-        raise CodeOpError(f"{where} at node '{n.name}': pad value {value}: {e}") from e
+        raise CodeOpError(f"{where}: pad value {value}: {e}") from e
     if not qmin <= raw <= qmax:
         s_f = float(s.reshape(-1)[0])
         raise CodeOpError(
-            f"{where} at node '{n.name}' pads with {value}, which is code {raw:.0f} at the input's scale {s_f:.6g}, "
+            f"{where} pads with {value}, which is code {raw:.0f} at the input's scale {s_f:.6g}, "
             f"outside {dt.name}'s range [{qmin}, {qmax}]; pad with a value within [{qmin * s_f:.6g}, "
             f"{qmax * s_f:.6g}] (for a following max pool: {qmin * s_f:.6g}, the smallest value the codes hold)"
         )

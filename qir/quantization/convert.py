@@ -26,7 +26,7 @@ from torch import nn
 
 from backends.common import numerics
 from passes.pipeline import Pipeline
-from passes.quantize import Quantize, uncovered
+from passes.quantize import WRAP_DEQUANT_PREFIX, Quantize, code_rule_covers_module, uncovered
 from qir.frontend.convert import gc_paused
 from qir.ir.types import DType
 from qir.march import March, march_scope
@@ -63,6 +63,7 @@ __all__ = [
     "input_scales",
     "nearest_interpolate_codes",
     "quantized_class_for",
+    "relu6_bound",
     "relu6_codes",
 ]
 
@@ -406,7 +407,8 @@ def relu6_codes(x: torch.Tensor, bound: int) -> torch.Tensor:
     return x.clamp(0, min(bound, int(torch.iinfo(x.dtype).max)))
 
 
-def _relu6_bound(scale: torch.Tensor) -> int:
+def relu6_bound(scale: torch.Tensor) -> int:
+    """The code of 6.0 at ``scale``: relu6's upper bound on codes."""
     return int(numerics.quantize(torch.tensor([6.0]), float(scale.reshape(-1)[0]), "qint32")[0])
 
 
@@ -434,7 +436,7 @@ def _rewrite_functionals(gm: torch.fx.GraphModule, plan: ScalePlan, eager: bool 
             if n.target is F.hardtanh and (n.kwargs.get("min_val", n.args[1] if len(n.args) > 1 else -1.0) != 0.0):
                 raise ConvertError(f"F.hardtanh at node '{n.name}' on a quantized tensor: only hardtanh(0, 6) (relu6)")
             with g.inserting_after(n):
-                new = g.call_function(relu6_codes, (n.args[0], _relu6_bound(s)))
+                new = g.call_function(relu6_codes, (n.args[0], relu6_bound(s)))
             plan.node_scales[new.name] = s
             n.replace_all_uses_with(new)
             g.erase_node(n)
@@ -524,10 +526,6 @@ def _bypass_exact_dequants(gm: torch.fx.GraphModule, plan: ScalePlan, eager: boo
             n.replace_all_uses_with(n.args[0])  # type: ignore[arg-type]
             gm.graph.erase_node(n)
     gm.recompile()
-
-
-#: generated DeQuantStubs in front of wrapped functions are named ``<prefix><n>``
-WRAP_DEQUANT_PREFIX = "_generated_wrap_dequant_"
 
 
 def _dequantize_wrapped_inputs(gm: torch.fx.GraphModule, plan: ScalePlan, eager: bool) -> None:
@@ -709,7 +707,9 @@ def _without_qat_op(gm: torch.fx.GraphModule) -> str | None:
         if n.op == "call_module":
             m = gm.get_submodule(str(n.target))
             cls = ops.for_module(m)
-            if type(m) not in (nn.Identity, nn.Flatten) and (cls is None or not issubclass(cls, QATModuleOp)):
+            if type(m) not in (nn.Identity, nn.Flatten) and (
+                cls is None or not (issubclass(cls, QATModuleOp) or code_rule_covers_module(cls.name))
+            ):
                 return f"module '{n.target}' ({type(m).__name__}): it has no QAT op"
         elif n.op == "call_method" and module_self(gm, n) is not None:
             if qat_method_reader(module_self(gm, n)) is None or n.target not in FF_METHOD_FORMS:

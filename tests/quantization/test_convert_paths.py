@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import passes
@@ -34,6 +35,7 @@ from qir.quantization import (
 )
 from qir.quantization.convert import CONVERT_PATH_KEY
 from qir.quantization.prepare import PREPARE_RECORD_KEY
+from qir.utils.fx_helper import wrap
 from tests.quantization.path_blocks import Block, InvertedResidual
 from tests.quantization.path_op_nets import Recurrent
 from tests.quantization.test_convert_untouched import _assert_same, _snapshot
@@ -96,8 +98,15 @@ def _swapped(qat: nn.Module) -> nn.Module:
     return out
 
 
+def _equal(a: Any, b: Any) -> bool:
+    """Outputs equal exactly: tensors (dtype too), or tuples of them."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    return type(a) is type(b) and len(a) == len(b) and all(_equal(p, q) for p, q in zip(a, b, strict=True))
+
+
 def _same(a: nn.Module, b: nn.Module, x: torch.Tensor) -> None:
-    assert torch.equal(a(x), b(x))
+    assert _equal(a(x), b(x))
     sa, sb = a.state_dict(), b.state_dict()
     assert list(sa) == list(sb)
     assert all(torch.equal(sa[k], sb[k]) and sa[k].dtype == sb[k].dtype for k in sa)
@@ -111,7 +120,7 @@ def _pass_equals_swap(model: nn.Module, march: str, scaled: bool = False) -> tup
     assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
     _same(_swapped(qat), by_pass, x)
     if scaled:
-        assert torch.equal(_swapped(qat)(x * 3), by_pass(x * 3))
+        assert _equal(_swapped(qat)(x * 3), by_pass(x * 3))
     return by_pass, x
 
 
@@ -452,3 +461,62 @@ def test_the_pass_moves_codes_through_any_op_with_the_moves_codes_trait() -> Non
         passes.run_pipeline(g, Quantize(march="bayes"), inplace=True)
         src = node.operands[0].type
         assert node.type.quant is not None and node.type.quant == src.quant and node.type.dtype == src.dtype
+
+
+class OnCodes(nn.Module):
+    """Float ops called on codes: clamps and pads whose constants become codes, ReLU6 / hardtanh(0, 6),
+    abs, ops exact on codes as written (relu, max / min, topk, argmax, reflect pad), a float32 cast."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.cpad, self.zpad = nn.ConstantPad2d(1, 0.5), nn.ZeroPad2d(1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.conv(self.quant(x))
+        a = torch.clamp(y, -0.5, 0.7) + y.clamp(min=0.1) + F.relu6(y) + F.hardtanh(y, 0.0, 6.0) + y.abs()
+        b = F.pad(y, (1, 1, 1, 1), value=0.25) + self.cpad(y) + F.pad(y, (1, 1, 1, 1), mode="reflect") + self.zpad(y)
+        v, i = y.max(dim=1, keepdim=True)
+        t, _ = y.flatten(1).topk(3, dim=1)
+        c = F.relu(y) + y.float() + v + y.min() + torch.max(y) - y.to(torch.float32).relu()
+        return self.dequant(a), self.dequant(b), self.dequant(c), self.dequant(t), i, y.argmax(1)
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+def test_float_ops_on_codes_by_the_pass_equal_module_swap(march: str) -> None:
+    by_pass, _ = _pass_equals_swap(OnCodes(), march, scaled=True)
+    value = by_pass.cpad.value  # the pad value is a code: 0.5 / the conv's output scale, rounded
+    assert value == int(value) and abs(value * float(by_pass.conv.scale) - 0.5) <= float(by_pass.conv.scale) / 2
+
+
+@wrap()
+def _decode(score: torch.Tensor, box: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    s, i = score[:, 0].flatten(1).topk(k, dim=1)
+    return s.sigmoid(), box.flatten(2).gather(2, i.unsqueeze(1).expand(-1, box.shape[1], -1))
+
+
+class Wrapped(nn.Module):
+    """Post-processing kept opaque with ``fx_helper.wrap`` (a function and a method) on quantized
+    values; one value read by two wrapped calls and by a DeQuantStub."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv, self.box = nn.Conv2d(3, 2, 3, padding=1), nn.Conv2d(3, 4, 1)
+
+    @wrap()
+    def _post_process(self, s: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (s.sigmoid() > 0.5).sum() + b.mean()
+
+    def forward(self, x: torch.Tensor) -> tuple[Any, ...]:
+        x = self.quant(x)
+        s, b = self.conv(x), self.box(x)
+        return _decode(s, b, 5), self._post_process(s, b), self.dequant(b)
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+def test_wrapped_calls_on_codes_by_the_pass_equal_module_swap(march: str) -> None:
+    by_pass, _ = _pass_equals_swap(Wrapped(), march, scaled=True)
+    stubs = [n for n, _ in by_pass.named_modules() if n.startswith("_generated_wrap_dequant_")]
+    assert stubs == ["_generated_wrap_dequant_0", "_generated_wrap_dequant_1"]  # one per quantized value

@@ -121,6 +121,8 @@ from qir.nn.quantized import lstm_grid as _lstm_grid  # noqa: E402, F401
 
 # registers the quantize pass's rules for the IR's QAT ops
 from qir.nn.quantized import quantize_rules as _quantize_rules  # noqa: E402, F401
+from qir.nn.quantized import quantize_rules_codes as _quantize_rules_codes  # noqa: E402, F401
 from qir.nn.quantized import quantize_rules_functional as _quantize_rules_functional  # noqa: E402, F401
 from qir.nn.quantized import quantize_rules_layers as _quantize_rules_layers  # noqa: E402, F401
 from qir.nn.quantized import quantize_rules_sequence as _quantize_rules_sequence  # noqa: E402, F401
+from qir.nn.quantized import quantize_rules_wrapped as _quantize_rules_wrapped  # noqa: E402, F401
