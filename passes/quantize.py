@@ -50,8 +50,6 @@ from qir.ir.ops.qat import QATDequantStub, QATModuleOp
 from qir.ir.types import DType, QuantSpec, SequenceType, TensorType, Type
 
 __all__ = [
-    "QUERY_OPS",
-    "SPLIT_OPS",
     "CodeRule",
     "OnCodes",
     "Quantize",
@@ -71,12 +69,6 @@ QuantizeRule = Callable[
 ]
 
 _RULES: dict[str, QuantizeRule] = {}
-
-#: ops that split codes into a tuple of codes at the input's scale (``y.chunk(2, 1)``); a
-#: ``getitem`` of their result moves codes of the tuple
-SPLIT_OPS = frozenset({"split", "chunk", "unbind"})
-#: ops that read only the shape of codes (``x.size(1)``; ``x.shape`` is a ``getattr``)
-QUERY_OPS = frozenset({"size", "dim", "numel"})
 
 
 @attrs.frozen
@@ -179,10 +171,10 @@ def _walk(graph: Graph) -> _Plan:
             continue
         if not any(v in quantized for v in n.operands):
             continue
-        if op.name in QUERY_OPS or (op.name == "getattr" and op.attr in ("shape", "ndim")):  # type: ignore[attr-defined]
+        if op.reads_only_shape():
             continue  # sizes of the codes are the float tensor's: numbers, not codes
         tensors = [v for v in n.operands if isinstance(v.type, TensorType)]
-        if (op.has_trait(MovesCodes) or op.name in SPLIT_OPS) and (len(tensors) == 1 or _item_of_codes(n, quantized)):
+        if op.has_trait(MovesCodes) and (len(tensors) == 1 or _item_of_codes(n, quantized)):
             if _holds_floats(n.type):  # the indices of a (values, indices) pair are exact, not codes
                 quantized.add(n)
             layout.append(n)

@@ -68,10 +68,16 @@ class Transparent(Trait):
 
 class MovesCodes(Trait):
     """The result is its one tensor operand's elements, moved or copied without arithmetic
-    (reshape, permute, getitem, repeat, ...): codes in, the same codes out, so after conversion
-    the result keeps the operand's scale and dtype (the ``quantize`` pass retypes it). Not every
-    ``Transparent`` op (``cat`` takes several tensors, ``split`` gives several), and ``getitem``
-    is one without being ``Transparent``."""
+    (reshape, permute, getitem, repeat, ...), or a tuple of pieces of them (split, chunk, unbind):
+    codes in, the same codes out, so after conversion each result tensor keeps the operand's scale
+    and dtype (the ``quantize`` pass retypes it). Not every ``Transparent`` op (``cat`` takes
+    several tensors), and ``getitem`` is one without being ``Transparent``."""
+
+
+class ReadsShape(Trait):
+    """The result is computed from the operands' shapes alone, never their values (``size``, ``dim``,
+    ``numel``, ``len``): a number, the same for codes as for the float tensor they stand for, so the
+    ``quantize`` pass leaves it as it is."""
 
 
 class HasWeight(Trait):
@@ -171,6 +177,11 @@ class Op:
     def attributes(self) -> dict[str, Any]:
         """Attribute name -> value, in declaration order."""
         return {f.name: getattr(self, f.name) for f in attrs.fields(type(self))}
+
+    def reads_only_shape(self) -> bool:
+        """Whether this node's result depends on its operands' shapes alone (the :class:`ReadsShape`
+        trait; an op whose answer depends on an attribute, such as ``getattr``, overrides this)."""
+        return self.has_trait(ReadsShape)
 
     # -- semantics -------------------------------------------------------------
     def evaluate(self, ctx: Any, operands: Sequence[Any]) -> Any:

@@ -520,3 +520,54 @@ def test_wrapped_calls_on_codes_by_the_pass_equal_module_swap(march: str) -> Non
     by_pass, _ = _pass_equals_swap(Wrapped(), march, scaled=True)
     stubs = [n for n, _ in by_pass.named_modules() if n.startswith("_generated_wrap_dequant_")]
     assert stubs == ["_generated_wrap_dequant_0", "_generated_wrap_dequant_1"]  # one per quantized value
+
+
+class Queried(nn.Module):
+    """Codes split into a tuple and their shape read (``chunk``, ``size``, ``len``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.conv(self.quant(x)).chunk(2, 1)
+        return self.dequant(a.reshape(len(a), b.size(1), -1))
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+def test_split_and_queried_codes_by_the_pass_equal_module_swap(march: str) -> None:
+    _pass_equals_swap(Queried(), march)
+
+
+@pytest.mark.parametrize(("op_name", "trait"), [("chunk", "MovesCodes"), ("size", "ReadsShape"), ("len", "ReadsShape")])
+def test_what_the_pass_splits_and_queries_is_decided_by_traits(op_name: str, trait: str) -> None:
+    """A user's op carrying ``MovesCodes`` (a split into a tuple of codes) or ``ReadsShape`` (a
+    number from a shape) is covered as the built-in op is; the same op without the trait is not."""
+    import attrs
+
+    import qir.ir.op as ir_op
+    from qir.ir.op import OP_REGISTRY
+
+    base = OP_REGISTRY[op_name]
+    with_trait = attrs.frozen(type(f"User_{op_name}", (base,), {"name": f"user_{op_name}"}))
+    without = attrs.frozen(
+        type(
+            f"Opaque_{op_name}",
+            (base,),
+            {"name": f"opaque_{op_name}", "traits": base.traits - {getattr(ir_op, trait)}},
+        )
+    )
+    assert with_trait.has_trait(getattr(ir_op, trait)) and not without.has_trait(getattr(ir_op, trait))
+    qat, x = _qat(Queried(), "bayes")
+    assert uncovered(trace(qat, (x,))) == []
+    for cls, covered in ((with_trait, True), (without, False)):
+        g = trace(qat, (x,))
+        node = next(n for n in g.nodes if n.op.name == op_name)
+        node.op = cls(**node.op.attributes())
+        bad = uncovered(g)
+        if not covered:
+            assert bad and bad[0] == (node.name, f"op {cls.name!r} on quantized values has no quantize rule")
+            continue
+        assert bad == []
+        passes.run_pipeline(g, Quantize(march="bayes"), inplace=True)

@@ -161,6 +161,9 @@ class GetAttr(Op):
     def compute(self, x: Any) -> Any:
         return getattr(x, self.attr)
 
+    def reads_only_shape(self) -> bool:
+        return self.attr in ("shape", "ndim")
+
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
         t = operand_types[0]
         if isinstance(t, TensorType):

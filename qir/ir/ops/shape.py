@@ -14,13 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qir.ir.op import IRError, MovesCodes, Pure, Ref, Trait, Transparent, register_op
+from qir.ir.op import IRError, MovesCodes, Pure, ReadsShape, Ref, Trait, Transparent, register_op
 from qir.ir.ops.torchop import TorchModuleOp, TorchOp, check_dim
 from qir.ir.types import TensorType, Type
 
 _MOVE = frozenset({Pure, Transparent})
 #: one tensor's codes moved or copied: the ``quantize`` pass retypes the result with the input's spec
 _LAYOUT = frozenset({Pure, Transparent, MovesCodes})
+#: a number from a tensor's shape (``x.size(1)``): the same for codes
+_QUERY = frozenset({Pure, ReadsShape})
 
 
 def _is_shape(v: Any) -> bool:
@@ -284,7 +286,7 @@ class Split(TorchOp):
     """``torch.split`` / ``Tensor.split``: a tuple of slices along ``dim``."""
 
     name: ClassVar[str] = "split"
-    traits: ClassVar[frozenset[type[Trait]]] = _MOVE
+    traits: ClassVar[frozenset[type[Trait]]] = _LAYOUT
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.split,)
     methods: ClassVar[tuple[str, ...]] = ("split",)
     signature: ClassVar[tuple[str, ...]] = ("tensor", "split_size_or_sections", "dim")
@@ -301,7 +303,7 @@ class Chunk(_DimOp):
     """``torch.chunk`` / ``Tensor.chunk``."""
 
     name: ClassVar[str] = "chunk"
-    traits: ClassVar[frozenset[type[Trait]]] = _MOVE
+    traits: ClassVar[frozenset[type[Trait]]] = _LAYOUT
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.chunk,)
     methods: ClassVar[tuple[str, ...]] = ("chunk",)
     signature: ClassVar[tuple[str, ...]] = ("input", "chunks", "dim")
@@ -317,7 +319,7 @@ class Unbind(_DimOp):
     """``torch.unbind`` / ``Tensor.unbind``."""
 
     name: ClassVar[str] = "unbind"
-    traits: ClassVar[frozenset[type[Trait]]] = _MOVE
+    traits: ClassVar[frozenset[type[Trait]]] = _LAYOUT
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.unbind,)
     methods: ClassVar[tuple[str, ...]] = ("unbind",)
     signature: ClassVar[tuple[str, ...]] = ("input", "dim")
@@ -364,7 +366,7 @@ class Size(TorchOp):
     """``Tensor.size(dim=None)``: an int, or the whole size as a sequence of ints."""
 
     name: ClassVar[str] = "size"
-    traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure})
+    traits: ClassVar[frozenset[type[Trait]]] = _QUERY
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.Tensor.size,)
     methods: ClassVar[tuple[str, ...]] = ("size",)
     signature: ClassVar[tuple[str, ...]] = ("input", "dim")
@@ -380,6 +382,7 @@ class Dim(TorchOp):
     """``Tensor.dim()`` / ``Tensor.ndimension()``: the rank as an int."""
 
     name: ClassVar[str] = "dim"
+    traits: ClassVar[frozenset[type[Trait]]] = _QUERY
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.Tensor.dim,)
     methods: ClassVar[tuple[str, ...]] = ("dim", "ndimension")
 
@@ -390,6 +393,7 @@ class Numel(TorchOp):
     """``torch.numel`` / ``Tensor.numel()``."""
 
     name: ClassVar[str] = "numel"
+    traits: ClassVar[frozenset[type[Trait]]] = _QUERY
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (torch.numel,)
     methods: ClassVar[tuple[str, ...]] = ("numel",)
 
@@ -400,6 +404,7 @@ class Len(TorchOp):
     """``len(x)``: the size of a tensor's first dimension as an int (qir's tracer records it)."""
 
     name: ClassVar[str] = "len"
+    traits: ClassVar[frozenset[type[Trait]]] = _QUERY
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (len,)
 
 
