@@ -671,7 +671,10 @@ def _qat_ir(gm: torch.fx.GraphModule, mapping: Mapping[type, type] | None, examp
     if hybrid_plan_of(gm) is not None:
         return None, "hybrid models convert by module swapping"
     if example_inputs is None:
-        return None, "no example_inputs to type the QAT model's IR (give them to prepare_qat_fx or convert_fx)"
+        return None, (
+            "no example_inputs to type the QAT model's IR (its shapes come from one run of the model: give "
+            "example_inputs to prepare_qat_fx or convert_fx, or call the model on one batch before convert_fx)"
+        )
     screened = _without_qat_op(gm)
     if screened is not None:  # known before tracing: the pass cannot cover the model
         return None, f"the quantize pass does not cover {screened}"
