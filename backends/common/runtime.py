@@ -100,7 +100,7 @@ class CompiledModel:
         if want is not None and prev != want:
             torch.set_num_threads(want)
         try:
-            with torch.no_grad(), native.using_threads(self.num_threads):
+            with torch.no_grad(), native.using_threads(self.num_threads), native.holding_pool():
                 env: dict[str, Any] = dict(zip(names, inputs, strict=True))
                 for inst, run, state, free in self._steps:
                     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from backends.common.kernels import conv as conv_mod
 from backends.common.kernels import native
 from backends.common.kernels import pool as pool_mod
 from backends.common.kernels.requant_pack import pack_requant
+from backends.common.program import Instruction
 from backends.common.runtime import CompiledModel
 from qir.ir.numerics import requantize
 from qir.quantization import compile_model
@@ -234,3 +236,91 @@ def test_torch_runs_on_one_thread_when_every_kernel_is_native(
     assert seen and all(s == (all_native.torch_threads, 2) for s in seen)
     assert torch.get_num_threads() == 1  # restored (the suite runs torch on one thread)
     assert qir.load_compiled(path, num_threads=None).torch_threads is None
+
+
+def _split_requant(rows: int = 64, n: int = 32) -> None:
+    """One requantization call split across the pool (whatever its size)."""
+    acc = torch.zeros(rows, n, dtype=torch.int32)
+    one, zero = torch.ones(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
+    rq, fast = pack_requant(one, one, zero, zero - 128, zero + 127)
+    out = torch.empty(rows, n, dtype=torch.int8)
+    p = native.ptr
+    assert native.run("qir_requant_rows_i8", (p(acc), n, n, p(rq), int(fast), p(out)), rows, 1) == 0
+
+
+def test_a_held_pool_does_not_sleep_between_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within ``holding_pool`` the pool's threads spin through a gap far longer than their spin budget
+    (no wake-up for the next kernel); once the hold is released they go to sleep."""
+    monkeypatch.setattr(native, "_SPLIT_MIN", 0)
+    lib = native.library()
+    spin = lib.qir_pool_spin_us(50)
+    try:
+        with native.using_threads(2):
+            _split_requant()  # the pool's thread is running
+            with native.holding_pool():
+                assert lib.qir_pool_hold(0) == 1
+                parked = lib.qir_pool_parked()
+                for _ in range(3):
+                    time.sleep(0.01)  # 200 spin budgets
+                    _split_requant()
+                assert lib.qir_pool_parked() == parked
+            assert lib.qir_pool_hold(0) == 0
+            deadline = time.monotonic() + 10
+            while lib.qir_pool_parked() == parked and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert lib.qir_pool_parked() > parked
+    finally:
+        lib.qir_pool_spin_us(spin)
+
+
+def test_the_hold_ends_with_the_call(mixed: tuple[Path, nn.Module], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiled model holds the pool during its call only, also when the call fails; a one-thread
+    call takes no hold, and releasing more holds than were taken leaves none (not a negative count)."""
+    path, _ = mixed
+    monkeypatch.setattr(native, "_SPLIT_MIN", 0)
+    lib = native.library()
+    holds: list[int] = []
+    run = native.run
+
+    def spy(*args: object, **kw: object) -> int:
+        holds.append(int(lib.qir_pool_hold(0)))
+        return run(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(native, "run", spy)
+    x = torch.randn(1, 3, 29, 23)
+    for nt, want in ((2, 1), (1, 0)):
+        holds.clear()
+        qir.load_compiled(path, num_threads=nt)(x)
+        assert holds and set(holds) == {want}, nt
+        assert lib.qir_pool_hold(0) == 0
+    model = qir.load_compiled(path, num_threads=2)
+    monkeypatch.setattr(native, "run", lambda *a, **k: 1 // 0)
+    with pytest.raises(RuntimeError, match="by zero"):
+        model(x)
+    assert lib.qir_pool_hold(0) == 0
+    assert lib.qir_pool_hold(-1) == 0 and lib.qir_pool_hold(0) == 0
+
+
+@pytest.mark.parametrize("dtype", ["qint8", "qint16"])
+def test_quantize_split_by_pixels_equals_one_call(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quantize kernel's parts are runs of whole pixels (64 at a time), not planes: at 2 and 3
+    threads the NHWC codes equal the 1-thread codes, with parts and 64-pixel blocks crossing image
+    boundaries (an odd pixel count per image) and more threads than blocks."""
+    from backends.common.kernels import quant as quant_mod
+
+    monkeypatch.setattr(native, "_SPLIT_MIN", 0)
+    g = torch.Generator().manual_seed(13)
+    for shape in ((3, 3, 29, 23), (2, 5, 1, 7), (1, 1, 13, 11), (5, 2, 9, 15)):
+        x = torch.randn(shape, generator=g) * 40
+        outs = []
+        for nt in (1, 2, 3):
+            with native.using_threads(nt):
+                got = quant_mod._quantize_native(x, 0.37, dtype)
+            assert got is not None
+            outs.append(got)
+        with monkeypatch.context() as m:
+            m.setattr(native, "library", lambda: None)  # the torch rule
+            inst = Instruction("quantize", ("x",), ("q",), {"scale": 0.37, "dtype": dtype})
+            want = quant_mod.quantize(inst, [x], None)
+        for got in outs:
+            assert torch.equal(got, want[0]), shape

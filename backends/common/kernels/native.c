@@ -619,31 +619,37 @@ static int64_t chunk_rows(int64_t kq, int64_t nblocks) {
     int64_t mc = (by_a < by_c ? by_a : by_c) / 6 * 6;
     return mc < 6 ? 6 : (mc > 240 ? 240 : mc);
 }
+
+/* Rows per chunk for rows rows: as few chunks as chunk_rows allows, of equal size (a multiple of the
+ * 6-row tile but the last): every chunk streams the whole weight through the cache once, so 49 rows
+ * under a limit of 24 go as 18 + 18 + 13, not 24 + 24 + 1 (a weight pass for one row). */
+static int64_t balanced_chunk(int64_t rows, int64_t mc) {
+    const int64_t chunks = (rows + mc - 1) / mc;
+    const int64_t even = (rows + chunks - 1) / chunks;
+    return (even + 5) / 6 * 6 < mc ? (even + 5) / 6 * 6 : mc;
+}
 #endif
 
 /* codes = epilogue(a @ b) for rows [r0, r1) of a (int8, row stride lda >= 4 kq), b packed by
  * native.py's pack_vnni into nblocks panels of (kq, 16, 4) bytes, comp = 128 * column sums of b
- * (nblocks * 16 int32). Rows go in chunks whose int32 accumulators (a malloc'ed chunk x nblocks * 16
- * buffer) stay in cache until the epilogue requantizes them; within a chunk, panels go in groups
+ * (nblocks * 16 int32). Rows go in chunks whose int32 accumulators (a chunk x nblocks * 16
+ * buffer of the thread's qir_scratch) stay in cache until the epilogue requantizes them; within a chunk, panels go in groups
  * that fit in L2 so each is read from memory once per chunk. Returns 1 without the VNNI build or
  * on allocation failure, else 0. */
 int qir_gemm_vnni(const int8_t *a, int64_t lda, const int8_t *bp, int64_t kq, int64_t nblocks,
                   const int32_t *comp, const qir_epilogue *e, int64_t r0, int64_t r1) {
 #if QIR_VNNI
-    const int64_t mc = chunk_rows(kq, nblocks);
-    int32_t *acc = (int32_t *)malloc(sizeof(int32_t) * (size_t)(mc * nblocks * 16));
-    int8_t *ua = (int8_t *)malloc((size_t)(mc * 4 * kq));
-    if (!acc || !ua) {
-        free(acc), free(ua);
-        return 1;
-    }
+    if (r1 <= r0) return 0;
+    const int64_t mc = balanced_chunk(r1 - r0, chunk_rows(kq, nblocks));
+    int8_t *ua = (int8_t *)qir_scratch(0, (size_t)(mc * 4 * kq));
+    int32_t *acc = (int32_t *)qir_scratch(1, sizeof(int32_t) * (size_t)(mc * nblocks * 16));
+    if (!acc || !ua) return 1;
     for (int64_t m0 = r0; m0 < r1; m0 += mc) {
         const int64_t m1 = m0 + mc < r1 ? m0 + mc : r1;
         for (int64_t m = m0; m < m1; ++m) copy_codes(ua + (m - m0) * 4 * kq, a + m * lda, 4 * kq, 0x80);
         vnni_chunk(ua, m1 - m0, bp, kq, nblocks, comp, acc);
         epilogue_rows(e, acc, nblocks * 16, m0, m1);
     }
-    free(acc), free(ua);
     return 0;
 #else
     (void)a, (void)lda, (void)bp, (void)kq, (void)nblocks, (void)comp, (void)e, (void)r0, (void)r1;
@@ -660,20 +666,19 @@ int qir_conv_vnni(const int8_t *x, int64_t h, int64_t w, int64_t c, int64_t kh, 
                   int64_t nblocks, const int32_t *comp, const qir_epilogue *e, int64_t r0, int64_t r1) {
 #if QIR_VNNI
     const qir_geom g = {h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow};
-    const int64_t mc = chunk_rows(kq, nblocks);
-    int8_t *cols = (int8_t *)calloc((size_t)(mc * 4 * kq), 1);
-    int32_t *acc = (int32_t *)malloc(sizeof(int32_t) * (size_t)(mc * nblocks * 16));
-    if (!cols || !acc) {
-        free(cols), free(acc);
-        return 1;
-    }
+    if (r1 <= r0) return 0;
+    const int64_t mc = balanced_chunk(r1 - r0, chunk_rows(kq, nblocks));
+    /* the columns past KH*KW*C (up to 4 kq) keep whatever the buffer held: they meet the packed
+     * weight's zero rows, so they add nothing to any sum */
+    int8_t *cols = (int8_t *)qir_scratch(0, (size_t)(mc * 4 * kq));
+    int32_t *acc = (int32_t *)qir_scratch(1, sizeof(int32_t) * (size_t)(mc * nblocks * 16));
+    if (!cols || !acc) return 1;
     for (int64_t m0 = r0; m0 < r1; m0 += mc) {
         const int64_t m1 = m0 + mc < r1 ? m0 + mc : r1;
         im2col_range(x, &g, m0, m1, cols, 4 * kq, 0x80);
         vnni_chunk(cols, m1 - m0, bp, kq, nblocks, comp, acc);
         epilogue_rows(e, acc, nblocks * 16, m0, m1);
     }
-    free(cols), free(acc);
     return 0;
 #else
     (void)x, (void)h, (void)w, (void)c, (void)kh, (void)kw, (void)sh, (void)sw, (void)ph, (void)pw, (void)dh, (void)dw;
@@ -684,30 +689,41 @@ int qir_conv_vnni(const int8_t *x, int64_t h, int64_t w, int64_t c, int64_t kh, 
 
 /* The quantize kernel on float32 NCHW x: codes = clamp(floor(v) + (v - floor(v) >= 0.5)) with
  * v = x / scale, one IEEE float32 division (what quant.py computes with torch), written as NHWC
- * (out[(n, p, ch)] for pixel p of hw). Planes (n, ch) in [r0, r1). Returns the number of non-finite
- * inputs met (the caller then takes the torch path, whose NaN handling this does not copy). */
-#define QUANTIZE_PLANES(NAME, OUT_T, LO, HI)                                                             \
+ * (out[(n, p, ch)] for pixel p of hw). Rows are pixels (n, p) in [r0, r1), all channels of each:
+ * a part writes whole NHWC pixels, so two threads never share an output cache line inside a call's
+ * grain (split by planes, every thread wrote every line: a c = 3 image's bytes interleave). Within
+ * a block of up to 64 pixels of one image, each channel's codes come out of one vectorised loop over
+ * its contiguous plane, then go to their NHWC places. Returns the number of non-finite inputs met
+ * (the caller then takes the torch path, whose NaN handling this does not copy). */
+#define QUANTIZE_PIXELS(NAME, OUT_T, LO, HI)                                                             \
     int64_t NAME(const float *restrict x, int64_t c, int64_t hw, float scale, OUT_T *restrict out,       \
                  int64_t r0, int64_t r1) {                                                               \
         int64_t bad = 0;                                                                                 \
-        for (int64_t r = r0; r < r1; ++r) {                                                              \
-            const int64_t b = r / c, ch = r % c;                                                         \
-            const float *xp = x + r * hw;                                                                \
-            OUT_T *o = out + b * hw * c + ch;                                                            \
-            for (int64_t p = 0; p < hw; ++p) {                                                           \
-                const float v = xp[p] / scale;                                                           \
-                bad += !isfinite(v);                                                                     \
-                float f = floorf(v);                                                                     \
-                f += (v - f >= 0.5f) ? 1.0f : 0.0f;                                                      \
-                f = f < (LO) ? (LO) : (f > (HI) ? (HI) : f);                                             \
-                o[p * c] = (OUT_T)(isfinite(f) ? (int32_t)f : 0);                                        \
+        int32_t codes[64];                                                                               \
+        for (int64_t q0 = r0; q0 < r1;) {                                                                \
+            const int64_t b = q0 / hw, p0 = q0 % hw;                                                     \
+            int64_t n = hw - p0 < 64 ? hw - p0 : 64;                                                     \
+            if (r1 - q0 < n) n = r1 - q0;                                                                \
+            OUT_T *o = out + q0 * c;                                                                     \
+            for (int64_t ch = 0; ch < c; ++ch) {                                                         \
+                const float *xp = x + (b * c + ch) * hw + p0;                                            \
+                for (int64_t i = 0; i < n; ++i) {                                                        \
+                    const float v = xp[i] / scale;                                                       \
+                    bad += !isfinite(v);                                                                 \
+                    float f = floorf(v);                                                                 \
+                    f += (v - f >= 0.5f) ? 1.0f : 0.0f;                                                  \
+                    f = f < (LO) ? (LO) : (f > (HI) ? (HI) : f);                                         \
+                    codes[i] = isfinite(f) ? (int32_t)f : 0;                                             \
+                }                                                                                        \
+                for (int64_t i = 0; i < n; ++i) o[i * c + ch] = (OUT_T)codes[i];                         \
             }                                                                                            \
+            q0 += n;                                                                                     \
         }                                                                                                \
         return bad;                                                                                      \
     }
 
-QUANTIZE_PLANES(qir_quantize_planes_i8, int8_t, -128.0f, 127.0f)
-QUANTIZE_PLANES(qir_quantize_planes_i16, int16_t, -32768.0f, 32767.0f)
+QUANTIZE_PIXELS(qir_quantize_pixels_i8, int8_t, -128.0f, 127.0f)
+QUANTIZE_PIXELS(qir_quantize_pixels_i16, int16_t, -32768.0f, 32767.0f)
 
 /* ---------------------------------------------------------------------------------------------
  * Row-range tasks for the thread pool (native_pool.c): each entry point above with its arguments
@@ -787,7 +803,7 @@ static int64_t task_conv_vnni(const int64_t *a, int64_t r0, int64_t r1) {
         const uint32_t bits = (uint32_t)a[3];                                                                \
         float scale;                                                                                         \
         memcpy(&scale, &bits, sizeof scale);                                                                 \
-        return qir_quantize_planes_##T(QIR_A(const float *, 0), a[1], a[2], scale, QIR_A(OUT_T *, 4), r0, r1); \
+        return qir_quantize_pixels_##T(QIR_A(const float *, 0), a[1], a[2], scale, QIR_A(OUT_T *, 4), r0, r1); \
     }
 TASK_QUANTIZE(i8, int8_t)
 TASK_QUANTIZE(i16, int16_t)
@@ -820,8 +836,8 @@ static const struct {
     {"qir_maxpool_rows_i16", task_maxpool_i16, 15},
     {"qir_gemm_vnni", task_gemm_vnni, 7},
     {"qir_conv_vnni", task_conv_vnni, 19},
-    {"qir_quantize_planes_i8", task_quantize_i8, 5},
-    {"qir_quantize_planes_i16", task_quantize_i16, 5},
+    {"qir_quantize_pixels_i8", task_quantize_i8, 5},
+    {"qir_quantize_pixels_i16", task_quantize_i16, 5},
     {"qir_sum_pixels_i8", task_sum_pixels_i8, 4},
     {"qir_sum_pixels_i16", task_sum_pixels_i16, 4},
 };

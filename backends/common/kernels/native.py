@@ -15,9 +15,9 @@ their torch paths, which compute the same results (tests compare both against th
 reference). :func:`status` says which and why.
 
 :func:`run` splits the rows of one call across :func:`threads` threads (the compiled model's
-``num_threads`` during a call, else torch's intra-op count) in C (``native_pool.c``: persistent pthreads that spin
-briefly between kernels, then sleep); every kernel writes only its own rows, so the codes do
-not depend on the split.
+``num_threads`` during a call, else torch's intra-op count) in C (``native_pool.c``: persistent
+pthreads that spin between the kernels of a compiled-model call, :func:`holding_pool`, and sleep
+after it); every kernel writes only its own rows, so the codes do not depend on the split.
 
 Memory safety: the C functions trust the sizes they are given. Every caller checks them against
 the tensors first, in Python (the ``_check_*`` helpers here and in the kernels); docs/security.md
@@ -48,6 +48,7 @@ __all__ = [
     "float_bits",
     "gemm_parts",
     "has_vnni",
+    "holding_pool",
     "library",
     "pack_dw",
     "pack_vnni",
@@ -118,11 +119,13 @@ _SIGNATURES: dict[str, list[type]] = {
     "qir_task_name": [_I64],
     "qir_pool_threads": [],
     "qir_pool_spin_us": [_I64],
+    "qir_pool_hold": [_I64],
+    "qir_pool_parked": [],
     # x, c, hw, scale, out, r0, r1
-    **{f"qir_quantize_planes_{t}": [_P, _I64, _I64, ctypes.c_float, _P, _I64, _I64] for t in ("i8", "i16")},
+    **{f"qir_quantize_pixels_{t}": [_P, _I64, _I64, ctypes.c_float, _P, _I64, _I64] for t in ("i8", "i16")},
 }
 _RETURNS_INT = ("qir_dw_", "qir_gemm_vnni", "qir_conv_vnni", "qir_caps")
-_RETURNS_I64 = ("qir_quantize_planes", "qir_run", "qir_pool_")
+_RETURNS_I64 = ("qir_quantize_pixels", "qir_run", "qir_pool_")
 
 
 class Epilogue(ctypes.Structure):
@@ -275,6 +278,24 @@ def using_threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         _local.threads = prev
+
+
+@contextmanager
+def holding_pool() -> Iterator[None]:
+    """Within the block (a compiled model's call), the pool's idle threads spin between kernels
+    however long the gap, instead of sleeping after ``qir_pool_spin_us``; they sleep as soon as it
+    ends. The kernels of one call follow each other within tens of microseconds, a wake-up costs
+    about 12 us (more on a loaded machine), and a batch-1 layer's share of the work is a few hundred.
+    Nothing to hold where the block runs on one thread or without the library."""
+    lib = library() if threads() > 1 else None
+    if lib is None:
+        yield
+        return
+    lib.qir_pool_hold(1)
+    try:
+        yield
+    finally:
+        lib.qir_pool_hold(-1)
 
 
 def gemm_parts(m: int) -> int:

@@ -8,17 +8,29 @@
  * A call's rows are cut into a few parts per thread; the caller publishes the task, and it and
  * the pool's threads claim parts until none is left, so a thread the machine does not schedule
  * in time costs a part, not the call: on a shared machine the caller finishes alone rather than
- * waiting a time slice for a late helper. Idle threads spin for spin_us (the gap between two
- * kernels of one model call is shorter, so the next hand-off costs no wake-up), then sleep on a
- * condition variable. Parts are disjoint row ranges, and every kernel here writes only its own
- * rows: the results do not depend on the split (integer sums, no shared accumulator).
+ * waiting a time slice for a late helper. Parts are disjoint row ranges, and every kernel here
+ * writes only its own rows: the results do not depend on the split (integer sums, no shared
+ * accumulator).
+ *
+ * Idle threads spin, then sleep on a condition variable. Waking a sleeping thread costs about
+ * 12 us on the 2-vCPU machine this was tuned on (the futex wake and the idle vCPU's wake-up), and
+ * a batch-1 layer's share is 100-300 us, so between two kernels of one model call the threads
+ * must not sleep: while a caller holds the pool (qir_pool_hold, for the whole compiled-model call)
+ * idle threads spin however long the gap; otherwise they spin for spin_us after their last part,
+ * and once the hold is released they sleep at once instead of spinning into whatever the process
+ * runs next. Every spin loop (the pool threads' and the caller's wait for the last parts) gives its
+ * core away (sched_yield) every QIR_YIELD_NS: when the machine runs more threads than it has cores,
+ * a spinning thread may share a core with the very thread it waits for (the caller, or a helper
+ * finishing a part), which would otherwise stall for the spinner's whole time slice.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* sched_getcpu */
 #include "native_pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <time.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -29,6 +41,8 @@
 #endif
 
 #define QIR_POOL_MAX 64
+/* how long a spin loop runs between two sched_yield calls */
+#define QIR_YIELD_NS 20000
 
 static struct {
     pthread_mutex_t mu;
@@ -40,10 +54,14 @@ static struct {
     qir_rows_fn fn;
     const int64_t *argv;
     int64_t rows, units, grain, parts, nt;
+    int caller_cpu;             /* the core the caller published the task from (-1: unknown) */
     _Atomic int64_t done;       /* parts finished */
     _Atomic int64_t total;      /* the parts' results */
     atomic_int sleepers;        /* pool threads parked on work_cv */
     atomic_int caller_sleeping; /* the caller parked on done_cv */
+    atomic_int hold;            /* callers holding the pool awake (qir_pool_hold) */
+    _Atomic int64_t parked;     /* times a pool thread went to sleep (qir_pool_parked) */
+    _Atomic int64_t wakes;      /* holds that woke the sleeping threads */
     atomic_flag busy;           /* one caller at a time; others run their call alone */
     int started;                /* pool threads running (numbered 1 .. started) */
     int atfork;                 /* the fork handler is registered */
@@ -62,26 +80,39 @@ static int64_t now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* Wait until the task generation differs from seen: spin, then sleep; returns the task word. */
+/* Wait until the task generation differs from seen: spin (for spin_ns, or as long as a caller
+ * holds the pool), then sleep until a task or a new hold; returns the task word. */
 static uint64_t wait_task(uint32_t seen) {
-    const int64_t deadline = now_ns() + atomic_load_explicit(&pool.spin_ns, memory_order_relaxed);
-    uint64_t w;
-    for (unsigned k = 1; (uint32_t)((w = atomic_load_explicit(&pool.word, memory_order_acquire)) >> 32) == seen;
-         ++k) {
-        QIR_RELAX();
-        if ((k & 63) == 0 && now_ns() >= deadline) {
-            pthread_mutex_lock(&pool.mu);
-            atomic_fetch_add(&pool.sleepers, 1);
-            /* seq_cst: the caller publishes the task, then reads sleepers; either it sees this
-             * thread counted (and broadcasts under the mutex) or this load sees the task */
-            while ((uint32_t)((w = atomic_load(&pool.word)) >> 32) == seen)
-                pthread_cond_wait(&pool.work_cv, &pool.mu);
-            atomic_fetch_sub(&pool.sleepers, 1);
-            pthread_mutex_unlock(&pool.mu);
-            break;
+    for (;;) {
+        const int64_t start = now_ns(), deadline = start + atomic_load_explicit(&pool.spin_ns, memory_order_relaxed);
+        int64_t next_yield = start + QIR_YIELD_NS;
+        uint64_t w;
+        for (unsigned k = 1;; ++k) {
+            w = atomic_load_explicit(&pool.word, memory_order_acquire);
+            if ((uint32_t)(w >> 32) != seen) return w;
+            QIR_RELAX();
+            if ((k & 63) != 0) continue;
+            const int64_t t = now_ns();
+            if (t >= deadline && atomic_load_explicit(&pool.hold, memory_order_relaxed) == 0) break;
+            if (t >= next_yield) {
+                sched_yield();
+                next_yield = t + QIR_YIELD_NS;
+            }
         }
+        pthread_mutex_lock(&pool.mu);
+        atomic_fetch_add(&pool.sleepers, 1);
+        atomic_fetch_add_explicit(&pool.parked, 1, memory_order_relaxed);
+        /* seq_cst: the caller publishes the task (or takes a hold), then reads sleepers; either it sees
+         * this thread counted (and broadcasts under the mutex) or these loads see the task or the hold */
+        const int64_t wakes = atomic_load(&pool.wakes);
+        while ((uint32_t)((w = atomic_load(&pool.word)) >> 32) == seen && atomic_load(&pool.wakes) == wakes &&
+               atomic_load(&pool.hold) == 0)
+            pthread_cond_wait(&pool.work_cv, &pool.mu);
+        atomic_fetch_sub(&pool.sleepers, 1);
+        pthread_mutex_unlock(&pool.mu);
+        if ((uint32_t)(w >> 32) != seen) return w;
+        /* woken by a new hold: spin again */
     }
-    return w;
 }
 
 static int64_t bound(int64_t i) {
@@ -114,8 +145,15 @@ static void *worker(void *arg) {
     for (;;) {
         const uint64_t w = wait_task(seen);
         seen = (uint32_t)(w >> 32);
-        /* a thread past the task's count sits it out (a stale count only costs a missed part) */
-        if (id < pool.nt) run_parts(seen, w);
+        /* a thread past the task's count sits it out (a stale count only costs a missed part); so does
+         * one the scheduler has put on the caller's core, where it could only run the parts by taking
+         * turns with the caller: it gives the core back at once and the caller runs them all */
+        if (id >= pool.nt) continue;
+        if (pool.caller_cpu >= 0 && sched_getcpu() == pool.caller_cpu) {
+            sched_yield();
+            continue;
+        }
+        run_parts(seen, w);
     }
     return NULL;
 }
@@ -127,6 +165,7 @@ static void after_fork_child(void) {
     pthread_cond_init(&pool.done_cv, NULL);
     atomic_store(&pool.sleepers, 0);
     atomic_store(&pool.caller_sleeping, 0);
+    atomic_store(&pool.hold, 0); /* the holding call was the parent's */
     atomic_flag_clear(&pool.busy);
     pool.started = 0;
 }
@@ -170,6 +209,7 @@ int64_t qir_pool_run(qir_rows_fn fn, const int64_t *argv, int64_t rows, int64_t 
     if (parts > 0x7fffffff) parts = 0x7fffffff;
     pool.fn = fn, pool.argv = argv, pool.rows = rows, pool.units = units, pool.grain = grain;
     pool.parts = parts, pool.nt = nt;
+    pool.caller_cpu = sched_getcpu();
     atomic_store(&pool.done, 0);
     atomic_store(&pool.total, 0);
     const uint32_t gen = (uint32_t)(atomic_load(&pool.word) >> 32) + 1;
@@ -180,16 +220,23 @@ int64_t qir_pool_run(qir_rows_fn fn, const int64_t *argv, int64_t rows, int64_t 
         pthread_mutex_unlock(&pool.mu);
     }
     run_parts(gen, atomic_load(&pool.word));
-    const int64_t deadline = now_ns() + atomic_load_explicit(&pool.spin_ns, memory_order_relaxed);
+    const int64_t start = now_ns(), deadline = start + atomic_load_explicit(&pool.spin_ns, memory_order_relaxed);
+    int64_t next_yield = start + QIR_YIELD_NS;
     for (unsigned k = 1; atomic_load_explicit(&pool.done, memory_order_acquire) < parts; ++k) {
         QIR_RELAX();
-        if ((k & 63) == 0 && now_ns() >= deadline) {
+        if ((k & 63) != 0) continue;
+        const int64_t t = now_ns();
+        if (t >= deadline) {
             pthread_mutex_lock(&pool.mu);
             atomic_store(&pool.caller_sleeping, 1);
             while (atomic_load(&pool.done) < parts) pthread_cond_wait(&pool.done_cv, &pool.mu);
             atomic_store(&pool.caller_sleeping, 0);
             pthread_mutex_unlock(&pool.mu);
             break;
+        }
+        if (t >= next_yield) {
+            sched_yield(); /* the helper finishing the last part may be waiting for this core */
+            next_yield = t + QIR_YIELD_NS;
         }
     }
     const int64_t total = atomic_load(&pool.total);
@@ -199,8 +246,73 @@ int64_t qir_pool_run(qir_rows_fn fn, const int64_t *argv, int64_t rows, int64_t 
 
 int64_t qir_pool_threads(void) { return pool.started; }
 
+int64_t qir_pool_hold(int64_t delta) {
+    if (delta > 0) {
+        const int h = atomic_fetch_add(&pool.hold, 1) + 1;
+        /* wake the sleeping threads now: by the call's first split kernel they spin */
+        if (atomic_load(&pool.sleepers) > 0) {
+            pthread_mutex_lock(&pool.mu);
+            atomic_fetch_add(&pool.wakes, 1);
+            pthread_cond_broadcast(&pool.work_cv);
+            pthread_mutex_unlock(&pool.mu);
+        }
+        return h;
+    }
+    if (delta < 0) {
+        int h = atomic_load(&pool.hold);
+        while (h > 0 && !atomic_compare_exchange_weak(&pool.hold, &h, h - 1)) {
+        }
+        return h > 0 ? h - 1 : 0;
+    }
+    return atomic_load(&pool.hold);
+}
+
+int64_t qir_pool_parked(void) { return atomic_load(&pool.parked); }
+
 int64_t qir_pool_spin_us(int64_t us) {
     const int64_t prev = atomic_load(&pool.spin_ns) / 1000;
     if (us >= 0) atomic_store(&pool.spin_ns, (us < 1000000 ? us : 1000000) * 1000);
     return prev;
+}
+
+/* Per-thread work buffers: a kernel's chunk buffers (a few hundred KiB) are taken once per thread and
+ * reused by every later call, instead of a malloc (and a calloc's zeroing) per call and per part;
+ * reused, they also stay in that core's cache. Freed when the thread exits. */
+typedef struct {
+    void *p[QIR_SCRATCH_SLOTS];
+    size_t n[QIR_SCRATCH_SLOTS];
+} scratch_set;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_ok;
+
+static void scratch_free(void *v) {
+    scratch_set *s = (scratch_set *)v;
+    for (int i = 0; i < QIR_SCRATCH_SLOTS; ++i) free(s->p[i]);
+    free(s);
+}
+
+static void scratch_init(void) { scratch_ok = pthread_key_create(&scratch_key, scratch_free) == 0; }
+
+void *qir_scratch(int slot, size_t bytes) {
+    if (slot < 0 || slot >= QIR_SCRATCH_SLOTS) return NULL;
+    pthread_once(&scratch_once, scratch_init);
+    if (!scratch_ok) return NULL;
+    scratch_set *s = (scratch_set *)pthread_getspecific(scratch_key);
+    if (!s) {
+        s = (scratch_set *)calloc(1, sizeof *s);
+        if (!s) return NULL;
+        if (pthread_setspecific(scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->n[slot] < bytes) {
+        free(s->p[slot]);
+        const size_t size = (bytes + 63) / 64 * 64; /* aligned_alloc takes a multiple of the alignment */
+        s->p[slot] = aligned_alloc(64, size);
+        s->n[slot] = s->p[slot] ? size : 0;
+    }
+    return s->p[slot];
 }
