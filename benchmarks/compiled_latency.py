@@ -109,25 +109,32 @@ def _time_interleaved(
 def profile_steps(compiled: Any, x: torch.Tensor, threads: int, repeats: int) -> list[dict[str, Any]]:
     """Per-instruction time of one compiled model call: each instruction's kernel timed alone (wall
     clock and this thread's CPU time), median over ``repeats`` calls, under the same thread settings
-    as a call (the runtime's steps walked as ``CompiledModel._call`` walks them)."""
+    as a call (the runtime's steps walked as ``CompiledModel._call`` walks them, the native pool held
+    for the walk)."""
     from backends.common.kernels import native
 
     wall: list[list[float]] = [[] for _ in compiled._steps]
     cpu: list[list[float]] = [[] for _ in compiled._steps]
+
+    def walk() -> None:
+        env = dict(zip(compiled.program.inputs, (x,), strict=True))
+        for i, (inst, run, state, free) in enumerate(compiled._steps):
+            c0, t0 = time.thread_time(), time.perf_counter()
+            outs = run(inst, [env[v] for v in inst.inputs], state)
+            wall[i].append((time.perf_counter() - t0) * 1e3)
+            cpu[i].append((time.thread_time() - c0) * 1e3)
+            env.update(zip(inst.outputs, outs, strict=True))
+            for v in free:
+                env.pop(v, None)
+
     prev = torch.get_num_threads()
     torch.set_num_threads(compiled.torch_threads or threads)
     try:
+        # the pool held for each walk, as a call holds it: its threads spin between the instructions
         with torch.no_grad(), native.using_threads(threads):
             for _ in range(repeats + 1):  # the first call warms the kernels' buffers up
-                env = dict(zip(compiled.program.inputs, (x,), strict=True))
-                for i, (inst, run, state, free) in enumerate(compiled._steps):
-                    c0, t0 = time.thread_time(), time.perf_counter()
-                    outs = run(inst, [env[v] for v in inst.inputs], state)
-                    wall[i].append((time.perf_counter() - t0) * 1e3)
-                    cpu[i].append((time.thread_time() - c0) * 1e3)
-                    env.update(zip(inst.outputs, outs, strict=True))
-                    for v in free:
-                        env.pop(v, None)
+                with native.holding_pool():
+                    walk()
     finally:
         torch.set_num_threads(prev)
     rows = []

@@ -324,3 +324,37 @@ def test_quantize_split_by_pixels_equals_one_call(dtype: str, monkeypatch: pytes
             want = quant_mod.quantize(inst, [x], None)
         for got in outs:
             assert torch.equal(got, want[0]), shape
+
+
+@pytest.mark.parametrize("out_dtype", ["qint8", "qint16"])
+def test_native_global_mean_equals_the_float64_rule(out_dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The global average pool's native sums + requantization equal its float64 path (the
+    divisor's table entry, saturation at both ends), at 1 and 3 threads; a multiplier the native
+    kernel cannot take leaves the layer on the float64 path."""
+    monkeypatch.setattr(native, "_SPLIT_MIN", 0)
+    g = torch.Generator().manual_seed(17)
+    for nb, c, h, w in ((1, 512, 7, 7), (3, 37, 5, 3), (2, 20, 1, 1)):
+        size = 64
+        mult = torch.randint(1, 32768, (size,), generator=g)
+        shift = torch.randint(8, 24, (size,), generator=g)
+        if c == 20:
+            mult[h * w - 1] = 2**31  # past the native kernel's multipliers: the float64 path
+        inst = Instruction(
+            "adaptive_avgpool2d",
+            ("x",),
+            ("y",),
+            {"output_size": [1, 1], "out_dtype": out_dtype},
+            consts={"multipliers": "m", "shifts": "s"},
+        )
+        x = torch.randint(-128, 128, (nb, h, w, c), generator=g, dtype=torch.int8).permute(0, 3, 1, 2)
+        got = []
+        for nt in (1, 3):
+            state = pool_mod._prepare_adaptive(inst, {"m": mult, "s": shift})
+            with native.using_threads(nt):
+                got.append(pool_mod.adaptive_avgpool2d(inst, [x], state)[0])
+            assert (state.packed[(h * w, c, out_dtype)] is None) == (c == 20)
+        with monkeypatch.context() as m:
+            m.setattr(native, "library", lambda: None)  # the float64 path
+            want = pool_mod.adaptive_avgpool2d(inst, [x], pool_mod._prepare_adaptive(inst, {"m": mult, "s": shift}))[0]
+        for y in got:
+            assert y.dtype == want.dtype and y.shape == want.shape and torch.equal(y, want), (nb, c, h, w)

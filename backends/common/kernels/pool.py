@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from backends.common.kernels import native
 from backends.common.kernels.base import RequantF64, qbounds, register_kernel, sat_to
 from backends.common.kernels.infer import ShapeError, code, meta, meta_call, tensor_arg
+from backends.common.kernels.requant_pack import pack_requant
 from backends.common.kernels.schema import (
     MAX_COUNT,
     MAX_EXTENT,
@@ -302,6 +303,9 @@ class _AdaptiveState:
     shifts: torch.Tensor
     #: (H, W) -> window bounds and requantization factors: built on the first call at an input size
     windows: dict[tuple[int, int], tuple[Any, ...]] = field(default_factory=dict)
+    #: (H * W, C, out dtype) -> the global pool's requantization packed for the native kernel (None:
+    #: its parameters do not fit it), built on the first call at an input size
+    packed: dict[tuple[int, int, str], tuple[torch.Tensor, bool] | None] = field(default_factory=dict)
 
 
 def _prepare_adaptive(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> _AdaptiveState:
@@ -325,6 +329,40 @@ def _global_sums_native(x: torch.Tensor) -> torch.Tensor | None:
     assert xh.numel() == nb * h * w * c
     name = "qir_sum_pixels_i8" if x.dtype == torch.int8 else "qir_sum_pixels_i16"
     native.run(name, (native.ptr(xh), h * w, c, native.ptr(out)), nb, nb * h * w * c)
+    return out.view(nb, c, 1, 1)
+
+
+def _global_mean_native(x: torch.Tensor, state: _AdaptiveState, out_dtype: str) -> torch.Tensor | None:
+    """The global average pool's codes (N, C, 1, 1) in two native passes, the sums over the pixels
+    and their requantization by the divisor's table entry (``clamp((sum * M + 2**(s-1)) >> s)``, the
+    rule the float64 factors compute exactly); None where a pass does not apply. At batch 1 the
+    float64 path's six small torch operations cost several times the sums."""
+    lib = native.library()
+    if lib is None or out_dtype not in ("qint8", "qint16"):
+        return None
+    sums = _global_sums_native(x)
+    if sums is None:
+        return None
+    nb, c = int(sums.shape[0]), int(sums.shape[1])
+    hw = int(x.shape[-2]) * int(x.shape[-1])
+    key = (hw, c, out_dtype)
+    if key not in state.packed:  # the caller's window factors checked hw against the table
+        lo, hi = qbounds(out_dtype)
+        m, sh = state.multipliers.reshape(-1)[hw - 1], state.shifts.reshape(-1)[hw - 1]
+        full = torch.ones(c, dtype=torch.int64)
+        try:
+            state.packed[key] = pack_requant(full * m, full * sh, full * 0, full * lo, full * hi)
+        except ValueError:  # a multiplier or shift outside the native kernel's range: the float64 path
+            state.packed[key] = None
+    packed = state.packed[key]
+    if packed is None:
+        return None
+    rq, fast = packed
+    out = torch.empty((nb, c), dtype=torch.int8 if out_dtype == "qint8" else torch.int16)
+    # the C loop reads rows [r0, r1) of the (nb, c) int32 sums and writes the same rows of out
+    name = "qir_requant_rows_i8" if out_dtype == "qint8" else "qir_requant_rows_i16"
+    p = native.ptr
+    native.run(name, (p(sums), c, c, p(rq), int(fast), p(out)), nb, nb * c)
     return out.view(nb, c, 1, 1)
 
 
@@ -353,6 +391,9 @@ def adaptive_avgpool2d(inst: Instruction, args: list[Any], state: _AdaptiveState
         win = state.windows[(h, w)] = (hs, he, ws, we, factors)
     hs, he, ws, we, factors = win
     if oh == 1 and ow == 1:
+        codes = _global_mean_native(x, state, str(a["out_dtype"]))
+        if codes is not None:
+            return [codes]
         sums = _global_sums_native(x)
         if sums is None:
             sums = x.to(_sum_dtype(x, h * w)).sum(dim=(-2, -1), keepdim=True)
