@@ -280,9 +280,10 @@ class GridTally:
 
 class FellBack(Exception):
     """Raised inside a :func:`grid_step` forward that computed its result with float fake quantization
-    after all (``result``): counted as a fallback, and ``result`` is returned."""
+    after all (``result``: a tensor, or a module's tuple of outputs): counted as a fallback, and
+    ``result`` is returned."""
 
-    def __init__(self, result: torch.Tensor) -> None:
+    def __init__(self, result: Any) -> None:
         super().__init__("integer grid: float fake quantization for this call")
         self.result = result
 

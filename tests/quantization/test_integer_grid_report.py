@@ -114,3 +114,76 @@ def test_a_pool_the_march_cannot_requantize_this_step_is_reported() -> None:
     pools = [p for p, r in report.items() if r.startswith("float fake quant in ")]
     assert pools and all(report[p].endswith(" of 3 forwards since binding") for p in pools), report
     assert all(r == "grid" for p, r in report.items() if p not in pools), report
+
+
+class _Attention(nn.Module):
+    """A linear feeding nn.MultiheadAttention (``p``: its dropout)."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.q = QuantStub()
+        self.fc = nn.Linear(8, 8)
+        self.attn = nn.MultiheadAttention(8, 2, dropout=p, batch_first=True)
+        self.dq = DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(self.q(x))
+        return self.dq(self.attn(h, h, h)[0])
+
+
+class _Cells(nn.Module):
+    """Two LSTM cells, the second reading the first's (h, c)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = QuantStub()
+        self.cell0, self.cell1 = nn.LSTMCell(4, 6), nn.LSTMCell(4, 6)
+        self.dq = DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.q(x)
+        h, c = self.cell0(x[0])
+        h, c = self.cell1(x[1], (h, c))
+        return self.dq(h)
+
+
+def test_an_attention_convert_refuses_is_reported_not_grid() -> None:
+    # qint16 projections: bound (the scales are known), but Bernoulli2 has no qint16 output, so the
+    # integer module cannot be built and the call keeps the float forward
+    torch.manual_seed(0)
+    q16 = get_default_qat_qconfig(dtype="qint16")
+    with march_scope("bernoulli2"):
+        qat = prepare_qat_fx(
+            _Attention(),
+            {"": get_default_qat_qconfig(), "module_name": {"attn": q16}},
+            example_inputs=(torch.randn(2, 5, 8),),
+        ).train()
+    assert integer_grid_report(qat) == {"fc": "grid", "attn": "grid"}  # bound; nothing ran yet
+    with pytest.warns(RuntimeWarning, match="MultiheadAttention has no integer form this step"):
+        qat(torch.randn(2, 5, 8)).sum().backward()
+    assert integer_grid_report(qat) == {"fc": "grid", "attn": "float fake quant in 1 of 1 forwards since binding"}
+
+
+def test_attention_dropout_in_training_is_reported_and_eval_is_not_counted() -> None:
+    torch.manual_seed(0)
+    with march_scope("bayes"):
+        qat = prepare_qat_fx(_Attention(0.1), {"": get_default_qat_qconfig()}, example_inputs=(torch.randn(2, 5, 8),))
+    x = torch.randn(2, 5, 8)
+    qat.train()(x)
+    qat.eval()(x)  # QAT state under eval: no dropout, on the grid
+    assert integer_grid_report(qat)["attn"] == "float fake quant in 1 of 2 forwards since binding"
+
+
+def test_lstm_cells_convert_refuses_are_reported_not_grid() -> None:
+    torch.manual_seed(0)
+    with march_scope("bernoulli2"):  # the cell state is qint16, which Bernoulli2 cannot output
+        qat = prepare_qat_fx(_Cells(), {"": get_default_qat_qconfig()}, example_inputs=(torch.randn(2, 3, 4),)).train()
+    with pytest.warns(RuntimeWarning, match="LSTMCell has no integer form this step"):
+        qat(torch.randn(2, 3, 4))
+        qat(torch.randn(2, 3, 4))
+    fell = "float fake quant in 2 of 2 forwards since binding"
+    assert integer_grid_report(qat) == {"cell0": fell, "cell1": fell}
+    with march_scope("bayes"):
+        qat = prepare_qat_fx(_Cells(), {"": get_default_qat_qconfig()}, example_inputs=(torch.randn(2, 3, 4),)).train()
+    qat(torch.randn(2, 3, 4))
+    assert integer_grid_report(qat) == {"cell0": "grid", "cell1": "grid"}

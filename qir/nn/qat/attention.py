@@ -84,7 +84,9 @@ class MultiheadAttention(QATModule, nn.MultiheadAttention):
     #: query, key and value are grid inputs (qir.quantization.integer_grid binds them to their fake quants)
     grid_inputs: ClassVar[int] = 3
     #: ``(applies, forward)`` of the integer-grid forward, set by qir.nn.quantized.attention_grid (it
-    #: builds the converted module, which this layer cannot import)
+    #: builds the converted module, which this layer cannot import). ``applies`` is checked before the
+    #: float forward; ``forward`` gets its result and whether the grid applies, and counts the call as
+    #: on the grid or fallen back (qir.quantization.integer_grid.grid_step)
     grid_hooks: ClassVar[tuple[Callable[..., bool], Callable[..., Any]] | None] = None
     #: positions of the arguments that stay float / bool (key_padding_mask, attn_mask): convert takes them as they are
     float_inputs: ClassVar[tuple[int, ...]] = (3, 5)
@@ -157,10 +159,10 @@ class MultiheadAttention(QATModule, nn.MultiheadAttention):
         hooks = type(self).grid_hooks
         on_grid = hooks is not None and hooks[0](self, (query, key, value))
         floats = self._float_forward(query, key, value, **options)
-        if on_grid:
-            assert hooks is not None
-            return hooks[1](self, (query, key, value), floats, options)
-        return floats
+        if hooks is None:
+            return floats
+        out: tuple[torch.Tensor, torch.Tensor | None] = hooks[1](self, (query, key, value), floats, options, on_grid)
+        return out
 
     def _float_forward(
         self,

@@ -56,7 +56,9 @@ class LSTMCell(QATModule, nn.LSTMCell):
     #: x, or x, h and c: as many grid inputs as the call site has tensors (qir.quantization.integer_grid)
     grid_inputs: ClassVar[int] = -1
     #: ``(applies, forward)`` of the integer-grid forward, set by qir.nn.quantized.lstm_grid (it builds
-    #: the converted cell, which this layer cannot import)
+    #: the converted cell, which this layer cannot import). ``applies`` is checked before the float
+    #: forward; ``forward`` gets its result and whether the grid applies, and counts the call as on the
+    #: grid or fallen back (qir.quantization.integer_grid.grid_step)
     grid_hooks: ClassVar[tuple[Callable[..., bool], Callable[..., Any]] | None] = None
     weight_ih_fake_quant: FakeQuantize
     weight_hh_fake_quant: FakeQuantize
@@ -100,11 +102,10 @@ class LSTMCell(QATModule, nn.LSTMCell):
         hooks = type(self).grid_hooks
         on_grid = hooks is not None and hooks[0](self, x, hx)
         floats = self.state_from_gates(self.gates(x, hx), None if hx is None else hx[1])
-        if on_grid:
-            assert hooks is not None
-            out: tuple[torch.Tensor, torch.Tensor] = hooks[1](self, x, hx, floats)
-            return out
-        return floats
+        if hooks is None:
+            return floats
+        out: tuple[torch.Tensor, torch.Tensor] = hooks[1](self, x, hx, floats, on_grid)
+        return out
 
     def gates(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """The fake-quantized gates ``(i, f, g, o)`` (``gates_post_process``)."""

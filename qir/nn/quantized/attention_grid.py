@@ -16,6 +16,7 @@ inputs whose scale the binding could not follow, fake quants off or in validatio
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from qir.ir.types import DType
 from qir.nn.qat.attention import MultiheadAttention as QATMultiheadAttention
 from qir.nn.quantized.attention import MultiheadAttention
 from qir.quantization.fake_quantize import float_fake_quant_active
-from qir.quantization.integer_grid import _ATTR, _PLAIN_FQ, GridBinding, _on, _plain_fq, grid_step
+from qir.quantization.integer_grid import _ATTR, _PLAIN_FQ, FellBack, GridBinding, _on, _plain_fq, grid_step
 from qir.quantization.integer_grid_functional import _codes
 
 __all__ = ["applies", "attention_grid_forward"]
@@ -56,7 +57,6 @@ class _Straight(torch.autograd.Function):
         return grad, None
 
 
-@grid_step
 def applies(m: QATMultiheadAttention, inputs: tuple[torch.Tensor, ...]) -> bool:
     """Whether the bound attention ``m`` computes on the grid for this call (checked before its float forward)."""
     binding: GridBinding | None = m.__dict__.get(_ATTR)
@@ -71,20 +71,32 @@ def applies(m: QATMultiheadAttention, inputs: tuple[torch.Tensor, ...]) -> bool:
     return _on([*binding.inputs, *w_fqs, *a_fqs])
 
 
+@grid_step
 def attention_grid_forward(
     m: QATMultiheadAttention,
     inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     floats: tuple[torch.Tensor, torch.Tensor | None],
     options: dict[str, Any],
+    on_grid: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The grid outputs of ``m``'s call on ``inputs`` whose float forward gave ``floats`` (``options``:
-    the masks and flags of the call)."""
+    """The outputs of ``m``'s call on ``inputs`` whose float forward gave ``floats`` (``options``: the
+    masks and flags of the call): on the grid when ``on_grid`` (:func:`applies`) and convert takes the
+    module, else ``floats`` (counted as a fallback in ``integer_grid_report``)."""
+    if not on_grid:
+        raise FellBack(floats)
     binding: GridBinding = m.__dict__[_ATTR]
     with torch.no_grad():
         try:
             q = MultiheadAttention.from_qat(m, [fq.scale.detach() for fq in binding.inputs], binding.march)
-        except (ValueError, NotImplementedError):
-            return floats  # convert refuses this attention (a dtype the march lacks, ...) and says why
+        except (ValueError, NotImplementedError) as err:
+            # convert refuses this attention in its current state (a dtype the march lacks, ...)
+            warnings.warn(
+                f"integer grid: MultiheadAttention has no integer form this step ({err}); this call uses float "
+                "fake quantization",
+                RuntimeWarning,
+                stacklevel=3,  # the QAT attention's forward
+            )
+            raise FellBack(floats) from None
         codes = [_codes(t, fq).to(DType(fq.dtype).to_torch()) for t, fq in zip(inputs, binding.inputs, strict=True)]
         out_c, w_c = q(*codes, **options)
     out_fq, w_fq = m.output_fake_quants()

@@ -13,6 +13,7 @@ updates, by construction.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from qir.nn.qat.lstm import LSTMCell as QATLSTMCell
 from qir.nn.quantized.attention_grid import _Straight
 from qir.nn.quantized.lstm import LSTMCell
 from qir.quantization.fake_quantize import float_fake_quant_active
-from qir.quantization.integer_grid import _ATTR, _PLAIN_FQ, GridBinding, _on, _plain_fq, grid_step
+from qir.quantization.integer_grid import _ATTR, _PLAIN_FQ, FellBack, GridBinding, _on, _plain_fq, grid_step
 from qir.quantization.integer_grid_functional import _codes
 
 __all__ = ["applies", "lstm_grid_forward"]
@@ -33,7 +34,6 @@ def _tensors(x: Any, hx: Any) -> list[Any]:
     return [x] if hx is None else [x, *hx]
 
 
-@grid_step
 def applies(m: QATLSTMCell, x: Any, hx: Any) -> bool:
     """Whether the bound cell ``m`` computes on the grid for this call (checked before its float forward)."""
     binding: GridBinding | None = m.__dict__.get(_ATTR)
@@ -49,17 +49,28 @@ def applies(m: QATLSTMCell, x: Any, hx: Any) -> bool:
     return _on([*binding.inputs, *w_fqs, *a_fqs])
 
 
+@grid_step
 def lstm_grid_forward(
-    m: QATLSTMCell, x: torch.Tensor, hx: Any, floats: tuple[torch.Tensor, torch.Tensor]
+    m: QATLSTMCell, x: torch.Tensor, hx: Any, floats: tuple[torch.Tensor, torch.Tensor], on_grid: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The grid outputs ``(h', c')`` of ``m``'s call on ``x`` / ``hx`` whose float forward gave ``floats``."""
+    """The outputs ``(h', c')`` of ``m``'s call on ``x`` / ``hx`` whose float forward gave ``floats``: on
+    the grid when ``on_grid`` (:func:`applies`) and convert takes the cell, else ``floats`` (counted
+    as a fallback in ``integer_grid_report``)."""
+    if not on_grid:
+        raise FellBack(floats)
     binding: GridBinding = m.__dict__[_ATTR]
     ts = _tensors(x, hx)
     with torch.no_grad():
         try:
             q = LSTMCell.from_qat(m, [fq.scale.detach() for fq in binding.inputs], binding.march)
-        except (ValueError, NotImplementedError):
-            return floats  # convert refuses this cell (a qint16 state on Bernoulli2, ...) and says why
+        except (ValueError, NotImplementedError) as err:
+            # convert refuses this cell in its current state (a qint16 state on Bernoulli2, ...)
+            warnings.warn(
+                f"integer grid: LSTMCell has no integer form this step ({err}); this call uses float fake quantization",
+                RuntimeWarning,
+                stacklevel=3,  # the QAT cell's forward
+            )
+            raise FellBack(floats) from None
         codes = [_codes(t, fq).to(DType(fq.dtype).to_torch()) for t, fq in zip(ts, binding.inputs, strict=True)]
         h_c, c_c = q(codes[0]) if hx is None else q(codes[0], (codes[1], codes[2]))
     h_fq, c_fq = m.output_fake_quants()
