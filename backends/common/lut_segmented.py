@@ -46,6 +46,7 @@ __all__ = [
     "SEGMENT_ENTRIES",
     "SHIFT",
     "SegmentedTable",
+    "full_table16",
     "lut_int16",
     "lut_int16_apply",
     "method_table16",
@@ -96,11 +97,16 @@ def _evaluate_v1(entries: torch.Tensor, q: torch.Tensor, lo: int, hi: int) -> to
     return (t[j] + (((t[j + 1] - t[j]) * r + (1 << (SHIFT - 1))) >> SHIFT)).clamp(lo, hi)
 
 
+def _log2_widths(knots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The widths of the intervals between ``knots`` (powers of two) and their log2: frexp's
+    exponent of ``2**s`` is ``s + 1`` exactly (no float log2 and rounding)."""
+    widths = knots[1:] - knots[:-1]
+    return widths, torch.frexp(widths.to(torch.float64)).exponent.to(torch.int64) - 1
+
+
 def _evaluate_v2(entries: torch.Tensor, q: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     knots, t = entries.to(torch.int64).unbind(0)
-    widths = knots[1:] - knots[:-1]
-    # log2 of each (power-of-two) width: exact in float64 for widths up to 2**16
-    shifts = torch.log2(widths.to(torch.float64)).round().to(torch.int64)
+    widths, shifts = _log2_widths(knots)
     q = q.to(torch.int64).contiguous()
     j = torch.searchsorted(knots, q, right=True) - 1
     r = q - knots[j]
@@ -214,6 +220,33 @@ def method_table16(
         return None
     budget = _METHOD_BUDGETS[method]
     return lut_int16(fn, in_scale, out_scale, out_dtype, measure=False, version=version, budget=budget).entries
+
+
+def full_table16(entries: torch.Tensor, out_dtype: DTypeLike, version: int = LATEST) -> torch.Tensor:
+    """The output code of every qint16 code through the knots ``entries`` (format ``version``): index
+    ``q + 32768`` holds exactly what :func:`lut_int16_apply` gives for ``q``. Version 2 walks the
+    intervals (each code's interval by construction, no search; numpy's ``>>`` on int64 is the
+    arithmetic shift, as torch's)."""
+    problem = table16_shape_problem(tuple(entries.shape), version)
+    if problem is not None or entries.numel() == 0:
+        raise ValueError(problem or "the table16 is empty: there is no segmented table to evaluate")
+    qd = qdtype(out_dtype)
+    lo, hi = qd.qrange
+    codes = torch.arange(_QMIN, -_QMIN, dtype=torch.int64)
+    if version == 1:
+        return _evaluate_v1(entries, codes, lo, hi).to(qd.to_torch())
+    # numpy: repeating each interval's constants over its codes is a few times cheaper than torch's
+    # gathers at this size (65,536 codes, a table built on every scale change of a training step)
+    k = entries[0].numpy().astype(np.int64)
+    t = entries[1].numpy().astype(np.int64)
+    widths = np.diff(k)
+    shifts = np.frexp(widths.astype(np.float64))[1].astype(np.int64) - 1  # exact for powers of two
+
+    def along(a: np.ndarray) -> np.ndarray:  # each interval's value at each of its codes
+        return np.repeat(a, widths)
+
+    step = (along(np.diff(t)) * (codes.numpy() - along(k[:-1])) + along(widths >> 1)) >> along(shifts)
+    return torch.from_numpy(np.clip(along(t[:-1]) + step, lo, hi)).to(qd.to_torch())
 
 
 def lut_int16_apply(

@@ -29,10 +29,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from backends.common import numerics
 from backends.common.integer_rules import bilinear_taps, bilinear_weight_bits, resize_out_size
-from backends.common.lut_segmented import lut_int16, lut_int16_apply
+from backends.common.lut_segmented import lut_int16
+from backends.common.table16_cache import TABLE16_CACHE
+from qir.ir.table16 import LATEST
 from qir.ir.types import DType
 from qir.quantization import integer_grid_methods as methods
 from qir.quantization.fake_quantize import FakeQuantize, float_fake_quant_active
@@ -221,6 +224,25 @@ def interpolate_forward(m: Any, x: torch.Tensor, size: Any = None) -> torch.Tens
     return out
 
 
+#: the attributes every nn.Module has (hooks, parameters, training): not what a function module's table depends on
+_MODULE_STATE = frozenset(vars(nn.Module()))
+
+
+def table_key(fm: nn.Module, s_in: float, s_out: float, dt: DType) -> tuple[Any, ...] | None:
+    """The cache key of the qint16 table of the function module ``fm`` (``UnaryLUT.function_module``:
+    no parameters) at these scales: its class and its other attributes (a slope, an exponent, an
+    ``approximate`` flag), each by type and repr (-0.0 is not 0.0). None when an attribute is not a
+    plain value the key can hold: that table is built on every call."""
+    attrs: list[tuple[str, str, str]] = []
+    for name, v in sorted(vars(fm).items()):
+        if name in _MODULE_STATE:
+            continue
+        if v is not None and not isinstance(v, (bool, int, float, str)):
+            return None
+        attrs.append((name, type(v).__name__, repr(v)))
+    return (type(fm), tuple(attrs), s_in, s_out, dt, LATEST)
+
+
 @grid_step
 def lut_forward(m: Any, x: torch.Tensor) -> torch.Tensor | None:
     """The integer-grid QAT forward of a bound ``UnaryLUT`` (qir.nn.qat): the converted module's table
@@ -240,14 +262,19 @@ def lut_forward(m: Any, x: torch.Tensor) -> torch.Tensor | None:
     dt, in_dt = DType(ofq.dtype), DType(in_fq.dtype)
     with torch.no_grad():
         q = _codes(x, in_fq)
+        codes: torch.Tensor | None
         try:
             if in_dt is DType.qint8:
                 codes = numerics.lut_apply(numerics.lut_int8(fn, s_in, s_out, dt), q)
             elif in_dt is DType.qint16:
-                codes = lut_int16_apply(lut_int16(fn, s_in, s_out, dt, measure=False).entries, q, dt)
+                key = table_key(m.function_module, s_in, s_out, dt)
+                codes = TABLE16_CACHE.lookup(
+                    key, lambda: lut_int16(fn, s_in, s_out, dt, measure=False).entries, q, dt, LATEST
+                )
             else:
                 return None
         except ValueError:
             return None
+        assert codes is not None  # lut_int16 builds a table or raises
     out: torch.Tensor = _GridOut.apply(y, codes, ofq.scale.detach().reshape(()), ofq.qmin, ofq.qmax)
     return out

@@ -33,7 +33,8 @@ from backends.common.integer_rules import (
     mul_scalar_int,
     ratio_params,
 )
-from backends.common.lut_segmented import lut_int16_apply, method_table16
+from backends.common.lut_segmented import method_table16
+from backends.common.table16_cache import TABLE16_CACHE
 from qir.ir.table16 import LATEST
 from qir.ir.types import DType
 
@@ -161,5 +162,5 @@ def integer_result(
     fn = _TABLES[method]
     if in_dtypes[0] is DType.qint8:
         return numerics.lut_apply(numerics.lut_int8(fn, scales[0], s_out, dt), x)
-    knots = method_table16(method, fn, scales[0], s_out, dt, LATEST)
-    return None if knots is None else lut_int16_apply(knots, x, dt)
+    key = ("FloatFunctional", method, f32(scales[0]), f32(s_out), dt, LATEST)
+    return TABLE16_CACHE.lookup(key, lambda: method_table16(method, fn, scales[0], s_out, dt, LATEST), x, dt, LATEST)

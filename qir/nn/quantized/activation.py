@@ -98,7 +98,9 @@ class UnaryLUT(QuantizedModule):
         with torch.no_grad():
             table = numerics.lut_int8(fn, new.per_tensor_input(0), float(new.scale[0]), fq.dtype)
             try:
-                entries = lut_int16(fn, new.per_tensor_input(0), float(new.scale[0]), fq.dtype, version=LATEST).entries
+                entries = lut_int16(
+                    fn, new.per_tensor_input(0), float(new.scale[0]), fq.dtype, measure=False, version=LATEST
+                ).entries
             except ValueError:
                 # f is undefined on part of the qint16 range at this scale (a qint8 producer's scale
                 # reaches 256x further in qint16 codes): no segmented table; qint16 input is refused

@@ -1,0 +1,127 @@
+"""A QAT forward on the integer grid through table lookups of qint16 codes: with the table cache
+(backends.common.table16_cache) and without it (every call builds the segmented table and
+interpolates through its knots, as before the cache), in one run.
+
+The net: QuantStub, then three conv (qint16 output) + table blocks (tanh, sigmoid, SiLU: each a
+segmented table of qint16 codes), a 1x1 conv head, DeQuantStub; ``prepare_qat_fx`` on Bayes, batch
+``--batch``, 16 channels at ``--size`` x ``--size``. Two cases, each timed with and without the
+cache, round-robin, in this process's CPU time with 1 torch thread; the figure is the minimum over
+``--rounds`` of ``--steps`` forwards (autograd on, training mode):
+
+* ``observers on``: every forward moves the scales, so every forward needs new tables (a miss per
+  table op; the cache still saves the interpolation: a lookup is one gather);
+* ``observers frozen`` (``disable_observer``, as late in QAT or a QAT-state model under ``eval()``):
+  the scales stay, every forward after the first finds its tables.
+
+Both modes' outputs are compared first (equal, bit for bit). Prints ms per forward and the ratio.
+
+    PYTHONPATH=. python benchmarks/table16_grid_cache.py [--batch 8] [--size 32] [--rounds 5] [--steps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+class _Tables(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from qir.quantization import DeQuantStub, QuantStub
+
+        self.quant = QuantStub()
+        self.convs = nn.ModuleList([nn.Conv2d(3 if i == 0 else 16, 16, 3, padding=1) for i in range(3)])
+        self.acts = nn.ModuleList([nn.Tanh(), nn.Sigmoid(), nn.SiLU()])
+        self.head = nn.Conv2d(16, 4, 1)
+        self.dq = DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.quant(x)
+        for conv, act in zip(self.convs, self.acts, strict=True):
+            x = act(conv(x))
+        return self.dq(self.head(x))
+
+
+def _prepare() -> nn.Module:
+    from qir.march import march_scope
+    from qir.quantization import get_default_qat_qconfig, prepare_qat_fx
+
+    q16 = get_default_qat_qconfig(dtype="qint16")
+    qconfig = {"": get_default_qat_qconfig(), "module_name": {f"convs.{i}": q16 for i in range(3)}}
+    torch.manual_seed(0)
+    with march_scope("bayes"):
+        return prepare_qat_fx(_Tables(), qconfig).train()
+
+
+def _time(fn: Callable[[], object], steps: int) -> float:
+    t = time.process_time()
+    for _ in range(steps):
+        fn()
+    return (time.process_time() - t) / steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--size", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    from backends.common.table16_cache import TABLE16_CACHE
+    from qir.quantization import disable_observer, integer_grid_report
+
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randn(args.batch, 3, args.size, args.size, generator=g) * 2 for _ in range(7)]
+    x = batches[0]
+    qat = _prepare()
+    qat(x)
+    assert all(r == "grid" for r in integer_grid_report(qat).values()), integer_grid_report(qat)
+    seen = [0]
+
+    def run(cached: bool) -> torch.Tensor:
+        seen[0] += 1  # a new batch every step: the observers move the scales
+        b = batches[seen[0] % len(batches)]
+        if cached:
+            return qat(b)
+        with TABLE16_CACHE.disabled():
+            return qat(b)
+
+    frozen = _prepare()
+    frozen(x)
+    disable_observer(frozen)
+
+    def run_frozen(cached: bool) -> torch.Tensor:
+        if cached:
+            return frozen(x)
+        with TABLE16_CACHE.disabled():
+            return frozen(x)
+
+    # the same forward both ways: equal outputs (the frozen model, so both see the same scales)
+    assert torch.equal(run_frozen(True), run_frozen(False))
+    cases = {"observers on": run, "observers frozen": run_frozen}
+    best: dict[tuple[str, bool], float] = {}
+    for _ in range(args.rounds):
+        for name, fn in cases.items():
+            for cached in (False, True):
+                t = _time(lambda fn=fn, cached=cached: fn(cached), args.steps)  # type: ignore[misc]
+                best[(name, cached)] = min(best.get((name, cached), float("inf")), t)
+    load = os.getloadavg()
+    print(
+        f"QAT forward, 3 qint16 table ops, batch {args.batch}, 16x{args.size}x{args.size}, 1 thread, "
+        f"min of {args.rounds} x {args.steps}; load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    print(f"{'case':<18} {'no cache ms':>12} {'cache ms':>9} {'ratio':>6}")
+    for name in cases:
+        before, after = best[(name, False)] * 1e3, best[(name, True)] * 1e3
+        print(f"{name:<18} {before:>12.2f} {after:>9.2f} {before / after:>5.2f}x")
+    print(f"cache: {len(TABLE16_CACHE)} tables, {TABLE16_CACHE.hits} hits, {TABLE16_CACHE.misses} misses")
+
+
+if __name__ == "__main__":
+    main()
