@@ -146,7 +146,14 @@ def prepare(args: argparse.Namespace, precheck: bool = False) -> Prepared:
     prep = Prepared(model, example_inputs(shapes, args.seed), march, kind, args.model.rpartition(":")[2])
     prep.stages.append(("load", time.perf_counter() - t0))
     model.eval()
-    example_output = _run(model, prep.inputs, f"model '{args.model}'")
+    if kind == QAT:
+        from qir.quantization.fake_quantize import types_only_fake_quant
+
+        # a check that it runs: in QAT state its forward would move the trained scales convert reads
+        with types_only_fake_quant():
+            example_output = _run(model, prep.inputs, f"model '{args.model}'")
+    else:
+        example_output = _run(model, prep.inputs, f"model '{args.model}'")
     if kind == CONVERTED:
         return prep
     if kind == FLOAT and precheck:

@@ -33,6 +33,7 @@ from qir.qat_mode import QATMode, get_qat_mode
 from qir.quantization import eager_record
 from qir.quantization.convert import ConvertError, _convert_modules
 from qir.quantization.eager_grid import bind_eager_grid
+from qir.quantization.eval_observers import note_forward
 from qir.quantization.exact_validation import EAGER_FLAG, exact_twin, forget_failure
 from qir.quantization.fuse import trace_fx
 from qir.quantization.integer_grid import unbind_all
@@ -275,6 +276,7 @@ class ExactForward:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         m = self.model
+        note_forward(m)
         twin = exact_twin(m, self._twin) if getattr(self, EAGER_FLAG) else None
         if twin is not None:
             with torch.no_grad():

@@ -135,6 +135,9 @@ class ExactValidationMixin:
     """Mixed into a prepared GraphModule's class: validation state runs the integer twin."""
 
     def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
+        from qir.quantization.eval_observers import note_forward
+
+        note_forward(self)  # type: ignore[arg-type]
         twin = exact_twin(self)  # type: ignore[arg-type]
         if twin is not None:
             with torch.no_grad():

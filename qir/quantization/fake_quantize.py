@@ -447,6 +447,11 @@ def float_fake_quant_active() -> bool:
     return _FLOAT_ONLY.get()
 
 
+def types_only_fake_quant_active() -> bool:
+    """Whether a :func:`types_only_fake_quant` block is active in this context."""
+    return _TYPES_ONLY.get()
+
+
 def set_fake_quantize(model: _N, state: FakeQuantState | str) -> _N:
     """Put every :class:`FakeQuantize` of ``model`` in ``state`` (QAT, CALIBRATION, VALIDATION), in place.
 
