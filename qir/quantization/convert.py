@@ -233,7 +233,14 @@ def input_scales(
                 env[n.name] = None
                 continue
             if _is_qat_module(m):
-                tensor_ins = [s for s in ins if s is not None]
+                # a multi-output result passed whole (cell(x, hx), hx another cell's (h', c')): each output
+                whole = plan.multi_outputs
+                tensor_ins = [
+                    s
+                    for a in in_nodes
+                    for s in ([o[0] for o in whole[a.name]] if a.name in whole else [env.get(a.name)])
+                    if s is not None
+                ]
                 floats = [] if _is_quant_stub(m) else _undeclared_float_args(m, n, env)
                 if floats:
                     raise ConvertError(

@@ -160,7 +160,10 @@ def _trace_sources(
             if getattr(type(m), "grid_inputs", 0) < 0:  # its tensor arguments, a tuple's flattened (cell(x, (h, c)))
                 ins = []
                 torch.fx.node.map_arg(n.args, ins.append)
-            sites.setdefault(str(n.target), []).append([src.get(a.name) for a in ins])
+                # a whole multi-output value (cell(x, hx) with hx another cell's (h, c)) is its outputs
+                sites.setdefault(str(n.target), []).append([fq for a in ins for fq in _whole_sources(gm, a, src)])
+            else:
+                sites.setdefault(str(n.target), []).append([src.get(a.name) for a in ins])
             src[n.name] = source_of_module(m, first)
         elif ff is not None:  # its tensor operands, a cat's list flattened
             operands: list[torch.fx.Node] = []
@@ -177,6 +180,19 @@ def _trace_sources(
         else:
             src[n.name] = None
     return sites, methods
+
+
+def _whole_sources(
+    gm: torch.fx.GraphModule, n: torch.fx.Node, src: dict[str, FakeQuantize | None]
+) -> list[FakeQuantize | None]:
+    """The source fake quant of each tensor the value ``n`` holds: one per output of a module with one
+    fake quant per output (an LSTM cell's ``(h, c)`` passed whole), else ``n``'s own."""
+    if n.op == "call_module":
+        m = gm.get_submodule(str(n.target))
+        fqs = getattr(m, "output_fake_quants", None)
+        if callable(fqs):
+            return [output_fake_quant(m, i) for i in range(len(fqs()))]
+    return [src.get(n.name)]
 
 
 def _output_source(gm: torch.fx.GraphModule, n: torch.fx.Node) -> FakeQuantize | None:

@@ -346,3 +346,59 @@ def test_eager_lstm_cell_steps_are_the_converted_model() -> None:
         opt.zero_grad()
         (out[0].square().mean() + out[1].square().mean()).backward()
         opt.step()
+
+
+class _WholeState(nn.Module):
+    """The second cell reads the first cell's whole output ``hx`` (one tuple value, not ``(h, c)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = QuantStub()
+        self.fc = nn.Linear(4, 6)
+        self.cell0, self.cell1 = nn.LSTMCell(6, 8), nn.LSTMCell(6, 8)
+        self.head = nn.Linear(8, 3)
+        self.dq, self.dqc = DeQuantStub(), DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.fc(self.q(x))
+        hx = self.cell0(x[0])
+        h, c = self.cell1(x[1], hx)
+        return self.dq(self.head(h)), self.dqc(c)
+
+
+@pytest.mark.parametrize("flow", ["fx", "eager"])
+def test_a_cell_reading_another_cells_whole_state_is_on_the_grid(flow: str) -> None:
+    from qir.quantization import FakeQuantState, convert, prepare_qat, set_fake_quantize
+
+    torch.manual_seed(0)
+    with march_scope("bayes"):
+        if flow == "fx":
+            qat = prepare_qat_fx(_WholeState(), {"": get_default_qat_qconfig()}, example_inputs=(torch.randn(2, 3, 4),))
+            to_int = convert_fx
+        else:
+            base = _WholeState()
+            base.qconfig = get_default_qat_qconfig()  # type: ignore[assignment]
+            qat = prepare_qat(base)
+            to_int = convert
+    qat.train()
+    g = torch.Generator().manual_seed(11)
+    if flow == "eager":
+        qat(torch.randn(2, 3, 4, generator=g))  # the first forward records which module feeds which
+    assert integer_grid_report(qat) == dict.fromkeys(("fc", "cell0", "cell1", "head"), "grid")
+    opt = torch.optim.SGD(qat.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(3):
+        x = torch.randn(2, 3, 4, generator=g) * 2
+        out = qat(x)
+        with march_scope("bayes"):
+            want = to_int(qat)(x)
+        for a, b in zip(out, want, strict=True):
+            assert torch.equal(a, b), float((a - b).detach().abs().max())
+        opt.zero_grad()
+        (out[0].square().mean() + out[1].square().mean()).backward()
+        opt.step()
+    assert integer_grid_report(qat)["cell1"] == "grid"
+    set_fake_quantize(qat.eval(), FakeQuantState.VALIDATION)
+    x = torch.randn(2, 3, 4, generator=g)
+    with march_scope("bayes"):
+        want = to_int(qat)(x)
+    assert all(torch.equal(a, b) for a, b in zip(qat(x), want, strict=True))
