@@ -14,13 +14,16 @@ and with ``example_inputs`` by the ``quantize`` pass) beside torch.ao's
 (fbgemm) qconfig mapping, and prints the qir / torch.ao ratio per stage. torch.ao's fx
 flow is deprecated upstream; its deprecation warnings are suppressed here. torch.ao runs
 on chains up to ``--ao-max-blocks`` blocks (default 5,000); larger sizes print "capped".
+The flows print wall time and process CPU time (``time.process_time``) side by side: on a
+shared machine the wall time counts the time other processes held the cores, the CPU time
+does not, so the CPU ratios stay comparable under load.
 
     python benchmarks/pipeline_cost.py [--sizes 200 1000 5000] [--repeat 2] [--ao-max-blocks 5000]
         [--json out.json] [--png out.png]
 
 ``--resnet50`` measures instead prepare_qat_fx + convert_fx on torchvision's resnet50 (between
 stubs, march bayes, a 1x3x64x64 input) beside torch.ao's on the same network, and prints the
-ratio; it needs torchvision (``PYTHONPATH=. /work/tvenv/bin/python benchmarks/pipeline_cost.py
+ratios (wall and CPU); it needs torchvision (``PYTHONPATH=. /work/tvenv/bin/python benchmarks/pipeline_cost.py
 --resnet50`` on the development machine).
 
 The plot needs matplotlib (``pip install -e .[bench]``).
@@ -80,16 +83,20 @@ def measure_flows(n: int, repeat: int, nodes: int, with_ao: bool) -> dict[str, A
     model = Stubbed(chain(n)).train()
     x = torch.randn(1, 4, 4, 4)
     out: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+
+    def run(key: str, fn: Callable[[], Any]) -> Any:
+        out[key], cpu[key], result = timed(repeat, fn)
+        return result
+
     with march_scope("bayes"):
-        out["qir prepare_qat_fx"], prepared = best_of(
-            repeat, lambda: prepare_qat_fx(model, {"": get_default_qat_qconfig()})
-        )
+        prepared = run("qir prepare_qat_fx", lambda: prepare_qat_fx(model, {"": get_default_qat_qconfig()}))
         prepared.eval()
         with torch.no_grad():
             prepared(x)
-        out["qir convert_fx"], swapped = best_of(repeat, lambda: convert_fx(prepared))
+        swapped = run("qir convert_fx", lambda: convert_fx(prepared))
         # with example inputs the chain converts by the quantize pass (trace -> quantize -> emit)
-        out["qir convert_fx (quantize pass)"], by_pass = best_of(repeat, lambda: convert_fx(prepared, example_inputs=x))
+        by_pass = run("qir convert_fx (quantize pass)", lambda: convert_fx(prepared, example_inputs=x))
         if by_pass.meta.get("qir.convert_path") != "quantize pass" or not torch.equal(by_pass(x), swapped(x)):
             raise SystemExit(f"chain({n}): the quantize pass path did not run or differs from module swapping")
     if with_ao:
@@ -104,24 +111,38 @@ def measure_flows(n: int, repeat: int, nodes: int, with_ao: bool) -> dict[str, A
         # modify theirs, so the timed torch.ao calls include a deep copy too (same work, same contract)
         with warnings.catch_warnings():  # torch.ao's fx flow is deprecated upstream: silence its warnings
             warnings.simplefilter("ignore")
-            out["torch.ao prepare_qat_fx"], ao_prepared = best_of(
-                repeat, lambda: ao_prepare_qat_fx(copy.deepcopy(body), mapping, (x,))
-            )
+            ao_prepared = run("torch.ao prepare_qat_fx", lambda: ao_prepare_qat_fx(copy.deepcopy(body), mapping, (x,)))
             ao_prepared.eval()
             with torch.no_grad():
                 ao_prepared(x)
-            out["torch.ao convert_fx"], _ = best_of(repeat, lambda: ao_convert_fx(copy.deepcopy(ao_prepared)))
-    return {"seconds": out, "per_1000_nodes": {k: v / nodes * 1000 for k, v in out.items()}}
+            run("torch.ao convert_fx", lambda: ao_convert_fx(copy.deepcopy(ao_prepared)))
+    return {
+        "seconds": out,
+        "cpu_seconds": cpu,
+        "per_1000_nodes": {k: v / nodes * 1000 for k, v in out.items()},
+        "cpu_per_1000_nodes": {k: v / nodes * 1000 for k, v in cpu.items()},
+    }
 
 
 def best_of(repeat: int, fn: Callable[[], Any]) -> tuple[float, Any]:
-    best, out = float("inf"), None
+    wall, _, out = timed(repeat, fn)
+    return wall, out
+
+
+def timed(repeat: int, fn: Callable[[], Any]) -> tuple[float, float, Any]:
+    """The least wall time and the least process CPU time of ``repeat`` calls, and the last result.
+
+    On a shared machine the wall time counts the time other processes held the cores; the
+    process CPU time (``time.process_time``, all threads of this process) does not, so its
+    ratios stay comparable under load (the flows run with one torch thread)."""
+    wall, cpu, out = float("inf"), float("inf"), None
     for _ in range(repeat):
         gc.collect()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
+        wall = min(wall, time.perf_counter() - t0)
+        cpu = min(cpu, time.process_time() - c0)
+    return wall, cpu, out
 
 
 def measure(n: int, repeat: int, ao_max_blocks: int = 0) -> dict[str, Any]:
@@ -172,47 +193,63 @@ def measure_resnet50(repeat: int) -> dict[str, Any]:
     torch.manual_seed(0)
     x = torch.randn(1, 3, 64, 64)
     out: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+
+    def run(key: str, fn: Callable[[], Any]) -> Any:
+        out[key], cpu[key], result = timed(repeat, fn)
+        return result
+
     with march_scope("bayes"):
         model = Stubbed(resnet50()).train()
-        out["qir prepare_qat_fx"], prepared = best_of(
-            repeat, lambda: prepare_qat_fx(model, {"": get_default_qat_qconfig()}, x)
-        )
+        prepared = run("qir prepare_qat_fx", lambda: prepare_qat_fx(model, {"": get_default_qat_qconfig()}, x))
         with torch.no_grad():
             prepared(x)  # one QAT step: observers hold data
         prepared.eval()
-        out["qir convert_fx"], converted = best_of(repeat, lambda: convert_fx(prepared))
+        converted = run("qir convert_fx", lambda: convert_fx(prepared))
         path = str(converted.meta.get("qir.convert_path"))
+        prepare_path = str(prepared.meta.get("qir.prepare_path"))
     torch.backends.quantized.engine = "x86"
     mapping = get_default_qat_qconfig_mapping("x86")
     body = resnet50().train()
     with warnings.catch_warnings():  # torch.ao's fx flow is deprecated upstream: silence its warnings
         warnings.simplefilter("ignore")
         # torch.ao modifies its input: its timed calls include a deep copy (qir's leave theirs untouched)
-        out["torch.ao prepare_qat_fx"], ao_prepared = best_of(
-            repeat, lambda: ao_prepare_qat_fx(copy.deepcopy(body), mapping, (x,))
-        )
+        ao_prepared = run("torch.ao prepare_qat_fx", lambda: ao_prepare_qat_fx(copy.deepcopy(body), mapping, (x,)))
         with torch.no_grad():
             ao_prepared(x)
         ao_prepared.eval()
-        out["torch.ao convert_fx"], _ = best_of(repeat, lambda: ao_convert_fx(copy.deepcopy(ao_prepared)))
-    qir_total = out["qir prepare_qat_fx"] + out["qir convert_fx"]
-    ao_total = out["torch.ao prepare_qat_fx"] + out["torch.ao convert_fx"]
-    return {"seconds": out, "convert_path": path, "qir_over_ao": qir_total / ao_total}
+        run("torch.ao convert_fx", lambda: ao_convert_fx(copy.deepcopy(ao_prepared)))
+    return {
+        "seconds": out,
+        "cpu_seconds": cpu,
+        "prepare_path": prepare_path,
+        "convert_path": path,
+        "qir_over_ao": _ratios(out),
+        "cpu_qir_over_ao": _ratios(cpu),
+    }
+
+
+def _ratios(sec: dict[str, float]) -> dict[str, float]:
+    """qir / torch.ao of prepare_qat_fx, convert_fx and their sum."""
+    qp, qc = sec["qir prepare_qat_fx"], sec["qir convert_fx"]
+    ap, ac = sec["torch.ao prepare_qat_fx"], sec["torch.ao convert_fx"]
+    return {"prepare_qat_fx": qp / ap, "convert_fx": qc / ac, "prepare + convert": (qp + qc) / (ap + ac)}
 
 
 def report_resnet50(repeat: int) -> int:
     r = measure_resnet50(repeat)
     print(f"torch {torch.__version__}, python {platform.python_version()}, load average {_load()}")
     print(f"resnet50 (1x3x64x64, march bayes), seconds (best of {repeat}):")
+    print(f"  {'':<26} {'wall':>8} {'CPU':>8}")
     for k, v in r["seconds"].items():
-        print(f"  {k:<26} {v:8.3f}")
-    sec = r["seconds"]
-    print(f"qir convert_fx path: {r['convert_path']}")
-    print(
-        f"qir / torch.ao: prepare_qat_fx {sec['qir prepare_qat_fx'] / sec['torch.ao prepare_qat_fx']:.2f}x   "
-        f"convert_fx {sec['qir convert_fx'] / sec['torch.ao convert_fx']:.2f}x   "
-        f"prepare + convert {r['qir_over_ao']:.2f}x"
-    )
+        print(f"  {k:<26} {v:8.3f} {r['cpu_seconds'][k]:8.3f}")
+    print(f"qir prepare_qat_fx path: {r['prepare_path']}; convert_fx path: {r['convert_path']}")
+    for label, key in (("wall", "qir_over_ao"), ("CPU ", "cpu_qir_over_ao")):
+        q = r[key]
+        print(
+            f"qir / torch.ao, {label}: prepare_qat_fx {q['prepare_qat_fx']:.2f}x   convert_fx {q['convert_fx']:.2f}x   "
+            f"prepare + convert {q['prepare + convert']:.2f}x"
+        )
     return 0
 
 
@@ -306,35 +343,40 @@ def main(argv: list[str] | None = None) -> int:
     print(f"worst qir stage growth: {worst:.2f}x (target <= 1.5x)")
 
     flows = list(dict.fromkeys(k for r in rows for k in r["flows"]["per_1000_nodes"]))
-    print(
-        "\nprepare_qat_fx / convert_fx, seconds per 1,000 IR nodes "
-        "(torch.ao: x86 qconfig mapping, deprecation warnings suppressed)"
-    )
     w = max(24, *(len(s) for s in flows))
-    print(f"{'blocks':>7} {'nodes':>7} " + " ".join(f"{s:>{w}}" for s in flows))
-    for r in rows:
-        d = r["flows"]["per_1000_nodes"]
+    for label, key in (("wall", "per_1000_nodes"), ("process CPU", "cpu_per_1000_nodes")):
         print(
-            f"{r['blocks']:>7} {r['nodes']:>7} "
-            + " ".join(f"{d[s]:>{w}.4f}" if s in d else f"{'capped':>{w}}" for s in flows)
+            f"\nprepare_qat_fx / convert_fx, {label} seconds per 1,000 IR nodes "
+            "(torch.ao: x86 qconfig mapping, deprecation warnings suppressed)"
         )
+        print(f"{'blocks':>7} {'nodes':>7} " + " ".join(f"{s:>{w}}" for s in flows))
+        for r in rows:
+            d = r["flows"][key]
+            print(
+                f"{r['blocks']:>7} {r['nodes']:>7} "
+                + " ".join(f"{d[s]:>{w}.4f}" if s in d else f"{'capped':>{w}}" for s in flows)
+            )
     if any(r["blocks"] > args.ao_max_blocks for r in rows):
         print(f"torch.ao capped at {args.ao_max_blocks} blocks (--ao-max-blocks)")
-    print(f"\ngrowth of s/node from {first['blocks']} to the largest measured size:")
+    print(f"\ngrowth of s/node from {first['blocks']} to the largest measured size (wall, CPU):")
     for s in flows:
         have = [r for r in rows if s in r["flows"]["per_1000_nodes"]]
         g = have[-1]["flows"]["per_1000_nodes"][s] / have[0]["flows"]["per_1000_nodes"][s]
-        print(f"  {s:<{w}} {g:6.2f}x  ({have[0]['blocks']} -> {have[-1]['blocks']} blocks)")
+        gc_ = have[-1]["flows"]["cpu_per_1000_nodes"][s] / have[0]["flows"]["cpu_per_1000_nodes"][s]
+        print(f"  {s:<{w}} {g:6.2f}x {gc_:6.2f}x  ({have[0]['blocks']} -> {have[-1]['blocks']} blocks)")
     print("\nqir / torch.ao (below 1.0: qir faster):")
     for r in rows:
-        sec = r["flows"]["seconds"]
-        if "torch.ao prepare_qat_fx" in sec:
+        for label, key in (("wall", "seconds"), ("CPU ", "cpu_seconds")):
+            sec = r["flows"][key]
+            if "torch.ao prepare_qat_fx" not in sec:
+                continue
             rp = sec["qir prepare_qat_fx"] / sec["torch.ao prepare_qat_fx"]
             rc = sec["qir convert_fx"] / sec["torch.ao convert_fx"]
             rq = sec["qir convert_fx (quantize pass)"] / sec["torch.ao convert_fx"]
-            r["flows"]["qir_over_ao"] = {"prepare_qat_fx": rp, "convert_fx": rc, "convert_fx (quantize pass)": rq}
+            ratios = {"prepare_qat_fx": rp, "convert_fx": rc, "convert_fx (quantize pass)": rq}
+            r["flows"]["qir_over_ao" if key == "seconds" else "cpu_qir_over_ao"] = ratios
             print(
-                f"  {r['blocks']:>5} blocks: prepare_qat_fx {rp:5.2f}x   convert_fx {rc:5.2f}x   "
+                f"  {r['blocks']:>5} blocks, {label}: prepare_qat_fx {rp:5.2f}x   convert_fx {rc:5.2f}x   "
                 f"convert_fx (quantize pass) {rq:5.2f}x"
             )
     if args.json:

@@ -205,23 +205,35 @@ def _bind_call(new_op: QATModuleOp, call: Call, operands: Sequence[Value]) -> tu
     return new_op, list(args)
 
 
-def _check_unshared(graph: Graph, module: Any) -> None:
+def _tensor_owners(graph: Graph) -> dict[int, set[int]]:
+    """Storage pointer -> who holds a tensor there: ``id`` of each module object of an opaque
+    call, and 0 for the graph's constants. Built once per run of the pass, before any layer is
+    converted, so a tensor a converted layer read still counts (one pass over the graph's
+    state instead of one per opaque call)."""
+    owners: dict[int, set[int]] = {}
+    for t in graph.constants.values():
+        if t.numel():
+            owners.setdefault(t.data_ptr(), set()).add(0)
+    for key, obj in graph.objects.items():
+        if key.startswith("module:") and isinstance(obj, torch.nn.Module):
+            for t in (*obj.parameters(), *obj.buffers()):
+                if t.numel():
+                    owners.setdefault(t.data_ptr(), set()).add(id(obj))
+    return owners
+
+
+def _check_unshared(owners: Mapping[int, set[int]], module: Any) -> None:
     """Refuse an opaque call's module holding a tensor another layer reads (a conv shared by two
     call sites, one fused with an add into a ConvAdd module): its QAT state would not be tied to
-    the other layer's, which module swapping does."""
+    the other layer's, which module swapping does. ``owners``: :func:`_tensor_owners`."""
     if not isinstance(module, torch.nn.Module):
         return
-    mine = {t.data_ptr() for t in (*module.parameters(), *module.buffers()) if t.numel()}
-    if not mine:
-        return
-    others = [t for t in graph.constants.values() if t.numel()]
-    for key, obj in graph.objects.items():
-        if key.startswith("module:") and obj is not module and isinstance(obj, torch.nn.Module):
-            others.extend(t for t in (*obj.parameters(), *obj.buffers()) if t.numel())
-    if any(t.data_ptr() in mine for t in others):
-        raise NotImplementedError(
-            f"{type(module).__name__} shares a tensor with another layer; module swapping ties their QAT state"
-        )
+    me = id(module)
+    for t in (*module.parameters(), *module.buffers()):
+        if t.numel() and owners.get(t.data_ptr(), set()) - {me}:
+            raise NotImplementedError(
+                f"{type(module).__name__} shares a tensor with another layer; module swapping ties their QAT state"
+            )
 
 
 @register_pass
@@ -268,6 +280,7 @@ class InsertObservers(Pass):
         # the float state moves aside first: a QAT layer's keys may be the float layer's own
         # (an unfused conv's ``down.0.weight``), and the float tensors go once no layer reads them
         moved = _move_float_state(graph, specs)
+        owners = _tensor_owners(graph)
         calls: dict[str, int] = {}
         first: dict[str, dict[str, Node]] = {}  # scope -> role -> constant of its first call
         shared: dict[tuple[Node, str], Node] = {}  # (float constant, role) -> its QAT constant
@@ -287,7 +300,7 @@ class InsertObservers(Pass):
                         "time(s) but call_sites names no scope for this call; give every call after the first one"
                     )
                 site = names[k - 1]
-            if self._convert(graph, n, specs[n.scope], site, first.get(n.scope), shared, first):
+            if self._convert(graph, n, specs[n.scope], site, first.get(n.scope), shared, first, owners):
                 methods.add(n.scope)
             converted += 1
         for scope in methods:  # the float FloatFunctional: emit installs the QAT ops' modules instead
@@ -305,6 +318,7 @@ class InsertObservers(Pass):
         owner: dict[str, Node] | None,
         shared: dict[tuple[Node, str], Node],
         first: dict[str, dict[str, Node]],
+        owners: Mapping[int, set[int]],
     ) -> bool:
         """Replace ``n`` by its QAT op; True when it was a FloatFunctional method node."""
         rule, obj, _ = _rule(graph, n)
@@ -321,7 +335,7 @@ class InsertObservers(Pass):
             new_op, state = rule(op, obj, tensors, *spec)
             if isinstance(op, Call):
                 new_op, inputs = _bind_call(new_op, op, n.operands)
-                _check_unshared(graph, obj)
+                _check_unshared(owners, obj)
         except (ValueError, TypeError, NotImplementedError, IRError) as e:
             raise InsertObserversError(f"insert-observers: %{n.name} (module {n.scope}): {e}") from e
         if new_op.num_inputs() != len(inputs):

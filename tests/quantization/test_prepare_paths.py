@@ -10,6 +10,7 @@ optimizer steps, and the same converted model.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -275,3 +276,40 @@ def test_a_user_pass_after_insert_observers_reaches_training_conversion_and_the_
     convs = [i.attrs["out_dtype"] for i in compiled.program.instructions if i.op == "conv2d"]
     assert convs == ["qint16", "qint8"]
     assert torch.equal(compiled(x), converted(x))
+
+
+def _ctor_draws(qat: nn.Module) -> None:
+    """Build the float conv / linear of every QAT conv / linear in ``qat`` (module order): the
+    random initialization each one's construction draws from the global stream."""
+    from qir.nn.qat.conv import QATConvBase
+
+    for m in qat.modules():
+        if isinstance(m, QATConvBase):
+            w = m.weight
+            if m.float_conv is nn.Linear:
+                nn.Linear(w.shape[1], w.shape[0], bias=m.bias is not None)
+            else:
+                conv: Any = m
+                m.float_conv(
+                    conv.in_channels, conv.out_channels, conv.kernel_size, groups=conv.groups, bias=m.bias is not None
+                )
+
+
+def test_prepare_draws_one_random_init_per_quantized_layer_on_either_path() -> None:
+    """The global random stream a script sees after prepare_qat_fx: each QAT conv / linear is
+    built once with torch's random initialization (as module swapping and torch.ao do), so a
+    seeded script draws the same numbers after prepare whichever path ran (building QAT modules
+    on the meta device, or twice, would change them)."""
+    qir.set_march("bayes")
+    torch.manual_seed(0)
+    model, x = ResNetShaped(), torch.randn(2, 3, 16, 16)
+    after: list[torch.Tensor] = []
+    for oracle in (False, True):
+        with _module_swap() if oracle else contextlib.nullcontext():
+            torch.manual_seed(7)
+            qat = prepare_qat_fx(model, _qconfig(ResNetShaped, False, "bayes"), x)
+            after.append(torch.rand(8))
+    torch.manual_seed(7)
+    _ctor_draws(qat)
+    assert torch.equal(after[0], after[1])
+    assert torch.equal(after[0], torch.rand(8))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -16,6 +17,7 @@ from qir.quantization import (
     prepare_qat_fx,
     set_fake_quantize,
 )
+from qir.quantization.prepare import PREPARE_PATH_KEY
 
 
 class SharedConv(nn.Module):
@@ -28,6 +30,19 @@ class SharedConv(nn.Module):
         x = self.quant(x)
         a = self.conv(x) + x  # this call fuses into a ConvAdd2d
         return self.dequant(self.conv(a))  # this one stays a conv
+
+
+class SharedConvLate(nn.Module):
+    """The plain call first, then the call that fuses with an add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.conv(self.quant(x))
+        return self.dequant(self.conv(a) + a)
 
 
 def _weights(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -62,13 +77,17 @@ def test_the_fused_and_the_plain_call_share_one_weight_through_training() -> Non
         assert torch.equal(compile_model(converted, [x])(x), converted(x))
 
 
-def test_calibration_then_qat_keeps_the_tie() -> None:
+@pytest.mark.parametrize("net", [SharedConv, SharedConvLate])
+def test_calibration_then_qat_keeps_the_tie(net: type[nn.Module]) -> None:
     torch.manual_seed(1)
     x = torch.randn(2, 4, 8, 8)
     with march_scope("bayes"):
-        calib = prepare_qat_fx(SharedConv(), {"": get_default_calib_qconfig()}, x)
+        calib = prepare_qat_fx(net(), {"": get_default_calib_qconfig()}, x)
         calib.eval()
         calib(x)
         qat = prepare_qat_fx(calib, {"": get_default_qat_qconfig()}, x)
+    # the re-prepare traces the fused ConvAdd2d as an opaque call holding the conv's weight: the
+    # insert-observers pass refuses it whichever call comes first, and module swapping ties the two
+    assert "ConvAdd2d shares a tensor with another layer" in qat.meta[PREPARE_PATH_KEY]
     assert len({id(p) for p in _weights(qat).values()}) == 1
     assert len({id(p) for p in _weights(calib).values()}) == 1
