@@ -30,7 +30,9 @@ layer's QAT op takes the first one's QAT parameter of that role.
 
 The new state (weight, bias, every fake-quant buffer) is added as constants keyed by
 state-dict name under the node's scope (``conv.weight_fake_quant.scale``), so emitting the
-graph rebuilds the trainable modules with the keys module swapping gives them.
+graph rebuilds the trainable modules with the keys module swapping gives them. A rule that
+returns the QAT module it built too has it kept in the new node's ``meta`` for emit to install
+(:mod:`qir.ir.prebuilt`): each layer is built once, as module swapping builds it.
 :func:`uncovered` lists the listed nodes no rule converts (``prepare_qat_fx`` then prepares
 the whole model by module swapping and says why); run on them, the pass raises
 :class:`InsertObserversError` naming the first.
@@ -50,6 +52,7 @@ from qir.ir.op import IRError, ModuleOp, Op, resolve
 from qir.ir.ops.core import Call, Constant
 from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp
 from qir.ir.parser import parse_value
+from qir.ir.prebuilt import PREBUILT_MODULE_KEY, PrebuiltModule
 from qir.ir.printer import format_value
 
 __all__ = [
@@ -64,10 +67,12 @@ __all__ = [
 
 #: rule(float op, module object of an opaque call (a :class:`MethodCall` for a FloatFunctional
 #: method node) or None, float state by role, activation fake quant, weight fake quant)
-#: -> (QAT op, its state by role); the QAT op takes the node's operands in their order
+#: -> (QAT op, its state by role) or (QAT op, its state by role, the QAT module it was read from);
+#: the QAT op takes the node's operands in their order. A rule that gives the module spares emit
+#: building it again (:mod:`qir.ir.prebuilt`: used only while op and state are still the same)
 ObserveRule = Callable[
     [Op, Any, dict[str, torch.Tensor], FakeQuantSpec | None, FakeQuantSpec | None],
-    tuple[QATModuleOp, dict[str, torch.Tensor]],
+    tuple[QATModuleOp, dict[str, torch.Tensor]] | tuple[QATModuleOp, dict[str, torch.Tensor], torch.nn.Module],
 ]
 
 #: float op name or opaque module class -> rule
@@ -332,7 +337,8 @@ class InsertObservers(Pass):
         where = f"insert-observers: %{n.name} (module {n.scope})"
         tensors, float_consts = read_state(graph, roles, params, where, InsertObserversError)
         try:
-            new_op, state = rule(op, obj, tensors, *spec)
+            new_op, state, *built = rule(op, obj, tensors, *spec)
+            read_as = new_op
             if isinstance(op, Call):
                 new_op, inputs = _bind_call(new_op, op, n.operands)
                 _check_unshared(owners, obj)
@@ -366,6 +372,9 @@ class InsertObservers(Pass):
         )
         graph.insert_node(new, after=n)
         new.meta.update(n.meta)
+        if built:
+            held = {r: graph.constants[c.op.key] for r, c in consts.items() if isinstance(c.op, Constant)}
+            new.meta[PREBUILT_MODULE_KEY] = PrebuiltModule(read_as, built[0], held)
         n.replace_all_uses_with(new)
         graph.erase_node(n)
         drop_unused_constants(graph, float_consts.values())

@@ -1,7 +1,8 @@
 """IR graph -> ``torch.fx.GraphModule``: ``emit(graph)``.
 
 Module-backed nodes with a scope become ``call_module`` of a module rebuilt by
-``op.to_module`` at that qualified path (sharing the constant tensors); opaque module
+``op.to_module`` at that qualified path (sharing the constant tensors), or of the module a
+pass built for the node already (:mod:`qir.ir.prebuilt`, taken once); opaque module
 calls and FloatFunctional calls re-install the original object from ``Graph.objects``;
 every other op is emitted as its torch call. Constants are installed at their state-dict
 keys as parameters, buffers or non-persistent buffers, in the source model's order.
@@ -26,6 +27,7 @@ from qir.ir.graph import Graph, Node, Value, map_values
 from qir.ir.op import IRError, ModuleOp, Ref, resolve
 from qir.ir.ops.core import Call, Constant, GetAttr, GetItem, Identity, resolve_target
 from qir.ir.ops.elementwise import BinaryOp
+from qir.ir.prebuilt import PREBUILT_MODULE_KEY, PrebuiltModule
 
 
 class EmitError(IRError):
@@ -34,7 +36,8 @@ class EmitError(IRError):
 
 def emit(graph: Graph, *, class_name: str | None = None) -> torch.fx.GraphModule:
     """A GraphModule computing ``graph``; neither the graph nor objects it holds are changed
-    (opaque modules and constant tensors are shared, not copied)."""
+    (opaque modules and constant tensors are shared, not copied), except that a node's
+    prebuilt module (:mod:`qir.ir.prebuilt`) goes to this model and no later one."""
     return _Emitter(graph).run(class_name or graph.name or "GraphModule")
 
 
@@ -140,7 +143,9 @@ class _Emitter:
         sig = (signature() if signature is not None else op, tuple(id(t) for t in tensors.values()))
         path = scope if self.signatures.get(scope) == sig else None
         if path is None:
-            path = self.place(scope, op.to_module(tensors), sig)
+            prebuilt = n.meta.get(PREBUILT_MODULE_KEY)
+            module = prebuilt.take(op, tensors) if isinstance(prebuilt, PrebuiltModule) else None
+            path = self.place(scope, module if module is not None else op.to_module(tensors), sig)
         inputs = [self.value(v) for v in op.module_inputs(n.operands)]
         method_call = getattr(op, "method_call", None)
         call = method_call(inputs) if method_call is not None else None

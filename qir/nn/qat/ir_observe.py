@@ -105,8 +105,9 @@ def observe(
     tensors: dict[str, torch.Tensor],
     activation: FakeQuantSpec | None,
     weight: FakeQuantSpec | None,
-) -> tuple[QATModuleOp, dict[str, torch.Tensor]]:
-    """The QAT op of one float layer and its new state (weight, bias, fake-quant buffers) by role."""
+) -> tuple[QATModuleOp, dict[str, torch.Tensor], nn.Module]:
+    """The QAT op of one float layer, its new state (weight, bias, fake-quant buffers) by role,
+    and the QAT module holding that state (emit installs it instead of building it again)."""
     float_module = _float_module(op, module, tensors)
     cls = qat_class_for(float_module)
     if cls is None:
@@ -118,7 +119,7 @@ def observe(
     qat = cls.from_float(float_module, qconfig)  # type: ignore[attr-defined]
     qat_op = QATModuleOp.from_module(qat)
     state = dict(qat.named_parameters(remove_duplicate=False)) | dict(qat.named_buffers(remove_duplicate=False))
-    return qat_op, {role: state[role] for role in qat_op.param_roles()}
+    return qat_op, {role: state[role] for role in qat_op.param_roles()}, qat
 
 
 def observe_lstm_cell(
@@ -127,12 +128,13 @@ def observe_lstm_cell(
     tensors: dict[str, torch.Tensor],
     activation: FakeQuantSpec | None,
     weight: FakeQuantSpec | None,
-) -> tuple[QATModuleOp, dict[str, torch.Tensor]]:
-    """``lstm_cell`` -> ``qat_lstm_cell``: called with a state or not as the float call is."""
-    qat_op, state = observe(op, module, tensors, activation, weight)
+) -> tuple[QATModuleOp, dict[str, torch.Tensor], nn.Module]:
+    """``lstm_cell`` -> ``qat_lstm_cell``: called with a state or not as the float call is (the
+    module is the same either way: its builder ignores ``has_state``)."""
+    qat_op, state, qat = observe(op, module, tensors, activation, weight)
     if not isinstance(qat_op, QATLstmCell):
         raise TypeError(f"op {op.name!r}: expected the QAT cell's qat_lstm_cell, got {qat_op.name!r}")
-    return attrs.evolve(qat_op, has_state=bool(getattr(op, "has_state", False))), state
+    return attrs.evolve(qat_op, has_state=bool(getattr(op, "has_state", False))), state, qat
 
 
 def _register() -> None:
