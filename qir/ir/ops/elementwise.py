@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qir.ir.meta_shapes import binary_shape, meta_result
 from qir.ir.op import (
     Commutative,
     Elementwise,
@@ -106,6 +107,9 @@ class BinaryOp(Op):
 
     other: Any = None
     reverse: bool = False
+    #: two float tensors of one dtype give that dtype (add / sub / mul): shape inference on meta
+    #: tensors broadcasts the shapes itself instead of running torch's meta kernel
+    keeps_float_dtype: ClassVar[bool] = False
 
     @staticmethod
     def fn(a: Any, b: Any) -> Any:
@@ -120,7 +124,12 @@ class BinaryOp(Op):
         return (b, a) if self.reverse else (a, b)
 
     def compute(self, *operands: Any) -> Any:
-        return self.fn(*self.pair(operands))
+        a, b = self.pair(operands)
+        if self.keeps_float_dtype:
+            shape = binary_shape(a, b)
+            if shape is not None:
+                return meta_result(shape, a)
+        return self.fn(a, b)
 
     def torch_call(self, operands: Sequence[Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
         """The canonical spelling (``functions[0]``) applied to :meth:`pair`."""
@@ -142,6 +151,7 @@ class Add(BinaryOp):
     traits: ClassVar[frozenset[type[Trait]]] = frozenset({Pure, Elementwise, Commutative})
     functions: ClassVar[tuple[Callable[..., Any], ...]] = (operator.add, torch.add)
     methods: ClassVar[tuple[str, ...]] = ("add",)
+    keeps_float_dtype: ClassVar[bool] = True
 
     @staticmethod
     def fn(a: Any, b: Any) -> Any:
@@ -156,6 +166,7 @@ def _binary(
     methods: tuple[str, ...],
     commutative: bool = False,
     doc: str = "",
+    keeps_float_dtype: bool = False,
 ) -> type[BinaryOp]:
     """One registered binary op class; ``fn`` is its float semantics."""
     traits = frozenset({Pure, Elementwise, Commutative}) if commutative else frozenset({Pure, Elementwise})
@@ -168,12 +179,23 @@ def _binary(
         "functions": functions,
         "methods": methods,
         "fn": staticmethod(fn),
+        "keeps_float_dtype": keeps_float_dtype,
     }
     return register_op(attrs.frozen(type(cls_name, (BinaryOp,), ns)))
 
 
-Sub = _binary("Sub", "sub", operator.sub, (operator.sub, torch.sub, torch.subtract), ("sub", "subtract"))
-Mul = _binary("Mul", "mul", operator.mul, (operator.mul, torch.mul, torch.multiply), ("mul", "multiply"), True)
+Sub = _binary(
+    "Sub", "sub", operator.sub, (operator.sub, torch.sub, torch.subtract), ("sub", "subtract"), keeps_float_dtype=True
+)
+Mul = _binary(
+    "Mul",
+    "mul",
+    operator.mul,
+    (operator.mul, torch.mul, torch.multiply),
+    ("mul", "multiply"),
+    commutative=True,
+    keeps_float_dtype=True,
+)
 FloorDiv = _binary(
     "FloorDiv", "floordiv", operator.floordiv, (operator.floordiv, torch.floor_divide), ("floor_divide",)
 )

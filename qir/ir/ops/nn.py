@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qir.ir.meta_shapes import conv_shape, linear_shape, meta_result
 from qir.ir.op import HasWeight, IRError, ModuleOp, Pure, Trait, register_op
 from qir.ir.types import TensorType, Type
 
@@ -170,6 +171,10 @@ class ConvNd(WeightedOp):
 
     def compute(self, *operands: Any) -> Any:
         x, w, b, other = self.split(operands)
+        if self.padding_mode == "zeros" and w is not None and w.dim() == self.dims + 2:
+            shape = conv_shape(x, w, b, other, self.stride, self.padding, self.dilation, self.groups)
+            if shape is not None:  # shape inference without torch's (slow) meta kernels
+                return meta_result(shape, x)
         fn = (F.conv1d, F.conv2d, F.conv3d)[self.dims - 1]
         if self.padding_mode != "zeros":
             pad = [p for p in reversed(self.padding) for _ in range(2)]  # type: ignore[arg-type]
@@ -359,6 +364,9 @@ class Linear(WeightedOp):
 
     def compute(self, *operands: Any) -> Any:
         x, w, b, other = self.split(operands)
+        shape = linear_shape(x, w, b, other)
+        if shape is not None:  # shape inference without torch's meta kernels
+            return meta_result(shape, x)
         return self.finish(F.linear(x, w, b), other)
 
     def functional_call(self, x: Any, w: Any, b: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
