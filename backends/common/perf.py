@@ -16,11 +16,19 @@ What is counted (docs/perf-and-visualize.md):
 * parameter bytes: weights, biases and lookup tables. The requantization multipliers /
   shifts and the CPU kernels' index tables are left out: the Program holds them in CPU
   layouts (int64) whose hardware width is not public.
+* the unit: a layer whose every tensor is a float-part value (float32, int64 index, bool mask)
+  and that is no ``quantize`` / ``dequantize`` boundary is CPU work (the ``float_fn`` steps,
+  layout and pooling on float values); it is estimated with the CPU's float rate
+  (:func:`~backends.common.roofline.estimate_cpu_seconds`) and counts float operations: one per
+  element of the largest tensor it reads or writes, ``n * ceil(log2 n)`` per sorted row of
+  ``n`` for sort / argsort / topk, two per MAC, none for a view. Everything else is BPU work on
+  the roofline.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -29,14 +37,20 @@ import torch
 
 from backends.common.kernels.base import get_kernel
 from backends.common.program import Instruction, Program, output_names
-from backends.common.roofline import Roofline, estimate_seconds
+from backends.common.roofline import Roofline, estimate_cpu_seconds, estimate_seconds
 
 __all__ = ["ESTIMATE_NOTE", "LayerProfile", "ProgramProfile", "ValueInfo", "profile_program", "value_infos"]
 
 ESTIMATE_NOTE = (
     "ESTIMATE: times come from a roofline model at the march's peak rates (max of compute and DRAM "
-    "time per layer), not from a measurement on the device"
+    "time per layer; CPU float steps at the CPU's float rate), not from a measurement on the device"
 )
+#: the dtypes of the program's float part (float values, int64 indices, bool masks): a layer touching only
+#: these, and no quantize / dequantize boundary, runs on the CPU
+_FLOAT_PART = frozenset({"float32", "int64", "qbool"})
+_BOUNDARY = frozenset({"quantize", "dequantize"})
+#: float_fn functions that sort along a dimension: n * ceil(log2 n) operations per row of n
+_SORTS = frozenset({"sort", "argsort", "topk"})
 
 #: Constant roles that are model parameters (the rest are requantization / CPU index tables).
 PARAM_ROLES = frozenset({"weight", "bias", "table"})
@@ -133,6 +147,10 @@ class LayerProfile:
     output_dtype: str
     est_time_s: float
     bound: str
+    #: ``BPU``, or ``CPU`` for the program's float part (see the module docstring)
+    unit: str = "BPU"
+    #: float operations of a CPU layer (0 on the BPU, whose work is MACs)
+    float_ops: int = 0
 
     @property
     def bytes_moved(self) -> int:
@@ -168,7 +186,16 @@ class ProgramProfile:
 
     @property
     def est_time_s(self) -> float:
+        """BPU and CPU time added: the float part waits for the BPU's results (and feeds it)."""
         return sum(la.est_time_s for la in self.layers)
+
+    @property
+    def est_bpu_time_s(self) -> float:
+        return sum(la.est_time_s for la in self.layers if la.unit == "BPU")
+
+    @property
+    def est_cpu_time_s(self) -> float:
+        return sum(la.est_time_s for la in self.layers if la.unit == "CPU")
 
     @property
     def est_fps(self) -> float:
@@ -190,6 +217,9 @@ class ProgramProfile:
                 "dram_bytes_per_s": self.roofline.dram_bytes_per_s,
                 "int16_mac_cost": self.roofline.int16_mac_cost,
                 "sources": list(self.roofline.sources),
+                "cpu_device": self.roofline.cpu_device,
+                "cpu_float_ops_per_s": self.roofline.cpu_float_ops_per_s,
+                "cpu_sources": list(self.roofline.cpu_sources),
             },
             "totals": {
                 "macs": self.total_macs,
@@ -198,6 +228,9 @@ class ProgramProfile:
                 "params_mb": self.param_bytes / 1e6,
                 "bytes_moved": self.bytes_moved,
                 "est_time_s": self.est_time_s,
+                "est_bpu_time_s": self.est_bpu_time_s,
+                "est_cpu_time_s": self.est_cpu_time_s,
+                "float_ops": sum(la.float_ops for la in self.layers),
                 "est_fps": self.est_fps,
                 "layers": len(self.layers),
             },
@@ -215,11 +248,12 @@ class ProgramProfile:
             f"  opt={self.opt}  input_source={','.join(self.input_source)}  batch={self.batch}",
             "  roofline basis:",
         ]
-        lines += [f"    - {s}" for s in r.sources]
+        lines += [f"    - {s}" for s in [*r.sources, *r.cpu_sources]]
         if layer_details:
             head = [
                 "layer",
                 "module",
+                "unit",
                 "kernels",
                 "output",
                 "dtype",
@@ -234,6 +268,7 @@ class ProgramProfile:
                 [
                     la.name,
                     la.module,
+                    la.unit,
                     "+".join(la.kernels),
                     "x".join(map(str, la.output_shape or [])) or "-",
                     la.output_dtype,
@@ -253,7 +288,7 @@ class ProgramProfile:
                 lines.append(
                     "  "
                     + "  ".join(
-                        c.rjust(w) if i >= 5 and i < 10 else c.ljust(w)
+                        c.rjust(w) if i >= 6 and i < 11 else c.ljust(w)
                         for i, (c, w) in enumerate(zip(row, widths, strict=True))
                     ).rstrip()
                 )
@@ -264,7 +299,9 @@ class ProgramProfile:
             f"    MACs            {self.total_macs:,}  ({self.gops:.4f} GOPs, 2 ops per MAC)",
             f"    parameters      {self.param_bytes:,} B  ({self.param_bytes / 1e6:.4f} MB)",
             f"    bytes moved     {self.bytes_moved:,} B",
-            f"    est. time       {self.est_time_s * 1e3:.4f} ms  (ESTIMATE)",
+            f"    est. time       {self.est_time_s * 1e3:.4f} ms  (ESTIMATE: BPU {self.est_bpu_time_s * 1e3:.4f} ms "
+            f"+ CPU float part {self.est_cpu_time_s * 1e3:.4f} ms in {sum(la.unit == 'CPU' for la in self.layers)} "
+            "layer(s))",
             f"    est. FPS        {self.est_fps:,.1f}  (ESTIMATE, batch {self.batch})",
         ]
         return "\n".join(lines) + "\n"
@@ -299,6 +336,41 @@ def _numel(shape: Sequence[int]) -> int:
     for d in shape:
         n *= int(d)
     return n
+
+
+def _on_cpu(insts: Sequence[Instruction], infos: Mapping[str, ValueInfo]) -> bool:
+    """The layer is the program's CPU float part: no quantize / dequantize, only float-part tensors."""
+    if any(i.op in _BOUNDARY for i in insts):
+        return False
+    touched = [infos[v] for i in insts for v in [*i.inputs, *i.outputs] if v in infos]
+    return all(t.dtype in _FLOAT_PART for t in touched) and (bool(touched) or any(i.op == "float_fn" for i in insts))
+
+
+def _float_ops(inst: Instruction, infos: Mapping[str, ValueInfo]) -> int:
+    """Float operations of one CPU step: one per element of its largest tensor, sorts n*ceil(log2 n) a row."""
+    shapes = [infos[v].shape for v in [*inst.inputs, *inst.outputs] if v in infos]
+    if not shapes:
+        return 0
+    largest = max(shapes, key=_numel)
+    n = _numel(largest)
+    fn = str(inst.attrs.get("fn", "")).rsplit(".", 1)[-1] if inst.op == "float_fn" else ""
+    if fn in _SORTS and largest:
+        dim = _sort_dim(inst)
+        row = int(largest[dim]) if -len(largest) <= dim < len(largest) else int(largest[-1])
+        return n * max(1, math.ceil(math.log2(row))) if row > 1 else n
+    return n
+
+
+def _sort_dim(inst: Instruction) -> int:
+    """The dimension a sort / argsort / topk runs along (torch's default: the last)."""
+    fn = str(inst.attrs.get("fn", "")).rsplit(".", 1)[-1]
+    args, kwargs = list(inst.attrs.get("args", [])), dict(inst.attrs.get("kwargs", {}))
+    if "dim" in kwargs and isinstance(kwargs["dim"], int):
+        return int(kwargs["dim"])
+    pos = 2 if fn == "topk" else 1  # topk(x, k, dim), sort(x, dim)
+    if len(args) > pos and isinstance(args[pos], int) and not isinstance(args[pos], bool):
+        return int(args[pos])
+    return -1
 
 
 def _moves_nothing(inst: Instruction) -> bool:
@@ -377,7 +449,12 @@ def profile_program(
         seen_params |= params
         last = insts[-1].outputs[0] if insts[-1].outputs else ""
         info = infos.get(last)
-        t, bound = estimate_seconds(roofline, weighted, in_bytes + out_bytes + p_bytes)
+        cpu = _on_cpu(insts, infos)
+        f_ops = sum(_float_ops(i, infos) for i in moving) + 2 * macs if cpu else 0
+        if cpu:
+            t, bound = estimate_cpu_seconds(roofline, f_ops, in_bytes + out_bytes + p_bytes)
+        else:
+            t, bound = estimate_seconds(roofline, weighted, in_bytes + out_bytes + p_bytes)
         prof.layers.append(
             LayerProfile(
                 name=src,
@@ -392,6 +469,8 @@ def profile_program(
                 output_dtype=info.dtype if info else "-",
                 est_time_s=t,
                 bound=bound,
+                unit="CPU" if cpu else "BPU",
+                float_ops=f_ops,
             )
         )
     prof.param_bytes = distinct

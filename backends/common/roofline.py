@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ROOFLINES", "Roofline", "estimate_seconds", "get_roofline", "register_roofline"]
+__all__ = ["ROOFLINES", "Roofline", "estimate_cpu_seconds", "estimate_seconds", "get_roofline", "register_roofline"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,11 @@ class Roofline:
     being two operations). ``dram_bytes_per_s``: theoretical DRAM bandwidth.
     ``int16_mac_cost``: int8-MAC slots one MAC with an int16 operand takes.
     ``sources``: where each number comes from, printed with every estimate.
+
+    The program's CPU float part (``float_fn`` steps, layout on float values) runs on the board's
+    application CPU, not the BPU: ``cpu_device`` names it, ``cpu_float_ops_per_s`` is the float32
+    operation rate of the one core the float part runs on, and ``cpu_sources`` say where it comes from.
+    The CPU shares the board's DRAM (``dram_bytes_per_s``).
     """
 
     march: str
@@ -31,11 +36,15 @@ class Roofline:
     dram_bytes_per_s: float
     int16_mac_cost: float
     sources: tuple[str, ...]
+    cpu_device: str
+    cpu_float_ops_per_s: float
+    cpu_sources: tuple[str, ...]
 
     def describe(self) -> str:
         return (
             f"{self.march} ({self.device}): peak {self.peak_int8_macs_per_s / 1e12:g} T int8 MAC/s, "
-            f"DRAM {self.dram_bytes_per_s / 1e9:g} GB/s"
+            f"DRAM {self.dram_bytes_per_s / 1e9:g} GB/s; CPU part on {self.cpu_device}: "
+            f"{self.cpu_float_ops_per_s / 1e9:g} G float op/s"
         )
 
 
@@ -58,6 +67,14 @@ ROOFLINES: dict[str, Roofline] = {
             "not a measured or vendor-stated bandwidth",
             _INT16_NOTE,
         ),
+        cpu_device="one Cortex-A53 core at 1.2 GHz",
+        cpu_float_ops_per_s=4.8e9,
+        cpu_sources=(
+            "CPU: the Sunrise X3's application cores are Cortex-A53 (vendor's X3 overview); 1.2 GHz is an "
+            "assumption (boards clock them between 1.2 and 1.5 GHz)",
+            "4.8 G float op/s: assumption - one core (the float part is one thread of the deployed program) "
+            "issuing one 2-lane float32 NEON FMA a cycle (A53's 64-bit NEON datapath): 4 ops x 1.2e9",
+        ),
     ),
     "bayes": Roofline(
         march="bayes",
@@ -71,6 +88,13 @@ ROOFLINES: dict[str, Roofline] = {
             "25.6 GB/s: assumption - a 64-bit LPDDR4 bus at 3200 MT/s (64 / 8 * 3.2e9), the theoretical peak; "
             "not a measured or vendor-stated bandwidth",
             _INT16_NOTE,
+        ),
+        cpu_device="one Cortex-A55 core at 1.5 GHz",
+        cpu_float_ops_per_s=12e9,
+        cpu_sources=(
+            "CPU: the Journey 5's application cores are Cortex-A55 (vendor's J5 overview); 1.5 GHz is an assumption",
+            "12 G float op/s: assumption - one core (the float part is one thread of the deployed program) "
+            "issuing one 4-lane float32 NEON FMA a cycle: 8 ops x 1.5e9",
         ),
     ),
 }
@@ -94,6 +118,15 @@ def get_roofline(march: str) -> Roofline:
 def estimate_seconds(r: Roofline, weighted_macs: float, dram_bytes: float) -> tuple[float, str]:
     """``(seconds, bound)``: the roofline time and whether ``compute`` or ``memory`` bounds it."""
     t_compute = weighted_macs / r.peak_int8_macs_per_s
+    t_memory = dram_bytes / r.dram_bytes_per_s
+    if t_compute == 0.0 and t_memory == 0.0:
+        return 0.0, "-"
+    return (t_compute, "compute") if t_compute >= t_memory else (t_memory, "memory")
+
+
+def estimate_cpu_seconds(r: Roofline, float_ops: float, dram_bytes: float) -> tuple[float, str]:
+    """``(seconds, bound)`` of a CPU float step: ``max(float ops / CPU rate, bytes / DRAM bandwidth)``."""
+    t_compute = float_ops / r.cpu_float_ops_per_s
     t_memory = dram_bytes / r.dram_bytes_per_s
     if t_compute == 0.0 and t_memory == 0.0:
         return 0.0, "-"

@@ -174,3 +174,50 @@ def test_docs_state_the_roofline_numbers() -> None:
         row = next(line for line in doc.splitlines() if line.startswith(f"| {r.march} |"))
         cells = [c.strip() for c in row.split("|")]
         assert (float(cells[3]), float(cells[4])) == (r.peak_int8_macs_per_s, r.dram_bytes_per_s), row
+
+
+class _ScoresTopk(nn.Module):
+    """A quantized conv, then a float tail after the DeQuantStub: sigmoid scores and a top-5 per image."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = Stubbed(nn.Conv2d(3, 4, 3, padding=1))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = torch.sigmoid(self.net(x)).flatten(1)
+        return scores.topk(5, dim=1)
+
+
+def test_float_steps_are_cpu_work_estimated_apart(tmp_path: Path) -> None:
+    q = eager_converted(_ScoresTopk(), (2, 3, 8, 8), "bernoulli2")
+    prof = perf_model(q, [torch.rand(2, 3, 8, 8)], out_dir=tmp_path, march="bernoulli2", layer_details=True)
+    units = {la.name: la.unit for la in prof.layers}
+    assert [units[k] for k in ("net_quant", "net_body_0", "net_dequant")] == ["BPU"] * 3
+    sig, flat, topk = (next(la for la in prof.layers if la.name == k) for k in ("sigmoid", "flatten", "topk"))
+    assert (sig.unit, flat.unit, topk.unit) == ("CPU", "CPU", "CPU")
+    r = get_roofline("bernoulli2")
+    n = 2 * 4 * 8 * 8
+    # sigmoid: one op an element, float32 in and out; the flatten is a view (nothing); topk sorts rows of 256
+    assert (sig.float_ops, sig.input_bytes, sig.output_bytes) == (n, 4 * n, 4 * n)
+    assert sig.est_time_s == pytest.approx(max(n / r.cpu_float_ops_per_s, 8 * n / r.dram_bytes_per_s))
+    assert (flat.float_ops, flat.est_time_s) == (0, 0.0)
+    assert topk.float_ops == n * 8 and topk.est_time_s == pytest.approx(n * 8 / r.cpu_float_ops_per_s)
+    conv = next(la for la in prof.layers if la.name == "net_body_0")
+    assert conv.float_ops == 0 and conv.est_time_s == pytest.approx(
+        max(conv.macs / r.peak_int8_macs_per_s, conv.bytes_moved / r.dram_bytes_per_s)
+    )
+    assert prof.est_cpu_time_s == pytest.approx(sum(la.est_time_s for la in prof.layers if la.unit == "CPU"))
+    assert prof.est_bpu_time_s + prof.est_cpu_time_s == pytest.approx(prof.est_time_s) and prof.est_cpu_time_s > 0
+    data = json.loads((tmp_path / "perf.json").read_text())
+    assert data["totals"]["est_cpu_time_s"] == pytest.approx(prof.est_cpu_time_s)
+    assert data["roofline"]["cpu_float_ops_per_s"] == r.cpu_float_ops_per_s
+    text = (tmp_path / "perf.txt").read_text()
+    assert f"CPU float part {prof.est_cpu_time_s * 1e3:.4f} ms" in text and "one Cortex-A53 core" in text
+
+
+def test_docs_state_the_cpu_numbers() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "perf-and-visualize.md").read_text()
+    for r in ROOFLINES.values():
+        row = next(line for line in doc.splitlines() if line.startswith(f"| {r.march} CPU |"))
+        cells = [c.strip() for c in row.split("|")]
+        assert (cells[2], float(cells[3])) == (r.cpu_device, r.cpu_float_ops_per_s), row
