@@ -45,7 +45,7 @@ from qir.ir.ops.integer import IntegerModuleOp, integer_method_op
 from qir.ir.ops.qat_functional import qat_method_reader
 from qir.ir.ops.shape import Transpose
 from qir.ir.spec_flow import adopt_specs
-from qir.ir.types import Type, type_of
+from qir.ir.types import TensorType, Type, type_of
 from qir.utils.fx_helper import wrapped_original
 
 #: ``Graph.objects`` key of the source model's module names in definition order (emitters
@@ -120,6 +120,12 @@ class _Recorder(torch.fx.Interpreter):
         return out
 
 
+#: attribute of a model whose forward runs inside a context: a callable ``root -> context manager``
+#: (a converted eager model whose codes carry their scales to a shared DeQuantStub,
+#: qir.nn.quantized.scale_tags); running its traced graph enters the same context
+FORWARD_CONTEXT = "_qir_forward_context"
+
+
 def propagate(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Sequence[Any]) -> dict[str, Any]:
     """Run the traced graph once on the example inputs; node name -> value.
 
@@ -136,7 +142,8 @@ def propagate(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Sequenc
         )
     gm = torch.fx.GraphModule(root, copy.deepcopy(fx_graph))
     rec = _Recorder(gm)
-    with torch.no_grad(), scratch_buffers(root):
+    context = root.__dict__.get(FORWARD_CONTEXT)
+    with torch.no_grad(), scratch_buffers(root), context(root) if context is not None else contextlib.nullcontext():
         rec.run(*example_inputs)
     return rec.values
 
@@ -317,7 +324,9 @@ class _Converter:
     def _module_op(
         self, n: torch.fx.Node, cls: type[ModuleOp], m: nn.Module, path: str, args: Any, kwargs: Any
     ) -> None:
-        op = cls.from_module(m)
+        # an op built per call (a DeQuantStub shared by outputs of different scales takes its operand's)
+        from_call = getattr(cls, "from_call", None)
+        op = from_call(m, args, kwargs) if from_call is not None else cls.from_module(m)
         bind_call = getattr(op, "bind_call", None)
         if bind_call is not None:
             op, inputs = bind_call(args, kwargs)
@@ -493,5 +502,15 @@ def _moved_codes_type(op: Op, operands: list[Value], t: Type) -> Type:
     try:
         inferred = op.infer_type([v.type for v in operands])
     except Exception:
-        return t
+        inferred = _one_per_tensor_spec(operands, t)  # sizes known only at run time (x.view(x.shape[0], -1))
     return adopt_specs(t, inferred)
+
+
+def _one_per_tensor_spec(operands: list[Value], t: Type) -> Type:
+    """``t`` with the spec of the one operand holding codes, when that spec is per tensor: moving
+    elements keeps a per-tensor scale whatever the layout (a per-channel one needs the op's inference)."""
+    specs = [v.type.quant for v in operands if isinstance(v.type, TensorType) and v.type.quant is not None]
+    if len(specs) != 1 or specs[0].axis is not None or not isinstance(t, TensorType):
+        return t
+    q = specs[0]
+    return TensorType(t.shape, q.dtype, q) if t.dtype.to_torch() == q.dtype.to_torch() else t

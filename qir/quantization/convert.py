@@ -126,6 +126,11 @@ class ScalePlan:
     #: values are float32 already), so the converted model keeps the codes (:func:`_drop_float_casts`)
     float_casts: list[str] = field(default_factory=list)
 
+    def sites_differ(self, path: str) -> bool:
+        """Whether module ``path``'s call sites see different input scales."""
+        sites = self.module_inputs.get(path, [])
+        return any(not same_scales(sites[0], other) for other in sites[1:])
+
     def inputs_of(self, path: str) -> list[torch.Tensor]:
         sites = self.module_inputs.get(path, [])
         if not sites:
@@ -492,13 +497,35 @@ def _convert_modules(
         set_submodule(root, path, FloatDeQuantStub())  # float in, float out: the float stub (identity)
         if root is not gm:
             set_submodule(gm, path, FloatDeQuantStub())
+    per_call: list[str] = []
     for path in plan.module_inputs:
         m = gm.get_submodule(path)
-        q = build(path, m, plan.inputs_of(path))
+        if eager and _is_dequant_stub(m) and plan.sites_differ(path):
+            q: nn.Module = per_call_dequant_stub(path)  # one stub for outputs of different scales: the scale travels
+            per_call.append(path)
+        else:
+            q = build(path, m, plan.inputs_of(path))
         q.train(False)
         set_submodule(root, path, q)
         if root is not gm:
             set_submodule(gm, path, q)
+    if per_call:
+        tag_scales(root, per_call)
+
+
+def per_call_dequant_stub(path: str) -> nn.Module:
+    """The converted form of eager DeQuantStub ``path`` whose call sites see different input scales:
+    it dequantizes each call with the scale its input carries (qir.nn.quantized.scale_tags)."""
+    from qir.nn.quantized import PerCallDeQuantStub
+
+    return PerCallDeQuantStub(path)
+
+
+def tag_scales(root: nn.Module, stub_paths: Sequence[str]) -> None:
+    """Make the converted eager model ``root`` tag its codes with their scales (for ``stub_paths``)."""
+    from qir.nn.quantized import install_scale_tags
+
+    install_scale_tags(root, stub_paths)
 
 
 def _refuse_per_channel_input(path: str, m: nn.Module, in_nodes: list[torch.fx.Node], env: Mapping[str, Scale]) -> None:

@@ -33,6 +33,7 @@ from torch.overrides import TorchFunctionMode
 from qir.quantization.scale_ops import same_scales
 
 __all__ = [
+    "PRESERVING",
     "SOURCES",
     "VERSION",
     "Source",
@@ -59,7 +60,7 @@ VERSION = "_qir_records_version"
 Source = tuple[str, int]
 
 # torch functions that keep values and scale: applied to codes they give the converted values
-_PRESERVING_NAMES = (
+PRESERVING_NAMES = (
     "view",
     "view_as",
     "reshape",
@@ -87,13 +88,13 @@ _PRESERVING_NAMES = (
     "__getitem__",
     "relu",
 )
-_PRESERVING: set[Any] = set()
-for _name in _PRESERVING_NAMES:
+PRESERVING: set[Any] = set()
+for _name in PRESERVING_NAMES:
     for _owner in (torch.Tensor, torch):
         _f = getattr(_owner, _name, None)
         if _f is not None:
-            _PRESERVING.add(_f)
-_PRESERVING |= {F.relu, F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool2d, F.dropout, F.dropout2d}
+            PRESERVING.add(_f)
+PRESERVING |= {F.relu, F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool2d, F.dropout, F.dropout2d}
 # reads that give no tensor on the value grid (sizes, dtypes, indices of a maximum)
 _NEUTRAL: set[Any] = {
     torch.Tensor.size,
@@ -181,7 +182,7 @@ class _Recorder(TorchFunctionMode):
         src = _first_tag((args, kwargs))
         if src is None:
             return out
-        if func in _PRESERVING:
+        if func in PRESERVING:
             _set_tag(out, src)
         elif not (func in _NEUTRAL or getattr(func, "__name__", "") == "__get__"):
             problems = self.root.__dict__.setdefault(PROBLEMS, {}).setdefault(_mode(self.root), [])
@@ -329,7 +330,9 @@ def convert_recorded(root: nn.Module, march: Any, mapping: Mapping[type, type] |
         _is_qat_module,
         _is_quant_stub,
         _out_scale_of_qat,
+        per_call_dequant_stub,
         quantized_class_for,
+        tag_scales,
     )
     from qir.quantization.multi_output import multi_output_scales
     from qir.quantization.prepare import set_submodule
@@ -416,14 +419,25 @@ def convert_recorded(root: nn.Module, march: Any, mapping: Mapping[type, type] |
         resolving.discard(path)
         return built[path]
 
+    def sites_differ(path: str) -> bool:
+        """Whether DeQuantStub ``path`` dequantizes outputs of different scales (codes, or codes and floats)."""
+        sites = [[scale_of(src) for src in site if src is not None] for site in records[path]]
+        return any(not same_scales(sites[0], other) for other in sites[1:])
+
     swaps: dict[str, nn.Module] = {}
+    per_call: list[str] = []
     for path in records:
         m = root.get_submodule(path)
         if _is_dequant_stub(m) and all(src is None for site in records[path] for src in site):
             swaps[path] = FloatDeQuantStub()  # float in, float out
+        elif _is_dequant_stub(m) and sites_differ(path):
+            swaps[path] = per_call_dequant_stub(path)  # one stub for outputs of different scales: the scale travels
+            per_call.append(path)
         else:
             swaps[path] = build(path)
     for path, q in swaps.items():
         q.train(False)
         set_submodule(root, path, q)
     uninstall(root)
+    if per_call:
+        tag_scales(root, per_call)

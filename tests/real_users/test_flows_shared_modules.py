@@ -256,9 +256,9 @@ def test_a_name_taken_by_the_user_is_a_clear_error() -> None:
 
 
 @pytest.mark.parametrize("traceable", [True, False], ids=["traced", "recorded"])
-def test_eager_mode_refuses_a_dequant_stub_shared_by_differently_scaled_outputs(traceable: bool) -> None:
+def test_eager_mode_dequantizes_each_call_of_a_shared_stub_with_its_inputs_scale(traceable: bool) -> None:
+    from qir.nn.quantized import PerCallDeQuantStub
     from qir.quantization import convert, prepare_qat
-    from qir.quantization.convert import ConvertError
 
     class TwoOutputs(nn.Module):
         def __init__(self) -> None:
@@ -279,8 +279,13 @@ def test_eager_mode_refuses_a_dequant_stub_shared_by_differently_scaled_outputs(
     qat = prepare_qat(model)
     qat(torch.randn(2, 3, 4, 4))
     qat.eval()
-    with pytest.raises(ConvertError, match=r"module 'dequant' is called at several places.*in eager mode, use one"):
-        convert(qat)
+    set_fake_quantize(qat, "validation")
+    quantized = convert(qat)  # codes carry their scales to the stub (test_users_shared_dequant_eager.py)
+    assert isinstance(quantized.dequant, PerCallDeQuantStub)
+    x = torch.randn(2, 3, 4, 4)
+    for got, want, head in zip(quantized(x), qat(x), (quantized.cls, quantized.reg), strict=True):
+        assert torch.equal(got, want)
+        assert torch.equal(got, (got / head.scale).round() * head.scale)  # on its own head's grid
 
 
 def test_an_lstm_cell_unrolled_over_time_steps() -> None:

@@ -101,4 +101,27 @@ class QDequantStub(IntegerModuleOp):
 
     @classmethod
     def from_module(cls, m: Any) -> QDequantStub:
+        if getattr(m, "scale_from_input", False):
+            raise IRError(
+                f"{type(m).__name__} has no scale of its own: each call dequantizes with its operand's (from_call)"
+            )
         return cls(in_scales=tuple(m.scale.detach().reshape(-1).tolist()), axis=m.axis)
+
+    @classmethod
+    def from_call(cls, m: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> QDequantStub:
+        """The op of one call of stub ``m``: a stub that dequantizes with its input's scale
+        (``scale_from_input``, one DeQuantStub shared by outputs of different scales) takes the
+        scale its operand's type carries; any other stub its own."""
+        if not getattr(m, "scale_from_input", False):
+            return cls.from_module(m)
+        x = args[0] if len(args) == 1 and not kwargs else None
+        t = getattr(x, "type", None)
+        q = t.quant if isinstance(t, TensorType) else None
+        if q is None:
+            raise IRError(
+                f"a call of {type(m).__name__} '{getattr(m, 'path', '')}' dequantizes with its operand's scale, and "
+                f"its operand ({t}) carries none; give this output its own DeQuantStub"
+            )
+        assert isinstance(t, TensorType)
+        axis = None if q.axis is None else (q.axis % t.rank) - t.rank  # stored negative, as the module does
+        return cls(in_scales=q.scale, axis=axis)

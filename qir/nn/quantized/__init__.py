@@ -55,8 +55,9 @@ from qir.nn.quantized.normalization import LayerNorm
 from qir.nn.quantized.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from qir.nn.quantized.prelu import PReLU
 from qir.nn.quantized.roi_align import RoIAlign
+from qir.nn.quantized.scale_tags import install_scale_tags
 from qir.nn.quantized.softmax import Softmax
-from qir.nn.quantized.stubs import DeQuantStub, QuantStub
+from qir.nn.quantized.stubs import DeQuantStub, PerCallDeQuantStub, QuantStub
 
 __all__ = [
     "AdaptiveAvgPool2d",
@@ -86,6 +87,8 @@ __all__ = [
     "ConvTransposeReLU2d",
     "ConvTransposeReLU62d",
     "DeQuantStub",
+    "PerCallDeQuantStub",
+    "install_scale_tags",
     "Div",
     "FloatFunctional",
     "GridSample",

@@ -12,6 +12,7 @@ via a LUT; matmul's ``x_trans`` / ``y_trans`` transpose the codes first.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,8 +35,26 @@ from qir.ir.types import DType
 from qir.nn.modules.functional import Dims, FloatFunctional, _dims
 from qir.nn.qat.functional import FloatFunctional as QATFloatFunctional
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq, untraced
+from qir.nn.quantized.stubs import SCALE_TAG
 
-__all__ = ["FloatFunctional", "QFunctional"]
+__all__ = ["TAG_OUTPUTS", "FloatFunctional", "QFunctional"]
+
+#: instance flag: the methods tag their results with ``(scale, None)`` (``SCALE_TAG``): set by eager
+#: convert on a model whose DeQuantStub is shared by outputs of different scales (eager_scale_tags.py)
+TAG_OUTPUTS = "_qir_tag_outputs"
+
+
+def _tags_output(method: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``method`` that also tags its result with the output scale when the instance asks for it."""
+
+    @functools.wraps(method)
+    def run(self: QFunctional, *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = method(self, *args, **kwargs)
+        if self.__dict__.get(TAG_OUTPUTS) and isinstance(out, torch.Tensor):
+            out.__dict__[SCALE_TAG] = (self.scale, None)
+        return out
+
+    return run
 
 
 class QFunctional(QuantizedModule):
@@ -208,6 +227,14 @@ class QFunctional(QuantizedModule):
 
     def floor(self, x: torch.Tensor) -> torch.Tensor:
         return self._lut(x, "floor", torch.floor)
+
+
+# the public methods return codes at the output scale (a qint32 matmul at its accumulator scale)
+for _name in (
+    "add add_relu sub add_scalar mul mul_scalar div cat concat concatenate stack matmul sum mean maximum minimum "
+    "exp ceil floor"
+).split():
+    setattr(QFunctional, _name, _tags_output(getattr(QFunctional, _name)))
 
 
 # ----------------------------------------------------------------------------- the IR's method ops

@@ -1,4 +1,11 @@
-"""Quantized QuantStub (float -> codes) and DeQuantStub (codes -> float)."""
+"""Quantized QuantStub (float -> codes) and DeQuantStub (codes -> float).
+
+``PerCallDeQuantStub`` is the eager converted form of one ``DeQuantStub`` the forward calls on
+outputs of different scales (one stub for every head, the plugin's users' habit): the plugin's
+quantized tensors carry their scale, and so do the converted eager model's codes, in the tensor
+attribute :data:`SCALE_TAG` (written by the converted modules and passed through reshapes by
+:mod:`qir.quantization.eager_scale_tags`); the stub dequantizes each call with its input's scale.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +21,17 @@ from qir.nn.qat.stubs import QuantStub as QATQuantStub
 from qir.nn.quantized._base import QuantizedModule, check_qat, output_fq
 from qir.qtensor import QTensor
 
-__all__ = ["DeQuantStub", "QuantStub"]
+__all__ = ["SCALE_TAG", "DeQuantStub", "PerCallDeQuantStub", "QuantStub", "scale_tag_of"]
+
+#: tensor attribute of the codes a converted eager model computes (when one of its DeQuantStubs is
+#: shared by outputs of different scales): ``(scale, axis)`` of those codes, ``axis`` as
+#: :class:`DeQuantStub` stores it (None per tensor, negative per channel)
+SCALE_TAG = "_qir_scale"
+
+
+def scale_tag_of(x: object) -> tuple[torch.Tensor, int | None] | None:
+    """The ``(scale, axis)`` tag of tensor ``x``, None when it carries none."""
+    return x.__dict__.get(SCALE_TAG) if isinstance(x, torch.Tensor) else None
 
 
 class QuantStub(QuantizedModule):
@@ -77,6 +94,42 @@ class DeQuantStub(QuantizedModule):
         return new
 
 
+class PerCallDeQuantStub(QuantizedModule):
+    """A DeQuantStub called on outputs of different scales: ``codes * scale`` with the scale each
+    call's input carries (:data:`SCALE_TAG`), never one fixed scale, and never a scale chosen by the
+    order of the calls (a data-dependent forward or a direct call of a submodule changes the order).
+    An input of codes without a tag is refused naming the stub; a float input passes (hybrid models).
+    ``compile_model`` lowers each call with the scale its operand's IR type carries."""
+
+    num_inputs: ClassVar[int] = 0
+    #: the frontend builds the ``qdequant_stub`` op of a call from its operand's type
+    scale_from_input: ClassVar[bool] = True
+
+    def __init__(self, path: str = "") -> None:
+        super().__init__()
+        self.path = path
+        self._set_scales([], None, None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_floating_point():
+            return x  # already float (a float segment feeds the stub)
+        tag = scale_tag_of(x)
+        if tag is None:
+            raise ValueError(
+                f"DeQuantStub '{self.path}' is shared by outputs of different scales, so it dequantizes each call "
+                f"with the scale its input carries, and this input ({x.dtype} codes of shape {tuple(x.shape)}) "
+                "carries none: the scale travels from the converted modules' outputs through view / reshape / "
+                "permute / getitem / flatten / contiguous (a per-channel qint32 output only through contiguous / "
+                "clone / detach) while the model's forward runs. Call the stub on such a tensor inside the "
+                "forward, or give this output its own DeQuantStub"
+            )
+        scale, axis = tag
+        return numerics.dequantize(x, scale.reshape(-1), axis=axis)
+
+    def extra_repr(self) -> str:
+        return "scale=per call (its input's)"
+
+
 # ----------------------------------------------------------------------------- IR ops
 
 
@@ -106,6 +159,8 @@ def _register_ir() -> None:
 
     register_integer_module(QQuantStub, QuantStub, _from_qquant_stub)
     register_integer_module(QDequantStub, DeQuantStub, _from_qdequant_stub)
+    # emitting a call of the shared stub gives it a DeQuantStub of its own, at its call's scale
+    register_integer_module(QDequantStub, PerCallDeQuantStub, _from_qdequant_stub)
 
 
 _register_ir()
