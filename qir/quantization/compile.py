@@ -42,6 +42,7 @@ from qir.frontend.record import Specialization, same_outputs, trace_or_record
 from qir.ir.graph import Graph, Node
 from qir.ir.ops.core import Call
 from qir.march import March, get_march
+from qir.quantization.hybrid_compile import inline_cpu_modules
 from qir.quantization.jit_source import TracedSourceError, traced_original
 from qir.quantization.pipelines import PipelineArg, default_pipeline, resolve_pipeline
 
@@ -207,23 +208,6 @@ def _dequantized_ancestor(node: Node) -> Node | None:
     return None
 
 
-def _refuse_hybrid(root: nn.Module) -> None:
-    """A hybrid model's CPU modules are float torch code between integer segments: not one program."""
-    from qir.quantization.hybrid import hybrid_plan_of
-
-    plan = hybrid_plan_of(root)
-    cpu = plan.cpu_modules() if plan is not None else []
-    if cpu:
-        raise CompileError(
-            f"cannot compile a hybrid model: {', '.join(cpu)} {'run' if len(cpu) > 1 else 'runs'} on the CPU in "
-            "float between integer BPU segments, and a compiled program is integer kernels only. A hybrid integer "
-            "model is for accuracy "
-            "evaluation (qir.quantization.hybrid_placement(model) lists the placement). To deploy, compile each BPU "
-            "segment as its own model (docs/hybrid.md, 'Segmented deployment'), or export the QAT model with "
-            "export_to_onnx for Horizon's toolchain"
-        )
-
-
 def _refuse_wrapped(graph: Graph) -> None:
     """``fx_helper.wrap``-ed calls are user Python run on the CPU: a program holds integer kernels only."""
     from qir.utils.fx_helper import wrapped_original
@@ -282,7 +266,7 @@ def compile_model(
     if sources and len(sources) != len(inputs):
         raise ValueError(f"input_source has {len(sources)} entries for {len(inputs)} input(s)")
     root = _resolve(module)
-    _refuse_hybrid(root)
+    root = inline_cpu_modules(root)  # a hybrid model's CPU part: the program's float part (hybrid_compile.py)
     march_name = _march_of(root, march)
     pipe = compile_pipeline(pipeline, march_name, level, check)
     prev = torch.get_num_threads()

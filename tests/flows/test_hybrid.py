@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
+import qir
 from qir.nn import intrinsic, qat, quantized
 from qir.quantization import (
-    CompileError,
     DeQuantStub,
     QuantStub,
     check_model,
@@ -197,15 +198,23 @@ def test_check_model_lists_cpu_placements() -> None:
     assert report.for_module("conv1")
 
 
-def test_compile_model_refuses_a_hybrid_model() -> None:
+def test_compile_model_runs_the_cpu_part_as_float_kernels(tmp_path: Path) -> None:
+    """The CPU modules (a user module wrapping F.selu, called three times; two float convs) become the
+    program's float part: float_fn steps calling the converted model's torch functions, bit for bit."""
     _, qat_model = seed_flow(HybridModel())
     data = torch.rand(SHAPE)
     quantize_model = convert_fx(frozen(qat_model))
-    with pytest.raises(CompileError, match=r"selu, layer1\.conv, conv0 run on the CPU.*docs/hybrid\.md"):
-        compile_model(quantize_model, [data])
-    traced = torch.jit.trace(quantize_model, data)
-    with pytest.raises(CompileError, match="cannot compile a hybrid model"):
-        compile_model(traced, [data])
+    path = tmp_path / "hybrid.hbm"
+    compile_model(quantize_model, [data], hbm=path)
+    program = qir.load_compiled(path)
+    fns = [i.attrs["fn"] for i in program.program.instructions if i.op == "float_fn"]
+    assert fns == ["F.selu", "F.selu", "F.conv2d", "F.conv2d", "F.selu"]
+    traced = compile_model(torch.jit.trace(quantize_model, data), [data])
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        x = torch.rand(SHAPE, generator=g)
+        want = quantize_model(x)
+        assert torch.equal(program(x), want) and torch.equal(traced(x), want)
 
 
 # ---------------------------------------------------------------------------------------------- rules

@@ -4,7 +4,9 @@ decoding, ``sigmoid`` scores, ``topk`` in float) or before a QuantStub (input no
 
 Horizon's deployment puts such ops on the CPU beside the BPU segments (seed 003); a qir program
 does the same: integer kernels for the quantized part, ``float_fn`` instructions for the float
-part. Each instruction names its function by the spelling the model used (``torch.sigmoid``,
+part, including the float convs, linears and batch norms a hybrid model places on the CPU
+(``F.conv2d(x, weight, bias, ...)`` with the weights stored as program constants). Each
+instruction names its function by the spelling the model used (``torch.sigmoid``,
 ``Tensor.topk``, ``operator.mul``, ``F.softmax``) and calls exactly that function, so the float
 part computes what torch computes in the converted model, bit for bit. The names form an
 allowlist: a file can never call anything else, and a name outside it is refused at load.
@@ -39,7 +41,12 @@ _TORCH_AND_METHODS = (
 ).split()
 #: methods only (dtype casts between the float part's dtypes; ``x.float()`` of a float is itself)
 _METHODS_ONLY = ("float", "long", "bool", "type_as")
-_FUNCTIONAL = ("sigmoid", "softmax", "log_softmax", "relu", "relu6", "silu", "softplus", "hardsigmoid", "normalize")
+_FUNCTIONAL = (
+    "sigmoid softmax log_softmax relu relu6 silu softplus hardsigmoid normalize selu elu celu gelu leaky_relu "
+    "hardswish hardtanh mish tanh "
+    # the layers a hybrid model leaves on the CPU in float (hybrid_dict): their weights are program constants
+    "conv1d conv2d conv3d conv_transpose1d conv_transpose2d linear batch_norm layer_norm"
+).split()
 _OPERATORS = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "eq", "ne", "lt", "le", "gt", "ge")
 
 
