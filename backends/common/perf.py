@@ -9,11 +9,13 @@ What is counted (docs/perf-and-visualize.md):
 
 * MACs: conv ``N*Cout*Hout*Wout*Cin/groups*kh*kw`` (output elements times weight
   elements per output channel), transposed conv per input element, linear / matmul output
-  elements times the reduced length. Other kernels count no MACs.
+  elements times the reduced length; the float convs / linears of the CPU part (``float_fn``
+  ``F.conv2d`` ...) likewise. Other kernels count no MACs.
 * bytes moved: every tensor a layer reads from outside itself, every tensor it hands on,
   and its parameters, at their integer widths (int8 = 1 byte ...). View-only shape ops
   (reshape, flatten, squeeze, ...) move nothing.
-* parameter bytes: weights, biases and lookup tables. The requantization multipliers /
+* parameter bytes: weights, biases, lookup tables and the constants the float part reads
+  (a CPU conv's float weights). The requantization multipliers /
   shifts and the CPU kernels' index tables are left out: the Program holds them in CPU
   layouts (int64) whose hardware width is not public.
 * the unit: a layer whose every tensor is a float-part value (float32, int64 index, bool mask)
@@ -36,7 +38,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import get_kernel
-from backends.common.program import Instruction, Program, output_names
+from backends.common.program import Instruction, Program, ValueRef, output_names
 from backends.common.roofline import Roofline, estimate_cpu_seconds, estimate_seconds
 
 __all__ = ["ESTIMATE_NOTE", "LayerProfile", "ProgramProfile", "ValueInfo", "profile_program", "value_infos"]
@@ -51,9 +53,12 @@ _FLOAT_PART = frozenset({"float32", "int64", "qbool"})
 _BOUNDARY = frozenset({"quantize", "dequantize"})
 #: float_fn functions that sort along a dimension: n * ceil(log2 n) operations per row of n
 _SORTS = frozenset({"sort", "argsort", "topk"})
+#: float_fn functions that are layers (a hybrid model's CPU convs): counted as 2 operations per MAC
+_FLOAT_LAYERS = frozenset({"F.conv1d", "F.conv2d", "F.conv3d", "F.conv_transpose1d", "F.conv_transpose2d", "F.linear"})
 
-#: Constant roles that are model parameters (the rest are requantization / CPU index tables).
-PARAM_ROLES = frozenset({"weight", "bias", "table"})
+#: Constant roles that are model parameters (the rest are requantization / CPU index tables); ``value``:
+#: a tensor a ``constant`` instruction reads (a CPU float conv's weights, a decoder's anchor grid)
+PARAM_ROLES = frozenset({"weight", "bias", "table", "value"})
 #: shape_fn functions that only relabel a tensor's shape: no data moves.
 VIEW_FNS = frozenset(
     {
@@ -328,7 +333,25 @@ def _macs(inst: Instruction, infos: Mapping[str, ValueInfo], consts: Mapping[str
         return out_numel * per
     if inst.op == "matmul" and len(inst.inputs) == 2:
         return out_numel * int(infos[inst.inputs[0]].shape[-1])
+    if inst.op == "float_fn" and str(inst.attrs.get("fn")) in _FLOAT_LAYERS:
+        return _float_layer_macs(inst, infos, out_numel)
     return 0
+
+
+def _float_layer_macs(inst: Instruction, infos: Mapping[str, ValueInfo], out_numel: int) -> int:
+    """MACs of a float conv / linear of the CPU part (a hybrid model's CPU layer), from its weight's shape."""
+    fn = str(inst.attrs.get("fn"))
+    args = list(inst.attrs.get("args", []))
+    refs = [a.name if isinstance(a, ValueRef) else None for a in args[:2]]
+    if len(refs) < 2 or refs[0] not in infos or refs[1] not in infos:
+        return 0
+    w = infos[refs[1]].shape  # type: ignore[index]
+    if fn == "F.linear":
+        return out_numel * int(w[1])
+    per = _numel(tuple(w[1:]))
+    if fn.startswith("F.conv_transpose"):
+        return _numel(infos[refs[0]].shape) * per  # type: ignore[index]
+    return out_numel * per
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -353,6 +376,8 @@ def _float_ops(inst: Instruction, infos: Mapping[str, ValueInfo]) -> int:
         return 0
     largest = max(shapes, key=_numel)
     n = _numel(largest)
+    if inst.op == "constant" or (inst.op == "float_fn" and str(inst.attrs.get("fn")) in _FLOAT_LAYERS):
+        return 0  # a stored parameter (its bytes count); a float layer's MACs count (two operations each)
     fn = str(inst.attrs.get("fn", "")).rsplit(".", 1)[-1] if inst.op == "float_fn" else ""
     if fn in _SORTS and largest:
         dim = _sort_dim(inst)

@@ -221,3 +221,41 @@ def test_docs_state_the_cpu_numbers() -> None:
         row = next(line for line in doc.splitlines() if line.startswith(f"| {r.march} CPU |"))
         cells = [c.strip() for c in row.split("|")]
         assert (cells[2], float(cells[3])) == (r.cpu_device, r.cpu_float_ops_per_s), row
+
+
+class _CpuConv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv0 = nn.Conv2d(3, 8, 3, padding=1)
+        self.cpu_conv = nn.Conv2d(8, 8, 3, padding=1, groups=2)
+        self.conv1 = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv1(self.cpu_conv(self.conv0(x)))
+
+
+def test_a_hybrid_models_float_conv_is_cpu_work_counted_by_its_macs(tmp_path: Path) -> None:
+    from qir.quantization import convert_fx, get_default_qat_qconfig, prepare_qat_fx, set_fake_quantize
+
+    with march_scope("bayes"):
+        qat = prepare_qat_fx(
+            _CpuConv(), {"": get_default_qat_qconfig()}, hybrid=True, hybrid_dict={"module_name": ["cpu_conv"]}
+        )
+        qat(torch.rand(2, 3, 8, 8))
+        qat.eval()
+        set_fake_quantize(qat, "validation")
+        prof = perf_model(convert_fx(qat), [torch.rand(2, 3, 8, 8)], out_dir=tmp_path)
+    conv = next(la for la in prof.layers if la.name == "cpu_conv")
+    macs = 2 * 8 * 8 * 8 * (8 // 2) * 3 * 3  # output elements x weight elements per output channel
+    assert (conv.unit, conv.kernels, conv.macs, conv.float_ops) == (
+        "CPU",
+        ["constant", "constant", "float_fn"],
+        macs,
+        2 * macs,
+    )
+    r = get_roofline("bayes")
+    assert conv.est_time_s == pytest.approx(
+        max(2 * macs / r.cpu_float_ops_per_s, conv.bytes_moved / r.dram_bytes_per_s)
+    )
+    assert {la.unit for la in prof.layers if la.name in ("conv0", "conv1")} == {"BPU"}
+    assert conv.param_bytes == 4 * (8 * 4 * 3 * 3 + 8)  # float32 weights and bias, program constants
