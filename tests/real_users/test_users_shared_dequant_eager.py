@@ -36,6 +36,8 @@ from qir.quantization import (
     set_fake_quantize,
 )
 
+pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+
 
 class TwoLevelHead(nn.Module):
     """conv + relu stem, a stride-2 level, per level a cls (3 anchors x 2 classes) and a box head;
@@ -176,5 +178,6 @@ def test_compile_lowers_each_call_with_its_operands_scale() -> None:
     program = compile_model(quantized, [x])
     dequants = [i for i in program.program.instructions if i.op == "dequantize"]
     assert len(dequants) == 4
-    for got, want in zip(program(x), quantized(x), strict=True):
-        assert torch.equal(got, want)
+    traced = compile_model(torch.jit.trace(quantized, x), [x])  # check_model / compile take the seeds' jit.trace
+    for got, from_jit, want in zip(program(x), traced(x), quantized(x), strict=True):
+        assert torch.equal(got, want) and torch.equal(from_jit, want)

@@ -117,7 +117,11 @@ def _root_post_hook(root: nn.Module, args: Any, out: Any) -> None:
 def install_scale_tags(root: nn.Module, stub_paths: Sequence[str]) -> None:
     """Make the converted model ``root`` tag its codes (``stub_paths``: its shared stubs, for the record)."""
     for m in root.modules():
-        if isinstance(m, (DeQuantStub, PerCallDeQuantStub)):
+        if isinstance(m, PerCallDeQuantStub):
+            # found by the front end also when it runs a graph built over the model's submodules
+            m.__dict__[FORWARD_CONTEXT] = passing_tags
+            continue
+        if isinstance(m, DeQuantStub):
             continue
         if isinstance(m, QFunctional):
             m.__dict__[TAG_OUTPUTS] = True  # its methods are no module calls: they tag their results
