@@ -9,7 +9,10 @@ the integer grid and with float fake quantization (``set_integer_grid(model, Fal
 the figure is the minimum over ``--rounds`` of ``--steps`` steps, per layer. Prints microseconds
 per layer and the ratios to float.
 
-    PYTHONPATH=. python benchmarks/grid_conv_fixed_cost.py [--layers 20] [--rounds 7] [--steps 20] [--ops]
+    PYTHONPATH=. python benchmarks/grid_conv_fixed_cost.py [--layers 20] [--rounds 7] [--steps 20] [--ops] [--residual]
+
+``--residual``: each block adds its input instead of ReLU6 (``x + BN(conv(x))``, mobilenet_v2's
+residual join), so every conv is fused with an add (the fused conv + add's fixed cost).
 
 ``--ops`` also counts the tensor operations one forward + backward dispatches per layer (a
 ``TorchDispatchMode``, after the timing), per operation, for the grid and the float fake quant: the
@@ -31,17 +34,22 @@ from torch import nn
 
 
 class _Chain(nn.Module):
-    def __init__(self, layers: int) -> None:
+    def __init__(self, layers: int, residual: bool = False) -> None:
         super().__init__()
         from qir.quantization import DeQuantStub, QuantStub
 
         self.quant = QuantStub()
-        blocks = [nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.BatchNorm2d(16), nn.ReLU6())]
-        self.body = nn.Sequential(*[copy.deepcopy(blocks[0]) for _ in range(layers)])
+        tail: list[nn.Module] = [] if residual else [nn.ReLU6()]
+        block = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.BatchNorm2d(16), *tail)
+        self.body = nn.ModuleList([copy.deepcopy(block) for _ in range(layers)])
+        self.residual = residual
         self.dequant = DeQuantStub()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dequant(self.body(self.quant(x)))
+        x = self.quant(x)
+        for block in self.body:
+            x = x + block(x) if self.residual else block(x)
+        return self.dequant(x)
 
 
 def _qat(model: nn.Module, grid: bool) -> nn.Module:
@@ -77,10 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--ops", action="store_true", help="also count the tensor operations per layer")
+    ap.add_argument("--residual", action="store_true", help="x + BN(conv(x)) blocks: convs fused with an add")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = _Chain(args.layers).train()
+    model = _Chain(args.layers, args.residual).train()
     x = torch.randn(2, 16, 4, 4)
     models = {"float": model, "grid": _qat(model, True), "float fq": _qat(model, False)}
 

@@ -51,7 +51,6 @@ from backends.common.integer_rules import (
     fused_add_params,
 )
 from qir.ir.types import DType
-from qir.quantization.blockwise import blocks, part
 from qir.quantization.code_ops import constant_code
 from qir.quantization.fake_quantize import (
     CalibFakeQuantize,
@@ -60,7 +59,16 @@ from qir.quantization.fake_quantize import (
     fake_quantize,
     float_fake_quant_active,
 )
-from qir.quantization.integer_grid_conv import ConvGeometry, ConvRequant, RequantConstants, input_codes, requant_blocks
+from qir.quantization.integer_grid_conv import (
+    AddConstants,
+    ConvAddRequant,
+    ConvGeometry,
+    ConvRequant,
+    RequantConstants,
+    fused_add_blocks,
+    input_codes,
+    requant_blocks,
+)
 from qir.quantization.integer_grid_methods import SCALAR_METHODS
 from qir.quantization.observer import (
     MinMaxObserver,
@@ -511,21 +519,9 @@ class _FusedAdd64(torch.autograd.Function):
         out_scale: torch.Tensor,
         acc_scale: torch.Tensor,
     ) -> torch.Tensor:
-        out = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
-        keep = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)  # 1 where not clamped, else 0
-        nd = acc.dim()
         off1 = bias * r1 + 0.5
-        for idx in blocks(acc.shape):
-            # acc_lo / acc_hi: -T - bias, T - bias, in acc's dtype
-            a = acc[idx].clamp(part(acc_lo, idx, nd), part(acc_hi, idx, nd)).to(torch.float64)
-            a.mul_(part(r1, idx, nd)).add_(part(off1, idx, nd)).floor_()  # mid1, exact
-            codes = torch.mul(part(addend, idx, nd), inv_add_scale).round_().to(torch.float64)
-            a.add_(codes.mul_(r2).add_(0.5).floor_())  # + mid2, exact
-            o = out[idx]
-            o.copy_(a.mul_(2.0**-extra_bits).add_(0.5).floor_())
-            qc = o.clamp(lo, hi)
-            torch.eq(qc, o, out=keep[idx])
-            torch.mul(qc, out_scale, out=o)
+        c = AddConstants(acc_lo, acc_hi, r1, off1, r2, inv_add_scale, extra_bits, lo, hi, out_scale)
+        out, keep = fused_add_blocks(acc, addend, c)
         ctx.save_for_backward(keep, acc_scale)
         ctx.bias_shape = bias.shape
         return out
@@ -562,25 +558,44 @@ class _FusedAdd(torch.autograd.Function):
         acc_scale: torch.Tensor,
         axis: int,
     ) -> torch.Tensor:
-        a = acc.to(torch.int64) + bias.to(torch.int64)
-        codes = torch.round(addend * inv_add_scale).to(torch.int64)
-        out = fused_add_int(
-            a, codes, params.acc_multiplier, params.acc_shift, params.add_multiplier, params.add_shift,
-            params.extra_bits, dtype, axis,
-        ).to(torch.float32)  # fmt: skip
-        qc = out.clamp(lo, hi)
-        d_lo, d_hi = dtype.qrange
-        ctx.save_for_backward((qc == out) & (out > d_lo) & (out < d_hi), acc_scale)
+        out, inside = _fused_add_int64(acc, bias, addend, inv_add_scale, params, dtype, lo, hi, out_scale, axis)
+        ctx.save_for_backward(inside, acc_scale)
         ctx.bias_shape = bias.shape
-        return qc.mul_(out_scale)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         inside, acc_scale = ctx.saved_tensors
-        g = grad * inside.to(grad.dtype)
+        g = grad * inside
         ga = g * acc_scale
         gb = ga.sum_to_size(ctx.bias_shape) if ctx.needs_input_grad[1] else None
         return ga, gb, g, None, None, None, None, None, None, None, None
+
+
+def _fused_add_int64(
+    acc: torch.Tensor,
+    bias: torch.Tensor,
+    addend: torch.Tensor,
+    inv_add_scale: torch.Tensor,
+    params: Any,
+    dtype: DType,
+    lo: int,
+    hi: int,
+    out_scale: torch.Tensor,
+    axis: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:class:`_FusedAdd`'s forward: ``(codes · out_scale, inside)``, ``inside`` (float32) 1 where the
+    result is inside the output range and the activation passed it, else 0."""
+    a = acc.to(torch.int64) + bias.to(torch.int64)
+    codes = torch.round(addend * inv_add_scale).to(torch.int64)
+    out = fused_add_int(
+        a, codes, params.acc_multiplier, params.acc_shift, params.add_multiplier, params.add_shift,
+        params.extra_bits, dtype, axis,
+    ).to(torch.float32)  # fmt: skip
+    qc = out.clamp(lo, hi)
+    d_lo, d_hi = dtype.qrange
+    inside = ((qc == out) & (out > d_lo) & (out < d_hi)).to(torch.float32)
+    return qc.mul_(out_scale), inside
 
 
 class _BiasCodes(torch.autograd.Function):
@@ -753,10 +768,10 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     wq = _WeightCodes.apply(w, numerics.broadcast_along(s_w, w_axis, w.dim()), wfq.qmin, wfq.qmax, s_in)
     xmax = max(-in_fq.qmin, in_fq.qmax)
     # CPU (numpy reads the scales), and not under torch.jit.trace (it cannot record a Function taking a callable)
-    if ofq is not None and not m.has_add and FUSED_CONV and x.device.type == "cpu" and not torch.jit.is_tracing():
+    if ofq is not None and FUSED_CONV and x.device.type == "cpu" and not torch.jit.is_tracing():
         geometry = _plain_geometry(m, x)
         if geometry is not None and _fits_float32(m, wq, xmax):
-            fused: torch.Tensor | None = _fused_conv(m, x, wq, binding.march, s_in, geometry)
+            fused: torch.Tensor | None = _fused_conv(m, x, wq, binding, s_in, geometry, addend)
             if fused is not None:
                 return fused
     xq = _Codes.apply(x, (1.0 / in_fq.scale.detach()).reshape(()), False)
@@ -868,14 +883,22 @@ def _fits_float32(m: Any, wq: torch.Tensor, xmax: int) -> bool:
 
 
 def _fused_conv(
-    m: Any, x: torch.Tensor, wq: torch.Tensor, march: str, s_in: float, geometry: ConvGeometry
+    m: Any,
+    x: torch.Tensor,
+    wq: torch.Tensor,
+    binding: GridBinding,
+    s_in: float,
+    geometry: ConvGeometry,
+    addend: torch.Tensor | None,
 ) -> torch.Tensor | None:
-    """The plain requantizing conv (output fake quant, no fused add) as one autograd node
-    (:class:`~qir.quantization.integer_grid_conv.ConvRequant`), the per-channel constants computed
+    """The requantizing conv (output fake quant) as one autograd node: without fused add
+    :class:`~qir.quantization.integer_grid_conv.ConvRequant`, with it
+    :class:`~qir.quantization.integer_grid_conv.ConvAddRequant`; the per-channel constants computed
     on the host: numpy's float64 / float32 operations are the IEEE operations the unfused chain makes
     with torch (the tests compare both bit for bit). None when the bias is not finite (the unfused
     chain then computes whatever torch makes of it)."""
     ofq = m.activation_post_process
+    march = binding.march
     c_out = int(m.out_channels)
     s_w32 = np.array(np.broadcast_to(m.weight_fake_quant.scale.detach().numpy().reshape(-1), (c_out,)))
     s_w64 = s_w32.astype(np.float64)
@@ -898,6 +921,13 @@ def _fused_conv(
     acc_scale = along(s_acc.astype(np.float32))
     acc_grad = along(s_w32)
     dtype = DType(ofq.dtype)
+    inv = float(np.float32(1.0) / np.float32(s_in))
+    if addend is not None:
+        finish = _fused_add_finish(m, binding, along(b_codes), acc_scale, torch.from_numpy(s_acc), dtype)
+        out: torch.Tensor = ConvAddRequant.apply(
+            x, wq, m.bias, addend, inv, geometry, torch.from_numpy(s_w64), acc_grad, m.out_axis, finish
+        )
+        return out
     check_out_dtype(march, dtype, "conv / linear")
     lim = numerics.requant_limits(march)
 
@@ -910,9 +940,37 @@ def _fused_conv(
         ratio = np.ldexp(mult.numpy().astype(np.float64), -sh.numpy())
         return RequantConstants(along(b_codes * ratio + 0.5), along(ratio), lo, hi, s_out, acc_grad)
 
-    inv = float(np.float32(1.0) / np.float32(s_in))
-    out: torch.Tensor = ConvRequant.apply(x, wq, m.bias, inv, geometry, torch.from_numpy(s_w64), m.out_axis, plan)
+    out = ConvRequant.apply(x, wq, m.bias, inv, geometry, torch.from_numpy(s_w64), m.out_axis, plan)
     return out
+
+
+def _fused_add_finish(
+    m: Any, binding: GridBinding, bq: torch.Tensor, acc_scale: torch.Tensor, s_acc: torch.Tensor, dtype: DType
+) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """``finish(acc, addend)`` of :class:`~qir.quantization.integer_grid_conv.ConvAddRequant`: the
+    output observer's update, then the fused-add rule (float64 where its bounds hold, else int64),
+    the same calls as the unfused chain of :func:`conv_forward` (``bq``: the bias codes, float64,
+    and ``acc_scale`` broadcast along the output axis; ``s_acc`` per channel)."""
+    ofq, add_fq = m.activation_post_process, binding.inputs[1]
+    axis, c_out = m.out_axis, int(m.out_channels)
+
+    def finish(acc: torch.Tensor, addend: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _observe_output(ofq, acc, bq, acc_scale, m.act, addend)
+        s_out = float(ofq.scale.reshape(-1)[0])
+        lo, hi = _act_bounds(m.act, dtype, constant_code(6.0, s_out, dtype) if m.act == "relu6" else None)
+        out_scale = ofq.scale.detach().reshape(())
+        s_add = float(add_fq.scale.reshape(-1)[0])
+        p = fused_add_params(s_acc, s_add, s_out, binding.march, dtype)
+        p = p._replace(acc_multiplier=p.acc_multiplier.expand(c_out), acc_shift=p.acc_shift.expand(c_out))
+        inv_add = (1.0 / add_fq.scale.detach()).reshape(())
+        fast = _fused_add_float64(acc, bq, addend, inv_add, p, dtype, add_fq, s_acc, s_add, s_out, axis)
+        if fast is None:
+            return _fused_add_int64(acc, bq, addend, inv_add, p, dtype, lo, hi, out_scale, axis)
+        acc_lo, acc_hi, r1, r2 = fast
+        c = AddConstants(acc_lo, acc_hi, r1, bq * r1 + 0.5, r2, inv_add, p.extra_bits, lo, hi, out_scale)
+        return fused_add_blocks(acc, addend, c)
+
+    return finish
 
 
 def _fused_add_float64(

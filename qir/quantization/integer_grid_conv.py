@@ -24,7 +24,16 @@ import torch
 
 from qir.quantization.blockwise import blocks, part
 
-__all__ = ["ConvGeometry", "ConvRequant", "RequantConstants", "input_codes", "requant_blocks"]
+__all__ = [
+    "AddConstants",
+    "ConvAddRequant",
+    "ConvGeometry",
+    "ConvRequant",
+    "RequantConstants",
+    "fused_add_blocks",
+    "input_codes",
+    "requant_blocks",
+]
 
 
 class RequantConstants(NamedTuple):
@@ -134,3 +143,101 @@ class ConvRequant(torch.autograd.Function):
                 g, xq, wq, None, c.stride, c.padding, c.dilation, False, out_pad, c.groups, [need_x, need_w, False]
             )
         return gx, gw, gb, None, None, None, None, None
+
+
+class AddConstants(NamedTuple):
+    """What :func:`fused_add_blocks` needs, broadcasting against the accumulator: the clamp of the
+    accumulator ``acc_lo`` / ``acc_hi`` (``∓T - bias codes``, in the accumulator's dtype), ``r1``
+    (float64, ``M1 / 2**s1`` per channel), ``off1`` (float64, ``bias codes · r1 + 1/2``), ``r2``
+    (float64, ``M2 / 2**s2``, dimensioned so that float32 codes times it promote), the addend's
+    ``1 / s_add``, the intermediate's ``extra_bits``, the output clamp ``lo`` / ``hi`` and scale."""
+
+    acc_lo: torch.Tensor
+    acc_hi: torch.Tensor
+    r1: torch.Tensor
+    off1: torch.Tensor
+    r2: torch.Tensor
+    inv_add: torch.Tensor
+    extra_bits: int
+    lo: int
+    hi: int
+    out_scale: torch.Tensor
+
+
+def fused_add_blocks(acc: torch.Tensor, addend: torch.Tensor, c: AddConstants) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused conv + add rule in float64, block by block: ``(codes · out_scale, keep)`` with
+    ``keep`` 1 where the output was not clamped, else 0. ``a = clamp(acc, acc_lo, acc_hi)``, then
+    ``mid1 = floor(a·r1 + off1)``, ``mid2 = floor(round(addend / s_add)·r2 + 1/2)`` and
+    ``out = clamp(floor((mid1 + mid2)·2**-extra_bits + 1/2), lo, hi)``, each exact in float64 where
+    the caller checked the bounds (``integer_grid._fused_add_float64``)."""
+    out = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
+    keep = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
+    nd = acc.dim()
+    for idx in blocks(acc.shape):
+        a = acc[idx].clamp(part(c.acc_lo, idx, nd), part(c.acc_hi, idx, nd)).to(torch.float64)
+        a.mul_(part(c.r1, idx, nd)).add_(part(c.off1, idx, nd)).floor_()  # mid1, exact
+        codes = torch.mul(part(addend, idx, nd), c.inv_add).round_().to(torch.float64)
+        a.add_(codes.mul_(c.r2).add_(0.5).floor_())  # + mid2, exact
+        o = out[idx]
+        o.copy_(a.mul_(2.0**-c.extra_bits).add_(0.5).floor_())
+        qc = o.clamp(c.lo, c.hi)
+        torch.eq(qc, o, out=keep[idx])
+        torch.mul(qc, c.out_scale, out=o)
+    return out, keep
+
+
+class ConvAddRequant(torch.autograd.Function):
+    """The fused conv + add, ``act(conv(x) + addend)`` on the integer grid, as one autograd node: what
+    :class:`ConvRequant` is to the plain conv.
+
+    ``x``, ``wq``, ``bias``, ``inv_scale``, ``geometry``, ``bias_div``, ``out_axis``: as for
+    :class:`ConvRequant`; ``addend``: the float addend (on its fake quant's grid); ``acc_grad``: the
+    accumulator's gradient factor per channel (``s_w``, float32); ``finish(acc, addend)``: the output
+    observer's update and the fused-add rule, returning ``(output, keep)`` (``keep``: 1 where the
+    output was not clamped). Backward: ``g = grad · keep`` to the addend, ``g · acc_grad`` to the
+    accumulator (then to the bias, the input and the weight codes as in :class:`ConvRequant`): the
+    calls autograd makes for the unfused chain, so the gradients are equal bit for bit.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        wq: torch.Tensor,
+        bias: torch.Tensor | None,
+        addend: torch.Tensor,
+        inv_scale: float,
+        geometry: ConvGeometry,
+        bias_div: torch.Tensor,
+        acc_grad: torch.Tensor,
+        out_axis: int,
+        finish: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        xq = input_codes(x, inv_scale)
+        g = geometry
+        acc = torch.convolution(xq, wq, None, g.stride, g.padding, g.dilation, False, [0] * len(g.stride), g.groups)
+        out, keep = finish(acc, addend)
+        ctx.save_for_backward(xq, wq, keep, acc_grad, bias_div)
+        ctx.geometry = g
+        shape = [1] * acc.dim()
+        ax = out_axis % acc.dim()
+        shape[ax] = acc.shape[ax]
+        ctx.bias_shape = torch.Size(shape)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        xq, wq, keep, acc_grad, bias_div = ctx.saved_tensors
+        need_x, need_w, need_b, need_add = ctx.needs_input_grad[:4]
+        g = grad * keep
+        ga = g * acc_grad
+        gx = gw = gb = None
+        if need_b:
+            gb = (ga.sum_to_size(ctx.bias_shape).reshape(-1) / bias_div).to(torch.float32)
+        if need_x or need_w:
+            c = ctx.geometry
+            out_pad = [0] * len(c.stride)
+            gx, gw, _ = torch.ops.aten.convolution_backward(
+                ga, xq, wq, None, c.stride, c.padding, c.dilation, False, out_pad, c.groups, [need_x, need_w, False]
+            )
+        return gx, gw, gb, g if need_add else None, None, None, None, None, None, None

@@ -1,7 +1,8 @@
-"""The single-node grid conv (qir.quantization.integer_grid_conv.ConvRequant) is the unfused chain of
-autograd functions bit for bit: two copies of a prepared model, one with ``integer_grid.FUSED_CONV``
-off, train side by side; every step's output, every gradient (input, weights, biases) and every
-observer buffer stay identical, and the fused node really ran."""
+"""The single-node grid convs (qir.quantization.integer_grid_conv.ConvRequant, and ConvAddRequant for
+the fused conv + add) are the unfused chain of autograd functions bit for bit: two copies of a prepared
+model, one with ``integer_grid.FUSED_CONV`` off, train side by side; every step's output, every
+gradient (input, weights, biases) and every observer buffer stay identical, and the fused nodes really
+ran."""
 
 from __future__ import annotations
 
@@ -15,15 +16,30 @@ from torch import nn
 import qir.quantization.integer_grid as grid
 from qir.march import march_scope
 from qir.quantization import get_default_qat_qconfig, prepare_qat_fx
-from qir.quantization.integer_grid_conv import ConvRequant
+from qir.quantization.integer_grid_conv import ConvAddRequant, ConvRequant
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
-from bitexact_models import Stubbed, randomize_bn
+from bitexact_models import Residual, Stubbed, randomize_bn
+
+
+class _Bottleneck(nn.Module):
+    """mobilenet_v2's residual: ``x + bn(conv1x1(relu6(bn(conv1x1(x)))))``, no activation after the add."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.expand = nn.Sequential(nn.Conv2d(c, 2 * c, 1), nn.BatchNorm2d(2 * c), nn.ReLU6())
+        self.project = nn.Sequential(nn.Conv2d(2 * c, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.project(self.expand(x))
 
 
 def _body(kind: str) -> nn.Module:
     if kind == "conv1d":
         return nn.Sequential(nn.Conv1d(3, 6, 3, padding=2, dilation=2), nn.ReLU(), nn.Conv1d(6, 4, 1, bias=False))
+    if kind in ("residual", "residual_int64"):
+        body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), Residual(8), _Bottleneck(8))
+        return randomize_bn(body, 3)
     if kind == "wide":  # 3x3 over 160 channels: past the quick float32 bound, exact without chunks
         return nn.Sequential(nn.Conv2d(3, 160, 1), nn.Conv2d(160, 8, 3, padding=1), nn.ReLU())
     layers: list[nn.Module] = [
@@ -54,20 +70,28 @@ def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 
 
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
-@pytest.mark.parametrize("kind", ["conv2d", "conv1d", "wide"])
+@pytest.mark.parametrize("kind", ["conv2d", "conv1d", "wide", "residual", "residual_int64"])
 def test_the_fused_conv_is_the_unfused_chain_bit_for_bit(
     kind: str, march: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fused, plain = _prepared(kind, march), _prepared(kind, march)
-    calls = {"n": 0}
-    apply = ConvRequant.apply
+    calls = {"n": 0, "add": 0}
+    apply, apply_add = ConvRequant.apply, ConvAddRequant.apply
 
     def counting(*args: object) -> torch.Tensor:
         calls["n"] += 1
         out: torch.Tensor = apply(*args)
         return out
 
+    def counting_add(*args: object) -> torch.Tensor:
+        calls["add"] += 1
+        out: torch.Tensor = apply_add(*args)
+        return out
+
     monkeypatch.setattr(ConvRequant, "apply", counting)
+    monkeypatch.setattr(ConvAddRequant, "apply", counting_add)
+    if kind == "residual_int64":  # the int64 rule where the float64 bounds fail, in both models
+        monkeypatch.setattr(grid, "_fused_add_float64", lambda *args: None)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (fused, plain)]
     g = torch.Generator().manual_seed(1)
     shape = (3, 3, 10) if kind == "conv1d" else (3, 3, 9, 11)
@@ -88,5 +112,7 @@ def test_the_fused_conv_is_the_unfused_chain_bit_for_bit(
             assert _same(a, b), (kind, step, i)
         for (name, a), (_, b) in zip(fused.state_dict().items(), plain.state_dict().items(), strict=True):
             assert _same(a, b) if a.dtype == torch.float32 else torch.equal(a, b), (kind, step, name)
-    n_convs = sum(isinstance(m, nn.modules.conv._ConvNd) for m in fused.modules())
-    assert calls["n"] == 3 * n_convs, (calls, n_convs)
+    convs = [m for m in fused.modules() if isinstance(m, nn.modules.conv._ConvNd)]
+    n_add = sum(bool(getattr(m, "has_add", False)) for m in convs)
+    assert n_add == (2 if kind.startswith("residual") else 0), n_add
+    assert calls == {"n": 3 * (len(convs) - n_add), "add": 3 * n_add}, (calls, len(convs), n_add)
