@@ -89,6 +89,16 @@ def multiplier_shift(ratio: torch.Tensor, max_multiplier: int, max_shift: int) -
     # numpy on the host: the same IEEE float64 operations as torch's, without torch's per-op
     # overhead (this runs for every conv of every QAT training step on the integer grid)
     r = ratio.detach().to(device="cpu", dtype=torch.float64).numpy()
+    mult, shift = multiplier_shift_np(r, max_multiplier, max_shift)
+    shape = ratio.shape
+    return (
+        torch.from_numpy(np.ascontiguousarray(mult)).reshape(shape).to(ratio.device),
+        torch.from_numpy(np.ascontiguousarray(shift)).reshape(shape).to(ratio.device),
+    )
+
+
+def multiplier_shift_np(r: np.ndarray, max_multiplier: int, max_shift: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`multiplier_shift` of a float64 numpy array: int64 ``(multiplier, shift)`` arrays."""
     if not bool(((r > 0) & np.isfinite(r)).all()):
         raise ValueError("requantization ratios must be positive and finite")
     too_big = r >= max_multiplier + 0.5
@@ -107,11 +117,7 @@ def multiplier_shift(ratio: torch.Tensor, max_multiplier: int, max_shift: int) -
     m_up = np.floor(np.ldexp(r, up) + 0.5)
     shift = np.where((up > shift) & (m_up <= max_multiplier), up, shift)
     mult = np.floor(np.ldexp(r, shift) + 0.5).astype(np.int64)
-    shape = ratio.shape
-    return (
-        torch.from_numpy(np.ascontiguousarray(mult)).reshape(shape).to(ratio.device),
-        torch.from_numpy(np.ascontiguousarray(shift)).reshape(shape).to(ratio.device),
-    )
+    return mult, shift
 
 
 def requant_params(
@@ -295,6 +301,7 @@ __all__ = [
     "lut_apply",
     "lut_int8",
     "multiplier_shift",
+    "multiplier_shift_np",
     "observable_qdtype",
     "qdtype",
     "qrange",

@@ -43,6 +43,9 @@ from torch import nn
 
 from backends.common import numerics
 from backends.common.integer_rules import (
+    FUSED_ADD_MAX_EXTRA_BITS,
+    FUSED_ADD_MID_MAX_MULTIPLIER,
+    FUSED_ADD_MID_MAX_SHIFT,
     adaptive_pool_counts,
     avg_pool_divisor,
     avg_pool_params,
@@ -923,7 +926,7 @@ def _fused_conv(
     dtype = DType(ofq.dtype)
     inv = float(np.float32(1.0) / np.float32(s_in))
     if addend is not None:
-        finish = _fused_add_finish(m, binding, along(b_codes), acc_scale, torch.from_numpy(s_acc), dtype)
+        finish = _fused_add_finish(m, binding, b_codes, s_acc, shape, acc_scale, dtype)
         out: torch.Tensor = ConvAddRequant.apply(
             x, wq, m.bias, addend, inv, geometry, torch.from_numpy(s_w64), acc_grad, m.out_axis, finish
         )
@@ -945,32 +948,80 @@ def _fused_conv(
 
 
 def _fused_add_finish(
-    m: Any, binding: GridBinding, bq: torch.Tensor, acc_scale: torch.Tensor, s_acc: torch.Tensor, dtype: DType
+    m: Any,
+    binding: GridBinding,
+    b_codes: np.ndarray,
+    s_acc: np.ndarray,
+    shape: list[int],
+    acc_scale: torch.Tensor,
+    dtype: DType,
 ) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """``finish(acc, addend)`` of :class:`~qir.quantization.integer_grid_conv.ConvAddRequant`: the
-    output observer's update, then the fused-add rule (float64 where its bounds hold, else int64),
-    the same calls as the unfused chain of :func:`conv_forward` (``bq``: the bias codes, float64,
-    and ``acc_scale`` broadcast along the output axis; ``s_acc`` per channel)."""
+    output observer's update, then the fused-add rule, float64 where its bounds hold
+    (:func:`_fused_add_np`: the constants in numpy), else the int64 rule with the unfused chain's
+    constants (``b_codes``, ``s_acc``: per channel; ``shape``: theirs broadcast along the output axis).
+    """
     ofq, add_fq = m.activation_post_process, binding.inputs[1]
-    axis, c_out = m.out_axis, int(m.out_channels)
+    axis, nd = m.out_axis, len(shape)
+    bq = torch.from_numpy(b_codes).view(shape)
 
     def finish(acc: torch.Tensor, addend: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         _observe_output(ofq, acc, bq, acc_scale, m.act, addend)
-        s_out = float(ofq.scale.reshape(-1)[0])
+        s_out = float(ofq.scale.detach().numpy().reshape(-1)[0])
+        s_add = float(add_fq.scale.detach().numpy().reshape(-1)[0])
         lo, hi = _act_bounds(m.act, dtype, constant_code(6.0, s_out, dtype) if m.act == "relu6" else None)
-        out_scale = ofq.scale.detach().reshape(())
-        s_add = float(add_fq.scale.reshape(-1)[0])
-        p = fused_add_params(s_acc, s_add, s_out, binding.march, dtype)
-        p = p._replace(acc_multiplier=p.acc_multiplier.expand(c_out), acc_shift=p.acc_shift.expand(c_out))
-        inv_add = (1.0 / add_fq.scale.detach()).reshape(())
-        fast = _fused_add_float64(acc, bq, addend, inv_add, p, dtype, add_fq, s_acc, s_add, s_out, axis)
-        if fast is None:
+        a_max = max(-add_fq.qmin, add_fq.qmax)
+        fast = _fused_add_np(b_codes, s_acc, s_add, s_out, a_max, dtype, binding.march)
+        if fast is None:  # the torch rule: its int64 form, or its error naming the scales
+            t_acc = torch.from_numpy(s_acc)
+            p = fused_add_params(t_acc, s_add, s_out, binding.march, dtype)
+            c_out = s_acc.shape[0]
+            p = p._replace(acc_multiplier=p.acc_multiplier.expand(c_out), acc_shift=p.acc_shift.expand(c_out))
+            inv_add = (1.0 / add_fq.scale.detach()).reshape(())
+            out_scale = ofq.scale.detach().reshape(())
             return _fused_add_int64(acc, bq, addend, inv_add, p, dtype, lo, hi, out_scale, axis)
-        acc_lo, acc_hi, r1, r2 = fast
-        c = AddConstants(acc_lo, acc_hi, r1, bq * r1 + 0.5, r2, inv_add, p.extra_bits, lo, hi, out_scale)
+        acc_lo, acc_hi, r1, off1, r2, extra_bits = fast
+        inv_add = torch.tensor(np.float32(1.0) / np.float32(s_add))  # 0-d float32: 1 / s_add as torch divides
+
+        def along(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).view(shape)
+
+        r2_t = torch.full([1] * nd, r2, dtype=torch.float64)  # dimensioned: float32 codes times it promote
+        c = AddConstants(along(acc_lo), along(acc_hi), along(r1), along(off1), r2_t, inv_add, extra_bits, lo, hi, s_out)
         return fused_add_blocks(acc, addend, c)
 
     return finish
+
+
+def _fused_add_np(
+    b_codes: np.ndarray, s_acc: np.ndarray, s_add: float, s_out: float, a_max: int, dtype: DType, march: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, int] | None:
+    """``(acc_lo, acc_hi, r1, off1, r2, extra_bits)`` of the float64 fused add, computed in numpy with the
+    IEEE operations of ``integer_rules.fused_add_params`` and :func:`_fused_add_float64` (tested equal),
+    or None when the float64 bounds fail or the rule refuses the scales (the caller takes the torch path)."""
+    check_out_dtype(march, dtype, "fused conv + add")
+    max_m, max_s = FUSED_ADD_MID_MAX_MULTIPLIER, FUSED_ADD_MID_MAX_SHIFT
+    r_acc = s_acc / s_out
+    r_add = s_add / s_out
+    top = max(float(r_acc.max()), r_add)
+    p = FUSED_ADD_MAX_EXTRA_BITS
+    while p >= 0 and top * 2.0**p >= max_m + 0.5:
+        p -= 1
+    if p < 0:
+        return None
+    m1, s1 = numerics.multiplier_shift_np(r_acc * 2.0**p, max_m, max_s)
+    m2, s2 = numerics.multiplier_shift_np(np.array(r_add * 2.0**p), max_m, max_s)
+    o_lo, o_hi = dtype.qrange
+    t = np.ceil(((max(-o_lo, o_hi) + 3) * s_out + a_max * s_add) / s_acc)
+    m1f = m1.astype(np.float64)
+    if float((t * m1f + np.exp2(s1.astype(np.float64) - 1)).max()) >= 2.0**52:
+        return None
+    if a_max * int(m2) + 2.0 ** (int(s2) - 1) >= 2.0**52:
+        return None
+    r1 = np.ldexp(m1f, -s1)
+    acc_lo = (-t - b_codes).astype(np.float32)
+    acc_hi = (t - b_codes).astype(np.float32)
+    return acc_lo, acc_hi, r1, b_codes * r1 + 0.5, math.ldexp(int(m2), -int(s2)), p
 
 
 def _fused_add_float64(

@@ -161,7 +161,7 @@ class AddConstants(NamedTuple):
     extra_bits: int
     lo: int
     hi: int
-    out_scale: torch.Tensor
+    out_scale: torch.Tensor | float
 
 
 def fused_add_blocks(acc: torch.Tensor, addend: torch.Tensor, c: AddConstants) -> tuple[torch.Tensor, torch.Tensor]:

@@ -92,6 +92,7 @@ def test_the_fused_conv_is_the_unfused_chain_bit_for_bit(
     monkeypatch.setattr(ConvAddRequant, "apply", counting_add)
     if kind == "residual_int64":  # the int64 rule where the float64 bounds fail, in both models
         monkeypatch.setattr(grid, "_fused_add_float64", lambda *args: None)
+        monkeypatch.setattr(grid, "_fused_add_np", lambda *args: None)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (fused, plain)]
     g = torch.Generator().manual_seed(1)
     shape = (3, 3, 10) if kind == "conv1d" else (3, 3, 9, 11)
@@ -116,3 +117,39 @@ def test_the_fused_conv_is_the_unfused_chain_bit_for_bit(
     n_add = sum(bool(getattr(m, "has_add", False)) for m in convs)
     assert n_add == (2 if kind.startswith("residual") else 0), n_add
     assert calls == {"n": 3 * (len(convs) - n_add), "add": 3 * n_add}, (calls, len(convs), n_add)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_numpy_fused_add_constants_are_the_torch_ones(seed: int) -> None:
+    """``_fused_add_np`` (the single node's constants) against ``fused_add_params`` and
+    ``_fused_add_float64`` (the unfused chain's), over scales spanning the float64 bound."""
+    from qir.ir.types import DType
+    from qir.quantization.fake_quantize import FakeQuantize
+    from qir.quantization.integer_grid import _fused_add_float64, _fused_add_np, fused_add_params
+
+    g = torch.Generator().manual_seed(seed)
+    c = 7
+    add_fq = FakeQuantize()
+    seen = {"float64": 0, "declined": 0}
+    for _ in range(40):
+        s_acc = (torch.rand(c, generator=g, dtype=torch.float64) * 2 + 0.1) * 10.0 ** float(torch.randint(-9, -3, ()))
+        s_acc = s_acc.to(torch.float32).to(torch.float64)  # products of float32 scales, as the conv forms them
+        s_add = float((torch.rand((), generator=g) * 0.05 + 1e-4).to(torch.float32))
+        s_out = float((torch.rand((), generator=g) * 0.1 + 1e-3).to(torch.float32))
+        b = torch.randint(-(2**20), 2**20, (c,), generator=g).to(torch.float64)
+        got = _fused_add_np(b.numpy(), s_acc.numpy(), s_add, s_out, 128, DType.qint8, "bayes")
+        p = fused_add_params(s_acc, s_add, s_out, "bayes", DType.qint8)
+        p = p._replace(acc_multiplier=p.acc_multiplier.expand(c), acc_shift=p.acc_shift.expand(c))
+        acc = torch.zeros(2, c, 3, 3)
+        bq = b.view(1, c, 1, 1)
+        want = _fused_add_float64(acc, bq, acc, torch.ones(()), p, DType.qint8, add_fq, s_acc, s_add, s_out, 1)
+        assert (got is None) == (want is None)
+        if got is None or want is None:
+            seen["declined"] += 1
+            continue
+        seen["float64"] += 1
+        acc_lo, acc_hi, r1, r2 = want
+        for a, w in ((got[0], acc_lo), (got[1], acc_hi), (got[2], r1), (got[3], bq * r1 + 0.5)):
+            assert torch.equal(torch.from_numpy(a).view(w.shape), w)
+        assert got[4] == float(r2.reshape(-1)[0]) and got[5] == p.extra_bits
+    assert seen["float64"] > 0 and seen["declined"] > 0, seen
