@@ -571,3 +571,23 @@ def test_what_the_pass_splits_and_queries_is_decided_by_traits(op_name: str, tra
             continue
         assert bad == []
         passes.run_pipeline(g, Quantize(march="bayes"), inplace=True)
+
+
+class Compares(nn.Module):
+    """Comparisons of codes with numbers (either side) and of two tensors at one scale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.conv(self.quant(x))
+        return y > 0.3, 0.2 <= y, y.eq(0.0), y != -0.4, y.lt(0.1), y >= y.flip(-1), y < 1e9
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+def test_comparisons_of_codes_by_the_pass_equal_module_swap(march: str) -> None:
+    by_pass, x = _pass_equals_swap(Compares(), march, scaled=True)
+    assert all(t.dtype == torch.bool for t in by_pass(x))
+    assert "compare_codes" in by_pass.code

@@ -3,7 +3,8 @@
 ``convert_fx`` by module swapping keeps the ops that are exact on codes as written (``relu``,
 ``max`` / ``min``, ``topk``, ``argmax``, zero / reflect / replicate pads, ...), rewrites the ones
 whose constants must become codes (``clamp`` -> ``clamp_codes``, a constant pad's value,
-``relu6`` / ``hardtanh(0, 6)`` -> ``relu6_codes``, ``abs`` -> ``abs_codes``) and drops a float32
+``relu6`` / ``hardtanh(0, 6)`` -> ``relu6_codes``, ``abs`` -> ``abs_codes``, a comparison with a
+number -> ``compare_codes``) and drops a float32
 cast (an identity on the QAT model's fake-quantized values). Each rule here gives the pass the same
 op, computing its constants with the functions swapping calls (:mod:`qir.quantization.code_ops`,
 :mod:`qir.quantization.code_convert`), so both paths run one arithmetic
@@ -24,7 +25,15 @@ from qir.ir.op import Op, Ref
 from qir.ir.ops.core import Call
 from qir.ir.types import DType, QuantSpec, TensorType, Type
 from qir.quantization.code_convert import pad_code, require_per_tensor
-from qir.quantization.code_ops import abs_codes, clamp_codes, constant_code
+from qir.quantization.code_ops import (
+    COMPARISONS,
+    abs_codes,
+    clamp_codes,
+    compare_codes,
+    compare_range,
+    constant_code,
+    flipped,
+)
 from qir.quantization.convert import relu6_bound, relu6_codes
 
 __all__: list[str] = []
@@ -109,3 +118,47 @@ register_code_rule("relu6", _relu6)
 register_code_rule("hardtanh", _relu6)
 register_code_rule("abs", _abs)
 register_code_rule("cast", _cast)
+
+
+def _compare(op: Any, types: Sequence[Type]) -> OnCodes:
+    """``x <op> c`` with a number: a range test on codes (``compare_codes``); two tensors at one
+    scale: the comparison as written (codes compare as their values do)."""
+    if op.other is None:
+        tensors = [t for t in types[:2] if isinstance(t, TensorType) and t.quant is not None]
+        if len(tensors) != 2:
+            raise ValueError(
+                f"{op.name} compares a quantized tensor with a float one; compare two quantized tensors on one "
+                "scale, or a quantized tensor with a Python number"
+            )
+        a, b = (t.quant for t in tensors)
+        if a is None or b is None or a.axis is not None or b.axis is not None or a.scale != b.scale:
+            raise ValueError(
+                f"{op.name} compares tensors at different scales ({getattr(a, 'scale', None)} vs "
+                f"{getattr(b, 'scale', None)}); integer codes compare exactly only on one scale: give both "
+                "operands one scale, or compare their difference with a number ((x - y) > 0: the subtraction "
+                "gets its own output scale)"
+            )
+        for t in tensors:
+            if t.dtype not in (DType.qint8, DType.qint16):
+                raise ValueError(
+                    f"{op.name}: an operand is {t.dtype.name}; tensor comparisons on codes are exact for "
+                    "qint8 / qint16 only (float32 cannot tell qint32 neighbours apart)"
+                )
+        return OnCodes(op)
+    value = op.other
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(
+            f"{op.name} compares a quantized tensor with {type(value).__name__} {value!r:.40}; compare with a "
+            "Python number or with a quantized tensor on the same scale"
+        )
+    cmp = flipped(op.name) if op.reverse else op.name
+    s, dt = _codes(op, types)
+    lo, hi = compare_range(cmp, value, s)
+    qmin, qmax = dt.qrange  # bounds at or beyond the dtype's ends test nothing
+    lo = None if lo is not None and lo <= qmin else lo
+    hi = None if hi is not None and hi >= qmax else hi
+    return _call(compare_codes, cmp, value, lo, hi)
+
+
+for _name in COMPARISONS:
+    register_code_rule(_name, _compare)
