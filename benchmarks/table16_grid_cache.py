@@ -121,6 +121,29 @@ def main() -> None:
         before, after = best[(name, False)] * 1e3, best[(name, True)] * 1e3
         print(f"{name:<18} {before:>12.2f} {after:>9.2f} {before / after:>5.2f}x")
     print(f"cache: {len(TABLE16_CACHE)} tables, {TABLE16_CACHE.hits} hits, {TABLE16_CACHE.misses} misses")
+    _converted_lookup(frozen, x, args)
+
+
+def _converted_lookup(qat: nn.Module, x: torch.Tensor, args: argparse.Namespace) -> None:
+    """The converted model's tanh (a qint16 UnaryLUT) on an activation of the same size: interpolating
+    through the knots (before) against its table evaluated at every code (what its forward does)."""
+    from backends.common.lut_segmented import lut_int16_apply
+    from qir.march import march_scope
+    from qir.quantization import convert_fx
+
+    with march_scope("bayes"):
+        lut = convert_fx(qat).get_submodule("acts.0")
+    g = torch.Generator().manual_seed(1)
+    codes = torch.randint(-32768, 32768, (args.batch, 16, args.size, args.size), generator=g, dtype=torch.int16)
+    assert torch.equal(lut(codes), lut_int16_apply(lut.table16, codes, lut.dtype, lut.table16_version))
+    before = after = float("inf")
+    for _ in range(args.rounds):
+        before = min(before, _time(lambda: lut_int16_apply(lut.table16, codes, lut.dtype, lut.table16_version), 5))
+        after = min(after, _time(lambda: lut(codes), 5))
+    print(
+        f"converted qint16 tanh, {codes.numel()} codes: interpolation {before * 1e3:.2f} ms, "
+        f"full table {after * 1e3:.2f} ms, {before / after:.1f}x"
+    )
 
 
 if __name__ == "__main__":

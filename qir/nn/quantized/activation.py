@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from backends.common import numerics
-from backends.common.lut_segmented import lut_int16, lut_int16_apply
+from backends.common.lut_segmented import full_table16, lut_int16
 from qir.ir.table16 import LATEST
 from qir.nn.qat.activation import ReLU as QATReLU
 from qir.nn.qat.activation import ReLU6 as QATReLU6
@@ -52,6 +53,13 @@ class ReLU6(QuantizedModule):
         return new
 
 
+#: per UnaryLUT: its table16 evaluated at every code, with the buffer and state it was built from
+#: (outside the module's ``__dict__``, so pickles and state dicts stay as they were)
+_FULL16: weakref.WeakKeyDictionary[nn.Module, tuple[torch.Tensor, tuple[Any, ...], torch.Tensor]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 class UnaryLUT(QuantizedModule):
     """``f`` by table lookup: qint8 input through a 256-entry table (``numerics.lut_int8``),
     qint16 input through a segmented table of interpolated knots (``lut_segmented.lut_int16``).
@@ -80,10 +88,24 @@ class UnaryLUT(QuantizedModule):
                     "or use a qint8 qconfig for the producer"
                 )
             assert self.dtype is not None  # from_qat and the IR builder always set the tables' output dtype
-            return lut_int16_apply(self.table16, x, self.dtype, self.table16_version)
+            return self._full16().index_select(0, x.reshape(-1).to(torch.int64) + 32768).reshape(x.shape)
         if x.dtype != torch.int8:
             raise TypeError(f"{self.op_name}: table lookup takes qint8 or qint16 codes, got {x.dtype}")
         return numerics.lut_apply(self.table, x)
+
+    def _full16(self) -> torch.Tensor:
+        """``table16`` evaluated at every qint16 code (``full_table16``: exactly the interpolation), kept
+        beside the module until the buffer is replaced or written in place, or the format or dtype changes."""
+        t = self.table16
+        key = (t._version, self.table16_version, self.dtype)
+        kept = _FULL16.get(self)
+        # the entry holds the buffer itself: an identity test cannot match a new tensor at a freed address
+        if kept is not None and kept[0] is t and kept[1] == key:
+            return kept[2]
+        assert self.dtype is not None
+        full = full_table16(t, self.dtype, self.table16_version)
+        _FULL16[self] = (t, key, full)
+        return full
 
     @classmethod
     def from_qat(cls, qat: nn.Module, input_scales: Sequence[Any], march: Any = None) -> UnaryLUT:
