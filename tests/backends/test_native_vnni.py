@@ -363,3 +363,39 @@ def test_a_repeated_call_reuses_its_packed_call_only_for_the_same_places(kernel:
     nchw = codes((2, 8, 7, 9))
     check(nchw, addend)
     assert st_.last_call is None  # an input copied to NHWC on each call is never repeated
+
+
+@needs_vnni
+@pytest.mark.parametrize(
+    ("c_in", "k", "stride", "padding", "dilation"),
+    [
+        (3, (7, 7), [2, 2], [3, 3], [1, 1]),  # a stem: window rows of 21 codes
+        (16, (3, 4), [1, 2], [1, 2], [2, 1]),  # window rows of exactly 64 codes, dilated rows
+        (22, (2, 3), [1, 1], [0, 1], [1, 1]),  # 66 codes: the general path
+        (3, (5, 5), [1, 1], [0, 0], [1, 2]),  # dilated columns: the general path
+    ],
+)
+def test_interior_windows_copy_whole_rows(
+    c_in: int, k: tuple[int, int], stride: list[int], padding: list[int], dilation: list[int]
+) -> None:
+    """im2col's one-copy-per-row path for windows inside the input (rows of at most 64 codes) and the
+    per-row clipping at the borders give the reference codes together, at 1 and 3 threads."""
+    g = torch.Generator().manual_seed(sum(k) + c_in)
+    c = {
+        "mult": torch.randint(16384, 32768, (24,), generator=g),
+        "shift": torch.randint(18, 26, (24,), generator=g),
+        "bias": torch.randint(-1000, 1000, (24,), generator=g),
+        "relu6": torch.zeros(24, dtype=torch.int64),
+        "act": None,
+        "out": "qint8",
+        "add": None,
+    }
+    x = torch.randint(-128, 128, (2, c_in, 29, 31), generator=g, dtype=torch.int8)
+    w = torch.randint(-128, 128, (24, c_in, *k), generator=g, dtype=torch.int8)
+    attrs = {"kernel_size": list(k), "stride": stride, "padding": padding, "dilation": dilation}
+    acc = F.conv2d(x.double(), w.double(), None, stride, padding, dilation).permute(0, 2, 3, 1).to(torch.int64)
+    want = _reference(acc, None, c)
+    for nt in (1, 3):
+        with native.using_threads(nt):
+            got = conv_mod._conv_vnni(x, _state(w, c), attrs, None)
+        assert torch.equal(got, want), nt
