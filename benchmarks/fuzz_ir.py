@@ -26,7 +26,9 @@ a qint16 segmented table (``table16``), 30% of the cases break one of the table'
 Outcomes: ``parse-error`` and ``verify-error`` are correct refusals, ``ran`` is a graph
 that verified and ran, ``no-inputs`` a verified graph whose inputs have no random
 generator (objects), ``unbound-module`` a verified graph that calls a module the text
-cannot carry, refused by ``run_graph`` before any node runs; every other class is a bug:
+cannot carry, refused by ``run_graph`` before any node runs, ``stand-in`` a verified graph
+that still holds a zero stand-in constant (5% of the cases leave one, where the text has
+constants), refused by ``run_graph`` before any node runs; every other class is a bug:
 an exception other than ParseError at parse time or other than VerifyError in verify,
 ``verified-but-run-failed`` (a verifier gap), ``memory`` (an allocation over the address-space limit, set with
 ``resource.setrlimit(RLIMIT_AS)`` to the process size plus ``--mem-gib``), ``timeout`` (a case
@@ -66,6 +68,7 @@ from qir.ir import (
     OP_REGISTRY,
     Graph,
     ParseError,
+    StandInError,
     TensorType,
     UnboundModuleError,
     VerifyError,
@@ -83,12 +86,14 @@ except ImportError:  # run as a script: benchmarks/ is on sys.path, not the repo
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
-OK_CLASSES = ("parse-error", "verify-error", "ran", "no-inputs", "unbound-module")
+OK_CLASSES = ("parse-error", "verify-error", "ran", "no-inputs", "unbound-module", "stand-in")
 MAX_CONSTANT_BYTES = 64 * 2**20
 #: share of the cases on a seed with constants (the converted models) whose constant values are mutated
 CONSTANT_MUTATION_RATE = 0.5
 #: share of the cases on a seed with a qint16 segmented table whose table breaks one of its rules
 TABLE16_MUTATION_RATE = 0.3
+#: share of the cases that leave one zero stand-in constant unbound (run must refuse it)
+STAND_IN_RATE = 0.05
 
 
 # ----------------------------------------------------------------------------- seeds
@@ -502,15 +507,20 @@ def _random_value(t: Any, g: torch.Generator) -> Any:
     raise LookupError(f"no random value of type {t}")
 
 
-def _bind_constants(graph: Graph, g: torch.Generator, seed: dict[str, torch.Tensor]) -> None:
-    """The seed's tensor where key, shape and dtype match the text's constant, else random values."""
-    for key, t in list(graph.constants.items()):
+def _bind_constants(graph: Graph, g: torch.Generator, seed: dict[str, torch.Tensor], keep_stand_in: bool) -> None:
+    """The seed's tensor where key, shape and dtype match the text's constant, else random values;
+    with ``keep_stand_in`` the last constant keeps the zero stand-in the parser bound."""
+    keys = list(graph.constants)
+    for key in keys[:-1] if keep_stand_in else keys:
+        t = graph.constants[key]
         real = seed.get(key)
         if real is not None and real.shape == t.shape and real.dtype == t.dtype:
             graph.constants[key] = real
         elif t.dtype.is_floating_point:
             graph.constants[key] = torch.randn(t.shape, generator=g).to(t.dtype)
-        elif t.dtype != torch.bool:
+        elif t.dtype == torch.bool:
+            graph.constants[key] = torch.randint(0, 2, t.shape, generator=g).bool()
+        else:
             graph.constants[key] = torch.randint(-8, 8, t.shape, generator=g).to(t.dtype)
 
 
@@ -521,9 +531,14 @@ def _where(e: BaseException) -> str:
 
 
 def run_case(
-    text: str, seed: int, timeout: float = 0.0, constants: dict[str, torch.Tensor] | None = None
+    text: str,
+    seed: int,
+    timeout: float = 0.0,
+    constants: dict[str, torch.Tensor] | None = None,
+    keep_stand_in: bool = False,
 ) -> tuple[str, str]:
-    """(outcome class, detail) of parsing, verifying and running ``text`` (``constants``: the seed's)."""
+    """(outcome class, detail) of parsing, verifying and running ``text`` (``constants``: the seed's;
+    ``keep_stand_in``: leave the last constant's zero stand-in bound, which run_graph must refuse)."""
     stage = "parse"
     try:
         with _deadline(timeout), warnings.catch_warnings():
@@ -533,7 +548,7 @@ def run_case(
             except ParseError as e:
                 return "parse-error", e.reason
             g = torch.Generator().manual_seed(seed)
-            _bind_constants(graph, g, constants or {})
+            _bind_constants(graph, g, constants or {}, keep_stand_in)
             stage = "verify"
             try:
                 verify(graph)
@@ -549,6 +564,8 @@ def run_case(
                 run_graph(graph, *inputs)
             except UnboundModuleError as e:
                 return "unbound-module", str(e)
+            except StandInError as e:
+                return "stand-in", str(e)
             except MemoryError:
                 raise
             except Exception as e:
@@ -617,11 +634,12 @@ def fuzz(cases: int, seed: int = 0, mem_bytes: int = 2 * 2**30, timeout: float =
                     mutated = mutate(text, rng, pool) if rng.random() < 0.3 else text
                 else:
                     mutated = mutate(text, rng, pool)
-                outcome, detail = run_case(mutated, seed + i, timeout, constants)
+                keep = rng.random() < STAND_IN_RATE
+                outcome, detail = run_case(mutated, seed + i, timeout, constants, keep)
                 if outcome.startswith("timeout"):
                     # cases are deterministic: a hang repeats, a stall of a loaded shared machine
                     # does not. The retry's outcome counts; the stall is reported, not hidden.
-                    outcome, detail = run_case(mutated, seed + i, timeout, constants)
+                    outcome, detail = run_case(mutated, seed + i, timeout, constants, keep)
                     if not outcome.startswith("timeout"):
                         stalls += 1
                 counts[outcome] += 1

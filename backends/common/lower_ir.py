@@ -61,6 +61,8 @@ def lower_ir(graph: Graph, example_inputs: Sequence[Any], march: str, opt: int =
     """
     import backends.common.lower_rules  # noqa: F401  (registers the common rules)
 
+    graph.refuse_stand_ins("lower")  # the program runs every instruction: not on zero stand-ins
+
     ctx = LowerContext(march=march, opt=opt, policy=get_kernel_policy(march))
     if len(graph.inputs) != len(example_inputs):
         raise LoweringError(

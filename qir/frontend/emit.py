@@ -37,7 +37,10 @@ class EmitError(IRError):
 def emit(graph: Graph, *, class_name: str | None = None) -> torch.fx.GraphModule:
     """A GraphModule computing ``graph``; neither the graph nor objects it holds are changed
     (opaque modules and constant tensors are shared, not copied), except that a node's
-    prebuilt module (:mod:`qir.ir.prebuilt`) goes to this model and no later one."""
+    prebuilt module (:mod:`qir.ir.prebuilt`) goes to this model and no later one. A graph
+    holding stand-in constants (``parse_graph(allow_unbound=True)``) is refused: the module
+    would run on zeros."""
+    graph.refuse_stand_ins("emit")
     return _Emitter(graph).run(class_name or graph.name or "GraphModule")
 
 

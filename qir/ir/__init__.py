@@ -28,6 +28,7 @@ from qir.ir.op import (
 )
 from qir.ir.parser import ParseError, parse_graph
 from qir.ir.printer import print_graph
+from qir.ir.stand_ins import StandInError
 from qir.ir.types import DType, ObjectType, QuantSpec, ScalarType, SequenceType, TensorType, Type, type_of
 from qir.ir.verifier import VerifyError, verify
 
@@ -57,6 +58,7 @@ __all__ = [
     "ScalarType",
     "SequenceType",
     "ShapePreserving",
+    "StandInError",
     "TensorType",
     "Trait",
     "Transparent",

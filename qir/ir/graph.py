@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from qir.ir.op import IRError, Op, Ref, freeze, get_op_class, iter_refs
+from qir.ir.stand_ins import refuse_stand_ins, stand_in_keys
 from qir.ir.types import Type
 
 if TYPE_CHECKING:
@@ -379,6 +380,16 @@ class Graph:
             if n.name == name:
                 return n
         raise KeyError(f"no value %{name} in graph @{self.name}")
+
+    def stand_ins(self) -> list[str]:
+        """Keys of the constants bound to zero stand-ins (``parse_graph(allow_unbound=True)``),
+        which verify does not check and nothing runs (:mod:`qir.ir.stand_ins`)."""
+        return stand_in_keys(self.constants)
+
+    def refuse_stand_ins(self, action: str) -> None:
+        """Raise :class:`~qir.ir.stand_ins.StandInError` naming the stand-ins, if any, before
+        the graph is executed (``action``: "run", "emit", "lower")."""
+        refuse_stand_ins(self.name, self.constants, action)
 
     def constant_value(self, v: Value) -> torch.Tensor | None:
         """The tensor of a ``constant`` node, else None."""

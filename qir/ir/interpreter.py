@@ -36,6 +36,7 @@ class Interpreter:
         if kwargs:
             raise TypeError(f"graph @{self.graph.name}: unknown inputs {sorted(kwargs)}")
         check_bound(self.graph)
+        self.graph.refuse_stand_ins("run")
         for node in self.graph.nodes:
             env[node] = self.run_node(node, [env[v] for v in node.operands])
         return map_values(self.graph.output, lambda v: env[v])

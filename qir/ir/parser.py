@@ -27,8 +27,8 @@ from qir.ir.call_targets import attribute_allowed, lookup_call_target, method_al
 from qir.ir.graph import Graph, Value
 from qir.ir.op import OP_REGISTRY, IRError, Op, Ref
 from qir.ir.printer import ATTR_CLASSES
+from qir.ir.stand_ins import mark_stand_in
 from qir.ir.types import TensorType, Type, parse_type
-from qir.ir.verifier import mark_stand_in
 
 MAX_CONSTANT_BYTES = 256 * 2**20
 """Default bound on a constant :func:`parse_graph` zero-fills (``allow_unbound=True``)."""

@@ -12,7 +12,6 @@ multipliers and shifts, table entries, scales).
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
@@ -20,6 +19,7 @@ import torch
 from qir.ir.graph import Argument, Graph, Node, Value
 from qir.ir.op import CannotInfer, IRError, Pure
 from qir.ir.operand_rules import STAND_INS, check_operands, result_type, run_on_meta, same_type, value_matches
+from qir.ir.stand_ins import is_stand_in
 from qir.ir.types import ObjectType, QuantSpec, ScalarType, SequenceType, TensorType, Type
 
 
@@ -49,7 +49,10 @@ def verify(graph: Graph, check_types: bool = True) -> None:
     op's torch kernel needs, and opaque calls of allowlisted torch functions on meta
     tensors. Module calls need not be bound (IR text carries no modules): a verified graph
     runs once they are, and ``run_graph`` refuses an unbound one before any node runs
-    (:func:`qir.ir.interpreter.check_bound`).
+    (:func:`qir.ir.interpreter.check_bound`). Likewise the zeros ``parse_graph(allow_unbound=True)``
+    binds are stand-ins (:mod:`qir.ir.stand_ins`): their shapes and dtypes are checked, their values
+    are not, and everything that executes a graph refuses one (``StandInError``) until real tensors
+    are bound.
     """
     defined: set[Value] = set()
     names: set[str] = set()
@@ -108,25 +111,12 @@ def verify(graph: Graph, check_types: bool = True) -> None:
             raise _fail(v, "graph output is not defined in the graph")
 
 
-#: the zeros ``parse_graph(allow_unbound=True)`` binds for constants the text has no tensor for
-#: (by id: a tensor's ``==`` is elementwise; an entry leaves when its tensor dies, so ids stay unique)
-_STAND_INS: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
-
-
-def mark_stand_in(t: torch.Tensor) -> torch.Tensor:
-    """Mark ``t`` as a stand-in for a constant whose data is not known (zeros bound so that
-    the text of a model can be verified and run without its weights): :func:`verify` checks
-    its shape and dtype, not its values. Binding a real tensor in its place ends that."""
-    _STAND_INS[id(t)] = t
-    return t
-
-
 def _check_values(graph: Graph, n: Node) -> None:
     """The op's checks of its operands' bound constant values (a shift of 99, a NaN scale)."""
     values: list[torch.Tensor | None] = []
     for v in n.operands:
         t = graph.constants.get(v.op.key) if isinstance(v, Node) and v.op.name == "constant" else None  # type: ignore[attr-defined]
-        values.append(t if isinstance(t, torch.Tensor) and _STAND_INS.get(id(t)) is not t else None)
+        values.append(t if isinstance(t, torch.Tensor) and not is_stand_in(t) else None)
     if all(t is None for t in values):
         return
     try:

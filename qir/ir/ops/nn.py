@@ -451,6 +451,11 @@ class BatchNorm(ModuleOp):
             raise IRError(f"op 'batch_norm': expects {n} operands ({names}), got {len(operand_types)}")
         if not self.track_running_stats:
             raise IRError("op 'batch_norm': track_running_stats=False has no eval semantics in a graph")
+        # shape inference skips F.batch_norm (_meta_batch_norm_ok), whose argument parser refuses these
+        for field, v in (("eps", self.eps), ("momentum", self.momentum)):
+            if (v is not None or field == "eps") and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                none = " or None" if field == "momentum" else ""
+                raise IRError(f"op 'batch_norm': {field} must be a number{none}, got {v!r}")
 
     @classmethod
     def from_module(cls, m: Any) -> BatchNorm:
