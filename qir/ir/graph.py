@@ -392,9 +392,14 @@ class Graph:
         refuse_stand_ins(self.name, self.constants, action)
 
     def constant_value(self, v: Value) -> torch.Tensor | None:
-        """The tensor of a ``constant`` node, else None."""
+        """The tensor of a ``constant`` node, else None; an :class:`IRError` naming the node when
+        its key has no tensor in :attr:`constants` (a graph that does not verify)."""
         if isinstance(v, Node) and v.op.name == "constant":
-            return self.constants[v.op.key]  # type: ignore[attr-defined]
+            key = v.op.key  # type: ignore[attr-defined]
+            t = self.constants.get(key)
+            if t is None:
+                raise IRError(f"%{v.name}: constant {key!r} has no tensor in graph.constants; bind one")
+            return t
         return None
 
     # -- algorithms ------------------------------------------------------------

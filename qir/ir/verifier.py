@@ -12,12 +12,13 @@ multipliers and shifts, table entries, scales).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 
 from qir.ir.graph import Argument, Graph, Node, Value
-from qir.ir.op import CannotInfer, IRError, Pure
+from qir.ir.op import CannotInfer, IRError, Op, Pure
 from qir.ir.operand_rules import STAND_INS, check_operands, result_type, run_on_meta, same_type, value_matches
 from qir.ir.stand_ins import is_stand_in
 from qir.ir.types import ObjectType, QuantSpec, ScalarType, SequenceType, TensorType, Type
@@ -111,18 +112,41 @@ def verify(graph: Graph, check_types: bool = True) -> None:
             raise _fail(v, "graph output is not defined in the graph")
 
 
+#: value checks that passed, by (op, operand types, each bound tensor's id and version) -> the
+#: tensors (weakly: a dead tensor's id may be reused, so a hit must find the same live tensor).
+#: verify runs after every pass of a pipeline; a constant no pass touched keeps its identity and
+#: its version counter (which in-place torch ops bump), so it is not scanned again.
+_PASSED: dict[tuple[Any, ...], tuple[weakref.ref[torch.Tensor], ...]] = {}
+_PASSED_LIMIT = 1 << 14  # entries; past it the cache starts over (dead tensors' entries go too)
+
+
 def _check_values(graph: Graph, n: Node) -> None:
     """The op's checks of its operands' bound constant values (a shift of 99, a NaN scale)."""
+    if type(n.op).verify_values is Op.verify_values:  # the op checks no values
+        return
     values: list[torch.Tensor | None] = []
     for v in n.operands:
-        t = graph.constants.get(v.op.key) if isinstance(v, Node) and v.op.name == "constant" else None  # type: ignore[attr-defined]
-        values.append(t if isinstance(t, torch.Tensor) and not is_stand_in(t) else None)
-    if all(t is None for t in values):
+        t = graph.constant_value(v)  # the constant node verified first: its key is bound
+        values.append(t if t is not None and not is_stand_in(t) else None)
+    bound = [t for t in values if t is not None]
+    if not bound:
+        return
+    types = tuple(v.type for v in n.operands)
+    key: tuple[Any, ...] | None = (n.op, types, tuple(None if t is None else (id(t), t._version) for t in values))
+    try:
+        refs = _PASSED.get(key)  # type: ignore[arg-type]
+    except (TypeError, RuntimeError):  # an op attribute that does not hash or compare: check every time
+        refs, key = None, None
+    if refs is not None and all(r() is t for r, t in zip(refs, bound, strict=True)):
         return
     try:
-        n.op.verify_values([v.type for v in n.operands], values)
+        n.op.verify_values(list(types), values)
     except IRError as e:
         raise _fail(n, str(e)) from None
+    if key is not None:
+        if len(_PASSED) >= _PASSED_LIMIT:
+            _PASSED.clear()
+        _PASSED[key] = tuple(weakref.ref(t) for t in bound)
 
 
 def _check_type(n: Node, known: dict[Value, Any]) -> None:
