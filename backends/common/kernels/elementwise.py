@@ -30,6 +30,7 @@ from backends.common.kernels.schema import (
     optional,
     text,
 )
+from backends.common.lut_segmented import lut_int16_apply
 from backends.common.program import Instruction
 from qir.ir.table16 import VERSIONS as TABLE16_VERSIONS
 from qir.ir.table16 import table16_problem, table16_shape_problem
@@ -251,22 +252,9 @@ def lut16(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor])
     ``t[j] + floor(((t[j+1] - t[j]) r + w // 2) / w)``, saturated.
 
     The loader checked the knots (:func:`qir.ir.table16.table16_problem`): values within 2**24
-    (version 1) or the output range (version 2) keep ``(t[j+1] - t[j]) r`` below 2**41, exact in int64."""
-    table = state["table"].to(torch.int64)
-    if _lut16_version(inst) == 1:
-        u = args[0].to(torch.int64) + 32768
-        j = torch.div(u, 128, rounding_mode="floor")
-        r = u - 128 * j
-        left = table[j]
-        step = torch.div((table[j + 1] - left) * r + 64, 128, rounding_mode="floor")
-        return [sat_to(left + step, str(inst.attrs["out_dtype"]))]
-    k, t = table[0], table[1]
-    q = args[0].to(torch.int64).contiguous()
-    j = torch.bucketize(q, k, right=True) - 1
-    w = k[j + 1] - k[j]
-    left = t[j]
-    step = torch.div((t[j + 1] - left) * (q - k[j]) + torch.div(w, 2, rounding_mode="floor"), w, rounding_mode="floor")
-    return [sat_to(left + step, str(inst.attrs["out_dtype"]))]
+    (version 1) or the output range (version 2) keep ``(t[j+1] - t[j]) r`` below 2**41, exact in int64.
+    The rule is :func:`backends.common.lut_segmented.lut_int16_apply`, the converted modules' own."""
+    return [lut_int16_apply(state["table"], args[0], str(inst.attrs["out_dtype"]), _lut16_version(inst))]
 
 
 @register_kernel(
