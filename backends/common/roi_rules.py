@@ -16,14 +16,11 @@ from collections.abc import Sequence
 
 import torch
 
-from backends.common.numerics import round_half_up
-
 __all__ = [
     "LEVEL_EPS",
     "ROI_BITS",
     "ROI_MEAN_BITS",
     "axis_weights",
-    "box_fixed",
     "div_half_up",
     "level_scales",
     "rois_of",
@@ -72,11 +69,6 @@ def rois_of(boxes: torch.Tensor | Sequence[torch.Tensor], what: str = "RoIAlign"
             raise ValueError(f"{what}: boxes[{i}] must be (K_i, 4) (x1, y1, x2, y2), got {tuple(b.shape)}")
         parts.append(torch.cat([torch.full_like(b[:, :1], float(i)), b], dim=1))
     return torch.cat(parts) if parts else torch.zeros(0, 5)
-
-
-def box_fixed(rois: torch.Tensor, spatial_scale: float) -> torch.Tensor:
-    """Corners ``(x1, y1, x2, y2)`` at ``2**-B``: ``round_half_up(f64(box) * f64(spatial_scale) * 2**B)``."""
-    return round_half_up(rois[:, 1:].detach().to(torch.float64) * float(spatial_scale) * 2.0**ROI_BITS).to(torch.int64)
 
 
 def div_half_up(num: torch.Tensor | int, den: int) -> torch.Tensor | int:

@@ -59,13 +59,30 @@ def input_sequences(inputs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class _Reads:
-    """Marks the placeholder when the forward reads the sequence's length."""
+    """Marks the placeholder when the forward reads the sequence's length: the reads shared by
+    :class:`_TracedList` and :class:`_TracedTuple` (this class comes first in their bases, so
+    ``super()`` is the list or the tuple)."""
 
     _node: torch.fx.Node | None
 
     def _read_length(self) -> None:
         if self._node is not None:
             self._node.meta[SEQUENCE_LENGTH_META] = len(self)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        n: int = super().__len__()  # type: ignore[misc]
+        if self._node is not None:
+            self._node.meta[SEQUENCE_LENGTH_META] = n
+        return n
+
+    def __iter__(self) -> Any:
+        self._read_length()
+        return super().__iter__()  # type: ignore[misc]
+
+    def __getitem__(self, i: Any) -> Any:
+        if not (isinstance(i, int) and i >= 0):  # feats[-1], feats[1:]: which element depends on the length
+            self._read_length()
+        return super().__getitem__(i)  # type: ignore[misc]
 
 
 class _TracedList(_Reads, list):  # type: ignore[type-arg]
@@ -76,24 +93,9 @@ class _TracedList(_Reads, list):  # type: ignore[type-arg]
         super().__init__(items)
         self._node = node
 
-    def __len__(self) -> int:
-        n = list.__len__(self)
-        if self._node is not None:
-            self._node.meta[SEQUENCE_LENGTH_META] = n
-        return n
-
-    def __iter__(self) -> Any:
-        self._read_length()
-        return list.__iter__(self)
-
-    def __reversed__(self) -> Any:
+    def __reversed__(self) -> Any:  # a tuple has none: reversed() reads __len__ and __getitem__
         self._read_length()
         return list.__reversed__(self)
-
-    def __getitem__(self, i: Any) -> Any:
-        if not (isinstance(i, int) and i >= 0):  # feats[-1], feats[1:]: which element depends on the length
-            self._read_length()
-        return list.__getitem__(self, i)
 
 
 class _TracedTuple(_Reads, tuple):  # type: ignore[type-arg]
@@ -103,21 +105,6 @@ class _TracedTuple(_Reads, tuple):  # type: ignore[type-arg]
         t = super().__new__(cls, items)
         t._node = node
         return t
-
-    def __len__(self) -> int:
-        n = tuple.__len__(self)
-        if self._node is not None:
-            self._node.meta[SEQUENCE_LENGTH_META] = n
-        return n
-
-    def __iter__(self) -> Any:
-        self._read_length()
-        return tuple.__iter__(self)
-
-    def __getitem__(self, i: Any) -> Any:
-        if not (isinstance(i, int) and i >= 0):
-            self._read_length()
-        return tuple.__getitem__(self, i)
 
 
 def unpack(proxy: Any, shape: Any) -> Any:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from backends.common.numerics import round_half_up
+
 __all__ = ["MAX_ROI_EXTENT", "DataError", "check_finite", "check_index", "check_rois"]
 
 
@@ -52,17 +54,21 @@ MAX_ROI_EXTENT = 16
 
 def check_rois(
     kernel: str, rois: torch.Tensor, spatial_scale: float, n: int, hw: tuple[int, int], sampling_ratio: int, bits: int
-) -> None:
+) -> torch.Tensor:
     """RoI boxes ``(K, 5)`` rows ``(batch index, x1, y1, x2, y2)`` before they index a feature map
     of ``n`` images of size ``hw``: finite coordinates, a batch index naming an image, corners at
     ``2**-bits`` (after ``spatial_scale``) exact in float64, and (an adaptive ``sampling_ratio``,
     whose samples per bin follow a box's extent) boxes at most :data:`MAX_ROI_EXTENT` map sizes
-    wide. ``kernel`` names the kernel or module in the :class:`DataError`."""
+    wide. ``kernel`` names the kernel or module in the :class:`DataError`.
+
+    Returns the corners ``(K, 4)`` as int64 at ``2**-bits``, rounded half up:
+    ``round_half_up(f64(box) * f64(spatial_scale) * 2**bits)``, what the kernel and the QAT
+    module sample at (computed once, here, where they are checked)."""
     check_finite(kernel, "the box coordinates", rois[:, 1:])
     check_index(kernel, "the box batch index (column 0 of the boxes)", rois[:, 0], n)
-    if not rois.numel():
-        return
     fixed = rois[:, 1:].detach().to(torch.float64) * float(spatial_scale) * float(1 << bits)
+    if not rois.numel():
+        return fixed.to(torch.int64)
     if float(fixed.abs().max()) > 2**52:
         raise DataError(f"{kernel}: a box coordinate is beyond 2**52 / 2**bits feature-map pixels")
     if sampling_ratio <= 0:
@@ -75,3 +81,4 @@ def check_rois(
                     f"the size-{size} map: with an adaptive sampling ratio the samples per bin follow the box's "
                     "extent; clip the boxes to the image"
                 )
+    return round_half_up(fixed).to(torch.int64)

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from backends.common.kernels.base import register_kernel
 from backends.common.kernels.infer import ShapeError, meta_call
-from backends.common.kernels.schema import KernelSchema, json_tree, one_of
-from backends.common.kernels.shape import _refs_are_inputs, _resolve
+from backends.common.kernels.schema import KernelSchema
+from backends.common.kernels.shape import _refs_are_inputs, call_named, named_call, named_call_attrs
 from backends.common.program import Instruction
 
 __all__ = ["FLOAT_FUNCTIONS", "FLOAT_VALUE_DTYPES", "float_function_name"]
@@ -91,10 +91,7 @@ def _plain(out: Any) -> Any:
 
 
 def _float_fn_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any]:
-    name = str(inst.attrs["fn"])
-    env = dict(zip(inst.inputs, args, strict=True))
-    pos = _resolve(list(inst.attrs["args"]), env)
-    kw = _resolve(dict(inst.attrs.get("kwargs", {})), env)
+    name, pos, kw = named_call(inst, args)
     for v in [*pos, *kw.values()]:
         if isinstance(v, torch.Tensor) and v.dtype not in FLOAT_VALUE_DTYPES:
             raise ShapeError(f"{name}: a {v.dtype} operand; the float part takes float32, int64 and bool tensors")
@@ -108,15 +105,10 @@ def _float_fn_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any
     schema=KernelSchema(
         extra=_refs_are_inputs,
         inputs=(1, 64),
-        attrs={"fn": one_of(*FLOAT_FUNCTIONS), "args": json_tree(), "kwargs": json_tree(required=False, top=dict)},
+        attrs=named_call_attrs(FLOAT_FUNCTIONS),
         shape=_float_fn_shape,
     ),
 )
 def float_fn(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """``fn(*args, **kwargs)`` for ``fn`` in :data:`FLOAT_FUNCTIONS`, on the CPU in float."""
-    name = str(inst.attrs["fn"])
-    fn = FLOAT_FUNCTIONS.get(name)
-    if fn is None:
-        raise ValueError(f"float_fn ({inst.source}): '{name}' is not an allowed float function")
-    env = dict(zip(inst.inputs, args, strict=True))
-    return [_plain(fn(*_resolve(list(inst.attrs["args"]), env), **_resolve(dict(inst.attrs.get("kwargs", {})), env)))]
+    return [_plain(call_named(inst, args, FLOAT_FUNCTIONS, "float function"))]

@@ -251,12 +251,10 @@ def _roi_means(
     bits, mean_bits = int(a["bits"]), int(a["mean_bits"])
     ph, pw = (int(v) for v in a["output_size"])
     h, w = int(x.shape[-2]), int(x.shape[-1])
-    v = rois[:, 1:].to(torch.float64) * float(spatial_scale) * float(1 << bits)
-    fixed = torch.floor(v) + (v - torch.floor(v) >= 0.5)  # half up, exactly (v + 0.5 can round)
-    check_rois(kernel, rois, spatial_scale, int(x.shape[0]), (h, w), int(a["sampling_ratio"]), bits)
+    fixed = check_rois(kernel, rois, spatial_scale, int(x.shape[0]), (h, w), int(a["sampling_ratio"]), bits)
     q = x.to(torch.int64)
     out = torch.zeros(int(rois.shape[0]), int(x.shape[1]), ph, pw, dtype=torch.int64)
-    for k, (r, b) in enumerate(zip(fixed.to(torch.int64).tolist(), rois[:, 0].tolist(), strict=True)):
+    for k, (r, b) in enumerate(zip(fixed.tolist(), rois[:, 0].tolist(), strict=True)):
         ybins, gh = _roi_axis(r[1], r[3], h, ph, int(a["sampling_ratio"]), aligned, bits)
         xbins, gw = _roi_axis(r[0], r[2], w, pw, int(a["sampling_ratio"]), aligned, bits)
         den = max(gh * gw, 1) << (2 * bits - mean_bits)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -142,6 +142,31 @@ def _resolve(v: Any, env: dict[str, Any]) -> Any:
     return v
 
 
+def named_call_attrs(table: Mapping[str, Any]) -> dict[str, Any]:
+    """The attribute schema of a kernel that calls one function of ``table`` by name (``shape_fn``,
+    ``float_fn``): ``fn``, and its ``args`` / ``kwargs`` naming values through ``{"$v": name}``."""
+    return {"fn": one_of(*table), "args": json_tree(), "kwargs": json_tree(required=False, top=dict)}
+
+
+def named_call(inst: Instruction, args: list[Any]) -> tuple[str, list[Any], dict[str, Any]]:
+    """``(fn, positional args, kwargs)`` of a ``shape_fn`` / ``float_fn`` instruction, with the
+    value names resolved to this instruction's inputs ``args``."""
+    env = dict(zip(inst.inputs, args, strict=True))
+    pos = _resolve(list(inst.attrs["args"]), env)
+    kw = _resolve(dict(inst.attrs.get("kwargs", {})), env)
+    return str(inst.attrs["fn"]), pos, kw
+
+
+def call_named(inst: Instruction, args: list[Any], table: Mapping[str, Callable[..., Any]], what: str) -> Any:
+    """Run a ``shape_fn`` / ``float_fn`` instruction: its function of ``table`` (an allowlist of
+    ``what``) on its resolved arguments."""
+    name, pos, kw = named_call(inst, args)
+    fn = table.get(name)
+    if fn is None:
+        raise ValueError(f"{inst.op} ({inst.source}): '{name}' is not an allowed {what}")
+    return fn(*pos, **kw)
+
+
 def _refs_are_inputs(inst: Instruction, consts: Any) -> str | None:
     """Arguments name values through ``{"$v": name}``: only this instruction's inputs are in scope."""
     missing = sorted(set(refs_in([inst.attrs.get("args"), inst.attrs.get("kwargs")])) - set(inst.inputs))
@@ -183,10 +208,7 @@ def _bounded_value(v: Any) -> Any:
 def _shape_fn_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any]:
     """The layout function itself on meta tensors (with every factory on the meta device): its
     result's shapes and dtypes, or torch's refusal of the arguments, and nothing allocated."""
-    name = str(inst.attrs["fn"])
-    env = dict(zip(inst.inputs, args, strict=True))
-    pos = _resolve(list(inst.attrs["args"]), env)
-    kw = _resolve(dict(inst.attrs.get("kwargs", {})), env)
+    name, pos, kw = named_call(inst, args)
     if name in ("split", "chunk", "unbind") and _pieces(name, pos, kw) > MAX_PIECES:
         raise ShapeError(f"{name} would make {_pieces(name, pos, kw)} tensors (limit {MAX_PIECES})")
     with torch.device("meta"):
@@ -204,19 +226,14 @@ def _shape_fn_shape(inst: Instruction, args: list[Any], consts: Any) -> list[Any
     schema=KernelSchema(
         extra=_refs_are_inputs,
         inputs=(0, 64),
-        attrs={"fn": one_of(*SHAPE_FUNCTIONS), "args": json_tree(), "kwargs": json_tree(required=False, top=dict)},
+        attrs=named_call_attrs(SHAPE_FUNCTIONS),
         shape=_shape_fn_shape,
         work=lambda inst, args, outs: 0,  # views, or a copy that is its output
     ),
 )
 def shape_fn(inst: Instruction, args: list[Any], state: Any) -> list[Any]:
     """``fn(*args, **kwargs)`` for ``fn`` in :data:`SHAPE_FUNCTIONS`; ``args`` refer to values by name."""
-    name = str(inst.attrs["fn"])
-    fn = SHAPE_FUNCTIONS.get(name)
-    if fn is None:
-        raise ValueError(f"shape_fn ({inst.source}): '{name}' is not an allowed layout function")
-    env = dict(zip(inst.inputs, args, strict=True))
-    out = fn(*_resolve(list(inst.attrs["args"]), env), **_resolve(dict(inst.attrs.get("kwargs", {})), env))
+    out = call_named(inst, args, SHAPE_FUNCTIONS, "layout function")
     if isinstance(out, torch.Size):
         out = tuple(out)
     return [out]

@@ -197,13 +197,21 @@ class QATModuleOp(ModuleOp):
         n = self.num_inputs() + len(self.param_roles())
         if len(operand_types) != n:
             raise IRError(
-                f"op {self.name!r} takes {n} operands ({self.num_inputs()} inputs + {self.param_roles()}), "
+                f"{self.label()} takes {n} operands ({self.num_inputs()} inputs + {self.param_roles()}), "
                 f"got {len(operand_types)}"
             )
         for i, t in enumerate(operand_types[: self.num_inputs()]):
-            if not isinstance(t, TensorType) or not t.dtype.is_float:
-                raise IRError(f"op {self.name!r}: input {i} must be a float tensor (QAT computes in float), got {t}")
+            self.check_input(i, t)
         _check_state(self, self.param_roles(), operand_types[self.num_inputs() :], ())
+
+    def label(self) -> str:
+        """How verify's errors name this op."""
+        return f"op {self.name!r}"
+
+    def check_input(self, index: int, t: Type) -> None:
+        """Input operand ``index`` is what the layer computes on: a float tensor (QAT computes in float)."""
+        if not isinstance(t, TensorType) or not t.dtype.is_float:
+            raise IRError(f"{self.label()}: input {index} must be a float tensor (QAT computes in float), got {t}")
 
 
 _KINDS = ("conv1d", "conv2d", "conv3d", "conv_transpose2d", "linear")

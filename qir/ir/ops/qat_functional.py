@@ -31,7 +31,7 @@ import attrs
 import torch
 
 from qir.ir.op import OP_REGISTRY, IRError, Op, bump_registry_version, register_op
-from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp, _check_state, fake_quant_roles, is_int, is_number
+from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp, fake_quant_roles, is_int, is_number
 from qir.ir.types import DType, ScalarType, TensorType, Type
 
 __all__ = ["FF_METHOD_FORMS", "QATFunctional", "qat_method_reader", "register_qat_functional"]
@@ -238,26 +238,18 @@ class QATFunctional(QATModuleOp):
         return TensorType(tuple(out.shape), DType.from_torch(out.dtype))
 
     def verify_(self, operand_types: Sequence[Type]) -> None:
-        n = self.num_inputs() + len(self.param_roles())
-        if len(operand_types) != n:
-            raise IRError(
-                f"op 'qat_functional' ({self.method}) takes {n} operands ({self.num_inputs()} inputs + "
-                f"{self.param_roles()}), got {len(operand_types)}"
-            )
-        tensors = 1 if FF_METHOD_FORMS[self.method][0] == "scalar" else self.num_inputs()
-        for i, t in enumerate(operand_types[: self.num_inputs()]):
-            if i >= tensors:  # the run-time number of add_scalar / mul_scalar
-                if not isinstance(t, ScalarType) or t.kind not in ("int", "float"):
-                    raise IRError(
-                        f"op 'qat_functional' ({self.method}): operand {i} must be an int or a float, got {t}"
-                    )
-            elif not isinstance(t, TensorType) or not t.dtype.is_float:
-                raise IRError(
-                    f"op 'qat_functional' ({self.method}): input {i} must be a float tensor (QAT computes in float), "
-                    f"got {t}"
-                )
-        _check_state(self, self.param_roles(), operand_types[self.num_inputs() :], ())
+        super().verify_(operand_types)
         self.infer_type(operand_types)
+
+    def label(self) -> str:
+        return f"op 'qat_functional' ({self.method})"
+
+    def check_input(self, index: int, t: Type) -> None:
+        if index > 0 and FF_METHOD_FORMS[self.method][0] == "scalar":  # add_scalar's run-time number
+            if not isinstance(t, ScalarType) or t.kind not in ("int", "float"):
+                raise IRError(f"{self.label()}: operand {index} must be an int or a float, got {t}")
+            return
+        super().check_input(index, t)
 
     # -- legality --------------------------------------------------------------------------------
     def float_op(self) -> Op | None:

@@ -18,7 +18,7 @@ from qir.ir.graph import Value
 from qir.ir.op import CannotInfer, IRError, Op, register_op
 from qir.ir.ops import vision as float_ops
 from qir.ir.ops.integer_pool import _plain
-from qir.ir.ops.qat import FakeQuantSpec, _check_state
+from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp
 from qir.ir.ops.qat_layer import QATLayerOp
 from qir.ir.types import TensorType, Type
 
@@ -71,17 +71,17 @@ class QATInterpolate(QATLayerOp):
     def verify_(self, operand_types: Sequence[Type]) -> None:
         if not self.run_time_size and (self.size is None) == (self.scale_factor is None):
             raise IRError("qat_interpolate: give exactly one of size / scale_factor (or a run-time size operand)")
-        n = self.num_inputs() + len(self.param_roles())
-        if len(operand_types) != n:
-            raise IRError(f"op 'qat_interpolate' takes {n} operands, got {len(operand_types)}")
-        x = operand_types[0]
-        if not isinstance(x, TensorType) or not x.dtype.is_float or x.rank != 4:
-            raise IRError(f"qat_interpolate resizes a float (N, C, H, W) tensor, got {x}")
-        if self.run_time_size and isinstance(operand_types[1], TensorType):
-            raise IRError(f"qat_interpolate: the run-time size is a sequence of ints, got {operand_types[1]}")
-        _check_state(self, self.param_roles(), operand_types[self.num_inputs() :], ())
-        if not self.run_time_size:
-            self.infer_type(operand_types)
+        if self.run_time_size:  # the output size is a run-time value: nothing to infer
+            QATModuleOp.verify_(self, operand_types)
+        else:
+            super().verify_(operand_types)
+
+    def check_input(self, index: int, t: Type) -> None:
+        if index == 1:  # only with run_time_size
+            if isinstance(t, TensorType):
+                raise IRError(f"qat_interpolate: the run-time size is a sequence of ints, got {t}")
+        elif not isinstance(t, TensorType) or not t.dtype.is_float or t.rank != 4:
+            raise IRError(f"qat_interpolate resizes a float (N, C, H, W) tensor, got {t}")
 
     def float_op(self) -> Op:
         up = nn.Upsample(self.size, self.scale_factor, self.mode, self.align_corners)

@@ -24,13 +24,14 @@ def roi_sample(
     image of ``x``, a bounded extent), a ``DataError`` naming ``what`` (default: ``m``'s class).
     """
     from backends.common.kernels.data_checks import check_rois
-    from backends.common.roi_rules import ROI_BITS, axis_weights, box_fixed, rois_of
+    from backends.common.roi_rules import ROI_BITS, axis_weights, rois_of
 
     what = what or type(m).__name__
     rois = rois_of(boxes, what)
     h, w = int(x.shape[-2]), int(x.shape[-1])
-    check_rois(what, rois, float(m.spatial_scale), int(x.shape[0]), (h, w), int(m.sampling_ratio), ROI_BITS)
-    fixed = box_fixed(rois, m.spatial_scale).tolist()
+    fixed = check_rois(
+        what, rois, float(m.spatial_scale), int(x.shape[0]), (h, w), int(m.sampling_ratio), ROI_BITS
+    ).tolist()
     ph, pw = m.output_size
     out = []
     for (bx1, by1, bx2, by2), b in zip(fixed, rois[:, 0].tolist(), strict=True):
