@@ -193,6 +193,37 @@ _MAX_CONV_PARAM = 4096
 _ACTS = (None, "relu", "relu6")
 
 
+def conv_float_op(op: Any, bias: bool) -> Op:
+    """The float conv / linear op a conv-like layer op (``qconv``, ``qat_conv``: fields ``kind``,
+    ``stride``, ``padding``, ``dilation``, ``groups``, ``output_padding``, ``padding_mode``,
+    ``add``, ``act``) stands for, with or without a ``bias``: what the operator tables describe it as."""
+    if op.kind == "linear":
+        return float_ops.Linear(bias=bias, add=op.add, act=op.act)
+    if op.kind == "conv_transpose2d":
+        transposed: Any = float_ops.ConvTranspose2d
+        return transposed(
+            stride=op.stride or (1, 1),
+            padding=op.padding or (0, 0),
+            output_padding=op.output_padding or (0, 0),
+            dilation=op.dilation or (1, 1),
+            groups=op.groups,
+            bias=bias,
+            add=op.add,
+            act=op.act,
+        )
+    cls: Any = {"conv1d": float_ops.Conv1d, "conv2d": float_ops.Conv2d, "conv3d": float_ops.Conv3d}[op.kind]
+    return cls(
+        stride=op.stride,
+        padding=op.padding,
+        dilation=op.dilation,
+        groups=op.groups,
+        padding_mode=op.padding_mode,
+        bias=bias,
+        add=op.add,
+        act=op.act,
+    )
+
+
 @register_op
 @attrs.frozen
 class QConv(IntegerModuleOp):
@@ -341,31 +372,7 @@ class QConv(IntegerModuleOp):
         }
 
     def float_op(self) -> Op:
-        if self.kind == "linear":
-            return float_ops.Linear(bias=True, add=self.add, act=self.act)
-        if self.kind == "conv_transpose2d":
-            transposed: Any = float_ops.ConvTranspose2d
-            return transposed(
-                stride=self.stride or (1, 1),
-                padding=self.padding or (0, 0),
-                output_padding=self.output_padding or (0, 0),
-                dilation=self.dilation or (1, 1),
-                groups=self.groups,
-                bias=True,
-                add=self.add,
-                act=self.act,
-            )
-        cls: Any = {"conv1d": float_ops.Conv1d, "conv2d": float_ops.Conv2d, "conv3d": float_ops.Conv3d}[self.kind]
-        return cls(
-            stride=self.stride,
-            padding=self.padding,
-            dilation=self.dilation,
-            groups=self.groups,
-            padding_mode=self.padding_mode,
-            bias=True,
-            add=self.add,
-            act=self.act,
-        )
+        return conv_float_op(self, bias=True)  # the integer layer always has its int32 bias
 
     @classmethod
     def from_module(cls, m: Any) -> QConv:

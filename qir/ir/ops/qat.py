@@ -31,8 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from qir.ir.op import IRError, ModuleOp, Op, Quantization, Trait, bump_registry_version, register_op
-from qir.ir.ops import nn as float_ops
-from qir.ir.ops.integer import _opt_ints, _padding
+from qir.ir.ops.integer import _opt_ints, _padding, conv_float_op
 from qir.ir.ops.quant import ObserverSpec
 from qir.ir.printer import register_attr_class
 from qir.ir.types import TensorType, Type
@@ -331,31 +330,7 @@ class QATConv(QATModuleOp):
         return Op.infer_type(self, operand_types)
 
     def float_op(self) -> Op:
-        if self.kind == "linear":
-            return float_ops.Linear(bias=self.bias, add=self.add, act=self.act)
-        if self.kind == "conv_transpose2d":
-            transposed: Any = float_ops.ConvTranspose2d
-            return transposed(
-                stride=self.stride or (1, 1),
-                padding=self.padding or (0, 0),
-                output_padding=self.output_padding or (0, 0),
-                dilation=self.dilation or (1, 1),
-                groups=self.groups,
-                bias=self.bias,
-                add=self.add,
-                act=self.act,
-            )
-        cls: Any = {"conv1d": float_ops.Conv1d, "conv2d": float_ops.Conv2d, "conv3d": float_ops.Conv3d}[self.kind]
-        return cls(
-            stride=self.stride,
-            padding=self.padding,
-            dilation=self.dilation,
-            groups=self.groups,
-            padding_mode=self.padding_mode,
-            bias=self.bias,
-            add=self.add,
-            act=self.act,
-        )
+        return conv_float_op(self, bias=self.bias)
 
 
 @register_op
