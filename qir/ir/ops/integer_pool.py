@@ -30,6 +30,7 @@ from qir.ir.ops.integer_codes import (
     per_tensor_scale,
     same_scale_spec,
 )
+from qir.ir.ops.integer_probe import probe
 from qir.ir.ops.integer_values import (
     MULTIPLIER_RANGE,
     SHIFT_RANGE,
@@ -197,6 +198,9 @@ class QAdaptiveAvgPool2d(_AvgPool):
         sizes = (o, o) if isinstance(o, int) else o
         if len(sizes) != 2 or any(v is not None and (not isinstance(v, int) or v < 1) for v in sizes):
             raise IRError(f"qadaptive_avg_pool2d: output_size must be an int or a pair of ints / None >= 1, got {o!r}")
+        # the window sums' requantization follows from the scales at run time (the march's multiplier
+        # limit on in_scale / out_scale): the module's own rule, run on a 1x1 window (the largest ratio)
+        probe(self, operand_types)
 
     def float_op(self) -> Op:
         return float_ops.AdaptiveAvgPool2d.from_module(nn.AdaptiveAvgPool2d(self.output_size))
