@@ -95,7 +95,8 @@ class MethodCall:
 
 
 def register_observer_rule(key: str | type, rule: ObserveRule) -> None:
-    """Give nodes of float op ``key`` (an op name), or opaque calls of modules of class ``key``,
+    """Give nodes of float op ``key`` (an op name), or opaque calls of modules of class ``key`` (or
+    of the class whose ``module.qualname`` is ``key``: an optional library's, never imported),
     observers with ``rule`` (called by ``qir.nn.qat``)."""
     _RULES[key] = rule
 
@@ -127,7 +128,8 @@ def _rule(graph: Graph, n: Node) -> tuple[ObserveRule | None, Any, str]:
     FloatFunctional method) and what the node is, for messages."""
     obj = _module_object(graph, n)
     if obj is not None:
-        return _RULES.get(type(obj)), obj, f"module {type(obj).__name__}"
+        cls = type(obj)
+        return _RULES.get(cls) or _RULES.get(f"{cls.__module__}.{cls.__qualname__}"), obj, f"module {cls.__name__}"
     op = n.op
     if isinstance(op, Call):
         return None, None, f"call of {op.target!r}"

@@ -217,6 +217,14 @@ def _input_scale(node: Node, v: Value) -> torch.Tensor:
     return scale
 
 
+def _reads_codes(op: QATModuleOp, index: int, v: Value) -> bool:
+    """Input ``index`` of ``op`` is codes whose scale the rule reads (a RoIAlign's float boxes are not)."""
+    if not isinstance(v.type, TensorType):
+        return False  # a run-time number or size
+    reads = op.reads_codes_at(index)
+    return v.type.quant is not None if reads is None else reads
+
+
 def _item_of_codes(n: Node, quantized: set[Value]) -> bool:
     """``n`` is a ``getitem`` of a tuple of codes (a split's result)."""
     return n.op.name == "getitem" and n.operands[0] in quantized and isinstance(n.operands[0].type, SequenceType)
@@ -357,7 +365,7 @@ class Quantize(Pass):
         tensors, const_nodes = read_state(graph, op.param_roles(), op.module_params(n.operands), where, QuantizeError)
         inputs = op.module_inputs(n.operands)
         # one scale per code tensor (a run-time number or size has none)
-        scales = [_input_scale(n, v) for v in inputs if isinstance(v.type, TensorType)] if op.reads_codes else []
+        scales = [_input_scale(n, v) for i, v in enumerate(inputs) if _reads_codes(op, i, v)]
         try:
             new_op, new_state = _RULES[op.name](op, tensors, scales, march)
         except (ValueError, TypeError, NotImplementedError) as e:

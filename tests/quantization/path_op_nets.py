@@ -99,3 +99,75 @@ class Recurrent(nn.Module):
         for _ in range(2):
             h, c = self.cell(f, (h, c))
         return self.dequant(h)
+
+
+class RoIPool(nn.Module):
+    """RoIAlign on conv features with boxes as one (K, 5) tensor and as a list of (K_i, 4) tensors
+    (float buffers: the boxes stay float at every stage), then a linear head; MultiScaleRoIAlign over
+    two levels (a dict of features, boxes of both levels, constant image shapes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.roi = qnn.RoIAlign(4, 0.5, 2)
+        self.roi_list = qnn.RoIAlign((2, 3), 1.0, -1, aligned=True)
+        self.fc = nn.Linear(8 * 4 * 4, 10)
+        self.pool = nn.MaxPool2d(2)
+        self.levels = qnn.MultiScaleRoIAlign(["p2", "p3"], 3, 2, canonical_scale=32, canonical_level=3)
+        self.register_buffer("boxes", torch.tensor([[0.0, 1.0, 2.0, 20.0, 24.0], [1.0, 0.0, 0.0, 31.0, 31.0]]))
+        self.register_buffer("boxes0", torch.tensor([[1.0, 1.0, 9.0, 12.0]]))
+        self.register_buffer("boxes1", torch.tensor([[0.0, 2.0, 15.0, 15.0], [3.0, 3.0, 6.0, 5.0]]))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        f = self.conv(self.quant(x))
+        y = self.fc(torch.flatten(self.roi(f, self.boxes), 1))
+        p = self.levels({"p2": f, "p3": self.pool(f)}, [self.boxes0, self.boxes1], [(16, 16), (16, 16)])
+        return self.dequant(y), self.dequant(self.roi_list(f, [self.boxes0, self.boxes1])), self.dequant(p)
+
+
+class Anchors(nn.Module):
+    """AnchorGenerators over two feature levels: one reading the float images, one the quantized
+    ones (only shapes are read; the anchors are float32 at every stage)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.anchor = qnn.AnchorGenerator(((16.0,), (32.0, 48.0)), ((0.5, 1.0), (1.0,)))
+        self.anchor_q = qnn.AnchorGenerator(((8.0,),), ((1.0, 2.0),))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q = self.quant(x)
+        f1 = self.conv(q)
+        f2 = self.pool(f1)
+        a = self.anchor(x, [f1, f2])
+        b = self.anchor_q(q, [f2])
+        return self.dequant(f2), a[0], a[1], b[0]
+
+
+class Attention(nn.Module):
+    """Self-attention on pooled conv features returning its averaged weights, called again as a
+    cross-attention (two call sites), and a sequence-first attention with bool key padding and
+    causal masks (buffers: masks are not quantized at any stage)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.pool = nn.AvgPool2d(4)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.masked = nn.MultiheadAttention(8, 4)
+        padding = torch.zeros(2, 16, dtype=torch.bool)
+        padding[1, 12:] = True
+        self.register_buffer("padding", padding)
+        self.register_buffer("causal", torch.triu(torch.ones(16, 16, dtype=torch.bool), diagonal=1))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = torch.flatten(self.pool(self.conv(self.quant(x))), 2).transpose(1, 2)  # (N, 16, 8)
+        out, weights = self.attn(s, s, s)
+        t = out.transpose(0, 1)
+        m, _ = self.masked(t, t, t, key_padding_mask=self.padding, attn_mask=self.causal, need_weights=False)
+        y = self.attn(m.transpose(0, 1), s, s)[0]
+        return self.dequant(y), self.dequant(weights)

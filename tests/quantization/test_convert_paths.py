@@ -37,7 +37,7 @@ from qir.quantization.convert import CONVERT_PATH_KEY
 from qir.quantization.prepare import PREPARE_RECORD_KEY
 from qir.utils.fx_helper import wrap
 from tests.quantization.path_blocks import Block, InvertedResidual
-from tests.quantization.path_op_nets import Recurrent
+from tests.quantization.path_op_nets import Anchors, Attention, Recurrent, RoIPool
 from tests.quantization.test_convert_untouched import _assert_same, _snapshot
 
 
@@ -240,6 +240,19 @@ def test_lstm_cells_by_the_pass_equal_module_swap() -> None:
 
 
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+@pytest.mark.parametrize("net", [RoIPool, Anchors, Attention])
+def test_attention_and_detection_layers_by_the_pass_equal_module_swap(net: type[nn.Module], march: str) -> None:
+    qat, x = _qat(net(), march)
+    by_pass = convert_fx(qat)
+    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
+    swapped = _swapped(qat)
+    for a, b in zip(swapped(x * 3), by_pass(x * 3), strict=True):  # several outputs
+        assert torch.equal(a, b)
+    sa, sb = swapped.state_dict(), by_pass.state_dict()
+    assert list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
 def test_math_nets_by_the_pass_equal_module_swap(march: str) -> None:
     _pass_equals_swap(Math(), march, scaled=True)
 
@@ -337,22 +350,23 @@ def test_the_pass_path_leaves_the_qat_model_untouched(net: type[nn.Module]) -> N
     assert [k for k, t in out.state_dict().items() if t.numel() and t.untyped_storage().data_ptr() in qat_storage] == []
 
 
-class Attention(nn.Module):
+class FloatTail(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.quant, self.dequant = QuantStub(), DeQuantStub()
-        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.tail = nn.Linear(14, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q = self.quant(x).flatten(2)[:, :, :16]
-        return self.dequant(self.attn(q, q, q)[0])
+        return self.tail(self.dequant(self.conv(self.quant(x))))
 
 
 def test_a_module_without_a_qat_op_falls_back_to_module_swap_before_tracing() -> None:
-    qat, x = _qat(Attention(), "bayes")
+    qat, x = _qat(FloatTail(), "bayes", {"": get_default_qat_qconfig(), "module_name": [("tail", None)]})
+    assert type(qat.tail) is nn.Linear  # left float: no QAT op to convert
     out = convert_fx(qat, example_inputs=x)
     why = out.meta[CONVERT_PATH_KEY]
-    assert why == "module swap: the quantize pass does not cover module 'attn' (MultiheadAttention): it has no QAT op"
+    assert why == "module swap: the quantize pass does not cover module 'tail' (Linear): it has no QAT op"
     _same(_swapped(qat), out, x)
 
 

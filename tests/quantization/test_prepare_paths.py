@@ -38,7 +38,15 @@ from qir.quantization import (
 from qir.quantization.convert import ConvertError
 from qir.quantization.prepare import PREPARE_BY_PASS, PREPARE_PATH_KEY
 from tests.quantization.path_blocks import Block, InvertedResidual
-from tests.quantization.path_op_nets import NormsAndLuts, PoolsAndFunctionals, Recurrent, TorchFunctionals
+from tests.quantization.path_op_nets import (
+    Anchors,
+    Attention,
+    NormsAndLuts,
+    PoolsAndFunctionals,
+    Recurrent,
+    RoIPool,
+    TorchFunctionals,
+)
 
 
 class ResNetShaped(nn.Module):
@@ -153,7 +161,18 @@ def _flow(net: type[nn.Module], march: str) -> tuple[nn.Module, nn.Module, torch
 
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
 @pytest.mark.parametrize(
-    "net", [ResNetShaped, MobileNetShaped, PoolsAndFunctionals, NormsAndLuts, TorchFunctionals, Recurrent]
+    "net",
+    [
+        ResNetShaped,
+        MobileNetShaped,
+        PoolsAndFunctionals,
+        NormsAndLuts,
+        TorchFunctionals,
+        Recurrent,
+        RoIPool,
+        Anchors,
+        Attention,
+    ],
 )
 def test_the_pass_path_equals_module_swap(net: type[nn.Module], march: str) -> None:
     calib, qat, x = _flow(net, march)

@@ -173,6 +173,12 @@ class QATModuleOp(ModuleOp):
     def module_signature(self) -> Any:
         return self
 
+    def reads_codes_at(self, index: int) -> bool | None:
+        """Whether input ``index`` is quantized (codes after conversion): all of them for a layer that
+        :attr:`reads_codes`; a RoIAlign's boxes stay float (False); None: codes when a quantized layer
+        made them, else float (an AnchorGenerator's images, whose values it never reads)."""
+        return self.reads_codes
+
     def own_per_site(self, role: str) -> bool:
         """Whether each call site of a module called at several places holds state ``role`` for
         itself (its output observer) rather than sharing the first call's (weights, weight fake

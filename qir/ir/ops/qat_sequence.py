@@ -1,4 +1,6 @@
-"""The QAT sequence layer: a prepared model's ``LSTMCell`` (``qat_lstm_cell``).
+"""The QAT sequence layers: a prepared model's ``LSTMCell`` (``qat_lstm_cell``) and
+``MultiheadAttention`` (``qat_multihead_attention``, converting to ``qmultihead_attention``;
+its fake quants are ``MHA_FAKE_QUANTS``, the masks stay float).
 
 ``qat_lstm_cell(input[, h, c])`` -> ``(h', c')`` computes qir's QAT LSTMCell (qir/nn/qat/lstm.py):
 the cell with a fake quant at every point its integer form quantizes. Its attributes are the
@@ -23,7 +25,7 @@ from qir.ir.ops.core import EvalContext
 from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp, fake_quant_roles, is_int
 from qir.ir.types import SequenceType, TensorType, Type
 
-__all__ = ["LSTM_FAKE_QUANTS", "QATLstmCell"]
+__all__ = ["LSTM_FAKE_QUANTS", "MHA_FAKE_QUANTS", "QATLstmCell", "QATMultiheadAttention"]
 
 #: the cell's fake quants, in the QAT module's registration order: the two weight fake quants, then
 #: the activation fake quants (qir.nn.qat.lstm.LSTM_FQ_DTYPES; h' is ``activation_post_process``)
@@ -143,3 +145,151 @@ class QATLstmCell(QATModuleOp):
 
     def float_op(self) -> Op:
         return float_ops.LstmCell(bias=self.bias, has_state=self.has_state)
+
+
+#: the attention's fake quants, in the QAT module's registration order: the four projection weights',
+#: then the activation fake quants (qir.nn.qat.attention.MHA_FQ_DTYPES), then its softmax's two
+MHA_FAKE_QUANTS = (
+    "wq_fake_quant",
+    "wk_fake_quant",
+    "wv_fake_quant",
+    "wo_fake_quant",
+    "q_post_process",
+    "k_post_process",
+    "v_post_process",
+    "scores_post_process",
+    "context_post_process",
+    "weights_post_process",
+    "activation_post_process",
+    "softmax.exp_post_process",
+    "softmax.activation_post_process",
+)
+
+
+@register_op
+@attrs.frozen
+class QATMultiheadAttention(QATModuleOp):
+    """A prepared model's ``MultiheadAttention``: ``(query, key, value[, key_padding_mask][, attn_mask])``
+    -> ``(output, weights or None)`` with its fake quants (``fake_quants``, one spec per name of
+    :data:`MHA_FAKE_QUANTS`). State: ``in_proj_weight`` (+ ``in_proj_bias``), ``out_proj.weight``
+    (+ ``out_proj.bias``), every fake quant's buffers. The masks stay float (bool or ``-inf``)."""
+
+    name: ClassVar[str] = "qat_multihead_attention"
+    operand_names: ClassVar[tuple[str, ...]] = ("query", "key", "value")
+
+    embed_dim: int
+    num_heads: int
+    fake_quants: tuple[FakeQuantSpec, ...] = attrs.field(converter=_specs)
+    dropout: float = 0.0
+    bias: bool = True
+    batch_first: bool = False
+    need_weights: bool = True
+    average_attn_weights: bool = True
+    key_padding_mask: bool = False
+    attn_mask: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        for what in ("embed_dim", "num_heads"):
+            v = getattr(self, what)
+            if not is_int(v) or not 1 <= v <= 1 << 16:
+                raise IRError(f"qat_multihead_attention: {what} must be an integer in [1, 65536], got {v!r}")
+        if self.embed_dim % self.num_heads:
+            raise IRError(
+                f"qat_multihead_attention: embed_dim {self.embed_dim} is not divisible by {self.num_heads} heads"
+            )
+        if len(self.fake_quants) != len(MHA_FAKE_QUANTS) or not all(
+            isinstance(f, FakeQuantSpec) for f in self.fake_quants
+        ):
+            raise IRError(
+                f"qat_multihead_attention: fake_quants must be {len(MHA_FAKE_QUANTS)} FakeQuantSpecs "
+                f"({', '.join(MHA_FAKE_QUANTS)}), got {len(self.fake_quants)}"
+            )
+        if not isinstance(self.dropout, float) or not 0.0 <= self.dropout < 1.0:
+            raise IRError(f"qat_multihead_attention: dropout must be a float in [0, 1), got {self.dropout!r}")
+
+    def num_inputs(self) -> int:
+        return 3 + int(self.key_padding_mask) + int(self.attn_mask)
+
+    def param_roles(self) -> tuple[str, ...]:
+        params = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")
+        fqs = (
+            r for name, fq in zip(MHA_FAKE_QUANTS, self.fake_quants, strict=True) for r in fake_quant_roles(name, fq)
+        )
+        return (*(params if self.bias else params[::2]), *fqs)
+
+    def fake_quant(self, name: str) -> FakeQuantSpec:
+        """The spec of the fake quant ``name`` (one of :data:`MHA_FAKE_QUANTS`)."""
+        return self.fake_quants[MHA_FAKE_QUANTS.index(name)]
+
+    def reads_codes_at(self, index: int) -> bool:
+        return index < 3  # the masks stay float
+
+    def own_per_site(self, role: str) -> bool:
+        # as shared_calls.tie_to ties a swapped call site: a fake quant without "weight" in its name
+        # (every one of the attention's, its softmax's too) is the call's own; the parameters are shared
+        return any(role.startswith(f"{name}.") and "weight" not in name for name in MHA_FAKE_QUANTS)
+
+    def bind_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[QATMultiheadAttention, list[Value]]:
+        """Bind ``forward(query, key, value, key_padding_mask, need_weights, attn_mask, ...)``."""
+        bound = float_ops.bind_forward_args(f"op {self.name!r}", args, kwargs)
+        if bound.get("is_causal"):
+            raise IRError("qat_multihead_attention: is_causal is not implemented; pass the causal mask as attn_mask")
+        inputs = [bound.get("query"), bound.get("key"), bound.get("value")]
+        if not all(isinstance(v, Value) for v in inputs):
+            raise IRError("qat_multihead_attention: query, key and value must be graph values")
+        kpm, mask = bound.get("key_padding_mask"), bound.get("attn_mask")
+        for v in (kpm, mask):
+            if v is not None and not isinstance(v, Value):
+                raise IRError(f"qat_multihead_attention: masks must be graph values, got {type(v).__name__}")
+        flags = (bound.get("need_weights", True), bound.get("average_attn_weights", True))
+        if not all(isinstance(f, bool) for f in flags):
+            raise IRError("qat_multihead_attention: need_weights and average_attn_weights must be constant booleans")
+        op = attrs.evolve(
+            self,
+            need_weights=flags[0],
+            average_attn_weights=flags[1],
+            key_padding_mask=kpm is not None,
+            attn_mask=mask is not None,
+        )
+        return op, [*inputs, *(v for v in (kpm, mask) if v is not None)]  # type: ignore[misc]
+
+    def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Arguments of the module call for the data operands (query, key, value, masks)."""
+        q, k, v, kpm, mask = float_ops.split_masks(self, inputs)
+        return (q, k, v), {
+            "key_padding_mask": kpm,
+            "need_weights": self.need_weights,
+            "attn_mask": mask,
+            "average_attn_weights": self.average_attn_weights,
+        }
+
+    def evaluate(self, ctx: EvalContext, operands: Sequence[Any]) -> Any:
+        module = self.to_module(dict(zip(self.param_roles(), self.module_params(operands), strict=True)))
+        module.train(bool(getattr(ctx, "training", False)))
+        args, kwargs = self.module_call(self.module_inputs(operands))
+        return module(*args, **kwargs)
+
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        return self.float_op().infer_type(operand_types)
+
+    def verify_(self, operand_types: Sequence[Type]) -> None:
+        n = self.num_inputs() + len(self.param_roles())
+        if len(operand_types) != n:
+            raise IRError(f"op {self.name!r} takes {n} operands, got {len(operand_types)}")
+        for i, t in enumerate(operand_types[:3]):
+            if not isinstance(t, TensorType) or not t.dtype.is_float:
+                raise IRError(f"op {self.name!r}: input {i} must be a float tensor (QAT computes in float), got {t}")
+        self.infer_type(operand_types)
+
+    def float_op(self) -> float_ops.MultiheadAttention:
+        return float_ops.MultiheadAttention(
+            embed_dim=self.embed_dim,
+            num_heads=self.num_heads,
+            dropout=self.dropout,
+            bias=self.bias,
+            batch_first=self.batch_first,
+            need_weights=self.need_weights,
+            average_attn_weights=self.average_attn_weights,
+            key_padding_mask=self.key_padding_mask,
+            attn_mask=self.attn_mask,
+        )

@@ -112,8 +112,9 @@ class MultiheadAttention(QATModule, nn.MultiheadAttention):
         batch_first: bool = False,
         *,
         qconfig: QConfig,
+        device: Any = None,
     ) -> None:
-        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, batch_first=batch_first)
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, batch_first=batch_first, device=device)
         name = type(self).__name__
         self.qconfig = qconfig
         for w in ("wq", "wk", "wv", "wo"):

@@ -26,10 +26,13 @@ from passes.insert_observers import register_observer_rule
 from qir.ir.op import ModuleOp, Op
 from qir.ir.ops.core import Identity
 from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp
-from qir.ir.ops.qat_sequence import QATLstmCell
+from qir.ir.ops.qat_sequence import QATLstmCell, QATMultiheadAttention
+from qir.nn.modules.anchor_generator import AnchorGenerator as FloatAnchorGenerator
 from qir.nn.modules.binary import Div as FloatDiv
 from qir.nn.modules.grid_sample import GridSample as FloatGridSample
 from qir.nn.modules.interpolate import Interpolate as FloatInterpolate
+from qir.nn.modules.multi_scale_roi_align import MultiScaleRoIAlign as FloatMultiScaleRoIAlign
+from qir.nn.modules.roi_align import RoIAlign as FloatRoIAlign
 from qir.nn.modules.unary import UNARY_MODULES
 from qir.nn.qat.activation import LUT_FLOAT_CLASSES
 from qir.nn.qat.conv import QAT_CONV_CLASSES, fused_float_class
@@ -38,7 +41,14 @@ from qir.quantization.qat_classes import qat_class_for
 from qir.quantization.qconfig import QConfig
 from qir.quantization.stubs import DeQuantStub, QuantStub
 
-__all__ = ["OBSERVED_MODULES", "OBSERVED_OPS", "observe", "observe_lstm_cell"]
+__all__ = [
+    "OBSERVED_MODULES",
+    "OBSERVED_OPS",
+    "OBSERVED_OPTIONAL_MODULES",
+    "observe",
+    "observe_attention",
+    "observe_lstm_cell",
+]
 
 #: float IR ops whose layers become QAT ops, by family
 OBSERVED_OPS = (
@@ -81,6 +91,9 @@ OBSERVED_MODULES: tuple[type, ...] = (
     FloatInterpolate,
     FloatDiv,
     FloatGridSample,
+    FloatRoIAlign,
+    FloatMultiScaleRoIAlign,
+    FloatAnchorGenerator,
     *UNARY_MODULES.values(),
     *LUT_FLOAT_CLASSES,
     *(nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.ReLU, nn.ReLU6, nn.Identity, nn.Upsample),
@@ -137,10 +150,39 @@ def observe_lstm_cell(
     return attrs.evolve(qat_op, has_state=bool(getattr(op, "has_state", False))), state, qat
 
 
+#: optional libraries' module classes, by qualified name (torchvision is never imported here)
+OBSERVED_OPTIONAL_MODULES = (
+    "torchvision.ops.roi_align.RoIAlign",
+    "torchvision.ops.poolers.MultiScaleRoIAlign",
+    "torchvision.models.detection.anchor_utils.AnchorGenerator",
+)
+
+
+def observe_attention(
+    op: Op,
+    module: Any,
+    tensors: dict[str, torch.Tensor],
+    activation: FakeQuantSpec | None,
+    weight: FakeQuantSpec | None,
+) -> tuple[QATModuleOp, dict[str, torch.Tensor], nn.Module]:
+    """``multihead_attention`` -> ``qat_multihead_attention``: with the float call's masks and flags
+    (the module is the same either way: its builder ignores them)."""
+    if getattr(op, "is_causal", False):
+        raise NotImplementedError("MultiheadAttention: is_causal is not implemented; pass the causal mask as attn_mask")
+    qat_op, state, qat = observe(op, module, tensors, activation, weight)
+    if not isinstance(qat_op, QATMultiheadAttention):
+        raise TypeError(f"op {op.name!r}: expected the QAT attention's qat_multihead_attention, got {qat_op.name!r}")
+    flags = ("need_weights", "average_attn_weights", "key_padding_mask", "attn_mask")
+    return attrs.evolve(qat_op, **{f: bool(getattr(op, f)) for f in flags}), state, qat
+
+
 def _register() -> None:
     for name in OBSERVED_OPS:
         register_observer_rule(name, observe)
+    for qualified in OBSERVED_OPTIONAL_MODULES:
+        register_observer_rule(qualified, observe)
     register_observer_rule("lstm_cell", observe_lstm_cell)
+    register_observer_rule("multihead_attention", observe_attention)
     for cls in OBSERVED_MODULES:
         register_observer_rule(cls, observe)
 

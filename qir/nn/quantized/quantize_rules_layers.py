@@ -21,7 +21,7 @@ from qir.ir.ops.integer_elementwise import QDiv, QIdentity, QLut, QRelu, QRelu6
 from qir.ir.ops.integer_math import QGlu, QLayerNorm, QPrelu, QSoftmax
 from qir.ir.ops.integer_pool import QAdaptiveAvgPool2d, QAvgPool2d, QMaxPool2d
 from qir.ir.ops.integer_resize import QInterpolate
-from qir.ir.ops.integer_sampling import QGridSample
+from qir.ir.ops.integer_sampling import QAnchorGenerator, QGridSample, QMultiScaleRoIAlign, QRoIAlign
 from qir.nn.quantized.conv import QUANTIZED_CONV_CLASSES
 from qir.nn.quantized.quantize_rules import swapped_rule
 
@@ -53,5 +53,8 @@ for _qat, _integer in (
     ("qat_prelu", QPrelu),
     ("qat_div", QDiv),
     ("qat_grid_sample", QGridSample),
+    ("qat_roi_align", QRoIAlign),
+    ("qat_multi_scale_roi_align", QMultiScaleRoIAlign),
+    ("qat_anchor_generator", QAnchorGenerator),
 ):
     register_quantize_rule(_qat, swapped_rule(_integer))
