@@ -472,10 +472,8 @@ def _prepare_float(
     # every call site of a module called at several places gets its own output observer
     sites = split_call_sites(gm, [p for p, _, _, _ in plan])
     chosen = {p: qc for p, _, _, qc in plan} | {s: qc for p, _, _, qc in plan for s in sites.get(p, [])}
-    if hybrid is not None:
-        qat, why = None, "hybrid models prepare by module swapping"
-    else:
-        qat, why = _observe_by_pass(fused, plan, sites, after, example_inputs is not None)
+    # a hybrid model's CPU modules are not in the plan: the pass leaves them float, as swapping does
+    qat, why = _observe_by_pass(fused, plan, sites, after, example_inputs is not None)
     if qat is not None:
         gm, path = qat, PREPARE_BY_PASS
     else:

@@ -31,12 +31,15 @@ from qir.quantization import (
     convert_fx,
     default_pipeline,
     get_default_calib_qconfig,
+    get_default_qat_out_qconfig,
     get_default_qat_qconfig,
+    hybrid_placement,
     prepare_qat_fx,
     set_fake_quantize,
 )
 from qir.quantization.convert import ConvertError
 from qir.quantization.prepare import PREPARE_BY_PASS, PREPARE_PATH_KEY
+from tests.flows.hybrid_models import HybridModel, NoBPUForm, Residual, seed_hybrid_dict
 from tests.quantization.path_blocks import Block, InvertedResidual
 from tests.quantization.path_op_nets import (
     Anchors,
@@ -194,6 +197,53 @@ def test_the_pass_path_equals_module_swap(net: type[nn.Module], march: str) -> N
             with pytest.raises(ConvertError, match="march bernoulli2 cannot produce qint16 outputs"):
                 convert_fx(model)
         return
+    converted, converted_swap = convert_fx(qat), convert_fx(qat_swap)
+    _same_state(converted, converted_swap)
+    _same_outputs(converted, converted_swap, x)
+
+
+#: hybrid cases: (model, hybrid_dict, example inputs given to prepare)
+_HYBRID: dict[str, tuple[type[nn.Module], Any, bool]] = {
+    "seed003": (HybridModel, seed_hybrid_dict(), False),  # as the seed calls it: no example inputs
+    "residual": (Residual, {"module_name": ["branch"]}, True),
+    "automatic": (NoBPUForm, None, True),  # placement by the ops alone: GroupNorm, cumsum
+}
+
+
+def _hybrid_flow(case: str, march: str) -> tuple[nn.Module, nn.Module, torch.Tensor]:
+    """A hybrid model calibrated, then QAT (the seed's conv1 a high-precision output), then validated."""
+    net, hybrid_dict, examples = _HYBRID[case]
+    qir.set_march(march)
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 16, 16)
+    kw: dict[str, Any] = {"hybrid": True, "hybrid_dict": hybrid_dict, "example_inputs": x if examples else None}
+    calib = prepare_qat_fx(net(), {"": get_default_calib_qconfig()}, **kw)
+    set_fake_quantize(calib, FakeQuantState.CALIBRATION)
+    torch.manual_seed(1)
+    for _ in range(3):
+        calib(torch.randn(2, 3, 16, 16) * 2)
+    qat_dict: dict[str, Any] = {"": get_default_qat_qconfig()}
+    if case == "seed003":
+        qat_dict["module_name"] = [("conv1", get_default_qat_out_qconfig())]
+    qat = prepare_qat_fx(calib, qat_dict, **kw)
+    _train(qat, 3)
+    set_fake_quantize(qat, FakeQuantState.VALIDATION)
+    qat.eval()
+    return calib, qat, x
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+@pytest.mark.parametrize("case", list(_HYBRID))
+def test_hybrid_models_by_the_pass_equal_module_swap(case: str, march: str) -> None:
+    calib, qat, x = _hybrid_flow(case, march)
+    with _module_swap():
+        calib_swap, qat_swap, _ = _hybrid_flow(case, march)
+    for by_pass, by_swap in ((calib, calib_swap), (qat, qat_swap)):
+        assert by_pass.meta[PREPARE_PATH_KEY] == PREPARE_BY_PASS
+        _same_state(by_pass, by_swap)
+        assert hybrid_placement(by_pass) == hybrid_placement(by_swap)  # the CPU modules and the generated stubs
+        assert str(by_pass.graph) == str(by_swap.graph)
+        _same_outputs(by_pass, by_swap, x)
     converted, converted_swap = convert_fx(qat), convert_fx(qat_swap)
     _same_state(converted, converted_swap)
     _same_outputs(converted, converted_swap, x)
