@@ -702,14 +702,13 @@ def _qat_ir(gm: torch.fx.GraphModule, mapping: Mapping[type, type] | None, examp
     """
     if mapping is not None:
         return None, "a custom mapping= is honoured by module swapping only"
-    if hybrid_plan_of(gm) is not None:
-        return None, "hybrid models convert by module swapping"
     if example_inputs is None:
         return None, (
             "no example_inputs to type the QAT model's IR (its shapes come from one run of the model: give "
             "example_inputs to prepare_qat_fx or convert_fx, or call the model on one batch before convert_fx)"
         )
-    screened = _without_qat_op(gm)
+    hybrid = hybrid_plan_of(gm)
+    screened = _without_qat_op(gm, set(hybrid.cpu_modules()) if hybrid is not None else set())
     if screened is not None:  # known before tracing: the pass cannot cover the model
         return None, f"the quantize pass does not cover {screened}"
     from qir.frontend import trace
@@ -725,6 +724,8 @@ def _qat_ir(gm: torch.fx.GraphModule, mapping: Mapping[type, type] | None, examp
             graph = trace(gm, example_inputs)
     except (TraceError, IRError) as e:
         return None, f"the QAT model's IR could not be built: {e}"
+    if hybrid is not None:
+        _float_dequants_in_ir(graph)
     bad = uncovered(graph)
     if bad:
         node, reason = bad[0]
@@ -732,7 +733,40 @@ def _qat_ir(gm: torch.fx.GraphModule, mapping: Mapping[type, type] | None, examp
     return graph, ""
 
 
-def _without_qat_op(gm: torch.fx.GraphModule) -> str | None:
+def _float_dequants_in_ir(graph: Any) -> None:
+    """A hybrid model's DeQuantStubs called on float values (after a CPU op) are identities: in its
+    QAT IR they become calls of the float stub, the module module swapping installs there, so the
+    ``quantize`` pass leaves them float. A value is codes after conversion when a QAT layer makes it
+    or an op other than an opaque (CPU) call computes it from codes."""
+    from qir.ir.graph import split_operands
+    from qir.ir.ops.core import Call, Constant
+    from qir.ir.ops.qat import QATDequantStub, QATModuleOp
+
+    codes: set[Any] = set()
+    floats = []
+    for n in graph.nodes:
+        op = n.op
+        if isinstance(op, QATModuleOp):
+            if op.makes_codes:
+                codes.add(n)
+            elif isinstance(op, QATDequantStub) and n.operands[0] not in codes:
+                floats.append(n)
+        elif not isinstance(op, (Call, Constant)) and any(v in codes for v in n.operands):
+            codes.add(n)
+    for n in floats:
+        operands, (args, kwargs) = split_operands(((n.operands[0],), {}))
+        call = Call(kind="module", target=n.scope, args=args, kwargs=kwargs)
+        new = graph.create_node(call, operands, n.type, name=f"{n.name}_float", scope=n.scope)
+        graph.insert_node(new, after=n)
+        new.meta.update(n.meta)
+        name = n.name
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+        graph.rename(new, name)
+        graph.objects[f"module:{n.scope}"] = FloatDeQuantStub()
+
+
+def _without_qat_op(gm: torch.fx.GraphModule, cpu: set[str]) -> str | None:
     """The first module call of ``gm`` that cannot become a QAT op, or None (one walk of the fx
     graph, so a model the pass cannot cover is not traced for nothing)."""
     from qir.frontend.lookup import tables
@@ -741,7 +775,7 @@ def _without_qat_op(gm: torch.fx.GraphModule) -> str | None:
 
     ops = tables()
     for n in gm.graph.nodes:
-        if n.op == "call_module":
+        if n.op == "call_module" and str(n.target) not in cpu:  # a hybrid model's CPU modules stay float
             m = gm.get_submodule(str(n.target))
             cls = ops.for_module(m)
             if type(m) not in (nn.Identity, nn.Flatten) and (

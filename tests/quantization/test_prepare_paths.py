@@ -11,6 +11,7 @@ optimizer steps, and the same converted model.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -37,8 +38,8 @@ from qir.quantization import (
     prepare_qat_fx,
     set_fake_quantize,
 )
-from qir.quantization.convert import ConvertError
-from qir.quantization.prepare import PREPARE_BY_PASS, PREPARE_PATH_KEY
+from qir.quantization.convert import CONVERT_PATH_KEY, ConvertError
+from qir.quantization.prepare import PREPARE_BY_PASS, PREPARE_PATH_KEY, PREPARE_RECORD_KEY
 from tests.flows.hybrid_models import HybridModel, NoBPUForm, Residual, seed_hybrid_dict
 from tests.quantization.path_blocks import Block, InvertedResidual
 from tests.quantization.path_op_nets import (
@@ -247,6 +248,18 @@ def test_hybrid_models_by_the_pass_equal_module_swap(case: str, march: str) -> N
     converted, converted_swap = convert_fx(qat), convert_fx(qat_swap)
     _same_state(converted, converted_swap)
     _same_outputs(converted, converted_swap, x)
+    # convert: by the quantize pass (typed by the recorded inputs) == by module swapping (test_convert_paths'
+    # oracle: state dicts and outputs; the emitted model leaves out the modules no call reads)
+    assert converted.meta[CONVERT_PATH_KEY] == "quantize pass"
+    bare = copy.deepcopy(qat)
+    bare.meta[PREPARE_RECORD_KEY].example_inputs = None
+    swapped = convert_fx(bare)
+    assert swapped.meta[CONVERT_PATH_KEY].startswith("module swap: no example_inputs")
+    sa, sb = converted.state_dict(), swapped.state_dict()
+    assert list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) and sa[k].dtype == sb[k].dtype for k in sa)
+    _same_outputs(converted, swapped, x)
+    _same_outputs(converted, swapped, x * 3)
+    assert hybrid_placement(converted) == hybrid_placement(swapped)
 
 
 def test_the_overrides_reach_the_pass_path() -> None:
