@@ -25,8 +25,11 @@ Options are plain data, so the pass prints and parses back:
   each has its own output fake quant (``activation_post_process.*``; the roles the QAT op's
   ``own_per_site`` names): one observer per call.
 
-A float tensor two layers share (one constant operand of both) stays one tensor: the second
-layer's QAT op takes the first one's QAT parameter of that role.
+A float tensor two layers share (one constant operand of both, or a parameter of an opaque
+call's module: a conv + batch norm called twice, fused into a ConvReLU2d at one call and a
+ConvAdd2d at the other) stays one tensor: the second layer's QAT op takes the first one's QAT
+parameter of that role, as module swapping ties them. An opaque module sharing a tensor that
+becomes no role of its QAT op is refused.
 
 The new state (weight, bias, every fake-quant buffer) is added as constants keyed by
 state-dict name under the node's scope (``conv.weight_fake_quant.scale``), so emitting the
@@ -229,15 +232,34 @@ def _tensor_owners(graph: Graph) -> dict[int, set[int]]:
     return owners
 
 
-def _check_unshared(owners: Mapping[int, set[int]], module: Any) -> None:
-    """Refuse an opaque call's module holding a tensor another layer reads (a conv shared by two
-    call sites, one fused with an add into a ConvAdd module): its QAT state would not be tied to
-    the other layer's, which module swapping does. ``owners``: :func:`_tensor_owners`."""
+def _tensor_key(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """What makes two float tensors one (prepare's ``_tie_shared_parameters`` key)."""
+    return t.data_ptr(), tuple(t.shape), tuple(t.stride())
+
+
+def _module_params(module: Any, roles: Sequence[str]) -> dict[str, torch.Tensor]:
+    """An opaque call's float parameters by the QAT op's role each becomes (a fused ConvReLU2d's
+    ``0.weight`` is ``weight``), as module swapping's tie of shared parameters names them."""
+    if not isinstance(module, torch.nn.Module):
+        return {}
+    out: dict[str, torch.Tensor] = {}
+    for fname, t in module.named_parameters(remove_duplicate=False):
+        qname = fname if fname in roles else fname.split(".", 1)[-1]
+        if qname in roles and t.numel():
+            out[qname] = t
+    return out
+
+
+def _check_unshared(owners: Mapping[int, set[int]], module: Any, tied: Sequence[torch.Tensor] = ()) -> None:
+    """Refuse an opaque call's module holding a tensor another layer reads that the pass does not
+    tie (``tied``: the parameters that become a role of its QAT op, shared as module swapping
+    shares them): its QAT state would not follow the other layer's. ``owners``: :func:`_tensor_owners`."""
     if not isinstance(module, torch.nn.Module):
         return
     me = id(module)
+    ok = {t.data_ptr() for t in tied}
     for t in (*module.parameters(), *module.buffers()):
-        if t.numel() and owners.get(t.data_ptr(), set()) - {me}:
+        if t.numel() and t.data_ptr() not in ok and owners.get(t.data_ptr(), set()) - {me}:
             raise NotImplementedError(
                 f"{type(module).__name__} shares a tensor with another layer; module swapping ties their QAT state"
             )
@@ -290,7 +312,7 @@ class InsertObservers(Pass):
         owners = _tensor_owners(graph)
         calls: dict[str, int] = {}
         first: dict[str, dict[str, Node]] = {}  # scope -> role -> constant of its first call
-        shared: dict[tuple[Node, str], Node] = {}  # (float constant, role) -> its QAT constant
+        shared: dict[Any, Any] = {}  # (float constant, role) -> its QAT constant; tensor key -> (tensor, that)
         converted = 0
         methods: set[str] = set()  # scopes of converted FloatFunctional method nodes
         for n in list(graph.nodes):
@@ -323,7 +345,7 @@ class InsertObservers(Pass):
         spec: tuple[FakeQuantSpec | None, FakeQuantSpec | None],
         site: str,
         owner: dict[str, Node] | None,
-        shared: dict[tuple[Node, str], Node],
+        shared: dict[Any, Any],
         first: dict[str, dict[str, Node]],
         owners: Mapping[int, set[int]],
     ) -> bool:
@@ -338,12 +360,14 @@ class InsertObservers(Pass):
             roles, params, inputs = (), [], list(n.operands)
         where = f"insert-observers: %{n.name} (module {n.scope})"
         tensors, float_consts = read_state(graph, roles, params, where, InsertObserversError)
+        module_params: dict[str, torch.Tensor] = {}
         try:
             new_op, state, *built = rule(op, obj, tensors, *spec)
             read_as = new_op
             if isinstance(op, Call):
                 new_op, inputs = _bind_call(new_op, op, n.operands)
-                _check_unshared(owners, obj)
+                module_params = _module_params(obj, new_op.param_roles())
+                _check_unshared(owners, obj, list(module_params.values()))
         except (ValueError, TypeError, NotImplementedError, IRError) as e:
             raise InsertObserversError(f"insert-observers: %{n.name} (module {n.scope}): {e}") from e
         if new_op.num_inputs() != len(inputs):
@@ -363,9 +387,17 @@ class InsertObservers(Pass):
             if source is not None and (source, role) in shared:
                 consts[role] = shared[(source, role)]  # a float tensor another layer holds too
                 continue
+            # the float tensor itself: an opaque call's parameter, or the constant's tensor
+            float_t = module_params.get(role, tensors.get(role) if source is not None else None)
+            key = ("tensor", *_tensor_key(float_t)) if float_t is not None else None
+            if key in shared:
+                consts[role] = shared[key][1]  # one weight for both layers, as module swapping ties them
+                continue
             consts[role] = add_state_constant(graph, prefix + role, state[role], InsertObserversError)
             if source is not None:
                 shared[(source, role)] = consts[role]
+            if key is not None:
+                shared[key] = (float_t, consts[role])  # the tensor kept alive: its address stays its own
         if owner is None:
             first[n.scope or ""] = consts
         name = n.name

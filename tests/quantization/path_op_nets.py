@@ -171,3 +171,17 @@ class Attention(nn.Module):
         m, _ = self.masked(t, t, t, key_padding_mask=self.padding, attn_mask=self.causal, need_weights=False)
         y = self.attn(m.transpose(0, 1), s, s)[0]
         return self.dequant(y), self.dequant(weights)
+
+
+class SharedFusions(nn.Module):
+    """One conv + batch norm called twice: fused with the ReLU after the first call (a ConvReLU2d) and
+    with the add after the second (a ConvAdd2d); both layers hold the one folded weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv, self.bn = nn.Conv2d(3, 3, 3, padding=1), nn.BatchNorm2d(3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.bn(self.conv(self.quant(x))))
+        return self.dequant(y), self.dequant(self.bn(self.conv(y)) + y)

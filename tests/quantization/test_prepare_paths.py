@@ -49,6 +49,7 @@ from tests.quantization.path_op_nets import (
     PoolsAndFunctionals,
     Recurrent,
     RoIPool,
+    SharedFusions,
     TorchFunctionals,
 )
 
@@ -176,6 +177,7 @@ def _flow(net: type[nn.Module], march: str) -> tuple[nn.Module, nn.Module, torch
         RoIPool,
         Anchors,
         Attention,
+        SharedFusions,
     ],
 )
 def test_the_pass_path_equals_module_swap(net: type[nn.Module], march: str) -> None:
@@ -260,6 +262,13 @@ def test_hybrid_models_by_the_pass_equal_module_swap(case: str, march: str) -> N
     _same_outputs(converted, swapped, x)
     _same_outputs(converted, swapped, x * 3)
     assert hybrid_placement(converted) == hybrid_placement(swapped)
+
+
+def test_a_weight_two_fused_layers_share_stays_one_parameter() -> None:
+    _, qat, _ = _flow(SharedFusions, "bayes")
+    convs = [m for m in qat.modules() if type(m).__name__ in ("ConvReLU2d", "ConvAdd2d")]
+    assert len(convs) == 2 and convs[0].weight is convs[1].weight and convs[0].bias is convs[1].bias
+    assert convs[0].weight_fake_quant is not convs[1].weight_fake_quant  # as module swapping leaves them
 
 
 def test_the_overrides_reach_the_pass_path() -> None:

@@ -17,7 +17,7 @@ from qir.quantization import (
     prepare_qat_fx,
     set_fake_quantize,
 )
-from qir.quantization.prepare import PREPARE_PATH_KEY
+from qir.quantization.prepare import PREPARE_BY_PASS, PREPARE_PATH_KEY
 
 
 class SharedConv(nn.Module):
@@ -87,7 +87,7 @@ def test_calibration_then_qat_keeps_the_tie(net: type[nn.Module]) -> None:
         calib(x)
         qat = prepare_qat_fx(calib, {"": get_default_qat_qconfig()}, x)
     # the re-prepare traces the fused ConvAdd2d as an opaque call holding the conv's weight: the
-    # insert-observers pass refuses it whichever call comes first, and module swapping ties the two
-    assert "ConvAdd2d shares a tensor with another layer" in qat.meta[PREPARE_PATH_KEY]
+    # insert-observers pass ties it to the conv's QAT weight whichever call comes first, as module swapping does
+    assert qat.meta[PREPARE_PATH_KEY] == PREPARE_BY_PASS
     assert len({id(p) for p in _weights(qat).values()}) == 1
     assert len({id(p) for p in _weights(calib).values()}) == 1
