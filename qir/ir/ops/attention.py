@@ -61,6 +61,45 @@ def split_masks(op: Any, inputs: Sequence[Any]) -> tuple[Any, Any, Any, Any, Any
     return q, k, v, kpm, mask
 
 
+def bind_quantized_attention(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, list[Value]]:
+    """Bind a QAT or integer attention op's ``forward(query, key, value, key_padding_mask,
+    need_weights, attn_mask, average_attn_weights, is_causal)``: masks must be graph values and the
+    flags constant booleans; ``is_causal`` is refused (pass the causal mask as ``attn_mask``)."""
+    bound = bind_forward_args(f"op {op.name!r}", args, kwargs)
+    if bound.get("is_causal"):
+        raise IRError(f"{op.name}: is_causal is not implemented; pass the causal mask as attn_mask")
+    inputs = [bound.get("query"), bound.get("key"), bound.get("value")]
+    if not all(isinstance(v, Value) for v in inputs):
+        raise IRError(f"{op.name}: query, key and value must be graph values")
+    kpm, mask = bound.get("key_padding_mask"), bound.get("attn_mask")
+    for v in (kpm, mask):
+        if v is not None and not isinstance(v, Value):
+            raise IRError(f"{op.name}: masks must be graph values, got {type(v).__name__}")
+    flags = (bound.get("need_weights", True), bound.get("average_attn_weights", True))
+    if not all(isinstance(f, bool) for f in flags):
+        raise IRError(f"{op.name}: need_weights and average_attn_weights must be constant booleans")
+    bound_op = attrs.evolve(
+        op,
+        need_weights=flags[0],
+        average_attn_weights=flags[1],
+        key_padding_mask=kpm is not None,
+        attn_mask=mask is not None,
+    )
+    return bound_op, [*inputs, *(v for v in (kpm, mask) if v is not None)]
+
+
+def quantized_attention_call(op: Any, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Arguments of a QAT or integer attention module's call for its data operands (query, key,
+    value, masks)."""
+    q, k, v, kpm, mask = split_masks(op, inputs)
+    return (q, k, v), {
+        "key_padding_mask": kpm,
+        "need_weights": op.need_weights,
+        "attn_mask": mask,
+        "average_attn_weights": op.average_attn_weights,
+    }
+
+
 @register_op
 @attrs.frozen
 class MultiheadAttention(ModuleOp):

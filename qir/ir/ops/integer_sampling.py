@@ -33,7 +33,7 @@ from qir.ir.ops.integer import IntegerModuleOp, _floats
 from qir.ir.ops.integer_codes import check_int, check_scales, code_dtype, per_tensor_scale
 from qir.ir.types import DType, QuantSpec, SequenceType, TensorType, Type
 
-__all__ = ["QAnchorGenerator", "QGridSample", "QMultiScaleRoIAlign", "QRoIAlign"]
+__all__ = ["QAnchorGenerator", "QGridSample", "QMultiScaleRoIAlign", "QRoIAlign", "check_anchor_levels"]
 
 _GRID_MODES = ("nearest", "bilinear")
 _GRID_PADDING = ("zeros", "border")
@@ -396,6 +396,22 @@ class QMultiScaleRoIAlign(_RoIOp):
         )
 
 
+def check_anchor_levels(
+    name: str, sizes: tuple[tuple[float, ...], ...], aspect_ratios: tuple[tuple[float, ...], ...], num_features: int
+) -> None:
+    """An anchor generator's levels: one tuple of sizes and one of aspect ratios per level, all
+    positive and finite, and one feature map per level."""
+    if not sizes or len(sizes) != len(aspect_ratios):
+        raise IRError(
+            f"{name}: one tuple of sizes and of aspect ratios per level, got {len(sizes)} and {len(aspect_ratios)}"
+        )
+    for v in (*sizes, *aspect_ratios):
+        if not v or any(not 0.0 < float(x) < float("inf") for x in v):
+            raise IRError(f"{name}: sizes and aspect ratios must be positive and finite, got {v}")
+    if num_features != len(sizes):
+        raise IRError(f"{name}: one feature map per anchor level ({len(sizes)}), got {num_features}")
+
+
 @register_op
 @attrs.frozen
 class QAnchorGenerator(_CallOp):
@@ -412,18 +428,7 @@ class QAnchorGenerator(_CallOp):
     num_features: int = 1
 
     def __attrs_post_init__(self) -> None:
-        if not self.sizes or len(self.sizes) != len(self.aspect_ratios):
-            raise IRError(
-                f"qanchor_generator: one tuple of sizes and of aspect ratios per level, got {len(self.sizes)} and "
-                f"{len(self.aspect_ratios)}"
-            )
-        for v in (*self.sizes, *self.aspect_ratios):
-            if not v or any(not 0.0 < float(x) < float("inf") for x in v):
-                raise IRError(f"qanchor_generator: sizes and aspect ratios must be positive and finite, got {v}")
-        if self.num_features != len(self.sizes):
-            raise IRError(
-                f"qanchor_generator: one feature map per anchor level ({len(self.sizes)}), got {self.num_features}"
-            )
+        check_anchor_levels(self.name, self.sizes, self.aspect_ratios, self.num_features)
 
     def num_inputs(self) -> int:
         return 1 + self.num_features

@@ -351,36 +351,10 @@ class QMultiheadAttention(_SequenceOp):
     def bind_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[QMultiheadAttention, list[Value]]:
         """Bind ``forward(query, key, value, key_padding_mask, need_weights, attn_mask,
         average_attn_weights, is_causal)``; masks must be graph values (inputs or constants)."""
-        call = float_ops.bind_forward_args("qmultihead_attention", args, kwargs)
-        if call.get("is_causal"):
-            raise IRError("qmultihead_attention: is_causal is not implemented; pass the causal mask as attn_mask")
-        inputs = [call.get("query"), call.get("key"), call.get("value")]
-        kpm, mask = call.get("key_padding_mask"), call.get("attn_mask")
-        if not all(isinstance(v, Value) for v in inputs):
-            raise IRError("qmultihead_attention: query, key and value must be graph values")
-        for v in (kpm, mask):
-            if v is not None and not isinstance(v, Value):
-                raise IRError(f"qmultihead_attention: masks must be graph values, got {type(v).__name__}")
-        flags = (call.get("need_weights", True), call.get("average_attn_weights", True))
-        if not all(isinstance(f, bool) for f in flags):
-            raise IRError("qmultihead_attention: need_weights and average_attn_weights must be constant booleans")
-        op = attrs.evolve(
-            self,
-            need_weights=flags[0],
-            average_attn_weights=flags[1],
-            key_padding_mask=kpm is not None,
-            attn_mask=mask is not None,
-        )
-        return op, [*inputs, *(v for v in (kpm, mask) if v is not None)]  # type: ignore[misc]
+        return float_ops.bind_quantized_attention(self, args, kwargs)
 
     def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        q, k, v, kpm, mask = float_ops.split_masks(self, inputs)
-        return (q, k, v), {
-            "key_padding_mask": kpm,
-            "need_weights": self.need_weights,
-            "attn_mask": mask,
-            "average_attn_weights": self.average_attn_weights,
-        }
+        return float_ops.quantized_attention_call(self, inputs)
 
     def masks(self, inputs: Sequence[Any]) -> dict[str, Any]:
         """The mask operands by role (``attn_mask``, ``key_padding_mask``), in the call's order."""

@@ -38,6 +38,7 @@ from qir.ir.ops.integer_sampling import (
     _strs,
     _torchvision_class,
     _values,
+    check_anchor_levels,
 )
 from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp
 from qir.ir.ops.qat_layer import QATLayerOp
@@ -171,18 +172,7 @@ class QATAnchorGenerator(QATModuleOp):
     num_features: int = 1
 
     def __attrs_post_init__(self) -> None:
-        if not self.sizes or len(self.sizes) != len(self.aspect_ratios):
-            raise IRError(
-                f"qat_anchor_generator: one tuple of sizes and of aspect ratios per level, got {len(self.sizes)} "
-                f"and {len(self.aspect_ratios)}"
-            )
-        for v in (*self.sizes, *self.aspect_ratios):
-            if not v or any(not 0.0 < float(x) < float("inf") for x in v):
-                raise IRError(f"qat_anchor_generator: sizes and aspect ratios must be positive and finite, got {v}")
-        if self.num_features != len(self.sizes):
-            raise IRError(
-                f"qat_anchor_generator: one feature map per anchor level ({len(self.sizes)}), got {self.num_features}"
-            )
+        check_anchor_levels(self.name, self.sizes, self.aspect_ratios, self.num_features)
 
     def num_inputs(self) -> int:
         return 1 + self.num_features

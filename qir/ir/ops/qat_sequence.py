@@ -231,37 +231,11 @@ class QATMultiheadAttention(QATModuleOp):
 
     def bind_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[QATMultiheadAttention, list[Value]]:
         """Bind ``forward(query, key, value, key_padding_mask, need_weights, attn_mask, ...)``."""
-        bound = float_ops.bind_forward_args(f"op {self.name!r}", args, kwargs)
-        if bound.get("is_causal"):
-            raise IRError("qat_multihead_attention: is_causal is not implemented; pass the causal mask as attn_mask")
-        inputs = [bound.get("query"), bound.get("key"), bound.get("value")]
-        if not all(isinstance(v, Value) for v in inputs):
-            raise IRError("qat_multihead_attention: query, key and value must be graph values")
-        kpm, mask = bound.get("key_padding_mask"), bound.get("attn_mask")
-        for v in (kpm, mask):
-            if v is not None and not isinstance(v, Value):
-                raise IRError(f"qat_multihead_attention: masks must be graph values, got {type(v).__name__}")
-        flags = (bound.get("need_weights", True), bound.get("average_attn_weights", True))
-        if not all(isinstance(f, bool) for f in flags):
-            raise IRError("qat_multihead_attention: need_weights and average_attn_weights must be constant booleans")
-        op = attrs.evolve(
-            self,
-            need_weights=flags[0],
-            average_attn_weights=flags[1],
-            key_padding_mask=kpm is not None,
-            attn_mask=mask is not None,
-        )
-        return op, [*inputs, *(v for v in (kpm, mask) if v is not None)]  # type: ignore[misc]
+        return float_ops.bind_quantized_attention(self, args, kwargs)
 
     def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Arguments of the module call for the data operands (query, key, value, masks)."""
-        q, k, v, kpm, mask = float_ops.split_masks(self, inputs)
-        return (q, k, v), {
-            "key_padding_mask": kpm,
-            "need_weights": self.need_weights,
-            "attn_mask": mask,
-            "average_attn_weights": self.average_attn_weights,
-        }
+        return float_ops.quantized_attention_call(self, inputs)
 
     def evaluate(self, ctx: EvalContext, operands: Sequence[Any]) -> Any:
         module = self.to_module(dict(zip(self.param_roles(), self.module_params(operands), strict=True)))
