@@ -45,7 +45,7 @@ from passes.base import Pass, PassContext, add_state_constant, drop_unused_const
 from passes.legalize import resolve_march
 from qir.ir.graph import Graph, Node, Value
 from qir.ir.op import IRError, ModuleOp, MovesCodes, Op
-from qir.ir.ops.core import Call, Constant
+from qir.ir.ops.core import Call, Constant, GetItem
 from qir.ir.ops.qat import QATDequantStub, QATModuleOp
 from qir.ir.types import DType, QuantSpec, SequenceType, TensorType, Type
 
@@ -227,12 +227,12 @@ def _reads_codes(op: QATModuleOp, index: int, v: Value) -> bool:
 
 def _item_of_codes(n: Node, quantized: set[Value]) -> bool:
     """``n`` is a ``getitem`` of a tuple of codes (a split's result)."""
-    return n.op.name == "getitem" and n.operands[0] in quantized and isinstance(n.operands[0].type, SequenceType)
+    return isinstance(n.op, GetItem) and n.operands[0] in quantized and isinstance(n.operands[0].type, SequenceType)
 
 
 def _moved(n: Node) -> Value:
     """The value a layout node moves: the tuple a ``getitem`` indexes, else its one tensor operand."""
-    if n.op.name == "getitem" and isinstance(n.operands[0].type, SequenceType):
+    if isinstance(n.op, GetItem) and isinstance(n.operands[0].type, SequenceType):
         return n.operands[0]
     return next(v for v in n.operands if isinstance(v.type, TensorType))
 
@@ -327,9 +327,8 @@ class Quantize(Pass):
                 converted += 1
             elif n in moves:
                 moved = _moved(n).type
-                index = getattr(n.op, "index", None)
-                if n.op.name == "getitem" and isinstance(moved, SequenceType) and isinstance(index, int):
-                    n.type = moved.elements[index]  # the item as retyped: a split's piece, a layer's h' or c'
+                if isinstance(op, GetItem) and isinstance(moved, SequenceType) and isinstance(op.index, int):
+                    n.type = moved.elements[op.index]  # the item as retyped: a split's piece, a layer's h' or c'
                     continue
                 src = _codes_spec(moved)
                 if src is not None:

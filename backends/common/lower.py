@@ -365,7 +365,7 @@ def stored_constants(ctx: LowerContext, node: Named, v: Any) -> Any:
                 f"node '{node.name}': reads a {v.dtype} constant; a program stores float32, int64 and integer-code "
                 "constants (register the buffer as float32)"
             )
-        c = ctx.const(f"{node.name}.const", v.detach())
+        c = ctx.const(f"{node.name}.const", v)
         return ValueRef(ctx.emit("constant", [], {}, {"value": c}, node.name, f"{node.name}_const"))
     if isinstance(v, list):
         return [stored_constants(ctx, node, x) for x in v]

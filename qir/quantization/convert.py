@@ -510,7 +510,7 @@ def _convert_modules(
         if root is not gm:
             set_submodule(gm, path, q)
     if per_call:
-        tag_scales(root, per_call)
+        tag_scales(root)
 
 
 def per_call_dequant_stub(path: str) -> nn.Module:
@@ -521,11 +521,11 @@ def per_call_dequant_stub(path: str) -> nn.Module:
     return PerCallDeQuantStub(path)
 
 
-def tag_scales(root: nn.Module, stub_paths: Sequence[str]) -> None:
-    """Make the converted eager model ``root`` tag its codes with their scales (for ``stub_paths``)."""
+def tag_scales(root: nn.Module) -> None:
+    """Make the converted eager model ``root`` tag its codes with their scales (it has a shared stub)."""
     from qir.nn.quantized import install_scale_tags
 
-    install_scale_tags(root, stub_paths)
+    install_scale_tags(root)
 
 
 def _refuse_per_channel_input(path: str, m: nn.Module, in_nodes: list[torch.fx.Node], env: Mapping[str, Scale]) -> None:

@@ -440,4 +440,4 @@ def convert_recorded(root: nn.Module, march: Any, mapping: Mapping[type, type] |
         set_submodule(root, path, q)
     uninstall(root)
     if per_call:
-        tag_scales(root, per_call)
+        tag_scales(root)

@@ -332,16 +332,16 @@ def _global_sums_native(x: torch.Tensor) -> torch.Tensor | None:
     return out.view(nb, c, 1, 1)
 
 
-def _global_mean_native(x: torch.Tensor, state: _AdaptiveState, out_dtype: str) -> torch.Tensor | None:
+def _global_mean_native(
+    x: torch.Tensor, sums: torch.Tensor, state: _AdaptiveState, out_dtype: str
+) -> torch.Tensor | None:
     """The global average pool's codes (N, C, 1, 1) in two native passes, the sums over the pixels
     and their requantization by the divisor's table entry (``clamp((sum * M + 2**(s-1)) >> s)``, the
-    rule the float64 factors compute exactly); None where a pass does not apply. At batch 1 the
-    float64 path's six small torch operations cost several times the sums."""
+    rule the float64 factors compute exactly), from the caller's native ``sums``; None where the
+    requantization pass does not apply. At batch 1 the float64 path's six small torch operations
+    cost several times the sums."""
     lib = native.library()
     if lib is None or out_dtype not in ("qint8", "qint16"):
-        return None
-    sums = _global_sums_native(x)
-    if sums is None:
         return None
     nb, c = int(sums.shape[0]), int(sums.shape[1])
     hw = int(x.shape[-2]) * int(x.shape[-1])
@@ -391,10 +391,10 @@ def adaptive_avgpool2d(inst: Instruction, args: list[Any], state: _AdaptiveState
         win = state.windows[(h, w)] = (hs, he, ws, we, factors)
     hs, he, ws, we, factors = win
     if oh == 1 and ow == 1:
-        codes = _global_mean_native(x, state, str(a["out_dtype"]))
+        sums = _global_sums_native(x)
+        codes = None if sums is None else _global_mean_native(x, sums, state, str(a["out_dtype"]))
         if codes is not None:
             return [codes]
-        sums = _global_sums_native(x)
         if sums is None:
             sums = x.to(_sum_dtype(x, h * w)).sum(dim=(-2, -1), keepdim=True)
     else:

@@ -33,7 +33,14 @@ from qir.ir.ops.integer import IntegerModuleOp, _floats
 from qir.ir.ops.integer_codes import check_int, check_scales, code_dtype, per_tensor_scale
 from qir.ir.types import DType, QuantSpec, SequenceType, TensorType, Type
 
-__all__ = ["QAnchorGenerator", "QGridSample", "QMultiScaleRoIAlign", "QRoIAlign", "check_anchor_levels"]
+__all__ = [
+    "QAnchorGenerator",
+    "QGridSample",
+    "QMultiScaleRoIAlign",
+    "QRoIAlign",
+    "bind_multi_scale_call",
+    "check_anchor_levels",
+]
 
 _GRID_MODES = ("nearest", "bilinear")
 _GRID_PADDING = ("zeros", "border")
@@ -336,23 +343,7 @@ class QMultiScaleRoIAlign(_RoIOp):
     def bind_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[QMultiScaleRoIAlign, list[Value]]:
         """Bind ``forward(x, boxes, image_shapes)``: ``x`` a dict of values, ``boxes`` a list of
         values, ``image_shapes`` constant ``(H, W)`` pairs (the level scales are fixed by them)."""
-        call = _bind(self.name, ("x", "boxes", "image_shapes"), args, kwargs)
-        x, boxes, shapes = call.get("x"), call.get("boxes"), call.get("image_shapes")
-        if not isinstance(x, dict) or len(x) != len(self.in_scales):
-            raise IRError(f"qmulti_scale_roi_align: x must be a dict of {len(self.in_scales)} feature maps")
-        feats = _values(self.name, "feature maps", list(x.values()))
-        if not isinstance(boxes, (list, tuple)):
-            raise IRError("qmulti_scale_roi_align: boxes must be a list of (K_i, 4) tensors")
-        box_values = _values(self.name, "boxes", boxes)
-        if not isinstance(shapes, (list, tuple)) or not all(
-            isinstance(s, (list, tuple)) and len(s) == 2 and all(type(v) is int for v in s) for s in shapes
-        ):
-            raise IRError(
-                "qmulti_scale_roi_align: image_shapes must be constant (height, width) pairs (the level scales "
-                f"are fixed for the compiled size); got {shapes!r:.80}"
-            )
-        op = attrs.evolve(self, feature_names=tuple(x), num_boxes=len(box_values), image_shapes=shapes)
-        return op, [*feats, *box_values]
+        return bind_multi_scale_call(self, args, kwargs, len(self.in_scales))
 
     def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         n = len(self.feature_names)
@@ -394,6 +385,32 @@ class QMultiScaleRoIAlign(_RoIOp):
             shifts=tuple(m.shifts),
             image_shapes=((1, 1),),
         )
+
+
+def bind_multi_scale_call(
+    op: Any, args: Sequence[Any], kwargs: dict[str, Any], levels: int | None
+) -> tuple[Any, list[Value]]:
+    """Bind a QAT or integer MultiScaleRoIAlign's ``forward(x, boxes, image_shapes)``: ``x`` a dict of
+    feature-map values (``levels`` of them when given, else at least one), ``boxes`` a list of values,
+    ``image_shapes`` constant ``(H, W)`` pairs (the level scales are fixed by them)."""
+    call = _bind(op.name, ("x", "boxes", "image_shapes"), args, kwargs)
+    x, boxes, shapes = call.get("x"), call.get("boxes"), call.get("image_shapes")
+    if not isinstance(x, dict) or not x or (levels is not None and len(x) != levels):
+        count = f"{levels} " if levels is not None else ""
+        raise IRError(f"{op.name}: x must be a dict of {count}feature maps")
+    feats = _values(op.name, "feature maps", list(x.values()))
+    if not isinstance(boxes, (list, tuple)):
+        raise IRError(f"{op.name}: boxes must be a list of (K_i, 4) tensors")
+    box_values = _values(op.name, "boxes", boxes)
+    if not isinstance(shapes, (list, tuple)) or not all(
+        isinstance(s, (list, tuple)) and len(s) == 2 and all(type(v) is int for v in s) for s in shapes
+    ):
+        raise IRError(
+            f"{op.name}: image_shapes must be constant (height, width) pairs (the level scales are fixed for the "
+            f"compiled size); got {shapes!r:.80}"
+        )
+    bound = attrs.evolve(op, feature_names=tuple(x), num_boxes=len(box_values), image_shapes=shapes)
+    return bound, [*feats, *box_values]
 
 
 def check_anchor_levels(

@@ -165,10 +165,16 @@ class QATModuleOp(ModuleOp):
     def to_module(self, tensors: dict[str, torch.Tensor]) -> Any:
         return _builder(self.name)(self, tensors)
 
+    def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The module call's arguments for the data operands: them in order; a layer whose forward
+        takes a list or a nested state (RoIAlign's boxes, an LSTM cell's ``(h, c)``) regroups them."""
+        return tuple(inputs), {}
+
     def evaluate(self, ctx: Any, operands: Sequence[Any]) -> Any:
         module = self.to_module(dict(zip(self.param_roles(), self.module_params(operands), strict=True)))
         module.train(bool(getattr(ctx, "training", False)))
-        return module(*self.module_inputs(operands))
+        args, kwargs = self.module_call(self.module_inputs(operands))
+        return module(*args, **kwargs)
 
     def module_signature(self) -> Any:
         return self

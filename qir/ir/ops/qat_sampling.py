@@ -38,6 +38,7 @@ from qir.ir.ops.integer_sampling import (
     _strs,
     _torchvision_class,
     _values,
+    bind_multi_scale_call,
     check_anchor_levels,
 )
 from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp
@@ -135,12 +136,6 @@ class QATRoIAlign(QATLayerOp):
 
     def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (inputs[0], list(inputs[1:]) if self.box_list else inputs[1]), {}
-
-    def evaluate(self, ctx: Any, operands: Sequence[Any]) -> Any:
-        module = self.to_module(dict(zip(self.param_roles(), self.module_params(operands), strict=True)))
-        module.train(bool(getattr(ctx, "training", False)))
-        args, kwargs = self.module_call(self.module_inputs(operands))
-        return module(*args, **kwargs)
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
         x = operand_types[0]
@@ -266,34 +261,12 @@ class QATMultiScaleRoIAlign(QATLayerOp):
     def bind_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[QATMultiScaleRoIAlign, list[Value]]:
         """Bind ``forward(x, boxes, image_shapes)``: ``x`` a dict of values, ``boxes`` a list of values,
         ``image_shapes`` constant ``(H, W)`` pairs (the level scales are fixed by them)."""
-        call = _bind(self.name, ("x", "boxes", "image_shapes"), args, kwargs)
-        x, boxes, shapes = call.get("x"), call.get("boxes"), call.get("image_shapes")
-        if not isinstance(x, dict) or not x:
-            raise IRError("qat_multi_scale_roi_align: x must be a dict of feature maps")
-        feats = _values(self.name, "feature maps", list(x.values()))
-        if not isinstance(boxes, (list, tuple)):
-            raise IRError("qat_multi_scale_roi_align: boxes must be a list of (K_i, 4) tensors")
-        box_values = _values(self.name, "boxes", boxes)
-        if not isinstance(shapes, (list, tuple)) or not all(
-            isinstance(s, (list, tuple)) and len(s) == 2 and all(type(v) is int for v in s) for s in shapes
-        ):
-            raise IRError(
-                "qat_multi_scale_roi_align: image_shapes must be constant (height, width) pairs (the level scales "
-                f"are fixed for the compiled size); got {shapes!r:.80}"
-            )
-        op = attrs.evolve(self, feature_names=tuple(x), num_boxes=len(box_values), image_shapes=shapes)
-        return op, [*feats, *box_values]
+        return bind_multi_scale_call(self, args, kwargs, None)
 
     def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         n = len(self.feature_names)
         feats = dict(zip(self.feature_names, inputs[:n], strict=True))
         return (feats, list(inputs[n:]), [tuple(s) for s in self.image_shapes]), {}
-
-    def evaluate(self, ctx: Any, operands: Sequence[Any]) -> Any:
-        module = self.to_module(dict(zip(self.param_roles(), self.module_params(operands), strict=True)))
-        module.train(bool(getattr(ctx, "training", False)))
-        args, kwargs = self.module_call(self.module_inputs(operands))
-        return module(*args, **kwargs)
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
         n = len(self.feature_names)

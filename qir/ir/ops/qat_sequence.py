@@ -21,7 +21,6 @@ import attrs
 from qir.ir.graph import Value
 from qir.ir.op import IRError, Op, register_op
 from qir.ir.ops import attention as float_ops
-from qir.ir.ops.core import EvalContext
 from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp, fake_quant_roles, is_int
 from qir.ir.types import SequenceType, TensorType, Type
 
@@ -120,12 +119,6 @@ class QATLstmCell(QATModuleOp):
     def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Arguments of the module call: ``(input, (h, c))`` or ``(input,)``."""
         return ((inputs[0], (inputs[1], inputs[2])) if self.has_state else (inputs[0],)), {}
-
-    def evaluate(self, ctx: EvalContext, operands: Sequence[Any]) -> Any:
-        module = self.to_module(dict(zip(self.param_roles(), self.module_params(operands), strict=True)))
-        module.train(bool(getattr(ctx, "training", False)))
-        args, kwargs = self.module_call(self.module_inputs(operands))
-        return module(*args, **kwargs)
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
         x = operand_types[0]
@@ -236,12 +229,6 @@ class QATMultiheadAttention(QATModuleOp):
     def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Arguments of the module call for the data operands (query, key, value, masks)."""
         return float_ops.quantized_attention_call(self, inputs)
-
-    def evaluate(self, ctx: EvalContext, operands: Sequence[Any]) -> Any:
-        module = self.to_module(dict(zip(self.param_roles(), self.module_params(operands), strict=True)))
-        module.train(bool(getattr(ctx, "training", False)))
-        args, kwargs = self.module_call(self.module_inputs(operands))
-        return module(*args, **kwargs)
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
         return self.float_op().infer_type(operand_types)

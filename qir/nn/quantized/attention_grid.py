@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from qir.ir.ops.qat_sequence import MHA_FAKE_QUANTS
 from qir.ir.types import DType
 from qir.nn.qat.attention import MultiheadAttention as QATMultiheadAttention
 from qir.nn.quantized.attention import MultiheadAttention
@@ -30,19 +31,8 @@ from qir.quantization.integer_grid_functional import _codes
 
 __all__ = ["applies", "attention_grid_forward"]
 
-_FQS = (
-    "wq_fake_quant",
-    "wk_fake_quant",
-    "wv_fake_quant",
-    "wo_fake_quant",
-    "q_post_process",
-    "k_post_process",
-    "v_post_process",
-    "scores_post_process",
-    "context_post_process",
-    "weights_post_process",
-    "activation_post_process",
-)
+#: the attention's own fake quants (its softmax's are read from m.softmax)
+_FQS = tuple(n for n in MHA_FAKE_QUANTS if not n.startswith("softmax."))
 
 
 class _Straight(torch.autograd.Function):

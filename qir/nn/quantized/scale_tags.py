@@ -35,10 +35,9 @@ from qir.nn.quantized.functional import TAG_OUTPUTS, QFunctional
 from qir.nn.quantized.stubs import SCALE_TAG, DeQuantStub, PerCallDeQuantStub, scale_tag_of
 from qir.quantization.eager_record import PRESERVING
 
-__all__ = ["install_scale_tags", "is_tagged", "passing_tags", "tag_of_module"]
+__all__ = ["install_scale_tags", "passing_tags", "tag_of_module"]
 
 #: root attribute: the model's forwards tag codes with their scales
-TAGGED = "_qir_scale_tags"
 #: functions that keep a tensor's layout as well as its values: a per-channel tag's axis stays valid
 _KEEPS_LAYOUT: set[Any] = {torch.Tensor.contiguous, torch.Tensor.clone, torch.clone, torch.Tensor.detach, torch.detach}
 
@@ -114,8 +113,8 @@ def _root_post_hook(root: nn.Module, args: Any, out: Any) -> None:
     mode.__exit__(None, None, None)
 
 
-def install_scale_tags(root: nn.Module, stub_paths: Sequence[str]) -> None:
-    """Make the converted model ``root`` tag its codes (``stub_paths``: its shared stubs, for the record)."""
+def install_scale_tags(root: nn.Module) -> None:
+    """Make the converted model ``root`` tag its codes with their scales."""
     for m in root.modules():
         if isinstance(m, PerCallDeQuantStub):
             # found by the front end also when it runs a graph built over the model's submodules
@@ -129,10 +128,4 @@ def install_scale_tags(root: nn.Module, stub_paths: Sequence[str]) -> None:
             m.register_forward_hook(_module_hook)
     root.register_forward_pre_hook(_root_pre_hook)
     root.register_forward_hook(_root_post_hook, always_call=True)
-    root.__dict__[TAGGED] = tuple(stub_paths)
     root.__dict__[FORWARD_CONTEXT] = passing_tags
-
-
-def is_tagged(root: nn.Module) -> bool:
-    """Whether ``root`` is a converted eager model whose forwards tag codes with their scales."""
-    return bool(root.__dict__.get(TAGGED))

@@ -4,7 +4,7 @@
 outputs of different scales (one stub for every head, the plugin's users' habit): the plugin's
 quantized tensors carry their scale, and so do the converted eager model's codes, in the tensor
 attribute :data:`SCALE_TAG` (written by the converted modules and passed through reshapes by
-:mod:`qir.quantization.eager_scale_tags`); the stub dequantizes each call with its input's scale.
+:mod:`qir.nn.quantized.scale_tags`); the stub dequantizes each call with its input's scale.
 """
 
 from __future__ import annotations
