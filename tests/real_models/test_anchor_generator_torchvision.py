@@ -45,11 +45,17 @@ def test_float_module_equals_torchvision(sizes: tuple, ratios: tuple) -> None:
     images = ImageList(torch.randn(2, 3, 100, 132), [(100, 130), (90, 132)])
     feats = [torch.randn(2, 4, 25, 33), torch.randn(2, 4, 13, 17), torch.randn(2, 4, 7, 9)][: len(ref.sizes)]
     want = ref(images, feats)
-    for got in (AnchorGenerator(sizes, ratios)(images, feats), AnchorGenerator(sizes, ratios)(images.tensors, feats)):
+    # by keyword: a flat positional size list is refused as ambiguous with the plugin's feat_strides
+    for got in (
+        AnchorGenerator(sizes=sizes, aspect_ratios=ratios)(images, feats),
+        AnchorGenerator(sizes=sizes, aspect_ratios=ratios)(images.tensors, feats),
+    ):
         assert len(got) == len(want) and all(
             torch.equal(g, w) and g.dtype == w.dtype for g, w in zip(got, want, strict=True)
         )
-    assert AnchorGenerator(sizes, ratios).num_anchors_per_location() == ref.num_anchors_per_location()
+    assert (
+        AnchorGenerator(sizes=sizes, aspect_ratios=ratios).num_anchors_per_location() == ref.num_anchors_per_location()
+    )
 
 
 class Net(nn.Module):
