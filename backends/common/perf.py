@@ -11,9 +11,10 @@ What is counted (docs/perf-and-visualize.md):
   elements per output channel), transposed conv per input element, linear / matmul output
   elements times the reduced length; the float convs / linears of the CPU part (``float_fn``
   ``F.conv2d`` ...) likewise. Other kernels count no MACs.
-* bytes moved: every tensor a layer reads from outside itself, every tensor it hands on,
+* bytes moved: every tensor a layer reads from outside itself, every tensor it hands on
+  (each tensor of a tuple output: topk's values and indices, split's pieces, a cell's (h, c)),
   and its parameters, at their integer widths (int8 = 1 byte ...). View-only shape ops
-  (reshape, flatten, squeeze, ...) move nothing.
+  (reshape, flatten, squeeze, ...) and picking an item of a tuple move nothing.
 * parameter bytes: weights, biases, lookup tables and the constants the float part reads
   (a CPU conv's float weights). The requantization multipliers /
   shifts and the CPU kernels' index tables are left out: the Program holds them in CPU
@@ -81,6 +82,8 @@ VIEW_FNS = frozenset(
         "floordiv",
     }
 )
+#: ``ValueInfo.dtype`` of a tuple of tensors
+TUPLE = "tuple"
 _DTYPE_NAMES = {
     torch.int8: "qint8",
     torch.int16: "qint16",
@@ -94,11 +97,20 @@ _DTYPE_NAMES = {
 
 @dataclass(frozen=True)
 class ValueInfo:
-    """Shape and dtype of one tensor value of a Program run on the example inputs."""
+    """Shape and dtype of one tensor value of a Program run on the example inputs; for a tuple of
+    tensors (topk's values and indices, split's pieces) ``dtype`` is ``tuple``, ``parts`` holds each
+    tensor's (nested tuples kept), and ``nbytes`` is their sum."""
 
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
+    parts: tuple[ValueInfo, ...] = ()
+
+    def leaves(self) -> list[ValueInfo]:
+        """The tensors this value holds: itself, or a tuple's tensors in order."""
+        if self.dtype != TUPLE:
+            return [self]
+        return [leaf for p in self.parts for leaf in p.leaves()]
 
 
 def value_infos(program: Program, inputs: Sequence[torch.Tensor]) -> dict[str, ValueInfo]:
@@ -119,8 +131,9 @@ def value_infos(program: Program, inputs: Sequence[torch.Tensor]) -> dict[str, V
             outs = kernel.run(inst, [env[v] for v in inst.inputs], kernel.prepare(inst, program.constants))
             for name, val in zip(inst.outputs, outs, strict=True):
                 env[name] = val
-                if isinstance(val, torch.Tensor):
-                    infos[name] = _info(val)
+                found = _info(val) if isinstance(val, torch.Tensor) else _tuple_info(val)
+                if found is not None:
+                    infos[name] = found
             for v in inst.inputs:  # drop values nobody reads again: resnet-sized runs stay small
                 uses[v] -= 1
                 if uses[v] == 0 and v not in program.inputs:
@@ -134,6 +147,17 @@ def _info(t: Any) -> ValueInfo:
     return ValueInfo(
         tuple(int(d) for d in t.shape), _DTYPE_NAMES.get(t.dtype, str(t.dtype)), t.numel() * t.element_size()
     )
+
+
+def _tuple_info(val: Any) -> ValueInfo | None:
+    """A tuple / list holding tensors (other items, like a shape's ints, hold no bytes); None without any."""
+    if not isinstance(val, (tuple, list)) or isinstance(val, torch.Size):
+        return None
+    parts = [_info(x) if isinstance(x, torch.Tensor) else _tuple_info(x) for x in val]
+    kept = tuple(p for p in parts if p is not None)
+    if not kept:
+        return None
+    return ValueInfo((), TUPLE, sum(p.nbytes for p in kept), kept)
 
 
 @dataclass
@@ -156,6 +180,9 @@ class LayerProfile:
     unit: str = "BPU"
     #: float operations of a CPU layer (0 on the BPU, whose work is MACs)
     float_ops: int = 0
+    #: a layer whose output is a tuple (topk, split): each tensor's shape (``output_shape`` is then None
+    #: and ``output_dtype`` lists their dtypes, comma-separated)
+    output_shapes: list[list[int]] | None = None
 
     @property
     def bytes_moved(self) -> int:
@@ -275,7 +302,7 @@ class ProgramProfile:
                     la.module,
                     la.unit,
                     "+".join(la.kernels),
-                    "x".join(map(str, la.output_shape or [])) or "-",
+                    _shapes_text(la),
                     la.output_dtype,
                     f"{la.macs:,}",
                     f"{la.input_bytes:,}",
@@ -313,6 +340,12 @@ class ProgramProfile:
 
     def __str__(self) -> str:
         return self.text(layer_details=True)
+
+
+def _shapes_text(la: LayerProfile) -> str:
+    """The output column: ``2x8x4x4``, a tuple's shapes comma-separated, ``-`` for none."""
+    shapes = la.output_shapes if la.output_shapes is not None else [la.output_shape or []]
+    return ",".join("x".join(map(str, s)) or "-" for s in shapes) or "-"
 
 
 # ----------------------------------------------------------------------------- counting
@@ -365,13 +398,13 @@ def _on_cpu(insts: Sequence[Instruction], infos: Mapping[str, ValueInfo]) -> boo
     """The layer is the program's CPU float part: no quantize / dequantize, only float-part tensors."""
     if any(i.op in _BOUNDARY for i in insts):
         return False
-    touched = [infos[v] for i in insts for v in [*i.inputs, *i.outputs] if v in infos]
+    touched = [t for i in insts for v in [*i.inputs, *i.outputs] if v in infos for t in infos[v].leaves()]
     return all(t.dtype in _FLOAT_PART for t in touched) and (bool(touched) or any(i.op == "float_fn" for i in insts))
 
 
 def _float_ops(inst: Instruction, infos: Mapping[str, ValueInfo]) -> int:
     """Float operations of one CPU step: one per element of its largest tensor, sorts n*ceil(log2 n) a row."""
-    shapes = [infos[v].shape for v in [*inst.inputs, *inst.outputs] if v in infos]
+    shapes = [t.shape for v in [*inst.inputs, *inst.outputs] if v in infos for t in infos[v].leaves()]
     if not shapes:
         return 0
     largest = max(shapes, key=_numel)
@@ -398,13 +431,24 @@ def _sort_dim(inst: Instruction) -> int:
     return -1
 
 
-def _moves_nothing(inst: Instruction) -> bool:
-    return inst.op == "shape_fn" and str(inst.attrs.get("fn")) in VIEW_FNS
+def _moves_nothing(inst: Instruction, infos: Mapping[str, ValueInfo]) -> bool:
+    """A view, or picking one item of a tuple (whose producer counted every item's bytes)."""
+    if inst.op != "shape_fn":
+        return False
+    fn = str(inst.attrs.get("fn"))
+    if fn in VIEW_FNS:
+        return True
+    if fn != "getitem" or not inst.attrs.get("args"):
+        return False
+    seq = inst.attrs["args"][0]
+    if isinstance(seq, (list, tuple)):
+        return True  # an item of a Python tuple of values (a cell's (h, c))
+    return isinstance(seq, ValueRef) and seq.name in infos and infos[seq.name].dtype == TUPLE
 
 
 def _wide(inst: Instruction, infos: Mapping[str, ValueInfo], consts: Mapping[str, torch.Tensor]) -> bool:
     """An int16 operand (activation or weight): MACs cost ``int16_mac_cost`` int8 slots."""
-    if any(infos[v].dtype == "qint16" for v in inst.inputs if v in infos):
+    if any(t.dtype == "qint16" for v in inst.inputs if v in infos for t in infos[v].leaves()):
         return True
     w = inst.consts.get("weight")
     return w is not None and consts[w].dtype == torch.int16
@@ -457,7 +501,7 @@ def profile_program(
         weighted = sum(
             _macs(i, infos, consts) * (roofline.int16_mac_cost if _wide(i, infos, consts) else 1.0) for i in insts
         )
-        moving = [i for i in insts if not _moves_nothing(i)]
+        moving = [i for i in insts if not _moves_nothing(i, infos)]
         in_vals = {v for i in moving for v in i.inputs if v not in produced and v in infos}
         in_bytes = sum(
             infos[v].nbytes // 4 if v in pixel_inputs and infos[v].dtype == "float32" else infos[v].nbytes
@@ -490,12 +534,13 @@ def profile_program(
                 input_bytes=in_bytes,
                 output_bytes=out_bytes,
                 param_bytes=p_bytes,
-                output_shape=list(info.shape) if info else None,
-                output_dtype=info.dtype if info else "-",
+                output_shape=list(info.shape) if info and not info.parts else None,
+                output_dtype=(",".join(t.dtype for t in info.leaves()) if info.parts else info.dtype) if info else "-",
                 est_time_s=t,
                 bound=bound,
                 unit="CPU" if cpu else "BPU",
                 float_ops=f_ops,
+                output_shapes=[list(t.shape) for t in info.leaves()] if info and info.parts else None,
             )
         )
     prof.param_bytes = distinct

@@ -94,6 +94,8 @@ def format_value(info: ValueInfo | None, scale: Scale) -> str:
     """``dtype shape scale`` of one value; ``scale ?`` for a code tensor whose scale nobody recorded."""
     if info is None:
         return "python value"
+    if info.parts:
+        return "tuple(" + ", ".join(format_value(t, None if t.dtype == "int64" else scale) for t in info.parts) + ")"
     shape = "x".join(str(d) for d in info.shape) or "scalar"
     if info.dtype not in ("qint8", "qint16", "qint32"):
         return f"{info.dtype} {shape}"

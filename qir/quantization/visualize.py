@@ -45,7 +45,7 @@ def program_scales(low: Lowered) -> dict[str, Scale]:
     for inst in low.program.instructions:
         for o in inst.outputs:
             info = low.infos.get(o)
-            if info is None and inst.op in _TUPLES:
+            if info is not None and info.parts and inst.op in _TUPLES:
                 # a tuple of tensors (chunk, split; max / topk values and indices): its codes keep the input's scale
                 s0 = next((scales[v] for v in inst.inputs if v in scales), None)
                 if s0 is not None:
