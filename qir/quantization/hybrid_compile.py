@@ -27,33 +27,48 @@ from qir.frontend.tracer import TraceError
 from qir.quantization.fuse import trace_fx
 from qir.quantization.hybrid import hybrid_plan_of
 
-__all__ = ["inline_cpu_modules"]
+__all__ = ["INLINED_AS", "INLINED_FROM", "inline_cpu_modules"]
+
+#: ``node.meta`` keys of a node inlined from a CPU module's forward: the module's path, and the name
+#: reports show for the node (the path for the one call of its forward, ``head.act.selu`` for one of several)
+INLINED_FROM = "qir.inlined_from"
+INLINED_AS = "qir.inlined_as"
 
 
 def inline_cpu_modules(gm: nn.Module) -> nn.Module:
     """``gm`` with the calls of its hybrid CPU modules that have no IR op traced inline (a new
-    GraphModule sharing ``gm``'s submodules; ``gm`` itself when there are none)."""
+    GraphModule sharing ``gm``'s submodules; ``gm`` itself when there are none).
+
+    The inlined nodes are named for the call they replace, so the program's steps, ``perf_model``'s
+    layers and ``visualize_model``'s boxes carry the user's names: a forward with one call takes the
+    call's node name (``head_act``; ``head_act_1`` for its second call), one with several calls
+    prefixes each (``head_act_selu``); ``node.meta`` holds the module path (``INLINED_FROM``) and the
+    name reports show (``INLINED_AS``: ``head.act``, ``head.act.selu``).
+    """
     plan = hybrid_plan_of(gm)
     if plan is None or not isinstance(gm, torch.fx.GraphModule):
         return gm
     cpu = set(plan.cpu_modules())
-    graph = _copy_graph(gm.graph)
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, Any] = {}
     changed = False
-    for node in list(graph.nodes):
-        if node.op != "call_module":
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            m = gm.get_submodule(str(node.target))
+            if _is_float_dequant_stub(m) and len(node.args) == 1 and not node.kwargs:
+                # a DeQuantStub of a float value (after a CPU op): an identity
+                env[node] = torch.fx.node.map_arg(node.args[0], lambda a: env[a])
+                changed = True
+                continue
+            if str(node.target) in cpu and tables().for_module(m) is None:
+                # no IR op (a float conv, linear, batch norm lowers as that op): its forward's calls
+                env[node] = _inline(graph, node, m, str(node.target), env)
+                changed = True
+                continue
+        if node.op == "output":
+            graph.output(torch.fx.node.map_arg(node.args[0], lambda a: env[a]), type_expr=node.type)
             continue
-        m = gm.get_submodule(str(node.target))
-        if _is_float_dequant_stub(m) and len(node.args) == 1 and not node.kwargs:
-            node.replace_all_uses_with(node.args[0])  # type: ignore[arg-type]
-            graph.erase_node(node)  # a DeQuantStub of a float value (after a CPU op): an identity
-            changed = True
-            continue
-        if str(node.target) not in cpu:
-            continue
-        if tables().for_module(m) is not None:
-            continue  # an IR op (a float conv, linear, batch norm): lowered as that op
-        _inline(graph, node, m, str(node.target))
-        changed = True
+        env[node] = graph.node_copy(node, lambda a: env[a])
     if not changed:
         return gm
     graph.lint()
@@ -70,15 +85,11 @@ def _is_float_dequant_stub(m: nn.Module) -> bool:
     return type(m) in (DeQuantStub, TorchDeQuantStub)
 
 
-def _copy_graph(g: torch.fx.Graph) -> torch.fx.Graph:
-    new = torch.fx.Graph()
-    out = new.graph_copy(g, {})
-    new.output(out)
-    return new
-
-
-def _inline(graph: torch.fx.Graph, node: torch.fx.Node, m: nn.Module, path: str) -> None:
-    """Replace call ``node`` of module ``m`` (at ``path``) by the traced calls of its forward."""
+def _inline(
+    graph: torch.fx.Graph, node: torch.fx.Node, m: nn.Module, path: str, outer: dict[torch.fx.Node, Any]
+) -> Any:
+    """Append the traced calls of ``m``'s forward (``m`` at ``path``, called by ``node`` of the graph
+    being copied; ``outer`` maps that graph's nodes to ``graph``'s) to ``graph``; return the result."""
     try:
         sub = trace_fx(m)
     except TraceError as e:
@@ -92,20 +103,32 @@ def _inline(graph: torch.fx.Graph, node: torch.fx.Node, m: nn.Module, path: str)
             f"the CPU module '{path}' ({type(m).__name__}) is called with keyword or extra arguments; only positional "
             "calls of CPU modules are inlined to compile them"
         )
+    calls = [n for n in sub.nodes if n.op not in ("placeholder", "output", "get_attr")]
     env: dict[torch.fx.Node, Any] = {}
+    for i, sn in enumerate(placeholders):
+        if i < len(node.args):
+            env[sn] = torch.fx.node.map_arg(node.args[i], lambda a: outer[a])
+        else:
+            env[sn] = sn.args[0] if sn.args else None
     result: Any = None
-    with graph.inserting_before(node):
-        for i, sn in enumerate(placeholders):
-            env[sn] = node.args[i] if i < len(node.args) else (sn.args[0] if sn.args else None)
-        for sn in sub.nodes:
-            if sn.op == "placeholder":
-                continue
-            if sn.op == "output":
-                result = torch.fx.node.map_arg(sn.args[0], lambda a: env[a])
-                continue
-            new = graph.node_copy(sn, lambda a: env[a])  # type: ignore[arg-type,return-value]
-            if new.op in ("get_attr", "call_module"):
-                new.target = f"{path}.{sn.target}"
-            env[sn] = new
-    node.replace_all_uses_with(result)  # type: ignore[arg-type]
-    graph.erase_node(node)
+    for sn in sub.nodes:
+        if sn.op == "placeholder":
+            continue
+        if sn.op == "output":
+            result = torch.fx.node.map_arg(sn.args[0], lambda a: env[a])
+            continue
+        one = len(calls) == 1 and sn is calls[0]
+        target = f"{path}.{sn.target}" if sn.op in ("get_attr", "call_module") else sn.target
+        new = graph.create_node(
+            sn.op,
+            target,
+            torch.fx.node.map_arg(sn.args, lambda a: env[a]),
+            torch.fx.node.map_arg(sn.kwargs, lambda a: env[a]),
+            name=node.name if one else f"{node.name}_{sn.name}",
+            type_expr=sn.type,
+        )
+        new.meta = dict(sn.meta)
+        new.meta[INLINED_FROM] = path
+        new.meta[INLINED_AS] = path if one else f"{path}.{sn.name}"
+        env[sn] = new
+    return result

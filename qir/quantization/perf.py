@@ -27,6 +27,7 @@ from backends.common.program import Program
 from backends.common.roofline import get_roofline
 from qir.frontend.tracer import TraceError
 from qir.quantization.compile import _inputs, _march_of, _resolve, compile_model
+from qir.quantization.hybrid_compile import INLINED_AS, INLINED_FROM, inline_cpu_modules
 
 __all__ = ["Lowered", "lower_for_analysis", "perf_model"]
 
@@ -50,6 +51,8 @@ class Lowered:
             n = nodes.get(name)
             if n is None:
                 out[name] = name
+            elif INLINED_AS in n.meta:
+                out[name] = str(n.meta[INLINED_AS])  # a hybrid CPU module's forward, traced inline
             elif n.op == "call_module":
                 out[name] = str(n.target)
             elif (
@@ -65,7 +68,9 @@ class Lowered:
         out: dict[str, nn.Module] = {}
         for n in self.graph.nodes:
             obj: Any = None
-            if n.op == "call_module":
+            if INLINED_FROM in n.meta and n.op != "call_module":
+                obj = self.root.get_submodule(str(n.meta[INLINED_FROM]))  # the CPU module it was inlined from
+            elif n.op == "call_module":
                 obj = self.root.get_submodule(str(n.target))
             elif (
                 n.op == "call_method" and n.args and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "get_attr"
@@ -93,8 +98,10 @@ def lower_for_analysis(
     """
     inputs = _inputs(example_inputs)
     root = _resolve(module)
-    # the fx graph names the modules behind the program's instruction sources (IR names are fx names)
-    graph = root.graph if isinstance(root, torch.fx.GraphModule) else _fx_graph(root, inputs)
+    # the fx graph names the modules behind the program's instruction sources (IR names are fx names);
+    # compile_model lowers a hybrid model's CPU modules from their forwards' calls, traced inline
+    inlined = inline_cpu_modules(root)
+    graph = inlined.graph if isinstance(inlined, torch.fx.GraphModule) else _fx_graph(root, inputs)
     march_name = _march_of(root, march)
     compiled = compile_model(root, list(inputs), march=march_name, opt=opt, input_source=input_source, check=False)
     program = compiled.program
