@@ -81,8 +81,12 @@ from qir.ir.types import DType
 
 try:
     from benchmarks.fuzz_ir_converted import converted_seeds
+    from benchmarks.table16_mutation import RULES as TABLE16_RULES
+    from benchmarks.table16_mutation import break_rule as break_table16_rule
 except ImportError:  # run as a script: benchmarks/ is on sys.path, not the repository root
     from fuzz_ir_converted import converted_seeds  # type: ignore[no-redef]
+    from table16_mutation import RULES as TABLE16_RULES  # type: ignore[no-redef]
+    from table16_mutation import break_rule as break_table16_rule  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
@@ -432,21 +436,12 @@ def mutate_table16(
         return text, out, ""
     key = rng.choice(keys)
     t = out[key].clone()
-    op = rng.choice(["swap", "bump", "ends", "value", "version", "rows"])
+    op = rng.choice([*TABLE16_RULES, "version", "rows"])
     if t.dim() != 2 or op == "version":
         v = rng.choice(["1", "3", "0", "-1", "2.0", '"2"', "None"])
         return re.sub(r"table16_version=2\b", f"table16_version={v}", text, count=1), out, f"table16_version={v}"
-    knots, values = t[0], t[1]
-    n = t.shape[1]
-    if op == "swap" and n > 3:
-        i = rng.randrange(1, n - 2)
-        knots[i], knots[i + 1] = int(knots[i + 1]), int(knots[i])
-    elif op == "bump" and n > 2:
-        knots[rng.randrange(1, n - 1)] += rng.choice([1, -1, 3])
-    elif op == "ends":
-        knots[rng.choice([0, n - 1])] = rng.choice([-32769, -32767, 32767, 32769, 0])
-    elif op == "value":
-        values[rng.randrange(n)] = rng.choice([32768, -32769, 128, -129, 2**31 - 1, -(2**31)])
+    if op in TABLE16_RULES:
+        break_table16_rule(rng, t[0], t[1], op)  # the rows are views: t changes in place
     else:
         t = t.flip(0)  # values where the knot codes belong
     out[key] = t

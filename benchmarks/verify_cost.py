@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import torch
 from torch import nn
@@ -22,6 +21,11 @@ from qir.ir import Graph, verify
 from qir.ir import verifier as verifier_module
 from qir.march import march_scope
 from qir.quantization import DeQuantStub, QuantStub, convert_fx, get_default_qat_qconfig, prepare_qat_fx
+
+try:
+    from benchmarks.pipeline_cost import best_of
+except ImportError:  # run as a script: benchmarks/ is on sys.path, not the repository root
+    from pipeline_cost import best_of  # type: ignore[no-redef]
 
 
 class _Chain(nn.Module):
@@ -56,15 +60,6 @@ class _Forgets(dict):  # type: ignore[type-arg]
         pass
 
 
-def _best(fn: object, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()  # type: ignore[operator]
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--blocks", type=int, default=40)
@@ -79,17 +74,17 @@ def main(argv: list[str] | None = None) -> int:
         verifier_module._PASSED.clear()  # every constant scanned, as before the cache
         verify(graph)
 
-    cold_s = _best(cold, args.repeat)
+    cold_s = best_of(args.repeat, cold)[0]
     verify(graph)
-    warm_s = _best(lambda: verify(graph), args.repeat)
+    warm_s = best_of(args.repeat, lambda: verify(graph))[0]
     # a pipeline of three passes that change nothing, verifying before and after each
     # (verify_each): with the cache, and with a cache that keeps nothing (every verify scans)
     verifier_module._PASSED.clear()
-    pipe_s = _best(lambda: passes.run_pipeline(graph, "dce,dce,dce"), args.repeat)
+    pipe_s = best_of(args.repeat, lambda: passes.run_pipeline(graph, "dce,dce,dce"))[0]
     kept = verifier_module._PASSED
     verifier_module._PASSED = _Forgets()
     try:
-        pipe_cold_s = _best(lambda: passes.run_pipeline(graph, "dce,dce,dce"), args.repeat)
+        pipe_cold_s = best_of(args.repeat, lambda: passes.run_pipeline(graph, "dce,dce,dce"))[0]
     finally:
         verifier_module._PASSED = kept
     load = os.getloadavg()[0]

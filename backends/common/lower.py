@@ -34,7 +34,7 @@ from torch import nn
 
 from backends.common.kernels.base import F64_EXACT_ACC, get_kernel
 from backends.common.kernels.schema import SchemaError
-from backends.common.program import Instruction, ValueRef
+from backends.common.program import CONST_DTYPES, Instruction, ValueRef
 
 __all__ = [
     "KernelPolicy",
@@ -351,8 +351,9 @@ def bind(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any])
     return dict(b.arguments)
 
 
-#: dtypes of the constant tensors a ``constant`` instruction may hold (a buffer the model reads)
-_STORED_DTYPES = (torch.float32, torch.int64, torch.int32, torch.int16, torch.int8)
+#: dtypes of the constant tensors a ``constant`` instruction may hold (a buffer the model reads): a program's
+#: constant dtypes but uint8, which no kernel reads as a value
+_STORED_DTYPES = tuple(d for d in CONST_DTYPES.values() if d is not torch.uint8)
 
 
 def stored_constants(ctx: LowerContext, node: Named, v: Any) -> Any:

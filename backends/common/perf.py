@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from backends.common.kernels.base import get_kernel
+from backends.common.kernels.float_ops import FLOAT_MAC_LAYERS, FLOAT_VALUE_DTYPES
 from backends.common.program import Instruction, Program, ValueRef, output_names
 from backends.common.roofline import Roofline, estimate_cpu_seconds, estimate_seconds
 
@@ -48,14 +49,11 @@ ESTIMATE_NOTE = (
     "ESTIMATE: times come from a roofline model at the march's peak rates (max of compute and DRAM "
     "time per layer; CPU float steps at the CPU's float rate), not from a measurement on the device"
 )
-#: the dtypes of the program's float part (float values, int64 indices, bool masks): a layer touching only
-#: these, and no quantize / dequantize boundary, runs on the CPU
-_FLOAT_PART = frozenset({"float32", "int64", "qbool"})
 _BOUNDARY = frozenset({"quantize", "dequantize"})
 #: float_fn functions that sort along a dimension: n * ceil(log2 n) operations per row of n
 _SORTS = frozenset({"sort", "argsort", "topk"})
 #: float_fn functions that are layers (a hybrid model's CPU convs): counted as 2 operations per MAC
-_FLOAT_LAYERS = frozenset({"F.conv1d", "F.conv2d", "F.conv3d", "F.conv_transpose1d", "F.conv_transpose2d", "F.linear"})
+_FLOAT_LAYERS = frozenset(FLOAT_MAC_LAYERS)
 
 #: Constant roles that are model parameters (the rest are requantization / CPU index tables); ``value``:
 #: a tensor a ``constant`` instruction reads (a CPU float conv's weights, a decoder's anchor grid)
@@ -93,6 +91,9 @@ _DTYPE_NAMES = {
     torch.bool: "qbool",
     torch.uint8: "uint8",
 }
+#: the dtypes of the program's float part (float values, int64 indices, bool masks): a layer touching only
+#: these, and no quantize / dequantize boundary, runs on the CPU
+_FLOAT_PART = frozenset(_DTYPE_NAMES[d] for d in FLOAT_VALUE_DTYPES)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,11 @@ before it trained (a prepared model's first check against the float one), valida
 quants whose observers were turned off (``disable_observer``) or whose scale is fixed,
 ``float_fake_quant()`` blocks (tools that run the QAT graph itself) and ``types_only_fake_quant()``
 runs (nothing observes).
+
+Whether a model has a fake quant observing in QAT state is cached per model on
+``fake_quantize.switch_epoch()`` (which moves whenever any fake quant's state, switches or observer is
+set), so the forwards that cannot warn (calibration steps, validation batches after training) cost
+a dictionary lookup, not a walk over the model's modules.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from qir.quantization.fake_quantize import (
     FakeQuantize,
     FakeQuantState,
     float_fake_quant_active,
+    switch_epoch,
     types_only_fake_quant_active,
 )
 
@@ -57,7 +63,22 @@ def _caller_level() -> int:
     return level
 
 
+#: model -> (switch epoch, whether a fake quant of it observes in QAT state): a forward in the same
+#: switch settings (every calibration step, every validation batch) answers without walking the model
+_OBSERVING: weakref.WeakKeyDictionary[nn.Module, tuple[int, bool]] = weakref.WeakKeyDictionary()
+
+
 def _observing_in_qat(model: nn.Module) -> bool:
+    epoch = switch_epoch()
+    known = _OBSERVING.get(model)
+    if known is not None and known[0] == epoch:
+        return known[1]
+    found = _scan(model)
+    _OBSERVING[model] = (epoch, found)
+    return found
+
+
+def _scan(model: nn.Module) -> bool:
     return any(
         isinstance(m, FakeQuantize)
         and m.state is FakeQuantState.QAT

@@ -135,6 +135,18 @@ class FakeQuantState(enum.Enum):
         raise ValueError(f"unknown fake-quant state {state!r}; valid: {', '.join(s.name for s in cls)}")
 
 
+#: attributes of a fake quant that decide whether its forward observes in QAT state
+_SWITCHES = frozenset({"state", "observer_enabled", "fake_quant_enabled", "observer"})
+#: how often any fake quant's switches were set in this process: what a per-model answer about its fake quants
+#: is cached on (qir.quantization.eval_observers), so a forward need not walk the model to know it
+_SWITCH_EPOCH = [0]
+
+
+def switch_epoch() -> int:
+    """The count of fake-quant switch settings so far (:data:`_SWITCHES`); it changes whenever one is set."""
+    return _SWITCH_EPOCH[0]
+
+
 class FakeQuantize(nn.Module):
     """Observer plus fake quant for one tensor.
 
@@ -193,6 +205,11 @@ class FakeQuantize(nn.Module):
         #: prepare_qat_fx model run its integer twin (qir.quantization.exact_validation)
         self.state: FakeQuantState | None = None
         self.set_state(self._initial_state)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SWITCHES:
+            _SWITCH_EPOCH[0] += 1  # set directly too (debug taps, sensitivity), not only by set_state
+        super().__setattr__(name, value)
 
     @classmethod
     def with_args(cls: type[M], **kwargs: Any) -> ModuleFactory[M]:

@@ -111,3 +111,38 @@ def test_an_eager_model_warns_too() -> None:
     qat.train()(x)
     assert len(_run(qat.eval(), x)) == 1
     assert _run(qat, x) == []
+
+
+def test_forwards_that_cannot_warn_do_not_walk_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qir.quantization import eval_observers
+    from qir.quantization.fake_quantize import FakeQuantize
+
+    walks: list[int] = []
+    real_scan = eval_observers._scan
+    monkeypatch.setattr(eval_observers, "_scan", lambda model: walks.append(1) or real_scan(model))
+    x = torch.randn(2, 3, 8, 8)
+    calib = _qat(get_default_calib_qconfig()).train()
+    calib(x)
+    walks.clear()
+    for _ in range(5):
+        calib(x)  # calibration steps in training mode: answered from the cache
+    assert walks == []
+    qat = _qat()
+    qat.train()(x)
+    set_fake_quantize(qat.eval(), "validation")
+    for _ in range(2):
+        # the first validation batch builds the integer twin, whose new fake quants set their switches:
+        # the next walks once more
+        assert _run(qat, x) == []
+    walks.clear()
+    for _ in range(5):
+        assert _run(qat, x) == []  # validation batches after training
+    assert walks == []
+    # a switch set directly (not by set_state) is seen: QAT state again, one observer off by hand
+    set_fake_quantize(qat, "qat")
+    fqs = [m for m in qat.modules() if isinstance(m, FakeQuantize)]
+    for fq in fqs:
+        fq.observer_enabled = False
+    assert _run(qat, x) == []
+    fqs[0].observer_enabled = True
+    assert len(_run(qat, x)) == 1

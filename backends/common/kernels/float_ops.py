@@ -27,7 +27,7 @@ from backends.common.kernels.schema import KernelSchema
 from backends.common.kernels.shape import _refs_are_inputs, call_named, named_call, named_call_attrs
 from backends.common.program import Instruction
 
-__all__ = ["FLOAT_FUNCTIONS", "FLOAT_VALUE_DTYPES", "float_function_name"]
+__all__ = ["FLOAT_FUNCTIONS", "FLOAT_MAC_LAYERS", "FLOAT_VALUE_DTYPES", "float_function_name"]
 
 #: torch functions (``torch.<name>``) and tensor methods (``Tensor.<name>``) the float part may call:
 #: elementwise math, comparisons, reductions and selections whose output size the operands bound
@@ -41,12 +41,19 @@ _TORCH_AND_METHODS = (
 ).split()
 #: methods only (dtype casts between the float part's dtypes; ``x.float()`` of a float is itself)
 _METHODS_ONLY = ("float", "long", "bool", "type_as")
-_FUNCTIONAL = (
-    "sigmoid softmax log_softmax relu relu6 silu softplus hardsigmoid normalize selu elu celu gelu leaky_relu "
-    "hardswish hardtanh mish tanh "
-    # the layers a hybrid model leaves on the CPU in float (hybrid_dict): their weights are program constants
-    "conv1d conv2d conv3d conv_transpose1d conv_transpose2d linear batch_norm layer_norm"
-).split()
+#: the float layers with weights a hybrid model leaves on the CPU (hybrid_dict) that multiply-accumulate:
+#: their weights are program constants, and perf counts their MACs
+FLOAT_MAC_LAYERS = tuple(f"F.{n}" for n in "conv1d conv2d conv3d conv_transpose1d conv_transpose2d linear".split())
+_FUNCTIONAL = [
+    *(
+        "sigmoid softmax log_softmax relu relu6 silu softplus hardsigmoid normalize selu elu celu gelu leaky_relu "
+        "hardswish hardtanh mish tanh"
+    ).split(),
+    *(n.removeprefix("F.") for n in FLOAT_MAC_LAYERS),
+    # the other layers a hybrid model leaves on the CPU in float, their weights program constants too
+    "batch_norm",
+    "layer_norm",
+]
 _OPERATORS = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "eq", "ne", "lt", "le", "gt", "ge")
 
 
