@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeAlias
 
+import numpy as np
 import torch
 
 from qir.ir.types import DType
@@ -114,8 +115,33 @@ def quantize(x: torch.Tensor, scale: ScaleLike, dtype: DTypeLike, axis: int | No
     lo, hi = qd.qrange
     ct = torch.float64 if qd is DType.qint32 else compute_dtype(x)
     s = broadcast_along(as_scale(scale, x, ct), axis, x.dim())
-    q = round_half_up(x.to(ct) / s).clamp_(lo, hi)
+    v = x.to(ct) / s
+    if ct == torch.float32 and v.device.type == "cpu" and not _rounds_up_wrongly(v):
+        # floor(fl(v + 0.5)) in three in-place passes, where round_half_up takes five: exact here
+        # (_rounds_up_wrongly says why), and twice as fast on a network's weights at conversion
+        q = v.add_(0.5).floor_().clamp_(lo, hi)
+    else:
+        q = round_half_up(v).clamp_(lo, hi)
     return q.to(qd.to_torch())
+
+
+#: the one float32 value ``v`` below 2**22 whose ``v + 0.5`` rounds up to the next integer:
+#: 0.5 - 2**-25 (the sum 1 - 2**-25 ties to 1.0)
+_HALF_BELOW = np.nextafter(np.float32(0.5), np.float32(0.0))
+
+
+def _rounds_up_wrongly(v: torch.Tensor) -> bool:
+    """Whether float32 ``floor(v + 0.5)`` would differ from ``floor(v + 0.5)`` computed exactly
+    anywhere that matters once the result is clamped to a qint8 / qint16 range.
+
+    For ``|v| < 2**22`` the float32 sum ``v + 0.5`` is exact (both terms share ``v``'s binade grid,
+    or Sterbenz's lemma applies for negative ``v``) or rounds inside one unit interval, except at
+    ``v = 0.5 - 2**-25``, whose sum ties to 1.0. Beyond ``2**22`` the sum may round to a
+    neighbouring integer, but so far out of the qint16 range that the clamp gives the same code.
+    NaN and infinities go the same way on both paths. So that one value is all to look for (a
+    numpy view of a CPU tensor: one cheap pass, where a torch comparison allocates and reduces)."""
+    a = v.detach().numpy() if v.is_contiguous() else v.detach().contiguous().numpy()
+    return bool(np.any(a == _HALF_BELOW))
 
 
 def dequantize(q: torch.Tensor, scale: ScaleLike, axis: int | None = None) -> torch.Tensor:
