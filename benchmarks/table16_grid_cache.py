@@ -15,6 +15,11 @@ cache, round-robin, in this process's CPU time with 1 torch thread; the figure i
 
 Both modes' outputs are compared first (equal, bit for bit). Prints ms per forward and the ratio.
 
+Then the cost of building one version-2 table (``lut_int16(..., measure=False)``, what a cache miss
+pays) against the plain per-level build of benchmarks/table16_reference.py, per function, and the
+``observers on`` forward (cache on) with each build, in the same run: the ratios are the speed-up of
+the vectorised build. Both builds' tables are compared first (equal).
+
     PYTHONPATH=. python benchmarks/table16_grid_cache.py [--batch 8] [--size 32] [--rounds 5] [--steps 5]
 """
 
@@ -23,7 +28,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -121,7 +127,59 @@ def main() -> None:
         before, after = best[(name, False)] * 1e3, best[(name, True)] * 1e3
         print(f"{name:<18} {before:>12.2f} {after:>9.2f} {before / after:>5.2f}x")
     print(f"cache: {len(TABLE16_CACHE)} tables, {TABLE16_CACHE.hits} hits, {TABLE16_CACHE.misses} misses")
+    _build_cost(run, args)
     _converted_lookup(frozen, x, args)
+
+
+@contextmanager
+def _reference_build() -> Iterator[None]:
+    """Inside the block ``lut_int16`` places its knots by the plain per-level rule."""
+    from backends.common import lut_segmented
+    from benchmarks.table16_reference import reference_knots
+
+    fast = lut_segmented._bounded_knots
+    lut_segmented._bounded_knots = reference_knots
+    try:
+        yield
+    finally:
+        lut_segmented._bounded_knots = fast
+
+
+def _build_cost(run: Callable[[bool], torch.Tensor], args: argparse.Namespace) -> None:
+    from backends.common.lut_segmented import lut_int16
+    from benchmarks.table16_reference import reference_table16
+
+    functions: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "tanh": torch.tanh,
+        "sigmoid": torch.sigmoid,
+        "silu": nn.functional.silu,
+        "gelu": nn.functional.gelu,
+        "hardsigmoid": nn.functional.hardsigmoid,
+        "exp": torch.exp,
+    }
+    s_in, s_out = 8 / 32767.5, 1 / 32767.5
+    print(f"version-2 table build (qint16 output, input range 8), min of {args.rounds} x {args.steps}:")
+    print(f"{'function':<18} {'reference ms':>12} {'build ms':>9} {'ratio':>6}")
+    for name, fn in functions.items():
+        got = lut_int16(fn, s_in, s_out, "qint16", measure=False).entries
+        assert torch.equal(got, reference_table16(fn, s_in, s_out, "qint16", 512)), name
+        before = after = float("inf")
+        for _ in range(args.rounds):
+            with _reference_build():
+                before = min(
+                    before, _time(lambda fn=fn: lut_int16(fn, s_in, s_out, "qint16", measure=False), args.steps)
+                )  # type: ignore[misc]
+            after = min(after, _time(lambda fn=fn: lut_int16(fn, s_in, s_out, "qint16", measure=False), args.steps))  # type: ignore[misc]
+        print(f"{name:<18} {before * 1e3:>12.2f} {after * 1e3:>9.2f} {before / after:>5.2f}x")
+    before = after = float("inf")
+    for _ in range(args.rounds):
+        with _reference_build():
+            before = min(before, _time(lambda: run(True), args.steps))
+        after = min(after, _time(lambda: run(True), args.steps))
+    print(
+        f"observers on, cache on: reference build {before * 1e3:.2f} ms, vectorised build {after * 1e3:.2f} ms, "
+        f"{before / after:.2f}x"
+    )
 
 
 def _converted_lookup(qat: nn.Module, x: torch.Tensor, args: argparse.Namespace) -> None:

@@ -79,7 +79,8 @@ class SegmentedTable(NamedTuple):
 
 
 def _ideal(fn: Callable[[torch.Tensor], torch.Tensor], s_in: float, s_out: float, codes: torch.Tensor) -> torch.Tensor:
-    y = fn(codes.to(torch.float64) * s_in).to(torch.float64)
+    x = (_CODES_F64 if codes is _ALL_CODES else codes.to(torch.float64)) * s_in
+    y = fn(x).to(torch.float64)
     if y.shape != codes.shape:
         raise ValueError(
             f"LUT function must be elementwise; got output shape {tuple(y.shape)} for {tuple(codes.shape)}"
@@ -119,38 +120,62 @@ def _uniform_knots(fn: Callable[[torch.Tensor], torch.Tensor], s_in: float, s_ou
     return round_half_up(_ideal(fn, s_in, s_out, knots)).clamp(-KNOT_LIMIT, KNOT_LIMIT).to(torch.int32)
 
 
-def _bounded_knots(g: torch.Tensor, budget: int) -> torch.Tensor:
-    """Knot codes for ``g`` (the clamped ideal at the codes -32768 .. 32768): split the aligned
-    power-of-two intervals with the largest interpolation bound ``w**2 / 8 * max|D2 g|``."""
-    d2 = (g[2:] - 2 * g[1:-1] + g[:-2]).abs()  # at the codes -32767 .. 32767
-    # slot i of an interval starting at code c is the code c + 1 + i: its inner codes and its end
-    slots = torch.cat([d2, d2.new_zeros(1)])
-    bounds = []
-    for level in range(1, _LEVELS + 1):
-        slots = slots.view(-1, 2).amax(1)  # the max over each interval of 2**level codes, from the halves'
-        w = 1 << level
-        bounds.append(slots * (w * w / 8))
-    every = torch.cat(bounds)
-    # a parent's bound is >= 4x its children's: every bound above the threshold has its parent
-    # above it too, so the split intervals form a tree (ties at the threshold are not split)
-    k = budget - 1
-    if k < every.numel():
-        # the k-th largest bound, by selection (numpy's partition: linear time, exact)
-        n = every.numel()
-        threshold = float(np.partition(every.numpy(), n - k)[n - k])
-        split = every > threshold
-    else:
-        split = every > 0
-    mids = []
+def _level_constants() -> tuple[list[tuple[int, int]], torch.Tensor, torch.Tensor]:
+    """Where each level's intervals sit in the flat array of every interval's bound (level 1's
+    32,768 intervals of 2 codes first, level 16's one interval last), each entry's ``w**2 / 8``
+    and the code of each interval's middle (the knot its split adds)."""
+    spans, factors, mids = [], [], []
     offset = 0
     for level in range(1, _LEVELS + 1):
         w = 1 << level
         n = _CODES // w
-        b = split[offset : offset + n].nonzero().reshape(-1)
-        mids.append(_QMIN + b * w + w // 2)
+        spans.append((offset, n))
+        factors.append(torch.full((n,), w * w / 8, dtype=torch.float64))
+        mids.append(_QMIN + torch.arange(n, dtype=torch.int64) * w + w // 2)
         offset += n
+    return spans, torch.cat(factors), torch.cat(mids)
+
+
+# the codes -32768 .. 32768 (the range and the code past it), as int64 and float64, and the
+# per-level layout: built once, every table build reads them
+_ALL_CODES = torch.arange(_QMIN, -_QMIN + 1, dtype=torch.int64)
+_CODES_F64 = _ALL_CODES.to(torch.float64)
+_SPANS, _FACTORS, _MIDS = _level_constants()
+
+
+def _bounded_knots(g: torch.Tensor, budget: int) -> torch.Tensor:
+    """Knot codes for ``g`` (the clamped ideal at the codes -32768 .. 32768): split the aligned
+    power-of-two intervals with the largest interpolation bound ``w**2 / 8 * max|D2 g|``.
+
+    One pass per level over halving arrays (65,535 maxima in all, no loop over intervals), the
+    threshold by selection, the knots as the middles of the split intervals."""
+    # slot i of an interval starting at code c is the code c + 1 + i: its inner codes and its end
+    slots = g.new_zeros(_CODES)
+    d2 = slots[:-1]  # at the codes -32767 .. 32767: |g[i+1] - 2 g[i] + g[i-1]|, evaluated in that order
+    torch.mul(g[1:-1], 2, out=d2)
+    torch.sub(g[2:], d2, out=d2)
+    d2.add_(g[:-2]).abs_()
+    maxima = g.new_empty(_CODES - 1)
+    below = slots
+    for offset, n in _SPANS:  # the max over each interval of 2**level codes, from its halves'
+        level = maxima[offset : offset + n]
+        torch.maximum(below[0::2], below[1::2], out=level)
+        below = level
+    every = maxima.mul_(_FACTORS)  # w**2 / 8 is a power of two: the products are exact
+    # a parent's bound is >= 4x its children's: every bound above the threshold has its parent
+    # above it too, so the split intervals form a tree (ties at the threshold are not split)
+    k = budget - 1
+    n = every.numel()
+    if k == 0:  # one interval: no split
+        split = torch.zeros_like(every, dtype=torch.bool)
+    elif k < n:
+        # the k-th largest bound, by selection (linear time, exact: an element of ``every``)
+        threshold = float(torch.kthvalue(every, n - k + 1).values)
+        split = every > threshold
+    else:
+        split = every > 0
     ends = torch.tensor([_QMIN, _QMIN + _CODES], dtype=torch.int64)
-    return torch.cat([ends, *mids]).sort().values
+    return torch.cat([ends, _MIDS[split]]).sort().values
 
 
 def lut_int16(
@@ -176,7 +201,7 @@ def lut_int16(
     lo, hi = qd.qrange
     s_in = float(torch.tensor(float(in_scale), dtype=torch.float32))
     s_out = float(torch.tensor(float(out_scale), dtype=torch.float32))
-    codes = torch.arange(_QMIN, -_QMIN + 1, dtype=torch.int64)  # the range and the code past it
+    codes = _ALL_CODES
     if version == 1:
         entries = _uniform_knots(fn, s_in, s_out)
         if not measure:
@@ -184,7 +209,7 @@ def lut_int16(
         ideal = _ideal(fn, s_in, s_out, codes[:-1]).clamp(lo, hi)
         got = _evaluate_v1(entries, codes[:-1], lo, hi)
     else:
-        g = _ideal(fn, s_in, s_out, codes).clamp(lo, hi)
+        g = _ideal(fn, s_in, s_out, codes).clamp_(lo, hi)
         knots = _bounded_knots(g, budget)
         values = round_half_up(g[knots - _QMIN])
         entries = torch.stack([knots, values]).to(torch.int32)

@@ -2,7 +2,7 @@
 
 The grid looks a layer's qint16 input codes up in the table ``convert_fx`` would build from the
 current scales (qir.quantization.integer_grid_functional / integer_grid_methods). Building a
-version-2 table evaluates ``f`` at all 65,537 codes and places the knots (tens of ms), and
+version-2 table evaluates ``f`` at all 65,537 codes and places the knots (about 1 ms), and
 interpolating a large activation through the knots (a binary search per element) costs more
 still. Both depend only on the function, the input and output scales, the output dtype, the
 format version and the knot budget, so the grid keeps, per such key, the table evaluated at
