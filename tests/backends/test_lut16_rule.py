@@ -1,5 +1,6 @@
-"""The qint16 segmented-table rule (one implementation: ``lut_int16_apply``, which the artifact's
-``lut16`` kernel and the converted modules both call) against a Python-integer reference, on
+"""The qint16 segmented-table rule (``lut_int16_apply``, the converted modules' interpolation, and the
+artifact's ``lut16`` kernel, whose per-interval integers are prepared at load) against a
+Python-integer reference, on
 random valid tables of both formats and both output dtypes: version 1's uniform knots with
 values up to 2**24, version 2's aligned power-of-two intervals of every width."""
 
@@ -9,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends.common.kernels.elementwise import lut16
+from backends.common.kernels import get_kernel
 from backends.common.lut_segmented import lut_int16_apply
 from backends.common.program import Instruction
 from qir.ir.table16 import table16_problem
@@ -56,4 +57,6 @@ def test_the_segmented_table_rule_matches_integer_arithmetic(
     got = lut_int16_apply(entries, q, out, version)
     assert got.dtype == DType.parse(out).to_torch() and got.tolist() == want
     inst = Instruction("lut16", ("x",), ("y",), {"out_dtype": out, "version": version}, {"table": "t"})
-    assert lut16(inst, [q], {"table": entries})[0].tolist() == want
+    kernel = get_kernel("lut16")
+    got = kernel.run(inst, [q], kernel.prepare(inst, {"t": entries}))[0]
+    assert got.dtype == DType.parse(out).to_torch() and got.tolist() == want

@@ -30,10 +30,9 @@ from backends.common.kernels.schema import (
     optional,
     text,
 )
-from backends.common.lut_segmented import lut_int16_apply
 from backends.common.program import Instruction
+from qir.ir.table16 import SHIFT_V1, table16_problem, table16_shape_problem
 from qir.ir.table16 import VERSIONS as TABLE16_VERSIONS
-from qir.ir.table16 import table16_problem, table16_shape_problem
 from qir.ir.types import DType
 
 
@@ -228,8 +227,59 @@ def lut(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -
     return [table[x.to(torch.int64) + 128]]
 
 
+class Table16Knots:
+    """A segmented table's interpolation, per interval, derived once from its knots at load.
+
+    For a code ``q`` in interval ``j`` (knots ``k[j] <= q < k[j+1]``, width ``w = 2**s``, values
+    ``t[j]``, ``t[j+1]``) the rule ``t[j] + floor(((t[j+1] - t[j]) (q - k[j]) + w // 2) / w)`` is
+    ``floor((d[j] q + c[j]) / 2**s)`` with ``d[j] = t[j+1] - t[j]`` and
+    ``c[j] = t[j] 2**s + w // 2 - d[j] k[j]`` (``t[j] 2**s`` is a multiple of ``2**s``, so it passes
+    through the floor exactly). The intervals are aligned powers of two, so with ``2**m`` the
+    narrowest width every run of ``2**m`` codes lies in one interval: ``j = index[(q + 32768) >> m]``
+    (version 1: ``m = 7`` and ``j`` the run itself). A call gathers ``j`` and three per-interval
+    integers; no search. Every term stays below 2**48 (values within 2**24, codes within 2**16):
+    exact in int64. This is the interpolation itself, not the converted module's table of every code
+    (``full_table16``), so the artifact checks that table independently."""
+
+    def __init__(self, table: torch.Tensor, version: int, out_dtype: str) -> None:
+        t = table.to(torch.int64)
+        if version == 1:
+            values = t
+            starts = -32768 + (torch.arange(values.numel() - 1, dtype=torch.int64) << SHIFT_V1)
+            shifts = torch.full_like(starts, SHIFT_V1)
+            self.run_shift = SHIFT_V1
+            self.index: torch.Tensor | None = None
+        else:
+            knots, values = t[0], t[1]
+            starts = knots[:-1]
+            # the widths are powers of two (the loader checked): frexp's exponent of 2**s is s + 1
+            shifts = torch.frexp((knots[1:] - starts).to(torch.float64)).exponent.to(torch.int64) - 1
+            self.run_shift = int(shifts.min())
+            runs = torch.ones_like(shifts) << (shifts - self.run_shift)  # runs of 2**m codes per interval
+            self.index = torch.repeat_interleave(torch.arange(shifts.numel()), runs)
+        widths = torch.ones_like(shifts) << shifts
+        steps = values[1:] - values[:-1]
+        self.slope = steps
+        self.offset = values[:-1] * widths + (widths >> 1) - steps * starts
+        self.shift = shifts
+        self.out_dtype = out_dtype
+
+    def __call__(self, q: torch.Tensor) -> torch.Tensor:
+        q64 = q.to(torch.int64)
+        j = (q64 + 32768) >> self.run_shift
+        if self.index is not None:
+            j = self.index[j]
+        y = (self.slope[j] * q64 + self.offset[j]) >> self.shift[j]
+        return sat_to(y, self.out_dtype)
+
+
+def _prepare_lut16(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> Table16Knots:
+    return Table16Knots(consts[inst.consts["table"]], _lut16_version(inst), str(inst.attrs["out_dtype"]))
+
+
 @register_kernel(
     "lut16",
+    prepare=_prepare_lut16,
     schema=KernelSchema(
         attrs={
             "what": text(64, required=False),
@@ -241,7 +291,7 @@ def lut(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -
         shape=_lut16_shape,
     ),
 )
-def lut16(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor]) -> list[Any]:
+def lut16(inst: Instruction, args: list[Any], table: Table16Knots) -> list[Any]:
     """A qint16 segmented table (docs/semantics.md "Table lookup"), in format ``version`` (absent: 1).
 
     Version 1: the offset code ``u = q + 32768`` falls in interval ``j = u // 128`` at
@@ -252,9 +302,9 @@ def lut16(inst: Instruction, args: list[Any], state: Mapping[str, torch.Tensor])
     ``t[j] + floor(((t[j+1] - t[j]) r + w // 2) / w)``, saturated.
 
     The loader checked the knots (:func:`qir.ir.table16.table16_problem`): values within 2**24
-    (version 1) or the output range (version 2) keep ``(t[j+1] - t[j]) r`` below 2**41, exact in int64.
-    The rule is :func:`backends.common.lut_segmented.lut_int16_apply`, the converted modules' own."""
-    return [lut_int16_apply(state["table"], args[0], str(inst.attrs["out_dtype"]), _lut16_version(inst))]
+    (version 1) or the output range (version 2). :class:`Table16Knots` (built at load) holds the
+    per-interval integers a call gathers."""
+    return [table(args[0])]
 
 
 @register_kernel(
