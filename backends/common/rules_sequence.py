@@ -64,6 +64,21 @@ def _lut(ctx: LowerContext, node: Node, x: str, what: str, table: str, state: di
     return ctx.emit("lut", [x], {"what": what}, {"table": const}, node.name, f"{tgt}.{table.removesuffix('_table')}")
 
 
+def _state_pair(node: Node, operands: list[Any]) -> tuple[Any, Any]:
+    """The lowered h and c: two operands, or, when the call passed another cell's whole output
+    (``whole_hx``), the two elements of that one operand (the producing rule's ``(h', c')`` pair)."""
+    op: Any = node.op
+    if not op.whole_hx:
+        return operands[1], operands[2]
+    hx = operands[1]
+    if not (isinstance(hx, (tuple, list)) and len(hx) == 2):
+        raise LoweringError(
+            f"node '{node.name}': LSTMCell '{layer_path(node)}' reads its state as one value, which must be a "
+            f"pair (h, c) of codes (another cell's whole output); got {type(hx).__name__}"
+        )
+    return hx[0], hx[1]
+
+
 def op_qlstm_cell(ctx: LowerContext, node: Node, operands: list[Any]) -> tuple[ValueRef, ValueRef]:
     op: Any = node.op
     tgt, state = layer_path(node), layer_state(node, operands)
@@ -73,7 +88,7 @@ def op_qlstm_cell(ctx: LowerContext, node: Node, operands: list[Any]) -> tuple[V
     gates = _linear(ctx, node, "ih", op.in_scales[0], op.ih_out, state, ValueRef(x)).name
     c: str | None = None
     if op.has_state:
-        h, c = tensor_ref(operands[1], node, "h"), tensor_ref(operands[2], node, "c")
+        h, c = (tensor_ref(v, node, what) for v, what in zip(_state_pair(node, operands), ("h", "c"), strict=True))
         hh = _linear(ctx, node, "hh", op.in_scales[1], op.hh_out, state, ValueRef(h)).name
         gates = _add(ctx, node, [gates, hh], op.gates_add, "qint8", f"{tgt}.gates")
     if ctx.values[gates].dtype != torch.int8:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 import torch.fx
@@ -276,3 +277,83 @@ def test_masked_attention_compiled_and_artifact_bitexact(tmp_path: Path, mode: s
             # masked entries get exactly zero weight, as in QAT
             w_qat = prepared(*xs)[1]
             assert torch.equal(want[1] == 0, w_qat == 0) or mode == "float"
+
+
+class WholeState(nn.Module):
+    """The second cell reads the first cell's whole output ``hx`` (one tuple value, not ``(h, c)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = QuantStub()
+        self.fc = nn.Linear(4, IN)
+        self.cell0, self.cell1 = nn.LSTMCell(IN, HID), nn.LSTMCell(IN, HID)
+        self.head = nn.Linear(HID, 3)
+        self.dq, self.dqc = DeQuantStub(), DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.fc(self.q(x))
+        hx = self.cell0(x[0])
+        h, c = self.cell1(x[1], hx)
+        return self.dq(self.head(h)), self.dqc(c)
+
+
+def _whole_state(flow: str) -> tuple[nn.Module, nn.Module]:
+    from qir.quantization import convert, prepare_qat
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(3)
+    with march_scope("bayes"):
+        if flow == "fx":
+            qat = prepare_qat_fx(WholeState(), {"": get_default_qat_qconfig()}, example_inputs=(torch.randn(2, 3, 4),))
+        else:
+            base = WholeState()
+            base.qconfig = get_default_qat_qconfig()  # type: ignore[assignment]
+            qat = prepare_qat(base)
+        opt = torch.optim.SGD(qat.parameters(), lr=0.05)
+        for _ in range(2):
+            out = qat(torch.randn(2, 3, 4, generator=g) * 2)
+            opt.zero_grad()
+            (out[0].square().mean() + out[1].square().mean()).backward()
+            opt.step()
+        set_fake_quantize(qat.eval(), "validation")
+        return qat, (convert_fx(qat) if flow == "fx" else convert(qat))
+
+
+@pytest.mark.parametrize("flow", ["fx", "eager"])
+def test_a_cell_reading_another_cells_whole_output_compiles_bitexact(tmp_path: Path, flow: str) -> None:
+    from qir.ir import parse_graph, print_graph
+
+    qat, converted = _whole_state(flow)
+    x0 = torch.randn(2, 3, 4)
+    graph = trace(converted, (x0,))
+    cell1 = next(n for n in graph.nodes if n.scope == "cell1")
+    assert cell1.op.name == "qlstm_cell" and cell1.op.whole_hx and cell1.op.num_inputs() == 2
+    assert cell1.operands[1] is next(n for n in graph.nodes if n.scope == "cell0")  # the whole (h', c')
+    text = print_graph(graph)
+    assert "whole_hx=True" in text
+    assert print_graph(parse_graph(text, constants=graph.constants, objects=graph.objects)) == text
+    assert check_model(converted, (x0,), march="bayes").ok
+    path = tmp_path / "whole.hbm"
+    compiled = compile_model(converted, (x0,), hbm=path, opt=1)
+    loaded = qir.load_compiled(path)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(5, 3, 4, generator=g) * 2
+            want = converted(x)
+            assert all(torch.equal(a, b) for a, b in zip(qat(x), want, strict=True))  # validation == converted
+            for got in (compiled(x), loaded(x)):
+                assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_the_whole_state_form_needs_a_state_and_a_pair() -> None:
+    _, converted = _flow(True)
+    graph = trace(converted, _inputs(0, 2))
+    node = next(n for n in graph.nodes if n.scope == "cell")
+    assert not node.op.whole_hx
+    with pytest.raises(IRError, match=r"whole_hx.*true only for a cell converted for calls with a state"):
+        attrs.evolve(next(n for n in graph.nodes if n.scope == "cell").op, in_scales=(0.1,), whole_hx=True)
+    whole = attrs.evolve(node.op, whole_hx=True)
+    x = node.operands[0]
+    with pytest.raises(IRError, match=r"hx must be a pair \(h, c\)"):
+        whole.verify([x.type, x.type, *(v.type for v in node.operands[3:])])

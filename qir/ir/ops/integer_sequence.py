@@ -156,7 +156,10 @@ class _SequenceOp(IntegerModuleOp):
 @attrs.frozen
 class QLstmCell(_SequenceOp):
     """The integer LSTM cell: ``(input[, h, c])`` -> ``(h', c')``; with ``in_scales`` of x, h and
-    c it was converted for calls with a state, with that of x alone for calls without one."""
+    c it was converted for calls with a state, with that of x alone for calls without one.
+
+    ``whole_hx``: the call passes the state as one value, another cell's whole ``(h', c')``
+    (``cell1(x, cell0(x0))``): the operands are ``(input, hx)`` and ``hx``'s two elements are h and c."""
 
     name: ClassVar[str] = "qlstm_cell"
     operand_names: ClassVar[tuple[str, ...]] = ("input", "h", "c")
@@ -169,12 +172,18 @@ class QLstmCell(_SequenceOp):
     hh_out: QuantSpec | None = None
     gates_add: tuple[bool, int, int, int, int] | None = attrs.field(default=None, converter=_add)
     cell_add: tuple[bool, int, int, int, int] | None = attrs.field(default=None, converter=_add)
+    whole_hx: bool = False
 
     def __attrs_post_init__(self) -> None:
         check_march(self.name, self.march)
         if len(self.in_scales) not in (1, 3):
             raise IRError(f"qlstm_cell: in_scales are those of x, or of x, h and c; got {self.in_scales}")
         state = self.has_state
+        if not isinstance(self.whole_hx, bool) or (self.whole_hx and not state):
+            raise IRError(
+                f"qlstm_cell: whole_hx (the state passed as one (h, c) value) is a boolean, true only for a cell "
+                f"converted for calls with a state; got {self.whole_hx!r} with in_scales {self.in_scales}"
+            )
         if (self.hh_out is None, self.gates_add is None, self.cell_add is None) != (not state,) * 3:
             raise IRError(
                 "qlstm_cell: hh_out, gates_add and cell_add are set exactly when the cell takes (h, c) "
@@ -198,7 +207,18 @@ class QLstmCell(_SequenceOp):
         return len(self.in_scales) == 3
 
     def num_inputs(self) -> int:
-        return 3 if self.has_state else 1
+        return (2 if self.whole_hx else 3) if self.has_state else 1
+
+    def state_operand_types(self, operand_types: Sequence[Type]) -> tuple[Type, Type] | None:
+        """The types of h and c (the elements of ``hx`` when ``whole_hx``), or None without a state."""
+        if not self.has_state:
+            return None
+        if not self.whole_hx:
+            return operand_types[1], operand_types[2]
+        hx = operand_types[1]
+        if not (isinstance(hx, SequenceType) and len(hx.elements) == 2):
+            raise IRError(f"qlstm_cell: hx must be a pair (h, c) (another cell's whole output), got {hx}")
+        return hx.elements[0], hx.elements[1]
 
     def param_roles(self) -> tuple[str, ...]:
         hh = linear_roles("hh") if self.has_state else ()
@@ -219,12 +239,16 @@ class QLstmCell(_SequenceOp):
             )
         if hx is None:
             return self, [x]
+        if isinstance(hx, Value) and isinstance(hx.type, SequenceType) and len(hx.type.elements) == 2:
+            return attrs.evolve(self, whole_hx=True), [x, hx]  # another cell's whole (h', c')
         if not (isinstance(hx, (tuple, list)) and len(hx) == 2 and all(isinstance(v, Value) for v in hx)):
-            raise IRError("qlstm_cell: hx must be a pair of graph values (h, c)")
-        return self, [x, hx[0], hx[1]]
+            raise IRError("qlstm_cell: hx must be a pair of graph values (h, c), or one value holding the pair")
+        return attrs.evolve(self, whole_hx=False), [x, hx[0], hx[1]]
 
     def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return ((inputs[0], (inputs[1], inputs[2])) if self.has_state else (inputs[0],)), {}
+        if not self.has_state:
+            return (inputs[0],), {}
+        return (inputs[0], inputs[1] if self.whole_hx else (inputs[1], inputs[2])), {}
 
     def typed_result(self, t: Type) -> Type:
         if isinstance(t, SequenceType) and len(t.elements) == 2:
@@ -245,9 +269,9 @@ class QLstmCell(_SequenceOp):
             raise IRError(f"qlstm_cell takes (batch, {self.input_size}) qint8 / qint16 codes, got {x}")
         if x.shape[1] != self.input_size:
             raise IRError(f"qlstm_cell takes (batch, {self.input_size}) codes, got {x}")
-        if self.has_state:  # h and c are read at their own scales (in_scales), whatever their dtype
-            for i, what in ((1, "h"), (2, "c")):
-                t = operand_types[i]
+        hc = self.state_operand_types(operand_types)
+        if hc is not None:  # h and c are read at their own scales (in_scales), whatever their dtype
+            for t, what in zip(hc, ("h", "c"), strict=True):
                 if code_dtype(self.name, t) is DType.qint32 or not isinstance(t, TensorType):
                     raise IRError(f"qlstm_cell: {what} must be qint8 / qint16 codes, got {t}")
                 if t.shape != (x.shape[0], self.hidden_size):
@@ -261,7 +285,8 @@ class QLstmCell(_SequenceOp):
 
     def linears(self, operand_types: Sequence[Type]) -> list[tuple[str, Type, DType]]:
         ih = [("ih", operand_types[0], self.ih_out.dtype)]
-        return ih + ([("hh", operand_types[1], self.hh_out.dtype)] if self.hh_out is not None else [])
+        hc = self.state_operand_types(operand_types)
+        return ih + ([("hh", hc[0], self.hh_out.dtype)] if hc is not None and self.hh_out is not None else [])
 
     def float_op(self) -> Op:
         return float_ops.LstmCell(bias=self.has_bias, has_state=self.has_state)
