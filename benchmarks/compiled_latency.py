@@ -544,6 +544,10 @@ def main() -> None:
     for name in args.models.split(","):
         results["models"][name] = run_model(name, args, tmp)
     results["load_average_end"] = round(os.getloadavg()[0], 1)
+    lib = native.library()
+    if lib is not None:
+        # a pool thread woken on the caller's core moves off it (docs/backends.md "Threads"): how often it had to
+        results["pool"] = {"threads": int(lib.qir_pool_threads()), "moved_off_caller_core": int(lib.qir_pool_moved())}
     labels = [label for _, label in COLUMNS]
     head = " ".join(f"{lb:>18}" for lb in labels)
     print(f"\n{'model':>13} {'batch':>5} " + head + f" {'qir/ao':>7} {'cpu':>5}")
@@ -570,6 +574,10 @@ def main() -> None:
                 convs = {k: v for k, v in counts.items() if "Conv" in k or k in ("QLinearMatMul", "Gemm", "MatMul")}
                 print(f"  {key.rsplit('_', 1)[0]:>7}: {convs}")
     print(f"load average {results['load_average']} at the start, {results['load_average_end']} at the end")
+    if "pool" in results:
+        pool = results["pool"]
+        moved = pool["moved_off_caller_core"]
+        print(f"native pool: {pool['threads']} thread(s), moved off the caller's core {moved} time(s)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)

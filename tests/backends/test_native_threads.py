@@ -5,6 +5,7 @@ cut at tile multiples and past the row count, two callers at once, and a forked 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import time
 from pathlib import Path
@@ -271,6 +272,63 @@ def test_a_held_pool_does_not_sleep_between_kernels(monkeypatch: pytest.MonkeyPa
             assert lib.qir_pool_parked() > parked
     finally:
         lib.qir_pool_spin_us(spin)
+
+
+def _pool_thread(name: str) -> int:
+    """The thread id of the pool thread called ``name`` (pool threads name themselves qir-pool-<n>)."""
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() == name:
+                return int(task.name)
+        except OSError:  # a thread that just ended
+            continue
+    raise AssertionError(f"no thread named {name} in this process")
+
+
+def _last_cpu(tid: int) -> int:
+    """The core thread ``tid`` runs (or last ran) on: field 39 of /proc/self/task/<tid>/stat."""
+    stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[36])
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or not Path("/proc/self/task").is_dir() or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux thread affinities and at least two allowed cores",
+)
+def test_a_pool_thread_on_the_callers_core_moves_off_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool thread that finds itself on the caller's core when a task comes moves to another core of
+    its mask (and keeps its whole mask) instead of sitting the task out call after call: left there,
+    a 2-thread call ran at the 1-thread speed for the life of the process."""
+    monkeypatch.setattr(native, "_SPLIT_MIN", 0)
+    lib = native.library()
+    allowed = os.sched_getaffinity(0)
+    cpu = min(allowed)
+    with native.using_threads(2):
+        _split_requant()  # the pool's first thread is running
+        helper = _pool_thread("qir-pool-1")
+        os.sched_setaffinity(0, {cpu})  # this (the calling) thread
+        try:
+            with native.holding_pool():  # the helper spins between the calls: no wake-up places it
+                os.sched_setaffinity(helper, {cpu})
+                _split_requant()  # on the caller's core with nowhere to go: it sits the task out
+                assert _last_cpu(helper) == cpu
+                os.sched_setaffinity(helper, allowed)  # free to go, but nothing moves it yet
+                moved = lib.qir_pool_moved()
+                # calls long enough (about 0.1 ms of work each) that the helper, sharing the core, soon gets a
+                # turn during one and sees its task; the load balancer alone took several seconds to move it
+                deadline = time.monotonic() + 2
+                while _last_cpu(helper) == cpu and time.monotonic() < deadline:
+                    _split_requant(rows=4096, n=64)
+                assert _last_cpu(helper) != cpu, "the pool thread stayed on the caller's core"
+                deadline = time.monotonic() + 5  # the move pins the thread for a moment, then restores its mask
+                while os.sched_getaffinity(helper) != allowed and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                assert os.sched_getaffinity(helper) == allowed  # moved, not pinned
+                # on a busy machine the move was the pool's own; on an idle one the scheduler may have been first
+                assert lib.qir_pool_moved() >= moved
+        finally:
+            os.sched_setaffinity(0, allowed)
+            os.sched_setaffinity(helper, allowed)
 
 
 def test_the_hold_ends_with_the_call(mixed: tuple[Path, nn.Module], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -121,6 +121,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "qir_pool_spin_us": [_I64],
     "qir_pool_hold": [_I64],
     "qir_pool_parked": [],
+    "qir_pool_moved": [],
     # x, c, hw, scale, out, r0, r1
     **{f"qir_quantize_pixels_{t}": [_P, _I64, _I64, ctypes.c_float, _P, _I64, _I64] for t in ("i8", "i16")},
 }

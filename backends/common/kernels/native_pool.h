@@ -32,6 +32,10 @@ int64_t qir_pool_hold(int64_t delta);
  * task a wake-up). */
 int64_t qir_pool_parked(void);
 
+/* How many times a pool thread, finding itself on the caller's core when a task came, has moved
+ * itself to another core of its affinity mask since the process started. */
+int64_t qir_pool_moved(void);
+
 /* Work buffers of the calling thread: slot (0 .. QIR_SCRATCH_SLOTS - 1) holds at least bytes,
  * 64-byte aligned, uninitialised, reused by the thread's later calls (the previous contents of the
  * slot are lost when it grows); NULL when out of memory. Freed when the thread exits. */
