@@ -715,26 +715,45 @@ int qir_conv_vnni(const int8_t *x, int64_t h, int64_t w, int64_t c, int64_t kh, 
  * its contiguous plane, then go to their NHWC places. Returns the number of non-finite inputs met
  * (the caller then takes the torch path, whose NaN handling this does not copy). */
 #define QUANTIZE_PIXELS(NAME, OUT_T, LO, HI)                                                             \
+    /* n codes of one channel's plane xp into dst; returns the non-finite inputs among them */          \
+    static inline int64_t NAME##_plane(const float *restrict xp, int64_t n, float scale,                \
+                                       OUT_T *restrict dst) {                                            \
+        int64_t bad = 0;                                                                                 \
+        for (int64_t i = 0; i < n; ++i) {                                                                \
+            const float v = xp[i] / scale;                                                               \
+            bad += !isfinite(v);                                                                         \
+            float f = floorf(v);                                                                         \
+            f += (v - f >= 0.5f) ? 1.0f : 0.0f;                                                          \
+            f = f < (LO) ? (LO) : (f > (HI) ? (HI) : f);                                                 \
+            dst[i] = (OUT_T)(isfinite(f) ? (int32_t)f : 0);                                              \
+        }                                                                                                \
+        return bad;                                                                                      \
+    }                                                                                                    \
     int64_t NAME(const float *restrict x, int64_t c, int64_t hw, float scale, OUT_T *restrict out,       \
                  int64_t r0, int64_t r1) {                                                               \
         int64_t bad = 0;                                                                                 \
-        int32_t codes[64];                                                                               \
+        OUT_T codes[3][64];                                                                              \
         for (int64_t q0 = r0; q0 < r1;) {                                                                \
             const int64_t b = q0 / hw, p0 = q0 % hw;                                                     \
             int64_t n = hw - p0 < 64 ? hw - p0 : 64;                                                     \
             if (r1 - q0 < n) n = r1 - q0;                                                                \
             OUT_T *o = out + q0 * c;                                                                     \
-            for (int64_t ch = 0; ch < c; ++ch) {                                                         \
-                const float *xp = x + (b * c + ch) * hw + p0;                                            \
+            if (c == 3) {                                                                                \
+                /* an image: the three planes' codes, then one interleaving loop with constant strides  \
+                 * (the compiler turns it into vector permutes; a loop per channel with stride c stores \
+                 * byte by byte) */                                                                      \
+                for (int64_t ch = 0; ch < 3; ++ch)                                                       \
+                    bad += NAME##_plane(x + (b * 3 + ch) * hw + p0, n, scale, codes[ch]);                \
                 for (int64_t i = 0; i < n; ++i) {                                                        \
-                    const float v = xp[i] / scale;                                                       \
-                    bad += !isfinite(v);                                                                 \
-                    float f = floorf(v);                                                                 \
-                    f += (v - f >= 0.5f) ? 1.0f : 0.0f;                                                  \
-                    f = f < (LO) ? (LO) : (f > (HI) ? (HI) : f);                                         \
-                    codes[i] = isfinite(f) ? (int32_t)f : 0;                                             \
+                    o[3 * i] = codes[0][i];                                                              \
+                    o[3 * i + 1] = codes[1][i];                                                          \
+                    o[3 * i + 2] = codes[2][i];                                                          \
                 }                                                                                        \
-                for (int64_t i = 0; i < n; ++i) o[i * c + ch] = (OUT_T)codes[i];                         \
+            } else {                                                                                     \
+                for (int64_t ch = 0; ch < c; ++ch) {                                                     \
+                    bad += NAME##_plane(x + (b * c + ch) * hw + p0, n, scale, codes[0]);                 \
+                    for (int64_t i = 0; i < n; ++i) o[i * c + ch] = codes[0][i];                         \
+                }                                                                                        \
             }                                                                                            \
             q0 += n;                                                                                     \
         }                                                                                                \
