@@ -134,13 +134,14 @@ def _rule(graph: Graph, n: Node) -> tuple[ObserveRule | None, Any, str]:
         cls = type(obj)
         return _RULES.get(cls) or _RULES.get(f"{cls.__module__}.{cls.__qualname__}"), obj, f"module {cls.__name__}"
     op = n.op
-    if isinstance(op, Call):
-        return None, None, f"call of {op.target!r}"
+    # a FloatFunctional method: its float op, or an opaque call of it when it has none (add_relu)
     method = n.meta.get("float_functional")
     ff = graph.objects.get(f"module:{n.scope}") if method else None
     if ff is not None:
         call = MethodCall(ff, str(method), len(n.operands))
         return _RULES.get(type(ff)), call, f"{type(ff).__name__}.{method} (op {op.name!r})"
+    if isinstance(op, Call):
+        return None, None, f"call of {op.target!r}"
     if isinstance(op, QATModuleOp):
         return None, None, f"op {op.name!r} (already a QAT op)"
     return _RULES.get(op.name), None, f"op {op.name!r}"

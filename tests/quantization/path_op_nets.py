@@ -82,6 +82,25 @@ class TorchFunctionals(nn.Module):
         return self.dequant(self.pool(self.mul.mul(y, x)))
 
 
+class AddRelu(nn.Module):
+    """``add_relu``, the FloatFunctional method with no float op of its own (an opaque call in the
+    float IR), on qir's FloatFunctional after a conv + BN and on torch's after two max pools; and
+    numbers on the left (``0.5 * x``, ``1.0 + x``: generated ``mul_scalar`` / ``add_scalar``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv0 = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.conv1, self.bn1 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.ar, self.tar = FloatFunctional(), torch.ao.nn.quantized.FloatFunctional()
+        self.pool = nn.MaxPool2d(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv0(self.quant(x))
+        y = self.ar.add_relu(self.bn1(self.conv1(x)), x)
+        return self.dequant(self.tar.add_relu(self.pool(y), 1.0 + 0.5 * self.pool(x)))
+
+
 class Recurrent(nn.Module):
     """LSTM cells on pooled conv features: one called without a state, one called twice with the
     state before it (two call sites: shared weights, each its own activation fake quants)."""

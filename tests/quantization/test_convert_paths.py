@@ -37,7 +37,7 @@ from qir.quantization.convert import CONVERT_PATH_KEY
 from qir.quantization.prepare import PREPARE_RECORD_KEY
 from qir.utils.fx_helper import wrap
 from tests.quantization.path_blocks import Block, InvertedResidual
-from tests.quantization.path_op_nets import Anchors, Attention, Recurrent, RoIPool
+from tests.quantization.path_op_nets import AddRelu, Anchors, Attention, Recurrent, RoIPool
 from tests.quantization.test_convert_untouched import _assert_same, _snapshot
 
 
@@ -183,7 +183,7 @@ class Scaled(nn.Module):
 
 
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
-@pytest.mark.parametrize("net", [AddCat, Functional, Scaled])
+@pytest.mark.parametrize("net", [AddCat, Functional, Scaled, AddRelu])
 def test_float_functional_nets_by_the_pass_equal_module_swap(net: type[nn.Module], march: str) -> None:
     _pass_equals_swap(net(), march, scaled=True)
 

@@ -43,6 +43,7 @@ from qir.quantization.prepare import PREPARE_BY_PASS, PREPARE_PATH_KEY, PREPARE_
 from tests.flows.hybrid_models import HybridModel, NoBPUForm, Residual, seed_hybrid_dict
 from tests.quantization.path_blocks import Block, InvertedResidual
 from tests.quantization.path_op_nets import (
+    AddRelu,
     Anchors,
     Attention,
     NormsAndLuts,
@@ -173,6 +174,7 @@ def _flow(net: type[nn.Module], march: str) -> tuple[nn.Module, nn.Module, torch
         PoolsAndFunctionals,
         NormsAndLuts,
         TorchFunctionals,
+        AddRelu,
         Recurrent,
         RoIPool,
         Anchors,
@@ -283,8 +285,8 @@ def test_the_overrides_reach_the_pass_path() -> None:
     assert not any(k.startswith("proj_call1.weight") for k in qat.state_dict())
 
 
-def test_an_op_without_a_qat_op_prepares_the_whole_model_by_module_swap() -> None:
-    class WithAddReLU(nn.Module):
+def test_an_op_the_pass_refuses_prepares_the_whole_model_by_module_swap() -> None:
+    class WithAddNumber(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.quant, self.dequant = QuantStub(), DeQuantStub()
@@ -292,13 +294,13 @@ def test_an_op_without_a_qat_op_prepares_the_whole_model_by_module_swap() -> Non
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             y = self.conv(self.quant(x))
-            return self.dequant(self.ff.add_relu(y, y))
+            return self.dequant(self.ff.add(y, 2.0))  # a number where the method takes a tensor
 
     qir.set_march("bayes")
-    qat = prepare_qat_fx(WithAddReLU(), {"": get_default_qat_qconfig()}, torch.randn(1, 3, 8, 8))
+    qat = prepare_qat_fx(WithAddNumber(), {"": get_default_qat_qconfig()}, torch.randn(1, 3, 8, 8))
     why = qat.meta[PREPARE_PATH_KEY]
-    assert why.startswith("module swap: the insert-observers pass does not cover ")
-    assert "call of 'ff.add_relu' at 'ff' has no observer rule" in why
+    assert why.startswith("module swap: insert-observers: %add (module ff): ")
+    assert "FloatFunctional.add: op 'add' takes a number (2.0), not a tensor" in why
     assert type(qat.conv).__name__ == "Conv2d" and hasattr(qat.conv, "weight_fake_quant")  # swapped too
 
 

@@ -14,6 +14,7 @@ in :mod:`qir.nn.qat.ir_observe_functional`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -22,7 +23,7 @@ from torch import nn
 from torch.ao.quantization import DeQuantStub as TorchDeQuantStub
 from torch.ao.quantization import QuantStub as TorchQuantStub
 
-from passes.insert_observers import register_observer_rule
+from passes.insert_observers import ObserveRule, register_observer_rule
 from qir.ir.op import ModuleOp, Op
 from qir.ir.ops.core import Identity
 from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp
@@ -46,8 +47,7 @@ __all__ = [
     "OBSERVED_OPS",
     "OBSERVED_OPTIONAL_MODULES",
     "observe",
-    "observe_attention",
-    "observe_lstm_cell",
+    "observe_keeping",
 ]
 
 #: float IR ops whose layers become QAT ops, by family
@@ -135,19 +135,37 @@ def observe(
     return qat_op, {role: state[role] for role in qat_op.param_roles()}, qat
 
 
-def observe_lstm_cell(
-    op: Op,
-    module: Any,
-    tensors: dict[str, torch.Tensor],
-    activation: FakeQuantSpec | None,
-    weight: FakeQuantSpec | None,
-) -> tuple[QATModuleOp, dict[str, torch.Tensor], nn.Module]:
-    """``lstm_cell`` -> ``qat_lstm_cell``: called with a state or not as the float call is (the
-    module is the same either way: its builder ignores ``has_state``)."""
-    qat_op, state, qat = observe(op, module, tensors, activation, weight)
-    if not isinstance(qat_op, QATLstmCell):
-        raise TypeError(f"op {op.name!r}: expected the QAT cell's qat_lstm_cell, got {qat_op.name!r}")
-    return attrs.evolve(qat_op, has_state=bool(getattr(op, "has_state", False))), state, qat
+def observe_keeping(qat_op_class: type[QATModuleOp], fields: Callable[[Op], dict[str, Any]]) -> ObserveRule:
+    """The rule of a layer whose QAT op (of ``qat_op_class``) keeps call-site fields of the float op
+    (an LSTM cell called with a state or not, an attention's masks and flags): the module is the
+    same either way (its builder ignores them), so :func:`observe` builds it and ``fields(op)``
+    (which raises NotImplementedError for a call it cannot take) sets them on the QAT op."""
+
+    def rule(
+        op: Op,
+        module: Any,
+        tensors: dict[str, torch.Tensor],
+        activation: FakeQuantSpec | None,
+        weight: FakeQuantSpec | None,
+    ) -> tuple[QATModuleOp, dict[str, torch.Tensor], nn.Module]:
+        kept = fields(op)
+        qat_op, state, qat = observe(op, module, tensors, activation, weight)
+        if not isinstance(qat_op, qat_op_class):
+            raise TypeError(f"op {op.name!r}: expected {qat_op_class.name!r}, got {qat_op.name!r}")
+        return attrs.evolve(qat_op, **kept), state, qat
+
+    return rule
+
+
+def _lstm_cell_fields(op: Op) -> dict[str, Any]:
+    return {"has_state": bool(getattr(op, "has_state", False))}
+
+
+def _attention_fields(op: Op) -> dict[str, Any]:
+    if getattr(op, "is_causal", False):
+        raise NotImplementedError("MultiheadAttention: is_causal is not implemented; pass the causal mask as attn_mask")
+    flags = ("need_weights", "average_attn_weights", "key_padding_mask", "attn_mask")
+    return {f: bool(getattr(op, f)) for f in flags}
 
 
 #: optional libraries' module classes, by qualified name (torchvision is never imported here)
@@ -158,31 +176,13 @@ OBSERVED_OPTIONAL_MODULES = (
 )
 
 
-def observe_attention(
-    op: Op,
-    module: Any,
-    tensors: dict[str, torch.Tensor],
-    activation: FakeQuantSpec | None,
-    weight: FakeQuantSpec | None,
-) -> tuple[QATModuleOp, dict[str, torch.Tensor], nn.Module]:
-    """``multihead_attention`` -> ``qat_multihead_attention``: with the float call's masks and flags
-    (the module is the same either way: its builder ignores them)."""
-    if getattr(op, "is_causal", False):
-        raise NotImplementedError("MultiheadAttention: is_causal is not implemented; pass the causal mask as attn_mask")
-    qat_op, state, qat = observe(op, module, tensors, activation, weight)
-    if not isinstance(qat_op, QATMultiheadAttention):
-        raise TypeError(f"op {op.name!r}: expected the QAT attention's qat_multihead_attention, got {qat_op.name!r}")
-    flags = ("need_weights", "average_attn_weights", "key_padding_mask", "attn_mask")
-    return attrs.evolve(qat_op, **{f: bool(getattr(op, f)) for f in flags}), state, qat
-
-
 def _register() -> None:
     for name in OBSERVED_OPS:
         register_observer_rule(name, observe)
     for qualified in OBSERVED_OPTIONAL_MODULES:
         register_observer_rule(qualified, observe)
-    register_observer_rule("lstm_cell", observe_lstm_cell)
-    register_observer_rule("multihead_attention", observe_attention)
+    register_observer_rule("lstm_cell", observe_keeping(QATLstmCell, _lstm_cell_fields))
+    register_observer_rule("multihead_attention", observe_keeping(QATMultiheadAttention, _attention_fields))
     for cls in OBSERVED_MODULES:
         register_observer_rule(cls, observe)
 

@@ -2,7 +2,9 @@
 
 The front end turns a float FloatFunctional's method call into the float op it computes (``add``,
 ``cat{dim}``, ``mean{dim, keepdim}``, ``add{other=2.0}`` for ``add_scalar(x, 2.0)``, ...) with the
-FloatFunctional's path as scope and the method in ``meta["float_functional"]``. The rule converts
+FloatFunctional's path as scope and the method in ``meta["float_functional"]``; a method with no float
+op of its own (``add_relu``) is an opaque call of the method, whose argument templates bind to the
+method's signature. The rule converts
 the module with ``FloatFunctional.from_float`` (module swapping's arithmetic: the output fake quant,
 or none for a high-precision ``matmul``), binds the method's arguments from the float op's fields
 and operands, and reads the ``qat_functional`` op back with the QAT module's method reader — the
@@ -13,6 +15,7 @@ model is prepared by module swapping instead.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import attrs
@@ -20,7 +23,8 @@ import torch
 from torch.ao.nn.quantized import FloatFunctional as TorchFloatFunctional
 
 from passes.insert_observers import MethodCall, register_observer_rule
-from qir.ir.op import Op
+from qir.ir.op import Op, resolve
+from qir.ir.ops.core import Call
 from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp
 from qir.ir.ops.qat_functional import FF_METHOD_FORMS, qat_method_reader
 from qir.nn.modules.functional import FloatFunctional as FloatFF
@@ -31,6 +35,10 @@ from qir.quantization.qconfig import QConfig
 __all__ = ["observe_method"]
 
 
+#: methods whose generated form of ``2.0 * x`` (a reversed float op) is the same call as ``x * 2.0``
+_COMMUTATIVE = ("add_scalar", "mul_scalar")
+
+
 class _Operand:
     """Stands for the node's operand ``index`` while the method's arguments are bound."""
 
@@ -38,14 +46,28 @@ class _Operand:
         self.index = index
 
 
-def _bound(op: Op, method: str, n: int) -> dict[str, Any]:
+def _bound_call(op: Call, module: Any, method: str, n: int) -> dict[str, Any]:
+    """The method's arguments by name, from an opaque call's argument templates (a method with no
+    float op of its own, such as ``add_relu``): bound to the float module's method signature."""
+    xs = [_Operand(i) for i in range(n)]
+    try:
+        bound = inspect.signature(getattr(module, method)).bind(*resolve(op.args, xs), **resolve(op.kwargs, xs))
+    except TypeError as e:
+        raise NotImplementedError(f"FloatFunctional.{method}: {e}") from None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _bound(op: Op, method: str, n: int, module: Any = None) -> dict[str, Any]:
     """The method's arguments by name, from the float op's fields and its ``n`` operands."""
     form = FF_METHOD_FORMS.get(method)
     if form is None:
         raise NotImplementedError(f"FloatFunctional.{method} has no QAT op")
+    if isinstance(op, Call):
+        return _bound_call(op, module, method, n)
     kind = form[0]
     fields = attrs.asdict(op, recurse=False)
-    if fields.get("reverse", False):
+    if fields.get("reverse", False) and method not in _COMMUTATIVE:
         raise NotImplementedError(f"FloatFunctional.{method}: op {op.name!r} has its operands reversed")
     other = fields.get("other")
     xs = [_Operand(i) for i in range(n)]
@@ -84,7 +106,7 @@ def observe_method(
     """The ``qat_functional`` op of one FloatFunctional method node and its output fake quant's state."""
     if not isinstance(call, MethodCall):
         raise TypeError(f"op {op.name!r}: a FloatFunctional rule takes a MethodCall, got {type(call).__name__}")
-    bound = _bound(op, call.method, call.operands)
+    bound = _bound(op, call.method, call.operands, call.module)
     qconfig = QConfig(activation=None if activation is None else fake_quant_factory(activation), weight=None)
     qat = FloatFunctional.from_float(call.module, qconfig)
     reader = qat_method_reader(qat)
