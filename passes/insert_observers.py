@@ -35,7 +35,10 @@ The new state (weight, bias, every fake-quant buffer) is added as constants keye
 state-dict name under the node's scope (``conv.weight_fake_quant.scale``), so emitting the
 graph rebuilds the trainable modules with the keys module swapping gives them. A rule that
 returns the QAT module it built too has it kept in the new node's ``meta`` for emit to install
-(:mod:`qir.ir.prebuilt`): each layer is built once, as module swapping builds it.
+(:mod:`qir.ir.prebuilt`): each layer is built once, as module swapping builds it. An opaque
+call's op is bound to the call afterwards (``bind_call``: a RoIAlign's box list, an
+AnchorGenerator's level count, a run-time resize size); binding sets only the call's form, which no
+module builder reads, so the module is kept for the bound op.
 :func:`uncovered` lists the listed nodes no rule converts (``prepare_qat_fx`` then prepares
 the whole model by module swapping and says why); run on them, the pass raises
 :class:`InsertObserversError` naming the first.
@@ -364,7 +367,8 @@ class InsertObservers(Pass):
         module_params: dict[str, torch.Tensor] = {}
         try:
             new_op, state, *built = rule(op, obj, tensors, *spec)
-            read_as = new_op
+            # binding sets only the call's form (a RoIAlign's box list, an AnchorGenerator's level
+            # count, a run-time size), which no module builder reads: the module built is the bound op's
             if isinstance(op, Call):
                 new_op, inputs = _bind_call(new_op, op, n.operands)
                 module_params = _module_params(obj, new_op.param_roles())
@@ -409,7 +413,7 @@ class InsertObservers(Pass):
         new.meta.update(n.meta)
         if built:
             held = {r: graph.constants[c.op.key] for r, c in consts.items() if isinstance(c.op, Constant)}
-            new.meta[PREBUILT_MODULE_KEY] = PrebuiltModule(read_as, built[0], held)
+            new.meta[PREBUILT_MODULE_KEY] = PrebuiltModule(new_op, built[0], held)
         n.replace_all_uses_with(new)
         graph.erase_node(n)
         drop_unused_constants(graph, float_consts.values())

@@ -91,3 +91,34 @@ def test_another_op_or_another_tensor_builds_from_the_op() -> None:
     module.weight = tensors["weight"]
     assert box.take(node.op, tensors) is module
     assert box.take(node.op, tensors) is None  # taken once
+
+
+def test_prepare_builds_each_bound_layer_once() -> None:
+    """A RoIAlign / MultiScaleRoIAlign / AnchorGenerator call binds its form (box list, level count)
+    after the rule read the op: emit still installs the module the rule built."""
+    from qir.nn.qat.anchor_generator import AnchorGenerator
+    from qir.nn.qat.multi_scale_roi_align import MultiScaleRoIAlign
+    from qir.nn.qat.roi_align import RoIAlign
+    from tests.quantization.path_op_nets import Anchors, RoIPool
+
+    built: list[str] = []
+    inits = {cls: cls.__init__ for cls in (RoIAlign, MultiScaleRoIAlign, AnchorGenerator)}
+
+    def counting(cls: type) -> Any:
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            built.append(cls.__name__)
+            inits[cls](self, *args, **kwargs)
+
+        return init
+
+    for cls in inits:
+        cls.__init__ = counting(cls)  # type: ignore[method-assign]
+    try:
+        with march_scope("bayes"):
+            for net in (RoIPool, Anchors):
+                qat = prepare_qat_fx(net(), {"": get_default_qat_qconfig()}, torch.randn(2, 3, 16, 16))
+                assert qat.meta[PREPARE_PATH_KEY] == PREPARE_BY_PASS
+    finally:
+        for cls, init in inits.items():
+            cls.__init__ = init  # type: ignore[method-assign]
+    assert sorted(built) == ["AnchorGenerator", "AnchorGenerator", "MultiScaleRoIAlign", "RoIAlign", "RoIAlign"]

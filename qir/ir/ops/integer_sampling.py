@@ -39,6 +39,8 @@ __all__ = [
     "QMultiScaleRoIAlign",
     "QRoIAlign",
     "bind_multi_scale_call",
+    "bind_anchor_call",
+    "bind_roi_align_call",
     "check_anchor_levels",
 ]
 
@@ -259,13 +261,7 @@ class QRoIAlign(_RoIOp):
 
     def bind_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[QRoIAlign, list[Value]]:
         """Bind ``forward(x, boxes)``: boxes one tensor or a list of tensors."""
-        call = _bind(self.name, ("x", "boxes"), args, kwargs)
-        x, boxes = call.get("x"), call.get("boxes")
-        if not isinstance(x, Value):
-            raise IRError("qroi_align: the input must be a graph value")
-        listed = isinstance(boxes, (list, tuple))
-        values = _values(self.name, "boxes", boxes)
-        return attrs.evolve(self, box_list=listed, num_boxes=len(values)), [x, *values]
+        return bind_roi_align_call(self, args, kwargs, "x")
 
     def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (inputs[0], list(inputs[1:]) if self.box_list else inputs[1]), {}
@@ -413,6 +409,35 @@ def bind_multi_scale_call(
     return bound, [*feats, *box_values]
 
 
+def bind_roi_align_call(
+    op: Any, args: Sequence[Any], kwargs: dict[str, Any], input_name: str
+) -> tuple[Any, list[Value]]:
+    """Bind a QAT or integer RoIAlign's ``forward(<input_name>, boxes)`` (the QAT module names its
+    input ``input``, the integer one ``x``): boxes one tensor or a list of tensors."""
+    call = _bind(op.name, (input_name, "boxes"), args, kwargs)
+    x, boxes = call.get(input_name), call.get("boxes")
+    if not isinstance(x, Value):
+        raise IRError(f"{op.name}: the input must be a graph value")
+    values = _values(op.name, "boxes", boxes)
+    return attrs.evolve(op, box_list=isinstance(boxes, (list, tuple)), num_boxes=len(values)), [x, *values]
+
+
+def bind_anchor_call(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, list[Value]]:
+    """Bind a QAT or integer AnchorGenerator's ``forward(image_list, feature_maps)``: the batched
+    image tensor (an ImageList is not a graph value) and one feature map per anchor level."""
+    call = _bind(op.name, ("image_list", "feature_maps"), args, kwargs)
+    images, feats = call.get("image_list"), call.get("feature_maps")
+    if not isinstance(images, Value) or not isinstance(feats, (list, tuple)):
+        raise IRError(
+            f"{op.name} binds the batched image tensor (N, C, H, W) and a list of feature maps; an "
+            "ImageList is not a graph value: pass its .tensors"
+        )
+    values = _values(op.name, "feature maps", feats)
+    if len(values) != len(op.sizes):
+        raise IRError(f"{op.name}: {len(values)} feature maps for {len(op.sizes)} anchor levels")
+    return attrs.evolve(op, num_features=len(values)), [images, *values]
+
+
 def check_anchor_levels(
     name: str, sizes: tuple[tuple[float, ...], ...], aspect_ratios: tuple[tuple[float, ...], ...], num_features: int
 ) -> None:
@@ -451,19 +476,8 @@ class QAnchorGenerator(_CallOp):
         return 1 + self.num_features
 
     def bind_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[QAnchorGenerator, list[Value]]:
-        """Bind ``forward(image_list, feature_maps)``: the batched image tensor (an ImageList is
-        not a graph value) and a list of feature maps."""
-        call = _bind(self.name, ("image_list", "feature_maps"), args, kwargs)
-        images, feats = call.get("image_list"), call.get("feature_maps")
-        if not isinstance(images, Value) or not isinstance(feats, (list, tuple)):
-            raise IRError(
-                "qanchor_generator binds the batched image tensor (N, C, H, W) and a list of feature maps; an "
-                "ImageList is not a graph value: pass its .tensors"
-            )
-        values = _values(self.name, "feature maps", feats)
-        if len(values) != len(self.sizes):
-            raise IRError(f"qanchor_generator: {len(values)} feature maps for {len(self.sizes)} anchor levels")
-        return attrs.evolve(self, num_features=len(values)), [images, *values]
+        """Bind ``forward(image_list, feature_maps)`` (:func:`bind_anchor_call`)."""
+        return bind_anchor_call(self, args, kwargs)
 
     def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (inputs[0], list(inputs[1:])), {}

@@ -29,7 +29,6 @@ from qir.ir.ops.integer_sampling import (
     _GRID_MODES,
     _GRID_PADDING,
     _MAX_OUTPUT_SIDE,
-    _bind,
     _float_boxes,
     _numbers,
     _output_size,
@@ -37,8 +36,9 @@ from qir.ir.ops.integer_sampling import (
     _shapes,
     _strs,
     _torchvision_class,
-    _values,
+    bind_anchor_call,
     bind_multi_scale_call,
+    bind_roi_align_call,
     check_anchor_levels,
 )
 from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp
@@ -126,13 +126,7 @@ class QATRoIAlign(QATLayerOp):
 
     def bind_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[QATRoIAlign, list[Value]]:
         """Bind ``forward(input, boxes)``: boxes one tensor or a list of tensors."""
-        call = _bind(self.name, ("input", "boxes"), args, kwargs)
-        x, boxes = call.get("input"), call.get("boxes")
-        if not isinstance(x, Value):
-            raise IRError("qat_roi_align: the input must be a graph value")
-        listed = isinstance(boxes, (list, tuple))
-        values = _values(self.name, "boxes", boxes)
-        return attrs.evolve(self, box_list=listed, num_boxes=len(values)), [x, *values]
+        return bind_roi_align_call(self, args, kwargs, "input")
 
     def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (inputs[0], list(inputs[1:]) if self.box_list else inputs[1]), {}
@@ -176,19 +170,8 @@ class QATAnchorGenerator(QATModuleOp):
         return None if index == 0 else True  # the images: codes if a quantized layer made them, else float
 
     def bind_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[QATAnchorGenerator, list[Value]]:
-        """Bind ``forward(image_list, feature_maps)``: the batched image tensor (an ImageList is not a
-        graph value) and a list of feature maps."""
-        call = _bind(self.name, ("image_list", "feature_maps"), args, kwargs)
-        images, feats = call.get("image_list"), call.get("feature_maps")
-        if not isinstance(images, Value) or not isinstance(feats, (list, tuple)):
-            raise IRError(
-                "qat_anchor_generator binds the batched image tensor (N, C, H, W) and a list of feature maps; an "
-                "ImageList is not a graph value: pass its .tensors"
-            )
-        values = _values(self.name, "feature maps", feats)
-        if len(values) != len(self.sizes):
-            raise IRError(f"qat_anchor_generator: {len(values)} feature maps for {len(self.sizes)} anchor levels")
-        return attrs.evolve(self, num_features=len(values)), [images, *values]
+        """Bind ``forward(image_list, feature_maps)`` (:func:`bind_anchor_call`)."""
+        return bind_anchor_call(self, args, kwargs)
 
     def module_call(self, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (inputs[0], list(inputs[1:])), {}
