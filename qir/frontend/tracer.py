@@ -53,6 +53,7 @@ class QirTracer(torch.fx.Tracer):
         #: the module stack when a call first failed (the stack unwinds before the error is reported)
         self.failed_in: list[tuple[str, type]] | None = None
         self._ff_paths: dict[int, str] = {}
+        self._derived: _DerivedTensors | None = None  # while tracing: tensors computed from buffers
 
     def pieces_of(self, node: torch.fx.Node) -> int | None:
         """How many pieces a ``chunk`` / ``split`` node is unpacked into: the count measured on the
@@ -105,11 +106,140 @@ class QirTracer(torch.fx.Tracer):
             return super().iter(obj)  # type: ignore[no-any-return]
         return iter([obj[i] for i in range(n)])  # type: ignore[index]
 
+    def trace(
+        self, root: nn.Module | Callable[..., Any], concrete_args: dict[str, Any] | None = None
+    ) -> torch.fx.Graph:
+        self._derived = _DerivedTensors(self)
+        try:
+            with self._derived:
+                return super().trace(root, concrete_args)
+        finally:
+            self._derived = None
+
+    def create_arg(self, a: Any) -> Any:
+        # a tensor computed from the model's own buffers (``self.boxes * 4``) is computed from them
+        # at run time, not folded into a new ``_tensor_constant`` attribute
+        derived = self._derived
+        if derived is not None and isinstance(a, torch.Tensor) and not isinstance(a, nn.Parameter):
+            node = derived.node_of(a)
+            if node is not None:
+                return node
+        return super().create_arg(a)
+
     def ff_path(self, m: nn.Module) -> str:
         key = id(m)
         if key not in self._ff_paths:
             self._ff_paths[key] = self.path_of_module(m)
         return self._ff_paths[key]
+
+
+#: Tensor magic methods as the operator fx records for them on proxies (``b * 4``: operator.mul)
+_OPERATORS: dict[Any, Callable[..., Any]] = {
+    **{getattr(torch.Tensor, f"__{n}__"): getattr(operator, n) for n in ("add", "sub", "mul", "truediv", "floordiv")},
+    **{getattr(torch.Tensor, f"__{n}__"): getattr(operator, n) for n in ("mod", "pow", "matmul", "neg", "getitem")},
+    **{getattr(torch.Tensor, f"__{n}__"): getattr(operator, n) for n in ("lt", "le", "gt", "ge", "eq", "ne")},
+    **{getattr(torch.Tensor, f"__{n}__"): getattr(operator, f"{n}_") for n in ("and", "or")},
+}
+#: reflected magic methods: the operator with its operands swapped (``4 * b``)
+_REFLECTED: dict[Any, Callable[..., Any]] = {
+    getattr(torch.Tensor, f"__r{n}__"): getattr(operator, n)
+    for n in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul")
+    if hasattr(torch.Tensor, f"__r{n}__")
+}
+
+
+def _mutates(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Whether a torch call writes into a tensor it is given (in-place methods, ``out=``, item assignment)."""
+    name = getattr(func, "__name__", "")
+    if "out" in kwargs or name in ("__setitem__", "set_", "copy_"):
+        return True
+    if name.startswith("__i") and name.endswith("__"):  # __iadd__, __imul__, ...
+        return True
+    return name.endswith("_") and not name.endswith("__")
+
+
+class _DerivedTensors(torch.overrides.TorchFunctionMode):
+    """While fx traces, how each tensor computed from the model's buffers (or plain tensor
+    attributes) only was made: fx keeps buffers as real tensors, so ``self.boxes * 4`` runs at
+    trace time and would be folded into a new ``_tensor_constant`` attribute. :meth:`node_of`
+    replays the recorded calls on proxies of those buffers instead, so the traced graph computes
+    the expression from the module's own buffer when it runs (the state dict keeps ``boxes`` and
+    gains no constant). A write into a recorded or source tensor forgets every record (the fold
+    of the values as they are at trace time is then the faithful form)."""
+
+    def __init__(self, tracer: torch.fx.Tracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+        self._sources: dict[int, tuple[torch.Tensor, str]] | None = None
+        #: id(result) -> (result, func, args, kwargs); the result is kept so its id stays unique
+        self.made: dict[int, tuple[torch.Tensor, Any, tuple[Any, ...], dict[str, Any]]] = {}
+        self.nodes: dict[int, torch.fx.Node] = {}
+
+    def sources(self) -> dict[int, tuple[torch.Tensor, str]]:
+        if self._sources is None:  # built on first use: fx collects the tensor attributes when tracing starts
+            root = self.tracer.root
+            found = {id(t): (t, name) for name, t in root.named_buffers()}
+            for t, name in getattr(self.tracer, "tensor_attrs", {}).items():
+                if isinstance(t, torch.Tensor):
+                    found.setdefault(id(t), (t, name))
+            self._sources = found
+        return self._sources
+
+    def _known(self, v: Any) -> bool:
+        return isinstance(v, torch.Tensor) and (id(v) in self.made or id(v) in self.sources())
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        if not any(self._known(v) for v in leaves):
+            return out
+        if _mutates(func, args, kwargs):
+            self.made.clear()
+            self.nodes.clear()
+            self._sources = {}  # the buffers were written at trace time: keep folding from here on
+            return out
+        if (
+            isinstance(out, torch.Tensor)
+            and not isinstance(out, (torch.fx.Proxy, nn.Parameter))
+            and not any(isinstance(v, torch.fx.Proxy) for v in leaves)
+            and not any(v is out for v in leaves)
+        ):
+            self.made[id(out)] = (out, func, tuple(args), dict(kwargs))
+        return out
+
+    def node_of(self, a: torch.Tensor) -> torch.fx.Node | None:
+        """The graph node computing ``a`` from buffers at run time, or None (not derived from them)."""
+        key = id(a)
+        entry = self.made.get(key)
+        if entry is None or entry[0] is not a:
+            return None
+        if key not in self.nodes:
+            self.nodes[key] = self._replay(entry[1], entry[2], entry[3]).node
+        return self.nodes[key]
+
+    def _proxy(self, v: Any) -> Any:
+        if not isinstance(v, torch.Tensor):
+            return v
+        if id(v) in self.made and self.made[id(v)][0] is v:
+            return torch.fx.Proxy(self.node_of(v), self.tracer)  # type: ignore[arg-type]
+        src = self.sources().get(id(v))
+        if src is not None and src[0] is v:
+            return self.tracer.create_proxy("get_attr", src[1], (), {})
+        return v  # another constant: fx folds it as before
+
+    def _replay(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.fx.Proxy:
+        pargs, pkwargs = torch.utils._pytree.tree_map(self._proxy, (args, kwargs))
+        if func in _REFLECTED:
+            return _REFLECTED[func](pargs[1], pargs[0])  # type: ignore[no-any-return]
+        if func in _OPERATORS:
+            return _OPERATORS[func](*pargs, **pkwargs)  # type: ignore[no-any-return]
+        if torch.overrides.is_tensor_method_or_property(func):  # b.float(), b.T: a method / attribute of the proxy
+            name = getattr(func, "__name__", "")
+            if name == "__get__":
+                return getattr(pargs[0], func.__self__.__name__)  # type: ignore[no-any-return]
+            return getattr(pargs[0], name)(*pargs[1:], **pkwargs)  # type: ignore[no-any-return]
+        return func(*pargs, **pkwargs)  # type: ignore[no-any-return]
 
 
 def placeholders_first(graph: torch.fx.Graph) -> None:

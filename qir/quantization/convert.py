@@ -811,10 +811,37 @@ def _convert_by_passes(gm: torch.fx.GraphModule, graph: Any, pipe: Pipeline) -> 
 
     result = run_pipeline(graph, pipe, ctx=PassContext(), verify_each=True)
     out = emit(result.graph, class_name=type(gm).__name__)
+    _keep_unread_modules(out, gm)
     out.meta.update(copy.deepcopy({k: v for k, v in gm.meta.items() if k != PREPARE_RECORD_KEY}))
     out.meta[CONVERT_PATH_KEY] = "quantize pass"
     out.eval()
     return out
+
+
+def _keep_unread_modules(out: nn.Module, qat: nn.Module) -> None:
+    """Modules of the QAT model no call reads (a fused-away batch norm's Identity slot, an unused
+    submodule) in place in ``out``, as module swapping keeps them: emit builds only what the graph
+    calls. Only stateless ones (a module with state has it in the graph's constants, so emit made
+    its path); each a copy, so the converted model shares nothing with the QAT model."""
+    order = [path for path, _ in qat.named_modules()]
+    rank = {p: i for i, p in enumerate(order)}
+    present = {path for path, _ in out.named_modules()}
+    parents: set[str] = set()
+    for path, m in qat.named_modules():
+        parent = path.rpartition(".")[0]
+        if not path or path in present or parent not in present:
+            continue
+        if any(True for _ in m.parameters()) or any(True for _ in m.buffers()):
+            continue
+        set_submodule(out, path, copy.deepcopy(m))
+        present.update(f"{path}.{p}" if p else path for p, _ in m.named_modules())
+        parents.add(parent)
+    for parent in parents:  # the QAT model's order among siblings; the converted model's own ones last
+        container = out.get_submodule(parent) if parent else out
+        prefix = f"{parent}." if parent else ""
+        items = sorted(container._modules.items(), key=lambda kv: rank.get(prefix + kv[0], len(rank)))
+        container._modules.clear()
+        container._modules.update(items)
 
 
 def _integer_twin(qat_model: nn.Module) -> nn.Module:

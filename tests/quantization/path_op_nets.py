@@ -145,6 +145,26 @@ class RoIPool(nn.Module):
         return self.dequant(y), self.dequant(self.roi_list(f, [self.boxes0, self.boxes1])), self.dequant(p)
 
 
+class Leftovers(nn.Module):
+    """What no call reads and what is computed from buffers: a batch norm fused away (its slot
+    stays), an unused conv and an unused Sequential, and RoIAlign boxes computed from the module's
+    own buffer at run time (``self.boxes * 4``, ``(self.boxes + 1.0).flip(0)``: no folded constant)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.unused = nn.Conv2d(8, 8, 1)
+        self.spare = nn.Sequential(nn.ReLU(), nn.Identity())
+        self.roi = qnn.RoIAlign(2, 1.0, 2)
+        self.register_buffer("boxes", torch.tensor([[0.0, 0.0, 2.0, 3.0], [1.0, 0.5, 3.5, 3.0]]))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        f = self.bn(self.conv(self.quant(x)))
+        y = self.roi(f, [self.boxes * 4, (self.boxes + 1.0).flip(0)])
+        return self.dequant(y), self.dequant(f)
+
+
 class Anchors(nn.Module):
     """AnchorGenerators over two feature levels: one reading the float images, one the quantized
     ones (only shapes are read; the anchors are float32 at every stage)."""

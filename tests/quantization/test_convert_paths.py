@@ -37,7 +37,7 @@ from qir.quantization.convert import CONVERT_PATH_KEY
 from qir.quantization.prepare import PREPARE_RECORD_KEY
 from qir.utils.fx_helper import wrap
 from tests.quantization.path_blocks import Block, InvertedResidual
-from tests.quantization.path_op_nets import AddRelu, Anchors, Attention, Recurrent, RoIPool
+from tests.quantization.path_op_nets import AddRelu, Anchors, Attention, Leftovers, Recurrent, RoIPool
 from tests.quantization.test_convert_untouched import _assert_same, _snapshot
 
 
@@ -250,6 +250,28 @@ def test_attention_and_detection_layers_by_the_pass_equal_module_swap(net: type[
         assert torch.equal(a, b)
     sa, sb = swapped.state_dict(), by_pass.state_dict()
     assert list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+def test_unread_modules_and_buffer_expressions_by_the_pass_equal_module_swap(march: str) -> None:
+    qat, x = _qat(Leftovers(), march)
+    assert "_tensor_constant0" not in dict(qat.named_buffers()) and not hasattr(qat, "_tensor_constant0")
+    by_pass, swapped = convert_fx(qat), _swapped(qat)
+    assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
+    for model in (by_pass, swapped):
+        assert next(iter(model.state_dict())) == "boxes"  # the model's own buffer, read at run time
+        assert not any(k.startswith("_tensor_constant") for k in model.state_dict())
+        assert {"bn", "unused", "spare", "spare.0", "spare.1"} <= {n for n, _ in model.named_modules()}
+    assert list(by_pass.state_dict()) == list(swapped.state_dict())
+    assert [(n, type(m)) for n, m in by_pass.named_modules()][1:] == [(n, type(m)) for n, m in swapped.named_modules()][
+        1:
+    ]
+    before = by_pass(x)[0]
+    by_pass.boxes.mul_(0.5)  # the boxes are computed from the buffer when the model runs
+    swapped.boxes.mul_(0.5)
+    assert not torch.equal(before, by_pass(x)[0])
+    for a, b in zip(swapped(x * 3), by_pass(x * 3), strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
