@@ -23,7 +23,7 @@ from passes.errors import PassFailure, PassVerificationFailure
 from passes.instruments import Instrument, VerifyInstrument
 from passes.pipeline import Pipeline, as_pipeline, format_value, option_specs
 from qir.ir.graph import Graph
-from qir.ir.stand_ins import mark_derived
+from qir.ir.stand_ins import mark_derived, real_tensors
 from qir.ir.verifier import VerifyError
 
 
@@ -103,8 +103,9 @@ class PassManager:
         bind new tensors instead of writing into existing ones, so the input stays intact.
         """
         work = graph if inplace else graph.copy()
-        # constants derived from zero stand-ins are stand-ins too (qir.ir.stand_ins)
-        stand_in_input = dict(graph.constants) if graph.stand_ins() else None
+        # constants derived from zero stand-ins are stand-ins too (qir.ir.stand_ins): the input's real
+        # tensors, taken once (the passes bind new tensors, the input's stay what they are)
+        real = real_tensors(graph.constants)
         # the copy shares the input's constant tensors: check no pass writes into them
         guard = ConstantGuard(graph) if self.verify_each and not inplace else None
         ctx = ctx if ctx is not None else PassContext()
@@ -113,8 +114,8 @@ class PassManager:
             inst.run_before_pipeline(self.pipeline, work, ctx)
         for index, p in enumerate(self.pipeline):
             self._run_pass(index, p, work, ctx, first, inplace, guard)
-            if stand_in_input is not None:  # before the next pass (a lowering) reads them
-                mark_derived(stand_in_input, work.constants)
+            if real is not None:  # before the next pass (a lowering) reads them
+                mark_derived(real, work.constants)
         result = PipelineResult(work, self.pipeline, tuple(ctx.history[first:]), ctx)
         for inst in reversed(self.instruments):
             inst.run_after_pipeline(result)

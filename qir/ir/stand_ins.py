@@ -55,12 +55,21 @@ def stand_in_keys(constants: Mapping[str, object]) -> list[str]:
     return [key for key, t in constants.items() if is_stand_in(t)]
 
 
-def mark_derived(before: Mapping[str, object], after: dict[str, torch.Tensor]) -> list[str]:
-    """Mark as stand-ins the constants of ``after`` that are not real tensors of ``before``,
-    when ``before`` holds stand-ins (a pipeline's input and result); return their keys."""
+def real_tensors(before: Mapping[str, object]) -> dict[int, torch.Tensor] | None:
+    """The real (not stand-in) tensors of ``before`` (a pipeline's input constants) by id, or None
+    when it holds no stand-in: what :func:`mark_derived` tells derived constants by, taken once per
+    pipeline (holding the tensors keeps their ids theirs while passes rebind the constants)."""
     if not stand_in_keys(before):
+        return None
+    return {id(t): t for t in before.values() if isinstance(t, torch.Tensor) and not is_stand_in(t)}
+
+
+def mark_derived(real: Mapping[int, torch.Tensor] | None, after: dict[str, torch.Tensor]) -> list[str]:
+    """Mark as stand-ins the constants of ``after`` (a pipeline's result so far) that are not among
+    ``real`` (:func:`real_tensors` of its input, which holds stand-ins; None: it holds none, nothing
+    is marked); return their keys."""
+    if real is None:
         return []
-    real = {id(t) for t in before.values() if isinstance(t, torch.Tensor) and not is_stand_in(t)}
     marked = []
     for key, t in after.items():
         if isinstance(t, torch.Tensor) and id(t) not in real:

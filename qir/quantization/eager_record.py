@@ -88,12 +88,16 @@ PRESERVING_NAMES = (
     "__getitem__",
     "relu",
 )
-PRESERVING: set[Any] = set()
-for _name in PRESERVING_NAMES:
-    for _owner in (torch.Tensor, torch):
-        _f = getattr(_owner, _name, None)
-        if _f is not None:
-            PRESERVING.add(_f)
+
+
+def _functions(names: tuple[str, ...]) -> set[Any]:
+    """The tensor methods and torch functions of these names."""
+    return {f for name in names for owner in (torch.Tensor, torch) if (f := getattr(owner, name, None)) is not None}
+
+
+PRESERVING: set[Any] = _functions(PRESERVING_NAMES)
+#: of those, the ones that keep a tensor's layout as well as its values (a per-channel scale's axis stays valid)
+KEEPS_LAYOUT: set[Any] = _functions(("contiguous", "clone", "detach"))
 PRESERVING |= {F.relu, F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool2d, F.dropout, F.dropout2d}
 # reads that give no tensor on the value grid (sizes, dtypes, indices of a maximum)
 _NEUTRAL: set[Any] = {
@@ -326,6 +330,7 @@ def convert_recorded(root: nn.Module, march: Any, mapping: Mapping[type, type] |
     Eval-mode records are used when there are any (what the converted model computes), else
     training-mode ones. ``error`` is the exception class to raise (ConvertError)."""
     from qir.quantization.convert import (
+        ScalePlan,
         _is_dequant_stub,
         _is_qat_module,
         _is_quant_stub,
@@ -422,7 +427,7 @@ def convert_recorded(root: nn.Module, march: Any, mapping: Mapping[type, type] |
     def sites_differ(path: str) -> bool:
         """Whether DeQuantStub ``path`` dequantizes outputs of different scales (codes, or codes and floats)."""
         sites = [[scale_of(src) for src in site if src is not None] for site in records[path]]
-        return any(not same_scales(sites[0], other) for other in sites[1:])
+        return ScalePlan(module_inputs={path: sites}).sites_differ(path)
 
     swaps: dict[str, nn.Module] = {}
     per_call: list[str] = []

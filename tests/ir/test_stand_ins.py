@@ -94,3 +94,15 @@ def test_the_fuzzer_counts_a_kept_stand_in_as_refused() -> None:
     outcome, detail = run_case(CONV_BN, 0, keep_stand_in=True)
     assert outcome == "stand-in", (outcome, detail)
     assert run_case(CONV_BN, 0)[0] == "ran"
+
+
+def test_a_pipeline_reads_its_inputs_stand_ins_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qir.ir import stand_ins
+
+    graph = parse_graph(CONV_BN, allow_unbound=True)
+    calls: list[int] = []
+    real_keys = stand_ins.stand_in_keys
+    monkeypatch.setattr(stand_ins, "stand_in_keys", lambda c: calls.append(1) or real_keys(c))
+    folded = passes.run_pipeline(graph, "absorb-bn,dce,dce,dce").graph
+    assert len(calls) == 1  # the input's real tensors, taken before the first pass, not after each
+    assert folded.stand_ins() == list(folded.constants)  # what absorb-bn derived is still marked

@@ -33,13 +33,10 @@ from qir.frontend.convert import FORWARD_CONTEXT
 from qir.nn.quantized._base import QuantizedModule
 from qir.nn.quantized.functional import TAG_OUTPUTS, QFunctional
 from qir.nn.quantized.stubs import SCALE_TAG, DeQuantStub, PerCallDeQuantStub, scale_tag_of
-from qir.quantization.eager_record import PRESERVING
+from qir.quantization.eager_record import KEEPS_LAYOUT, PRESERVING
 
 __all__ = ["install_scale_tags", "passing_tags", "tag_of_module"]
 
-#: root attribute: the model's forwards tag codes with their scales
-#: functions that keep a tensor's layout as well as its values: a per-channel tag's axis stays valid
-_KEEPS_LAYOUT: set[Any] = {torch.Tensor.contiguous, torch.Tensor.clone, torch.clone, torch.Tensor.detach, torch.detach}
 
 _ACTIVE: _PassTags | None = None
 
@@ -55,7 +52,7 @@ class _PassTags(TorchFunctionMode):
         out = func(*args, **(kwargs or {}))
         if func in PRESERVING and args:
             tag = scale_tag_of(args[0])
-            if tag is not None and (tag[1] is None or func in _KEEPS_LAYOUT):
+            if tag is not None and (tag[1] is None or func in KEEPS_LAYOUT):
                 _tag(out, tag)
         elif isinstance(out, torch.Tensor) and SCALE_TAG in out.__dict__:
             del out.__dict__[SCALE_TAG]  # an in-place op that is not scale-keeping changed the codes
