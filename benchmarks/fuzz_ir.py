@@ -77,7 +77,7 @@ from qir.ir import (
     run_graph,
     verify,
 )
-from qir.ir.types import DType
+from qir.ir.types import UNKNOWN_DIM, DType
 
 try:
     from benchmarks.fuzz_ir_converted import converted_seeds
@@ -181,7 +181,7 @@ def seed_texts() -> tuple[Seed, ...]:
 # ----------------------------------------------------------------------------- mutations
 
 _NUM = re.compile(r"(?<![\w.%])-?\d+(?:\.\d+)?(?:e-?\d+)?(?![\w.])")
-_DIMS = re.compile(r"(?<=tensor<)[0-9x]*?(?=[a-z]+\d*[,>])")
+_DIMS = re.compile(r"(?<=tensor<)[0-9?x]*?(?=[a-z]+\d*[,>])")
 _DTYPE = re.compile(r"(?<=[<x])(f32|f64|f16|bf16|i64|i32|i16|i8|u8|bool|qi8|qi16|qi32|qbool)(?=[,>])")
 _OPCALL = re.compile(r"(?<== )([A-Za-z_][A-Za-z0-9_.]*)(?=\()")
 _VALUE = re.compile(r"%[A-Za-z_][A-Za-z0-9_]*")
@@ -280,7 +280,7 @@ def _bump(s: str, by: int) -> str:
 
 
 def _mutate_once(text: str, rng: random.Random, pool: list[str]) -> str:
-    kind = rng.randrange(18)
+    kind = rng.randrange(19)
     lines = _lines(text)
     lo, hi = _body_range(lines)
     if kind == 0:
@@ -350,6 +350,18 @@ def _mutate_once(text: str, rng: random.Random, pool: list[str]) -> str:
         return _sub_one(_NUM, text, rng, lambda s: "(" * depth + s + ",)" + ")" * (depth - 1))
     if kind == 17:
         return text[: rng.randrange(len(text) + 1)]
+    if kind == 18:  # unknown dimensions: one size of a type (or all of them) becomes '?'
+
+        def unknown(s: str) -> str:
+            parts = s.split("x")[:-1]
+            if not parts:
+                return s
+            if rng.random() < 0.3:
+                return "?x" * len(parts)
+            parts[rng.randrange(len(parts))] = "?"
+            return "".join(p + "x" for p in parts)
+
+        return _sub_one(_DIMS, text, rng, unknown)
     return text
 
 
@@ -483,10 +495,32 @@ def _deadline(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
-def _random_value(t: Any, g: torch.Generator) -> Any:
+#: the size an unknown input dimension takes when the seed has none for it (the seed's own size otherwise)
+UNKNOWN_INPUT_SIZE = 4
+
+
+def _input_size(t: TensorType, seed_shape: tuple[int, ...] | None) -> tuple[int, ...]:
+    """``t``'s shape with its unknown dimensions at the seed's sizes for this input: the text's other
+    types were written for those (a flatten declared ``1x64``), so the run is the one verify vouched for."""
+    if seed_shape is None or len(seed_shape) != t.rank:
+        seed_shape = (UNKNOWN_DIM,) * t.rank
+    return tuple(
+        d if d != UNKNOWN_DIM else (s if s != UNKNOWN_DIM else UNKNOWN_INPUT_SIZE)
+        for d, s in zip(t.shape, seed_shape, strict=True)
+    )
+
+
+def input_shapes(text: str) -> dict[str, tuple[int, ...]]:
+    """Input name -> tensor shape of a seed's graph."""
+    graph = parse_graph(text, allow_unbound=True, max_constant_bytes=MAX_CONSTANT_BYTES)
+    return {a.name: a.type.shape for a in graph.inputs if isinstance(a.type, TensorType)}
+
+
+def _random_value(t: Any, g: torch.Generator, seed_shape: tuple[int, ...] | None = None) -> Any:
     from qir.ir.types import ScalarType, SequenceType
 
     if isinstance(t, TensorType):
+        t = t.with_shape(_input_size(t, seed_shape))
         dt = t.dtype.to_torch()
         if dt.is_floating_point:
             return torch.randn(t.shape, generator=g).to(dt)
@@ -531,9 +565,11 @@ def run_case(
     timeout: float = 0.0,
     constants: dict[str, torch.Tensor] | None = None,
     keep_stand_in: bool = False,
+    shapes: dict[str, tuple[int, ...]] | None = None,
 ) -> tuple[str, str]:
     """(outcome class, detail) of parsing, verifying and running ``text`` (``constants``: the seed's;
-    ``keep_stand_in``: leave the last constant's zero stand-in bound, which run_graph must refuse)."""
+    ``keep_stand_in``: leave the last constant's zero stand-in bound, which run_graph must refuse;
+    ``shapes``: the seed's input shapes, the sizes unknown input dimensions take)."""
     stage = "parse"
     try:
         with _deadline(timeout), warnings.catch_warnings():
@@ -551,7 +587,9 @@ def run_case(
                 return "verify-error", str(e)
             stage = "inputs"
             try:
-                inputs = [_random_value(a.type, g) for a in graph.inputs if not a.has_default]
+                inputs = [
+                    _random_value(a.type, g, (shapes or {}).get(a.name)) for a in graph.inputs if not a.has_default
+                ]
             except LookupError as e:
                 return "no-inputs", str(e)
             stage = "run"
@@ -608,6 +646,7 @@ def fuzz(cases: int, seed: int = 0, mem_bytes: int = 2 * 2**30, timeout: float =
         raise ValueError(f"no seed name starts with {only!r}: names are {[n for n, _, _ in seed_texts()]}")
     pool = [t for _, t, _ in seeds]
     read = {n: read_constants(t) for n, t, _ in seeds}
+    shapes = {n: input_shapes(t) for n, t, _ in seeds}
     rng = random.Random(seed)
     counts: Counter[str] = Counter()
     counts_values: Counter[str] = Counter()  # the cases whose constant values were mutated
@@ -630,11 +669,11 @@ def fuzz(cases: int, seed: int = 0, mem_bytes: int = 2 * 2**30, timeout: float =
                 else:
                     mutated = mutate(text, rng, pool)
                 keep = rng.random() < STAND_IN_RATE
-                outcome, detail = run_case(mutated, seed + i, timeout, constants, keep)
+                outcome, detail = run_case(mutated, seed + i, timeout, constants, keep, shapes[name])
                 if outcome.startswith("timeout"):
                     # cases are deterministic: a hang repeats, a stall of a loaded shared machine
                     # does not. The retry's outcome counts; the stall is reported, not hidden.
-                    outcome, detail = run_case(mutated, seed + i, timeout, constants, keep)
+                    outcome, detail = run_case(mutated, seed + i, timeout, constants, keep, shapes[name])
                     if not outcome.startswith("timeout"):
                         stalls += 1
                 counts[outcome] += 1

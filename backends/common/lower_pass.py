@@ -19,6 +19,7 @@ from backends.common.lower_ir import lower_ir
 from passes.base import Pass, PassContext, register_pass
 from passes.legalize import resolve_march
 from qir.ir.graph import Graph
+from qir.ir.types import has_unknown_dims
 
 __all__ = ["EXAMPLE_INPUTS_KEY", "PROGRAM_KEY", "Lower"]
 
@@ -62,6 +63,13 @@ class Lower(Pass):
             raise ValueError(
                 f"lower needs example inputs in ctx.options[{EXAMPLE_INPUTS_KEY!r}] (a tensor or a tuple of "
                 "tensors): every kernel runs once on them while lowering"
+            )
+        unknown = next((v for v in (*graph.inputs, *graph.nodes) if has_unknown_dims(v.type)), None)
+        if unknown is not None:  # the artifact's buffers are sized from the graph's shapes
+            raise ValueError(
+                f"lower needs every size known, but %{unknown.name} is {unknown.type} (a graph typed without "
+                "example inputs): type it from the example inputs first (compile_model traces the converted "
+                "model on them)"
             )
         examples = ctx.options[EXAMPLE_INPUTS_KEY]
         inputs = (examples,) if isinstance(examples, torch.Tensor) else tuple(examples)

@@ -230,7 +230,9 @@ class Graph:
     ) -> Node:
         """A new, detached node. ``type`` defaults to the op's inferred result type."""
         if type is None:
-            type = op.infer_type([v.type for v in operands])
+            from qir.ir.unknown_dims import infer_type  # imports qir.ir.op, as this module does
+
+            type = infer_type(op, [v.type for v in operands])
         node = Node(op, operands, type, "", scope)
         self._claim(node, name or op.name, exact_name)
         return node

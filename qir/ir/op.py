@@ -222,6 +222,12 @@ class Op:
     def verify_(self, operand_types: Sequence[Type]) -> None:
         """Op-specific checks across fields (override)."""
 
+    def unknown_dims_problem(self, operand_types: Sequence[Type]) -> str | None:
+        """Why the result cannot be typed when some operand dimensions are unknown, although the
+        op types fine at any one size (override; None: no such reason). ``chunk(n)`` along an unknown
+        dimension: n pieces of a large size, fewer of a small one (qir.ir.unknown_dims)."""
+        return None
+
     def verify_values(self, operand_types: Sequence[Type], values: Sequence[torch.Tensor | None]) -> None:
         """Check the operand *values* known before the graph runs (override): ``values[i]`` is
         operand i's bound constant tensor, None for a value computed at run time. Called by

@@ -227,7 +227,7 @@ def value_matches(value: Any, t: Type) -> bool:
             value_matches(v, e) for v, e in zip(items, t.elements, strict=True)
         )
     if isinstance(t, TensorType):
-        return isinstance(value, torch.Tensor) and tuple(value.shape) == t.shape and value.dtype == t.dtype.to_torch()
+        return isinstance(value, torch.Tensor) and t.admits(value.shape) and value.dtype == t.dtype.to_torch()
     if isinstance(t, ObjectType):
         return t.name in (type(value).__name__, type(value).__qualname__, "object")
     return True

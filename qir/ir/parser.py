@@ -29,6 +29,7 @@ from qir.ir.op import OP_REGISTRY, IRError, Op, Ref
 from qir.ir.printer import ATTR_CLASSES
 from qir.ir.stand_ins import mark_stand_in
 from qir.ir.types import TensorType, Type, parse_type
+from qir.ir.unknown_dims import infer_type
 
 MAX_CONSTANT_BYTES = 256 * 2**20
 """Default bound on a constant :func:`parse_graph` zero-fills (``allow_unbound=True``)."""
@@ -526,7 +527,7 @@ class _Parser:
             raise ln.error(f"unexpected text after the node: {ln.found()}")
         if typ is None:
             try:
-                typ = op.infer_type([v.type for v in operands])
+                typ = infer_type(op, [v.type for v in operands])
             except Exception as e:
                 raise ln.error(
                     f"cannot infer the type of %{name} ({type(e).__name__}: {e}); write it as %{name}: <type> = ...",
@@ -626,6 +627,12 @@ class _Parser:
                 continue
             key = n.op.key  # type: ignore[attr-defined]
             ln = self.lines[self.defined_at[n.name] - 1]
+            if isinstance(n.type, TensorType) and n.type.has_unknown_dims:
+                raise ln.error(
+                    f"constant {key!r} (%{n.name}) is declared {n.type}: "
+                    "a constant's sizes are known, write them (no '?')",
+                    ln.text.find("%"),
+                )
             if self.constants is not None and key in self.constants:
                 t = self.constants[key]
                 if isinstance(n.type, TensorType) and tuple(t.shape) != n.type.shape:

@@ -112,6 +112,12 @@ def _int_tuple(v: Iterable[int]) -> tuple[int, ...]:
     return tuple(int(x) for x in v)
 
 
+UNKNOWN_DIM = -1
+"""A tensor dimension not known before the graph runs (text form ``?``): the QAT model's IR typed
+without example inputs has an unknown batch size and spatial sizes (docs/ir.md). The rank is
+always known. Every other dimension is a size >= 0."""
+
+
 def _type_tuple(v: Iterable[Type]) -> tuple[Type, ...]:
     return tuple(v)
 
@@ -165,6 +171,8 @@ class TensorType(Type):
     quant: QuantSpec | None = None
 
     def __attrs_post_init__(self) -> None:
+        if any(d < 0 and d != UNKNOWN_DIM for d in self.shape):
+            raise ValueError(f"TensorType dimensions must be >= 0 (or UNKNOWN_DIM, text '?'), got {self.shape}")
         if self.quant is not None and self.quant.dtype is not self.dtype:
             raise ValueError(
                 f"TensorType dtype {self.dtype.name} disagrees with its QuantSpec dtype {self.quant.dtype.name}"
@@ -173,6 +181,11 @@ class TensorType(Type):
             ax = self.quant.axis
             if not -len(self.shape) <= ax < len(self.shape):
                 raise ValueError(f"QuantSpec axis {ax} out of range for shape {self.shape}")
+            if self.shape[ax] == UNKNOWN_DIM:
+                raise ValueError(
+                    f"QuantSpec axis {ax} of shape {_dims_text(self.shape)} is unknown: "
+                    "a per-channel axis needs its size"
+                )
             if len(self.quant.scale) != self.shape[ax]:
                 raise ValueError(
                     f"QuantSpec has {len(self.quant.scale)} scales but axis {ax} has {self.shape[ax]} entries"
@@ -183,11 +196,25 @@ class TensorType(Type):
         return len(self.shape)
 
     @property
+    def has_unknown_dims(self) -> bool:
+        """Whether some dimension is :data:`UNKNOWN_DIM` (the rank is known either way)."""
+        return UNKNOWN_DIM in self.shape
+
+    @property
     def numel(self) -> int:
+        if self.has_unknown_dims:
+            raise ValueError(
+                f"tensor<{_dims_text(self.shape)}x...> has unknown dimensions: its element count is not known"
+            )
         n = 1
         for s in self.shape:
             n *= s
         return n
+
+    def admits(self, shape: Iterable[int]) -> bool:
+        """Whether a tensor of ``shape`` is of this type's shape: the same rank, and the same size
+        wherever this type's dimension is known."""
+        return dims_agree(self.shape, tuple(shape))
 
     def with_shape(self, shape: tuple[int, ...]) -> TensorType:
         return attrs.evolve(self, shape=shape)
@@ -245,10 +272,28 @@ def _fmt_float(x: float) -> str:
     return repr(float(x))
 
 
+def _dims_text(shape: tuple[int, ...]) -> str:
+    return "x".join("?" if d == UNKNOWN_DIM else str(d) for d in shape)
+
+
+def dims_agree(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Same rank, and equal sizes wherever both are known (an unknown dimension agrees with any size)."""
+    return len(a) == len(b) and all(x == y or UNKNOWN_DIM in (x, y) for x, y in zip(a, b, strict=True))
+
+
+def has_unknown_dims(t: Type) -> bool:
+    """Whether a tensor in ``t`` (a tensor type, or a sequence of them at any depth) has an unknown dimension."""
+    if isinstance(t, TensorType):
+        return t.has_unknown_dims
+    if isinstance(t, SequenceType):
+        return any(has_unknown_dims(e) for e in t.elements)
+    return False
+
+
 def format_type(t: Type) -> str:
     """Stable, space-free text of a type; :func:`parse_type` inverts it exactly."""
     if isinstance(t, TensorType):
-        dims = "x".join(str(d) for d in t.shape)
+        dims = _dims_text(t.shape)
         body = f"{dims}x{t.dtype.value}" if t.shape else t.dtype.value
         if t.quant is not None:
             q = t.quant
@@ -318,7 +363,7 @@ class _TypeParser:
     def _tensor(self) -> TensorType:
         parts = self.take().split("x")
         dtype = DType.parse(parts[-1])
-        shape = tuple(int(p) for p in parts[:-1])
+        shape = tuple(UNKNOWN_DIM if p == "?" else _dim(self.text, p) for p in parts[:-1])
         if any(d >= MAX_DIM for d in shape):
             # torch sizes are int64: a larger dimension would escape as TypeError/OverflowError later
             raise ValueError(f"bad type text {self.text!r}: a dimension must be below 2**62")
@@ -342,6 +387,14 @@ class _TypeParser:
         self.take(">")
         quant = QuantSpec(tuple(scale), dtype, axis) if scale is not None else None
         return TensorType(shape, dtype, quant)
+
+
+def _dim(text: str, part: str) -> int:
+    if not (
+        part.isascii() and part.isdigit()
+    ):  # int() takes "-1", "+3", " 4", "1_0": one spelling per dimension keeps the round trip exact
+        raise ValueError(f"bad type text {text!r}: dimension {part!r} is not a size (digits, or ? when unknown)")
+    return int(part)
 
 
 MAX_DIM = 2**62

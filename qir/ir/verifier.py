@@ -21,7 +21,8 @@ from qir.ir.graph import Argument, Graph, Node, Value
 from qir.ir.op import CannotInfer, IRError, Op, Pure
 from qir.ir.operand_rules import STAND_INS, check_operands, result_type, run_on_meta, same_type, value_matches
 from qir.ir.stand_ins import is_stand_in
-from qir.ir.types import ObjectType, QuantSpec, ScalarType, SequenceType, TensorType, Type
+from qir.ir.types import ObjectType, QuantSpec, ScalarType, SequenceType, TensorType, Type, dims_agree, has_unknown_dims
+from qir.ir.unknown_dims import SIZES, at_size, infer_type, verify_op
 
 
 class VerifyError(IRError):
@@ -85,7 +86,7 @@ def verify(graph: Graph, check_types: bool = True) -> None:
             if n not in v._users:
                 raise _fail(n, f"operand {i} %{v.name} does not list this node as a user")
         try:
-            n.op.verify([v.type for v in n.operands])
+            verify_op(n.op, [v.type for v in n.operands])
         except IRError as e:
             raise _fail(n, str(e)) from None
         except Exception as e:  # an attribute of the wrong kind (axis=0.0) trips the op's own checks
@@ -96,7 +97,7 @@ def verify(graph: Graph, check_types: bool = True) -> None:
                 raise _fail(n, f"constant {key!r} has no tensor in graph.constants")
             t = graph.constants[key]
             if isinstance(n.type, TensorType):
-                if tuple(t.shape) != n.type.shape:
+                if tuple(t.shape) != n.type.shape:  # a bound tensor's sizes are known: no '?' here
                     raise _fail(n, f"constant {key!r} has shape {tuple(t.shape)}, declared {n.type}")
                 if t.dtype != n.type.dtype.to_torch():
                     raise _fail(n, f"constant {key!r} has dtype {t.dtype}, declared {n.type}")
@@ -152,11 +153,15 @@ def _check_values(graph: Graph, n: Node) -> None:
 def _check_type(n: Node, known: dict[Value, Any]) -> None:
     operand_types = [v.type for v in n.operands]
     try:
-        check_operands(n.op, operand_types)
+        if any(has_unknown_dims(t) for t in operand_types):  # checked at the sizes unknown dims are typed at
+            for size in SIZES:
+                check_operands(n.op, [at_size(t, size) for t in operand_types])
+        else:
+            check_operands(n.op, operand_types)
     except IRError as e:
         raise _fail(n, str(e)) from None
     try:
-        inferred: Type = n.op.infer_type(operand_types)
+        inferred: Type = infer_type(n.op, operand_types)
     except (CannotInfer, NotImplementedError):
         _check_on_meta(n, known)  # opaque calls, scalar operands: the declared type stands unless wrong
         return
@@ -185,6 +190,8 @@ def _operand_values(n: Node, known: dict[Value, Any]) -> tuple[list[Any], bool] 
     """Meta tensors / known scalars / stand-ins for the operands, and whether all are exact."""
     values: list[Any] = []
     exact = True
+    if any(has_unknown_dims(v.type) for v in n.operands):
+        return None  # no meta tensor has an unknown size: the declared type stands
     for v in n.operands:
         t = v.type
         if isinstance(t, TensorType):
@@ -249,9 +256,11 @@ def _check_on_meta(n: Node, known: dict[Value, Any]) -> None:
 
 
 def _mismatch(declared: Type, inferred: Type, path: str = "") -> str | None:
-    """Where ``declared`` and ``inferred`` disagree ('' for the whole value), or None."""
+    """Where ``declared`` and ``inferred`` disagree ('' for the whole value), or None. An unknown
+    dimension on either side agrees with any size: a declared one is the graph not knowing it, an
+    inferred one the op not knowing it from unknown operands (the declared size narrows it)."""
     if isinstance(declared, TensorType) and isinstance(inferred, TensorType):
-        if declared.shape != inferred.shape or declared.dtype.to_torch() != inferred.dtype.to_torch():
+        if not dims_agree(declared.shape, inferred.shape) or declared.dtype.to_torch() != inferred.dtype.to_torch():
             return f" (at {path})" if path else ""
         return None
     if isinstance(declared, SequenceType) and isinstance(inferred, SequenceType):

@@ -22,6 +22,7 @@ from qir.frontend import trace
 from qir.ir.graph import Node
 from qir.ir.op import IRError
 from qir.ir.printer import print_graph
+from qir.ir.types import UNKNOWN_DIM, TensorType
 from qir.quantization import compile_model
 from qir.quantization.compile import compile_pipeline
 
@@ -136,3 +137,16 @@ def test_an_ir_error_in_a_rule_names_the_node(digits: nn.Module, monkeypatch: py
     x = torch.randn(*SHAPE)
     with pytest.raises(LoweringError, match=r"node 'flatten': op 'flatten': no torch call"):
         lower_ir(trace(digits, (x,)), [x], "bayes", opt=0)
+
+
+def test_lower_refuses_a_graph_with_unknown_sizes(digits: nn.Module) -> None:
+    x = torch.randn(*SHAPE)
+    graph = trace(digits, (x,))
+    first = graph.inputs[0]
+    assert isinstance(first.type, TensorType)
+    first.type = first.type.with_shape((UNKNOWN_DIM, *first.type.shape[1:]))  # as typed without example inputs
+    ctx = passes.PassContext(options={"example_inputs": (x,)})
+    with pytest.raises(passes.PassFailure) as info:
+        passes.run_pipeline(graph, "lower{march=bayes opt=0}", ctx=ctx, inplace=True)
+    assert f"%{first.name} is tensor<?x1x28x28" in str(info.value.__cause__)
+    assert "type it from the example inputs first" in str(info.value.__cause__)

@@ -58,3 +58,32 @@ def test_a_timeout_counts_only_when_it_repeats(monkeypatch: pytest.MonkeyPatch, 
     assert result["bugs"] == (1 if repeats else 0)
     assert result["timeouts_not_repeated"] == (0 if repeats else 1)
     assert ("within it when run again" in table(result)) is not repeats
+
+
+def test_unknown_input_dimensions_take_the_seeds_sizes() -> None:
+    text = (
+        "graph @m(%x: tensor<?x3x?xf32>) {\n"
+        '  %w: tensor<2x12xf32> = constant(key="w")\n'
+        "  %f: tensor<?x12xf32> = flatten(%x, start_dim=1)\n"
+        "  %y: tensor<?x2xf32> = linear(%f, %w, bias=False)\n"
+        "  return %y\n}"
+    )
+    assert run_case(text, 0, shapes={"x": (2, 3, 4)})[0] == "ran"
+    # at another size the declared 12 features are wrong: the run fails, which is why the seed's sizes are used
+    assert run_case(text, 0, shapes={"x": (2, 3, 5)})[0].startswith("verified-but-run-failed")
+    mutated = fuzz_ir._mutate_once("graph @m(%x: tensor<1x3xf32>) {\n  return %x\n}", _KindRng(18), [])
+    assert "?" in mutated
+
+
+class _KindRng(fuzz_ir.random.Random):
+    """A Random whose first randrange picks the mutation kind given."""
+
+    def __init__(self, kind: int) -> None:
+        super().__init__(0)
+        self.kind: int | None = kind
+
+    def randrange(self, *args: object, **kwargs: object) -> int:  # type: ignore[override]
+        if self.kind is not None:
+            kind, self.kind = self.kind, None
+            return kind
+        return super().randrange(*args, **kwargs)  # type: ignore[arg-type]

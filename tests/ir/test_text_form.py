@@ -188,7 +188,13 @@ def test_constants_binding() -> None:
 
 def test_unbound_constant_with_a_negative_dimension() -> None:
     src = 'graph @m() {\n  %w: tensor<-1xf32> = constant(key="w")\n  return %w\n}'
-    with pytest.raises(IRError, match="cannot bind zeros for constant 'w'"):
+    with pytest.raises(IRError, match="dimension '-1' is not a size"):
+        parse_graph(src, allow_unbound=True)
+
+
+def test_unbound_constant_with_an_unknown_dimension() -> None:
+    src = 'graph @m() {\n  %w: tensor<?x2xf32> = constant(key="w")\n  return %w\n}'
+    with pytest.raises(IRError, match="a constant's sizes are known"):
         parse_graph(src, allow_unbound=True)
 
 

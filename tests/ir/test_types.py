@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qir.ir.types import (
+    UNKNOWN_DIM,
     DType,
     ObjectType,
     QuantSpec,
@@ -29,7 +30,7 @@ _scales = st.floats(min_value=1e-12, max_value=1e6, allow_nan=False, allow_infin
 
 @st.composite
 def tensor_types(draw: Callable[[st.SearchStrategy[Any]], Any]) -> TensorType:
-    shape = tuple(draw(st.lists(st.integers(0, 9), max_size=4)))
+    shape = tuple(draw(st.lists(st.integers(UNKNOWN_DIM, 9), max_size=4)))  # -1: an unknown dimension
     dtype = draw(st.sampled_from(list(DType)))
     if not dtype.is_quantized or not draw(st.booleans()):
         return TensorType(shape, dtype)

@@ -22,6 +22,7 @@ from qir.ir.ops import vision as float_ops
 from qir.ir.ops.integer import IntegerModuleOp, _floats
 from qir.ir.ops.integer_codes import check_int, check_scales, code_dtype, float_shaped, per_tensor_scale
 from qir.ir.types import DType, QuantSpec, TensorType, Type
+from qir.ir.unknown_dims import stand_in_size
 
 __all__ = ["QInterpolate"]
 
@@ -118,15 +119,20 @@ class QInterpolate(IntegerModuleOp):
     def _check_out_size(self, x: TensorType) -> None:
         """A positive output size of at most 2**28 elements (a hostile scale factor allocates nothing)."""
         n, c, h, w = x.shape
+        unknown = stand_in_size()  # with unknown input sizes the cap bounds the output per unit of them
         if self.size is not None:
             oh, ow = (self.size, self.size) if isinstance(self.size, int) else tuple(self.size)[-2:]
+            eh, ew = float(oh), float(ow)
         else:
             sf = self.scale_factor
             fh, fw = (sf, sf) if isinstance(sf, (int, float)) else tuple(sf)
             if not (0 < float(fh) < float("inf") and 0 < float(fw) < float("inf")):
                 raise IRError(f"qinterpolate: scale_factor must be positive and finite, got {sf!r}")
             oh, ow = math.floor(h * float(fh)), math.floor(w * float(fw))
-        if int(oh) < 1 or int(ow) < 1 or n * c * int(oh) * int(ow) > _MAX_ELEMENTS:
+            eh = float(fh) if h == unknown else float(oh)
+            ew = float(fw) if w == unknown else float(ow)
+        en, ec = (1 if d == unknown else d for d in (n, c))
+        if int(oh) < 1 or int(ow) < 1 or en * ec * eh * ew > _MAX_ELEMENTS:
             raise IRError(f"qinterpolate: output size {oh}x{ow} of {x} is empty or over {_MAX_ELEMENTS} elements")
 
     def float_op(self) -> Op:

@@ -16,7 +16,7 @@ from torch import nn
 
 from qir.ir.op import IRError, MovesCodes, Pure, ReadsShape, Ref, Trait, Transparent, register_op
 from qir.ir.ops.torchop import TorchModuleOp, TorchOp, check_dim
-from qir.ir.types import TensorType, Type
+from qir.ir.types import UNKNOWN_DIM, TensorType, Type
 
 _MOVE = frozenset({Pure, Transparent})
 #: one tensor's codes moved or copied: the ``quantize`` pass retypes the result with the input's spec
@@ -311,6 +311,18 @@ class Chunk(_DimOp):
 
     chunks: int = 1
     dim: int = 0
+
+    def unknown_dims_problem(self, operand_types: Sequence[Type]) -> str | None:
+        x = operand_types[0] if operand_types else None
+        if not isinstance(x, TensorType) or not isinstance(self.dim, int) or not -x.rank <= self.dim < max(x.rank, 1):
+            return None  # the checks at a known size report these
+        if x.rank and x.shape[self.dim] == UNKNOWN_DIM:
+            return (
+                f"chunk({self.chunks}) along dim {self.dim} of unknown size: torch returns fewer than "
+                f"{self.chunks} pieces when the size is small for it (chunk(4) of 5 gives 3), "
+                "so the piece count is not known"
+            )
+        return None
 
 
 @register_op
