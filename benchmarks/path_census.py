@@ -72,6 +72,8 @@ class Census:
             reasons = collections.Counter(_short(p) for _, p in calls if p != _PASS[name])
             for why, count in reasons.most_common():
                 print(f"  {count:3d}  {why}")
+                for test in sorted({t for t, p in calls if p != _PASS[name] and _short(p) == why}):
+                    print(f"         {test}")
 
 
 def _short(path: str) -> str:

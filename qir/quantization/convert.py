@@ -702,11 +702,6 @@ def _qat_ir(gm: torch.fx.GraphModule, mapping: Mapping[type, type] | None, examp
     """
     if mapping is not None:
         return None, "a custom mapping= is honoured by module swapping only"
-    if example_inputs is None:
-        return None, (
-            "no example_inputs to type the QAT model's IR (its shapes come from one run of the model: give "
-            "example_inputs to prepare_qat_fx or convert_fx, or call the model on one batch before convert_fx)"
-        )
     hybrid = hybrid_plan_of(gm)
     screened = _without_qat_op(gm, set(hybrid.cpu_modules()) if hybrid is not None else set())
     if screened is not None:  # known before tracing: the pass cannot cover the model
@@ -716,14 +711,28 @@ def _qat_ir(gm: torch.fx.GraphModule, mapping: Mapping[type, type] | None, examp
     from qir.ir.op import IRError
     from qir.quantization.fake_quantize import float_fake_quant, types_only_fake_quant
 
-    try:
+    def typed(model: torch.fx.GraphModule, inputs: Any) -> Any:
         # the run only types the values: the float forward with fake quants passing their inputs
         # through gives the same shapes and dtypes as the integer-grid one, at a fraction of the cost
         # (the graph's constants are the model's own tensors, not values of this run)
         with float_fake_quant(), types_only_fake_quant():
-            graph = trace(gm, example_inputs)
-    except (TraceError, IRError) as e:
-        return None, f"the QAT model's IR could not be built: {e}"
+            return trace(model, inputs)
+
+    if example_inputs is None:  # a model that never ran: typed with unknown batch and image sizes
+        from qir.quantization.unrun_typing import type_without_inputs
+
+        graph, why = type_without_inputs(gm, typed)
+        if graph is None:
+            return (
+                None,
+                f"{why}; give example_inputs to prepare_qat_fx or convert_fx, "
+                "or call the model on one batch before convert_fx",
+            )
+    else:
+        try:
+            graph = typed(gm, example_inputs)
+        except (TraceError, IRError) as e:
+            return None, f"the QAT model's IR could not be built: {e}"
     if hybrid is not None:
         _float_dequants_in_ir(graph)
     bad = uncovered(graph)

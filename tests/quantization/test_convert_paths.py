@@ -22,7 +22,7 @@ import qir
 import qir.nn as qnn
 from passes.quantize import Quantize, QuantizeError, uncovered
 from qir.frontend import trace
-from qir.nn.quantized import FloatFunctional
+from qir.nn.quantized import QUANTIZED_MODULE_MAP, FloatFunctional
 from qir.quantization import (
     DeQuantStub,
     QuantStub,
@@ -90,12 +90,18 @@ def _qat(model: nn.Module, march: str, qconfig: dict[str, Any] | None = None) ->
 
 
 def _swapped(qat: nn.Module) -> nn.Module:
-    """convert_fx by module swapping: the same model without the example inputs prepare recorded."""
+    """convert_fx by module swapping: the default mapping given as ``mapping=``, which only module
+    swapping honours."""
+    out = convert_fx(qat, mapping=dict(QUANTIZED_MODULE_MAP))
+    assert out.meta[CONVERT_PATH_KEY].startswith("module swap: a custom mapping=")
+    return out
+
+
+def _unrun(qat: nn.Module) -> nn.Module:
+    """convert_fx of the model without the example inputs prepare recorded (a checkpoint flow)."""
     bare = copy.deepcopy(qat)
     bare.meta[PREPARE_RECORD_KEY].example_inputs = None
-    out = convert_fx(bare)
-    assert out.meta[CONVERT_PATH_KEY].startswith("module swap: no example_inputs to type the QAT model's IR")
-    return out
+    return convert_fx(bare)
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -119,6 +125,9 @@ def _pass_equals_swap(model: nn.Module, march: str, scaled: bool = False) -> tup
     by_pass = convert_fx(qat)
     assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
     _same(_swapped(qat), by_pass, x)
+    unrun = _unrun(qat)  # typed with unknown sizes where the model allows it: the same model again
+    if unrun.meta[CONVERT_PATH_KEY] == "quantize pass":
+        _same(unrun, by_pass, x)
     if scaled:
         assert _equal(_swapped(qat)(x * 3), by_pass(x * 3))
     return by_pass, x
@@ -133,6 +142,13 @@ def test_pass_path_equals_module_swap(net: type[nn.Module], march: str) -> None:
     by_pass = convert_fx(qat)  # typed by the example inputs prepare_qat_fx recorded
     assert by_pass.meta[CONVERT_PATH_KEY] == "quantize pass"
     _same(swapped, by_pass, x)
+    unrun = _unrun(qat)
+    if net is MobileNetShaped:  # typed with unknown batch and image sizes: the same integer model
+        assert unrun.meta[CONVERT_PATH_KEY] == "quantize pass"
+        _same(swapped, unrun, x)
+    else:  # its fc reads 16*4*4 features of a flatten: the image size must be 16x16
+        assert "without example inputs the model was typed at the input sizes" in unrun.meta[CONVERT_PATH_KEY]
+        _same(swapped, unrun, x)
     _same(swapped, convert_fx(qat, example_inputs=torch.randn(1, 3, 16, 16)), x)
     batch = torch.randn(4, 3, 16, 16) * 3
     assert torch.equal(swapped(batch), by_pass(batch))

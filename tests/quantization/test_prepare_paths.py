@@ -25,6 +25,7 @@ import qir
 import qir.quantization.prepare as prepare_module
 from passes.insert_observers import InsertObservers
 from qir.nn.modules.functional import FloatFunctional
+from qir.nn.quantized import QUANTIZED_MODULE_MAP
 from qir.quantization import (
     DeQuantStub,
     FakeQuantState,
@@ -257,13 +258,17 @@ def test_hybrid_models_by_the_pass_equal_module_swap(case: str, march: str) -> N
     # convert: by the quantize pass (typed by the recorded inputs) == by module swapping (test_convert_paths'
     # oracle: state dicts and outputs; the emitted model leaves out the modules no call reads)
     assert converted.meta[CONVERT_PATH_KEY] == "quantize pass"
-    bare = copy.deepcopy(qat)
-    bare.meta[PREPARE_RECORD_KEY].example_inputs = None
-    swapped = convert_fx(bare)
-    assert swapped.meta[CONVERT_PATH_KEY].startswith("module swap: no example_inputs")
+    swapped = convert_fx(qat, mapping=dict(QUANTIZED_MODULE_MAP))  # a mapping= only module swapping honours
+    assert swapped.meta[CONVERT_PATH_KEY].startswith("module swap: a custom mapping=")
     sa, sb = converted.state_dict(), swapped.state_dict()
     assert list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) and sa[k].dtype == sb[k].dtype for k in sa)
     _same_outputs(converted, swapped, x)
+    bare = copy.deepcopy(qat)  # without the recorded inputs: typed with unknown sizes where the model allows it
+    bare.meta[PREPARE_RECORD_KEY].example_inputs = None
+    unrun = convert_fx(bare)  # (seed 003's input meets a CPU selu first: its rank is not known, module swap)
+    su = unrun.state_dict()
+    assert list(sa) == list(su) and all(torch.equal(sa[k], su[k]) and sa[k].dtype == su[k].dtype for k in sa)
+    _same_outputs(converted, unrun, x)
     _same_outputs(converted, swapped, x * 3)
     assert hybrid_placement(converted) == hybrid_placement(swapped)
 
