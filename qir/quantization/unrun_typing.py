@@ -151,13 +151,37 @@ def _merge_into(a: Graph, b: Graph, inputs: list[TensorType]) -> None:
             t = _narrowed(t, next(declared))
         x.type = t
     for n, m in zip(a.nodes, b.nodes, strict=True):
-        if n.name != m.name or n.op != m.op or [v.name for v in n.operands] != [v.name for v in m.operands]:
+        if n.name != m.name or not _same_op(n.op, m.op) or [v.name for v in n.operands] != [v.name for v in m.operands]:
             raise IRError(
                 f"%{n.name} is {n.op.name}{_attrs(n.op)} at one input size and %{m.name} = "
                 f"{m.op.name}{_attrs(m.op)} at the other (a size read from the input is built into the op)"
             )
     for n, m in zip(a.nodes, b.nodes, strict=True):
         n.type = _merged(n.name, n.type, m.type)
+
+
+def _same_op(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and _same_value(a.attributes(), b.attributes())
+
+
+def _same_value(x: Any, y: Any) -> bool:
+    """Equal attribute values; tensors (which ``==`` compares element by element) by dtype, shape and data."""
+    if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+        return (
+            isinstance(x, torch.Tensor)
+            and isinstance(y, torch.Tensor)
+            and x.dtype == y.dtype
+            and x.shape == y.shape
+            and bool(torch.equal(x, y))
+        )
+    if isinstance(x, (tuple, list)):
+        return type(x) is type(y) and len(x) == len(y) and all(_same_value(p, q) for p, q in zip(x, y, strict=True))
+    if isinstance(x, dict):
+        return isinstance(y, dict) and x.keys() == y.keys() and all(_same_value(x[k], y[k]) for k in x)
+    try:
+        return bool(x == y)
+    except (RuntimeError, TypeError, ValueError):
+        return x is y
 
 
 def _attrs(op: Any) -> str:
