@@ -171,6 +171,45 @@ def test_native_matrix_product_equals_the_int64_rules(rows: int, k: int, n: int,
 
 
 @needs_vnni
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 5),
+    k=st.sampled_from([8, 264, 600]),
+    n=st.sampled_from([17, 70, 1000]),
+    threads=st.sampled_from([2, 3]),
+    data=st.data(),
+)
+def test_few_rows_split_by_output_channels(rows: int, k: int, n: int, threads: int, data: st.DataObject) -> None:
+    """Fewer rows than one register tile (a batch-1 linear) split by panels of 16 output channels
+    (``qir_gemm_vnni_cols``), every call split however small: the codes of the int64 rules, with the
+    plain requantization and the fused add (int8 and int16 addends), output channels not a multiple of 16."""
+    c = data.draw(_params(n))
+    g = torch.Generator().manual_seed(c["seed"])
+    w = _codes(c["mode"], (n, k), -128, 127, g).to(torch.int8)
+    st_ = _state(w, c)
+    kp = int(st_.weight.shape[0])
+    a = torch.zeros(rows + 1, kp + 8, dtype=torch.int8)
+    a[:rows, :k] = _codes(c["mode"], (rows, k), -128, 127, g).to(torch.int8)
+    acc = a[:rows, :k].double() @ w.double().t()
+    addend = None
+    if c["add"] is not None:
+        lo, hi = (-128, 127) if c["add_dtype"] == torch.int8 else (-32768, 32767)
+        addend = _codes(c["mode"], (rows, n), lo, hi, g).to(c["add_dtype"])
+    out = torch.empty(rows, n, dtype=st_.fused.out_dtype if st_.fused else torch.int8)
+    split_min = native._SPLIT_MIN
+    native._SPLIT_MIN = 0  # split every call (hypothesis runs the examples without function fixtures)
+    try:
+        with native.using_threads(threads):
+            call, keep = conv_mod._gemm_call(a, rows, st_, addend, out)
+            assert call.name == "qir_gemm_vnni_cols"
+            assert call() == 0
+    finally:
+        native._SPLIT_MIN = split_min
+    del keep
+    assert torch.equal(out, _reference(acc.to(torch.int64), addend, c))
+
+
+@needs_vnni
 def test_threads_split_the_pixels_and_agree_with_one_thread() -> None:
     g = torch.Generator().manual_seed(1)
     c = {

@@ -484,9 +484,14 @@ def _gemm_call(
     assert comp.is_contiguous() and comp.numel() == nblocks * 16 and st.fused.n <= nblocks * 16
     e, keep = _epilogue(st.fused, m, addend, out, st)
     p = native.ptr
+    work = m * st.n * 4 * kq
+    if m < 6 and nblocks > 1 and native.threads() > 1:
+        # fewer rows than one 6-row register tile (a batch-1 linear): nothing for a row split to cut, so
+        # the parts are panels of 16 output channels, each part reading only its panels of the weight
+        cols = (p(a), int(a.stride(0)), m, p(panels), kq, nblocks, p(comp), ctypes.addressof(e))
+        return Call("qir_gemm_vnni_cols", cols, nblocks, work, keep=(e, out)), keep
     args = (p(a), int(a.stride(0)), p(panels), kq, nblocks, p(comp), ctypes.addressof(e))
     # parts cut at multiples of the 6-row register tile
-    work = m * st.n * 4 * kq
     return Call("qir_gemm_vnni", args, m, work, grain=6, per=native.gemm_parts(m), keep=(e, out)), keep
 
 

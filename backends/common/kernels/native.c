@@ -676,6 +676,50 @@ int qir_gemm_vnni(const int8_t *a, int64_t lda, const int8_t *bp, int64_t kq, in
 #endif
 }
 
+/* qir_gemm_vnni split by output channels instead of rows: all m rows of a, the packed panels
+ * [j0, j1) (16 output channels each) and their epilogue. For fewer rows than one register tile (a
+ * batch-1 linear has one), where a split by rows has nothing to cut and one thread would stream the
+ * whole weight: each part reads only its own panels. Every output channel is computed as in
+ * qir_gemm_vnni (the same tiles over its panel, the same epilogue on its sums), so the codes do not
+ * depend on the split. Same packing and returns. */
+int qir_gemm_vnni_cols(const int8_t *a, int64_t lda, int64_t m, const int8_t *bp, int64_t kq, int64_t nblocks,
+                       const int32_t *comp, const qir_epilogue *e, int64_t j0, int64_t j1) {
+#if QIR_VNNI
+    if (j1 > nblocks) j1 = nblocks;
+    const int64_t nb = j1 - j0, n0 = 16 * j0, n1 = 16 * j1 < e->n ? 16 * j1 : e->n;
+    if (nb <= 0 || m <= 0 || n1 <= n0) return 0;
+    const int64_t mc = balanced_chunk(m, chunk_rows(kq, nb));
+    int8_t *ua = (int8_t *)qir_scratch(0, (size_t)(mc * 4 * kq));
+    int32_t *acc = (int32_t *)qir_scratch(1, sizeof(int32_t) * (size_t)(mc * nb * 16));
+    if (!acc || !ua) return 1;
+    const int64_t ob = e->out_bits / 8, ab = e->add_bits / 8;
+    for (int64_t m0 = 0; m0 < m; m0 += mc) {
+        const int64_t m1 = m0 + mc < m ? m0 + mc : m;
+        for (int64_t r = m0; r < m1; ++r) copy_codes(ua + (r - m0) * 4 * kq, a + r * lda, 4 * kq, 0x80);
+        vnni_chunk(ua, m1 - m0, bp + j0 * kq * 64, kq, nb, comp + n0, acc);
+        for (int64_t r = m0; r < m1; ++r) {
+            /* the epilogue of channels [n0, n1) of row r: its per-channel parameters from channel n0 on
+             * (packed ones from block j0 on), one row, so the row stride of out and addend does not enter */
+            qir_epilogue sub = *e;
+            sub.n = n1 - n0;
+            sub.out = (char *)e->out + (r * e->n + n0) * ob;
+            sub.rq = e->rq + j0;
+            if (e->kind == 2) {
+                sub.addend = (const char *)e->addend + (r * e->n + n0) * ab;
+                sub.bias = e->bias + n0, sub.mult = e->mult + n0, sub.half = e->half + n0, sub.shift = e->shift + n0;
+                sub.lo_i = e->lo_i + n0, sub.hi_i = e->hi_i + n0;
+                if (e->rq_mid) sub.rq_mid = e->rq_mid + j0; /* rq_add: one block for every channel */
+            }
+            epilogue_rows(&sub, acc + (r - m0) * nb * 16, nb * 16, 0, 1);
+        }
+    }
+    return 0;
+#else
+    (void)a, (void)lda, (void)m, (void)bp, (void)kq, (void)nblocks, (void)comp, (void)e, (void)j0, (void)j1;
+    return 1;
+#endif
+}
+
 /* The int8 conv as one native pass per chunk of output pixels: im2col of the chunk into a cached
  * buffer (chunk x 4 kq bytes, the columns past KH*KW*C zero), its matrix product with the packed
  * weight, then the epilogue; the columns never go through memory. Rows are output pixels
@@ -830,6 +874,11 @@ static int64_t task_gemm_vnni(const int64_t *a, int64_t r0, int64_t r1) {
                          QIR_A(const int32_t *, 5), QIR_A(const qir_epilogue *, 6), r0, r1);
 }
 
+static int64_t task_gemm_vnni_cols(const int64_t *a, int64_t j0, int64_t j1) {
+    return qir_gemm_vnni_cols(QIR_A(const int8_t *, 0), a[1], a[2], QIR_A(const int8_t *, 3), a[4], a[5],
+                              QIR_A(const int32_t *, 6), QIR_A(const qir_epilogue *, 7), j0, j1);
+}
+
 static int64_t task_conv_vnni(const int64_t *a, int64_t r0, int64_t r1) {
     return qir_conv_vnni(QIR_A(const int8_t *, 0), a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10],
                          a[11], a[12], a[13], QIR_A(const int8_t *, 14), a[15], a[16], QIR_A(const int32_t *, 17),
@@ -873,6 +922,7 @@ static const struct {
     {"qir_maxpool_rows_i8", task_maxpool_i8, 15},
     {"qir_maxpool_rows_i16", task_maxpool_i16, 15},
     {"qir_gemm_vnni", task_gemm_vnni, 7},
+    {"qir_gemm_vnni_cols", task_gemm_vnni_cols, 8},
     {"qir_conv_vnni", task_conv_vnni, 19},
     {"qir_quantize_pixels_i8", task_quantize_i8, 5},
     {"qir_quantize_pixels_i16", task_quantize_i16, 5},

@@ -109,6 +109,8 @@ _SIGNATURES: dict[str, list[type]] = {
     **{f"qir_maxpool_rows_{t}": [_P, *[_I64] * 13, _P, _I64, _I64] for t in ("i8", "i16")},
     # a, lda, bp, kq, nblocks, comp, epilogue, r0, r1
     "qir_gemm_vnni": [_P, _I64, _P, _I64, _I64, _P, _P, _I64, _I64],
+    # a, lda, m, bp, kq, nblocks, comp, epilogue, j0, j1 (panels, not rows)
+    "qir_gemm_vnni_cols": [_P, _I64, _I64, _P, _I64, _I64, _P, _P, _I64, _I64],
     # x, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, bp, kq, nblocks, comp, epilogue, r0, r1
     "qir_conv_vnni": [_P, *[_I64] * 13, _P, _I64, _I64, _P, _P, _I64, _I64],
     "qir_caps": [],
@@ -125,7 +127,7 @@ _SIGNATURES: dict[str, list[type]] = {
     # x, c, hw, scale, out, r0, r1
     **{f"qir_quantize_pixels_{t}": [_P, _I64, _I64, ctypes.c_float, _P, _I64, _I64] for t in ("i8", "i16")},
 }
-_RETURNS_INT = ("qir_dw_", "qir_gemm_vnni", "qir_conv_vnni", "qir_caps")
+_RETURNS_INT = ("qir_dw_", "qir_gemm_vnni", "qir_conv_vnni", "qir_caps")  # qir_gemm_vnni_cols too
 _RETURNS_I64 = ("qir_quantize_pixels", "qir_run", "qir_pool_")
 
 
