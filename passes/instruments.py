@@ -82,13 +82,18 @@ class VerifyInstrument(Instrument):
     """Verify the input graph once, then the graph after every pass (on by default).
 
     A failure after a pass is reported by the manager as a
-    :class:`~passes.errors.PassVerificationFailure` naming that pass.
+    :class:`~passes.errors.PassVerificationFailure` naming that pass. ``verify_input=False``
+    skips the input graph, for callers that just built it with the front end (every node
+    typed by its op and checked when bound), where verifying it again finds nothing.
     """
 
-    def __init__(self, check_types: bool = True) -> None:
+    def __init__(self, check_types: bool = True, verify_input: bool = True) -> None:
         self.check_types = check_types
+        self.verify_input = verify_input
 
     def run_before_pipeline(self, pipeline: Pipeline, graph: Graph, ctx: PassContext) -> None:
+        if not self.verify_input:
+            return
         try:
             verify(graph, self.check_types)
         except VerifyError as e:

@@ -53,11 +53,21 @@ from qir.utils.fx_helper import wrapped_original
 MODULE_ORDER_KEY = "qir.module_order"
 
 
-def trace(module: nn.Module, example_inputs: Any = (), *, concrete_args: dict[str, Any] | None = None) -> Graph:
+def trace(
+    module: nn.Module,
+    example_inputs: Any = (),
+    *,
+    concrete_args: dict[str, Any] | None = None,
+    infer_types: bool = False,
+) -> Graph:
     """Trace ``module`` (or take an existing ``torch.fx.GraphModule``) into a typed IR graph.
 
     ``example_inputs`` (a tensor or a tuple) runs the traced graph once to give every
-    value its type. Raises :class:`TraceError` naming the module and source line when
+    value its type. With ``infer_types``, the graph inputs take the example inputs' types
+    and every other value the type its op infers from its operands' (shape formulas,
+    :mod:`qir.ir.meta_shapes`), without running the model; when some node's op cannot
+    infer its type (an opaque call, sizes known only at run time), the graph is typed by
+    the run after all. Raises :class:`TraceError` naming the module and source line when
     fx cannot trace the model.
     """
     if isinstance(example_inputs, torch.Tensor):
@@ -66,7 +76,7 @@ def trace(module: nn.Module, example_inputs: Any = (), *, concrete_args: dict[st
     # Tracing allocates many small, acyclic objects; Python's cyclic GC would rescan the
     # growing heap again and again (about a quarter of the time on large models).
     with gc_paused():
-        return _trace(module, example_inputs, concrete_args)
+        return _trace(module, example_inputs, concrete_args, infer_types)
 
 
 @contextlib.contextmanager
@@ -81,7 +91,9 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _trace(module: nn.Module, example_inputs: tuple[Any, ...], concrete_args: dict[str, Any] | None) -> Graph:
+def _trace(
+    module: nn.Module, example_inputs: tuple[Any, ...], concrete_args: dict[str, Any] | None, infer_types: bool
+) -> Graph:
     if isinstance(module, torch.fx.GraphModule) and concrete_args is None:
         root: nn.Module = module
         fx_graph = module.graph
@@ -99,8 +111,39 @@ def _trace(module: nn.Module, example_inputs: tuple[Any, ...], concrete_args: di
             raise
         except Exception as e:
             raise trace_error(tracer, module, e) from e
+    if infer_types:
+        inputs = _input_values(fx_graph, example_inputs)
+        if inputs is not None:
+            try:
+                return _Converter(root, inputs, infer=True).run(fx_graph)
+            except _NeedsRun:
+                pass  # some op cannot infer its type: the run types the graph
     values = propagate(root, fx_graph, example_inputs)
     return _Converter(root, values).run(fx_graph)
+
+
+class _NeedsRun(Exception):
+    """Raised while typing by inference: a node's type needs a run of the model."""
+
+
+def _input_values(fx_graph: torch.fx.Graph, example_inputs: Sequence[Any]) -> dict[str, Any] | None:
+    """Placeholder name -> the value a run would bind it to (an example input or the default),
+    as :meth:`torch.fx.Interpreter.run` binds them; None for graphs it binds otherwise (``*args``)
+    or too few inputs (the run then reports it)."""
+    values: dict[str, Any] = {}
+    rest = list(example_inputs)
+    for n in fx_graph.nodes:
+        if n.op != "placeholder":
+            continue
+        if str(n.target).startswith("*"):
+            return None
+        if rest:
+            values[n.name] = rest.pop(0)
+        elif n.args:
+            values[n.name] = n.args[0]
+        else:
+            return None
+    return None if rest else values
 
 
 class _Recorder(torch.fx.Interpreter):
@@ -197,9 +240,13 @@ class _Converter:
     """fx graph -> IR. ``keep_whole``: module paths that stay opaque calls even when an op is
     registered for their class (hybrid CPU modules: never fused, their forward runs as written)."""
 
-    def __init__(self, root: nn.Module, values: dict[str, Any], keep_whole: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, root: nn.Module, values: dict[str, Any], keep_whole: frozenset[str] = frozenset(), infer: bool = False
+    ) -> None:
         self.root = root
         self.values = values
+        #: type nodes by their op's inference (``values`` holds the graph inputs only)
+        self.infer = infer
         self.keep_whole = keep_whole
         self.g = Graph(type(root).__name__)
         self.g.training = root.training
@@ -213,7 +260,7 @@ class _Converter:
         for n in fx_graph.nodes:
             try:
                 getattr(self, f"_{n.op}")(n)
-            except (TraceError, IRError):
+            except (TraceError, IRError, _NeedsRun):
                 raise
             except Exception as e:
                 raise TraceError(f"cannot convert fx node {n.name} ({n.op} {n.target}): {type(e).__name__}: {e}") from e
@@ -249,8 +296,18 @@ class _Converter:
             self.env[f"const:{key}"] = node
         return node
 
+    def inferred_type(self, n: torch.fx.Node, op: Op, operands: list[Value]) -> Type:
+        """``n``'s type as ``op`` infers it from its operands' types; :class:`_NeedsRun` when it cannot."""
+        try:
+            t = op.infer_type([v.type for v in operands])
+        except Exception as e:  # CannotInfer, a Ref to a run-time size, torch refusing meta tensors
+            raise _NeedsRun(f"{n.name}: {e}") from None
+        if isinstance(t, TensorType) and t.quant is not None:
+            raise _NeedsRun(f"{n.name}: a QuantSpec the example run does not give")  # codes: types as the run does
+        return t
+
     def add(self, n: torch.fx.Node, op: Op, operands: list[Value], scope: str | None = None) -> Node:
-        t = self.type_of(n)
+        t = self.inferred_type(n, op, operands) if self.infer else self.type_of(n)
         if isinstance(op, IntegerModuleOp):
             t = op.typed_result(t)  # codes typed with the layer's output QuantSpec
         elif op.has_trait(Transparent) or op.has_trait(MovesCodes):

@@ -9,6 +9,7 @@ derivation that depends on a march (multiplier widths, shift limits) lives in
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import TypeAlias
 
@@ -219,6 +220,24 @@ def abs_sums(codes: torch.Tensor, axis: int = 0) -> torch.Tensor:
     c = codes.shape[axis] if codes.dim() else 1
     if codes.numel() == 0:
         return torch.zeros(c, dtype=torch.int64)
+    # conversion asks twice per layer (the verifier's accumulator bound, then the integer module's
+    # weight_l1_max): the second time a tensor unchanged since (same object, same version) is not read
+    key = (id(codes), codes._version, axis, tuple(codes.shape))
+    hit = _ABS_SUMS.get(key)
+    if hit is not None and hit[0]() is codes:
+        return hit[1].clone()
+    sums = _abs_sums(codes, axis, c)
+    if len(_ABS_SUMS) >= 256:
+        _ABS_SUMS.clear()
+    _ABS_SUMS[key] = (weakref.ref(codes), sums.clone())
+    return sums
+
+
+#: abs_sums results by (tensor id, version, axis, shape), with the tensor weakly (a dead tensor's id may be reused)
+_ABS_SUMS: dict[tuple[int, int, int, tuple[int, ...]], tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
+
+
+def _abs_sums(codes: torch.Tensor, axis: int, c: int) -> torch.Tensor:
     rows = codes.transpose(0, axis).reshape(c, -1) if codes.dim() else codes.reshape(1, 1)
     bound = 0
     if not codes.is_floating_point() and codes.dtype is not torch.bool:

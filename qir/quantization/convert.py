@@ -712,11 +712,12 @@ def _qat_ir(gm: torch.fx.GraphModule, mapping: Mapping[type, type] | None, examp
     from qir.quantization.fake_quantize import float_fake_quant, types_only_fake_quant
 
     def typed(model: torch.fx.GraphModule, inputs: Any) -> Any:
-        # the run only types the values: the float forward with fake quants passing their inputs
-        # through gives the same shapes and dtypes as the integer-grid one, at a fraction of the cost
-        # (the graph's constants are the model's own tensors, not values of this run)
+        # types come from each op's shape inference (formulas, no convolution runs); a model with an op
+        # that cannot infer its type is run once instead: the float forward with fake quants passing
+        # their inputs through gives the same shapes and dtypes as the integer-grid one, at a fraction
+        # of the cost (the graph's constants are the model's own tensors, not values of this run)
         with float_fake_quant(), types_only_fake_quant():
-            return trace(model, inputs)
+            return trace(model, inputs, infer_types=True)
 
     if example_inputs is None:  # a model that never ran: typed with unknown batch and image sizes
         from qir.quantization.unrun_typing import type_without_inputs
@@ -815,10 +816,14 @@ def _try_passes(gm: torch.fx.GraphModule, graph: Any, pipe: Pipeline) -> tuple[t
 def _convert_by_passes(gm: torch.fx.GraphModule, graph: Any, pipe: Pipeline) -> torch.fx.GraphModule:
     """Run the convert pipeline (``quantize`` and the user's passes) on the QAT IR and emit it."""
     from passes.base import PassContext
+    from passes.instruments import VerifyInstrument
     from passes.manager import run_pipeline
     from qir.frontend import emit
 
-    result = run_pipeline(graph, pipe, ctx=PassContext(), verify_each=True)
+    # the graph comes straight from the front end (_qat_ir): its nodes carry the types their ops give
+    # and were checked when bound, so only what the passes make is verified (after each pass)
+    verify = VerifyInstrument(verify_input=False)
+    result = run_pipeline(graph, pipe, instruments=[verify], ctx=PassContext(), verify_each=True)
     out = emit(result.graph, class_name=type(gm).__name__)
     _keep_unread_modules(out, gm)
     out.meta.update(copy.deepcopy({k: v for k, v in gm.meta.items() if k != PREPARE_RECORD_KEY}))

@@ -142,6 +142,17 @@ def test_invalid_input_is_reported_before_any_pass() -> None:
         run_pipeline(g, "dce")
 
 
+def test_verify_input_off_skips_the_input_graph_only() -> None:
+    g = small_graph()
+    Corrupt().apply(PassContext(), g)  # a broken input: only the check of the input graph would see it
+    skip = VerifyInstrument(verify_input=False)
+    skip.run_before_pipeline(Pipeline.parse("dce"), g, PassContext())
+    with pytest.raises(VerifyError, match="the input graph does not verify"):
+        VerifyInstrument().run_before_pipeline(Pipeline.parse("dce"), g, PassContext())
+    with pytest.raises(PassVerificationFailure):  # what a pass leaves is still verified
+        run_pipeline(small_graph(), "pm-corrupt", instruments=[skip])
+
+
 def test_one_verify_instrument_only() -> None:
     mine = VerifyInstrument(check_types=False)
     assert PassManager("dce", instruments=[mine]).instruments == (mine,)

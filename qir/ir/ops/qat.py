@@ -30,6 +30,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from qir.ir.meta_shapes import conv_shape, linear_shape, meta_result
 from qir.ir.op import IRError, ModuleOp, Op, Quantization, Trait, bump_registry_version, register_op
 from qir.ir.ops.integer import _opt_ints, _padding, conv_float_op
 from qir.ir.ops.quant import ObserverSpec
@@ -326,6 +327,14 @@ class QATConv(QATModuleOp):
             raise NotImplementedError("qat_conv runs as its QAT module (evaluate)")
         # the shape (and float dtype) of the float conv: its fake quants keep both
         w = operands[self.num_inputs()]
+        if self.kind == "linear":
+            shape = linear_shape(x, w, None, None)
+        elif self.kind != "conv_transpose2d" and self.padding_mode == "zeros" and self.stride and self.dilation:
+            shape = conv_shape(x, w, None, None, self.stride, self.padding, self.dilation, self.groups)
+        else:
+            shape = None
+        if shape is not None:  # by formula, without torch's (slow) meta kernels
+            return meta_result(shape, x)
         if self.kind == "linear":
             return F.linear(x, w)
         if self.kind == "conv_transpose2d":

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
+from qir.ir.meta_shapes import binary_shape, cat_shape, meta_result
 from qir.ir.op import OP_REGISTRY, IRError, Op, bump_registry_version, register_op
 from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp, fake_quant_roles, is_int, is_number
 from qir.ir.types import DType, ScalarType, TensorType, Type
@@ -207,7 +208,12 @@ class QATFunctional(QATModuleOp):
             raise NotImplementedError("qat_functional runs as its QAT module (evaluate)")
         method, args, kwargs = self.method_call(inputs)
         if method in ("cat", "concat", "concatenate"):
-            return torch.cat(args[0], dim=kwargs["dim"])
+            ts = list(args[0])
+            if ts and len({t.dtype for t in ts}) == 1 and ts[0].is_floating_point():  # by formula: no meta kernel
+                shape = cat_shape([tuple(t.shape) for t in ts], kwargs["dim"])
+                if shape is not None:
+                    return meta_result(shape, ts[0])
+            return torch.cat(ts, dim=kwargs["dim"])
         if method == "stack":
             return torch.stack(args[0], dim=kwargs["dim"])
         x = args[0]
@@ -220,7 +226,8 @@ class QATFunctional(QATModuleOp):
             return reduce() if dim is None else reduce(dim=dim, keepdim=self.keepdim)
         if method in ("exp", "ceil", "floor", "add_scalar", "mul_scalar"):
             return torch.empty_like(x)
-        return torch.add(x, args[1])  # the elementwise binary methods: the broadcast shape
+        shape = binary_shape(x, args[1])  # the elementwise binary methods: the broadcast shape
+        return meta_result(shape, x) if shape is not None else torch.add(x, args[1])
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
         metas: list[Any] = []

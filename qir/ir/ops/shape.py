@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qir.ir.meta_shapes import cat_shape
 from qir.ir.op import IRError, MovesCodes, Pure, ReadsShape, Ref, Trait, Transparent, register_op
 from qir.ir.ops.torchop import TorchModuleOp, TorchOp, check_dim
 from qir.ir.types import UNKNOWN_DIM, TensorType, Type
@@ -255,6 +256,15 @@ class Cat(TorchOp):
     list_input: ClassVar[bool] = True
 
     dim: int = 0
+
+    def infer_type(self, operand_types: Sequence[Type]) -> Type:
+        # torch's meta kernel for cat runs a Python decomposition; float tensors of one dtype take the formula
+        ts = [t for t in operand_types if isinstance(t, TensorType) and t.quant is None]
+        if isinstance(self.dim, int) and ts and len(ts) == len(operand_types) and len({t.dtype for t in ts}) == 1:
+            shape = cat_shape([t.shape for t in ts], self.dim) if ts[0].dtype.is_float else None
+            if shape is not None:
+                return TensorType(shape, ts[0].dtype)
+        return super().infer_type(operand_types)
 
     def verify_(self, operand_types: Sequence[Type]) -> None:
         ranks = {t.rank for t in operand_types if isinstance(t, TensorType)}
