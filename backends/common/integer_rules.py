@@ -3,7 +3,7 @@
 Each rule is built only from numerics' primitives (``multiplier_shift``, ``requantize``,
 ``round_half_up``, ``saturate``) and is stated in docs/modules.md, "Integer rules":
 
-* fused conv + add (:func:`fused_add_params`, :func:`fused_add_int`),
+* fused conv + add (:func:`fused_add_params`, :func:`fused_add_int`, :func:`fused_add_wide`),
 * average pooling (:func:`avg_pool_params`),
 * bilinear interpolation weights (:func:`bilinear_taps`) and resize output sizes
   (:func:`resize_out_size`),
@@ -35,6 +35,7 @@ from backends.common.numerics import (
     requantize,
     round_half_up,
     saturate,
+    shift_right_half_up,
 )
 from qir.ir.types import DType
 
@@ -55,6 +56,7 @@ __all__ = [
     "div_params",
     "f32",
     "fused_add_int",
+    "fused_add_wide",
     "fused_add_params",
     "mul_scalar_int",
     "ratio_params",
@@ -157,9 +159,26 @@ def fused_add_int(
     ``acc`` is the int32 accumulator (bias included) with per-channel parameters along
     ``axis``; the two requantized terms are int32 values at ``s_out / 2**p``.
     """
+    wide = fused_add_wide(acc, addend, acc_multiplier, acc_shift, add_multiplier, add_shift, extra_bits, axis)
+    return saturate(wide, out_dtype)
+
+
+def fused_add_wide(
+    acc: torch.Tensor,
+    addend: torch.Tensor,
+    acc_multiplier: torch.Tensor,
+    acc_shift: torch.Tensor,
+    add_multiplier: int,
+    add_shift: int,
+    extra_bits: int,
+    axis: int,
+) -> torch.Tensor:
+    """:func:`fused_add_int` before its final saturation (int64): the QAT forward's straight-through
+    gradient passes where this value is inside the output's clamp, so a code exactly at the dtype's
+    limit is told apart from a saturated one."""
     mid = requantize(acc, acc_multiplier, acc_shift, "qint32", axis=axis).to(torch.int64)
     mid = mid + requantize(addend, add_multiplier, add_shift, "qint32").to(torch.int64)
-    return requantize(mid, 1, extra_bits, out_dtype)
+    return shift_right_half_up(mid, extra_bits)
 
 
 # ---------------------------------------------------------------------------------------------

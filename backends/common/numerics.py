@@ -35,6 +35,7 @@ from qir.ir.numerics import (
     round_half_up,
     saturate,
     scale_denominator,
+    shift_right_half_up,
 )
 from qir.ir.types import DType
 
@@ -313,4 +314,5 @@ __all__ = [
     "round_half_up",
     "saturate",
     "scale_denominator",
+    "shift_right_half_up",
 ]

@@ -50,8 +50,8 @@ from backends.common.integer_rules import (
     avg_pool_divisor,
     avg_pool_params,
     check_out_dtype,
-    fused_add_int,
     fused_add_params,
+    fused_add_wide,
 )
 from qir.ir.types import DType
 from qir.quantization.code_ops import constant_code
@@ -588,17 +588,20 @@ def _fused_add_int64(
     axis: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:class:`_FusedAdd`'s forward: ``(codes · out_scale, inside)``, ``inside`` (float32) 1 where the
-    result is inside the output range and the activation passed it, else 0."""
+    rule's value before saturation is inside ``[lo, hi]`` (a subrange of ``dtype``'s: the dtype's
+    saturation and the activation's clamp are one clamp), else 0: the straight-through rule of the
+    float64 path, which also passes the gradient at a code exactly at the dtype's limit."""
     a = acc.to(torch.int64) + bias.to(torch.int64)
     codes = torch.round(addend * inv_add_scale).to(torch.int64)
-    out = fused_add_int(
+    wide = fused_add_wide(
         a, codes, params.acc_multiplier, params.acc_shift, params.add_multiplier, params.add_shift,
-        params.extra_bits, dtype, axis,
-    ).to(torch.float32)  # fmt: skip
-    qc = out.clamp(lo, hi)
+        params.extra_bits, axis,
+    )  # fmt: skip
     d_lo, d_hi = dtype.qrange
-    inside = ((qc == out) & (out > d_lo) & (out < d_hi)).to(torch.float32)
-    return qc.mul_(out_scale), inside
+    assert d_lo <= lo and hi <= d_hi, (lo, hi, dtype)
+    qc = wide.clamp(lo, hi)
+    inside = (qc == wide).to(torch.float32)
+    return qc.to(torch.float32).mul_(out_scale), inside
 
 
 class _BiasCodes(torch.autograd.Function):

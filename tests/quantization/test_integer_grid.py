@@ -307,3 +307,48 @@ def test_ops_off_the_grid_are_within_one_lsb_of_the_converted_model(march: str) 
             assert float((a - b).abs().max()) <= lsb * 1.0001, (name, float((a - b).abs().max()) / lsb)
             if name != "exp":
                 assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize(("act", "lo", "hi"), [(None, -128, 127), ("relu", 0, 127)])
+def test_int64_and_float64_fused_add_pass_the_same_gradients(act: str | None, lo: int, hi: int) -> None:
+    """Where both apply, the int64 fused conv + add and the float64 one give the same output and the
+    same straight-through gradients, also at a code exactly at the dtype's limit (passed) and beyond
+    it (cut)."""
+    from backends.common.integer_rules import fused_add_params
+    from qir.ir.types import DType
+    from qir.quantization.fake_quantize import FakeQuantize
+    from qir.quantization.integer_grid import _fused_add_float64, _FusedAdd, _FusedAdd64
+
+    scales = torch.tensor([1e-3, 2.5e-3], dtype=torch.float32).to(torch.float64)
+    s_add, s_out = 0.1, 0.05
+    p = fused_add_params(scales, s_add, s_out, "bayes", "qint8")
+    p = p._replace(acc_multiplier=p.acc_multiplier.expand(2), acc_shift=p.acc_shift.expand(2))
+    g = torch.Generator().manual_seed(0)
+    acc = torch.arange(-8000, 8000, 3, dtype=torch.float32).reshape(1, 1, -1).expand(4, 2, -1).contiguous()
+    bias = torch.tensor([7.0, -11.0], dtype=torch.float64).reshape(1, 2, 1)
+    codes = torch.randint(-4, 5, acc.shape, generator=g)
+    addend = codes.to(torch.float32) * torch.tensor(s_add, dtype=torch.float32)
+    inv = 1.0 / torch.tensor(s_add, dtype=torch.float32)
+    one = torch.ones((), dtype=torch.float32)
+    acc_scale = torch.tensor([0.5, 2.0]).reshape(1, 2, 1)
+    fast = _fused_add_float64(
+        acc, bias, addend, inv, p, DType.qint8, FakeQuantize(dtype="qint8"), scales, s_add, s_out, 1
+    )
+    assert fast is not None
+    results = []
+    for path in ("float64", "int64"):
+        a, ad = acc.clone().requires_grad_(), addend.clone().requires_grad_()
+        if path == "float64":
+            out = _FusedAdd64.apply(a, bias, ad, inv, *fast, p.extra_bits, lo, hi, one, acc_scale)
+        else:
+            out = _FusedAdd.apply(a, bias, ad, inv, p, DType.qint8, lo, hi, one, acc_scale, 1)
+        grad = torch.linspace(1, 2, out.numel()).reshape(out.shape)
+        out.backward(grad)
+        results.append((out.detach(), a.grad, ad.grad))
+    (o64, ga64, gd64), (oi, gai, gdi) = results
+    assert torch.equal(o64, oi)
+    assert torch.equal(ga64, gai) and torch.equal(gd64, gdi)
+    at_limit = oi == hi
+    assert bool((gdi[at_limit] != 0).any()), "a code exactly at the limit passes the gradient"
+    assert bool((gdi[at_limit] == 0).any()), "a saturated code cuts it"
+    assert bool((gdi[oi == lo] == 0).any()) and bool((gdi[(oi > lo) & (oi < hi)] != 0).all())
