@@ -670,8 +670,28 @@ def _chunks(w_abs_in: torch.Tensor, xmax: int) -> list[tuple[int, int]] | None:
     return ranges
 
 
-def _accumulate(m: Any, kind: str, xq: torch.Tensor, wq: torch.Tensor, xmax: int) -> torch.Tensor:
-    """The exact integer accumulator (bias excluded) as a float tensor, differentiable in ``xq`` and ``wq``."""
+def _reduction_split(m: Any, kind: str, wq: torch.Tensor, xmax: int) -> list[tuple[int, int]] | None:
+    """How :func:`_accumulate` sums the reduction exactly: None, in float32 in one piece; input-channel
+    ranges (:func:`_chunks`), each in float32, added in float64; ``[]``, in float64."""
+    groups = int(getattr(m, "groups", 1))
+    per_out = wq.numel() // int(m.out_features if kind == "Linear" else m.out_channels)
+    if per_out * 128 * xmax < _F32_EXACT:  # |w_codes| <= 128: no partial sum can reach 2**24
+        return None
+    w_abs = wq.detach().abs()
+    if kind == "ConvTranspose2d":
+        w_abs = w_abs.transpose(0, 1)
+    w_abs_in = w_abs.reshape(w_abs.shape[0], w_abs.shape[1], -1).sum(dim=2).to(torch.float64)
+    if groups == 1:
+        return _chunks(w_abs_in, xmax)
+    # grouped: the slices of one group are not contiguous in both tensors; no chunking
+    return None if float(w_abs_in.sum(dim=1).max()) * xmax < _F32_EXACT else []
+
+
+def _accumulate(
+    m: Any, kind: str, xq: torch.Tensor, wq: torch.Tensor, split: list[tuple[int, int]] | None
+) -> torch.Tensor:
+    """The exact integer accumulator (bias excluded) as a float tensor, differentiable in ``xq`` and
+    ``wq``, summed as ``split`` (:func:`_reduction_split`) says."""
 
     def op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if kind == "Linear":
@@ -681,26 +701,13 @@ def _accumulate(m: Any, kind: str, xq: torch.Tensor, wq: torch.Tensor, xmax: int
         out: torch.Tensor = m._conv_forward(x, w, None)
         return out
 
-    w_in_axis = 0 if kind == "ConvTranspose2d" else 1
-    groups = int(getattr(m, "groups", 1))
-    per_out = wq.numel() // int(m.out_features if kind == "Linear" else m.out_channels)
-    if per_out * 128 * xmax < _F32_EXACT:  # |w_codes| <= 128: no partial sum can reach 2**24
+    if split is None:
         return op(xq, wq)
-    w_abs = wq.detach().abs()
-    if w_in_axis == 0:
-        w_abs = w_abs.transpose(0, 1)
-    w_abs_in = w_abs.reshape(w_abs.shape[0], w_abs.shape[1], -1).sum(dim=2).to(torch.float64)
-    if groups == 1:
-        ranges = _chunks(w_abs_in, xmax)
-    else:  # grouped: the slices of one group are not contiguous in both tensors; no chunking
-        ranges = None if float(w_abs_in.sum(dim=1).max()) * xmax < _F32_EXACT else []
-
-    if ranges is None:
-        return op(xq, wq)
-    if not ranges:
+    if not split:
         return op(xq.to(torch.float64), wq.to(torch.float64))
     x_axis = -1 if kind == "Linear" else 1
-    sizes = [b - a for a, b in ranges]
+    w_in_axis = 0 if kind == "ConvTranspose2d" else 1
+    sizes = [b - a for a, b in split]
     acc: torch.Tensor | None = None
     # split, not narrow: its backward concatenates the chunks' gradients in one pass
     for xc, wc in zip(xq.split(sizes, x_axis), wq.split(sizes, w_in_axis), strict=True):
@@ -772,16 +779,18 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     in_fq = binding.inputs[0]
     s_in = float(in_fq.scale.reshape(-1)[0])
     wq = _WeightCodes.apply(w, numerics.broadcast_along(s_w, w_axis, w.dim()), wfq.qmin, wfq.qmax, s_in)
-    xmax = max(-in_fq.qmin, in_fq.qmax)
-    # CPU (numpy reads the scales), and not under torch.jit.trace (it cannot record a Function taking a callable)
-    if ofq is not None and FUSED_CONV and x.device.type == "cpu" and not torch.jit.is_tracing():
+    kind = m.float_conv.__name__
+    split = _reduction_split(m, kind, wq, max(-in_fq.qmin, in_fq.qmax))
+    # CPU (numpy reads the scales), and not under torch.jit.trace (it cannot record a Function taking a
+    # callable); the whole reduction in float32 in one piece
+    if ofq is not None and split is None and FUSED_CONV and x.device.type == "cpu" and not torch.jit.is_tracing():
         geometry = _plain_geometry(m, x)
-        if geometry is not None and _fits_float32(m, wq, xmax):
+        if geometry is not None:
             fused: torch.Tensor | None = _fused_conv(m, x, wq, binding, s_in, geometry, addend)
             if fused is not None:
                 return fused
     xq = _Codes.apply(x, (1.0 / in_fq.scale.detach()).reshape(()), False)
-    acc = _accumulate(m, m.float_conv.__name__, xq, wq, xmax)
+    acc = _accumulate(m, kind, xq, wq, split)
     # the bias: int32 at s_in * s_w (numerics.quantize_bias)
     c_out = int(m.out_features if m.float_conv is nn.Linear else m.out_channels)
     s_w_c = s_w.detach()
@@ -875,17 +884,6 @@ def _plain_geometry(m: Any, x: torch.Tensor) -> ConvGeometry | None:
     if x.dim() != len(m.stride) + 2:
         return None
     return ConvGeometry(list(m.stride), list(m.padding), list(m.dilation), int(m.groups))
-
-
-def _fits_float32(m: Any, wq: torch.Tensor, xmax: int) -> bool:
-    """Whether :func:`_accumulate` would sum the whole reduction in float32 in one piece."""
-    if (wq.numel() // int(m.out_channels)) * 128 * xmax < _F32_EXACT:
-        return True
-    w_abs_in = wq.detach().abs().reshape(wq.shape[0], wq.shape[1], -1).sum(dim=2).to(torch.float64)
-    worst = float(w_abs_in.sum(dim=1).max())
-    if int(m.groups) == 1:
-        return worst <= (_F32_EXACT - 1) / xmax  # _chunks: no split needed
-    return worst * xmax < _F32_EXACT
 
 
 def _fused_conv(

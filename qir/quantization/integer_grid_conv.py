@@ -58,6 +58,10 @@ class ConvGeometry(NamedTuple):
     groups: int
 
 
+#: ``grad where lo < x < hi, else 0`` (broadcasting ``grad`` against ``x``) in one pass, written to ``grad_input``
+_PASS_INSIDE = torch.ops.aten.hardtanh_backward.grad_input
+
+
 def input_codes(x: torch.Tensor, inv_scale: torch.Tensor | float) -> torch.Tensor:
     """``round(x · inv_scale)`` of a tensor already on the grid of ``1 / inv_scale``, block by block
     (the product rounded while it is in cache)."""
@@ -72,8 +76,8 @@ def input_codes(x: torch.Tensor, inv_scale: torch.Tensor | float) -> torch.Tenso
 def requant_blocks(acc: torch.Tensor, c: RequantConstants) -> tuple[torch.Tensor, torch.Tensor]:
     """``(clamp(floor(acc · ratio + offset), lo, hi) · out_scale, gain)`` evaluated exactly in float64
     block by block; ``gain`` is ``acc_grad`` where the result was not clamped, else 0 (a float tensor:
-    multiplying by it is vectorized, masking by a bool tensor is not). Only the two results are
-    allocated at full size."""
+    multiplying by it is vectorized, masking by a bool tensor is not; with number bounds one pass
+    computes it). Only the two results are allocated at full size."""
     out = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
     gain = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
     nd = acc.dim()
@@ -87,8 +91,14 @@ def requant_blocks(acc: torch.Tensor, c: RequantConstants) -> tuple[torch.Tensor
         q.copy_(a).mul_(part(c.ratio, idx, nd)).add_(part(c.offset, idx, nd))
         o = out[idx]
         o.copy_(q.floor_())  # |q| <= 2**31: float32 keeps lo / hi right
-        torch.clamp(o, part(c.lo, idx, nd), part(c.hi, idx, nd), out=qc)  # ints or tensors, both accepted
-        torch.eq(qc, o, out=gain[idx]).mul_(part(c.acc_grad, idx, nd))
+        lo, hi = part(c.lo, idx, nd), part(c.hi, idx, nd)
+        torch.clamp(o, lo, hi, out=qc)  # ints or tensors, both accepted
+        if isinstance(lo, int) and isinstance(hi, int):
+            # one pass for `acc_grad where lo <= o <= hi, else 0`: o holds integers, so the strict
+            # test of hardtanh's gradient against lo - 1/2 and hi + 1/2 is that one (same bits)
+            _PASS_INSIDE(part(c.acc_grad, idx, nd), o, lo - 0.5, hi + 0.5, grad_input=gain[idx])
+        else:
+            torch.eq(qc, o, out=gain[idx]).mul_(part(c.acc_grad, idx, nd))
         torch.mul(qc, c.out_scale, out=o)
     return out, gain
 
