@@ -29,7 +29,6 @@ import torch.fx
 from torch import nn
 
 from passes.fuse import FUSABLE
-from passes.manager import run_pipeline
 from passes.rewrite import FusedFrom, fused_from
 from qir.frontend.convert import MODULE_ORDER_KEY
 from qir.frontend.emit import emit
@@ -44,7 +43,7 @@ from qir.ir.ops.shape import Transpose
 from qir.ir.types import ScalarType, SequenceType, TensorType, Type
 from qir.quantization.fx_trace import build_ir, trace_fx
 from qir.quantization.names import NameAllocator
-from qir.quantization.pipelines import PipelineArg, resolve_pipeline, without_observers
+from qir.quantization.pipelines import PipelineArg, resolve_pipeline, run_stage_pipeline, without_observers
 from qir.quantization.remap import KeyRemap, StateDictRemap
 
 __all__ = [
@@ -559,7 +558,8 @@ def build_fused_ir(
     _note_bn_eps(g)
     passes_ = without_observers(resolve_pipeline("prepare", pipeline))
     # rank-only types (no example inputs) are not real shapes: skip the type verifier then
-    g = run_pipeline(g, passes_, verify_each=example_inputs is not None).graph
+    # in place: g is this call's own graph
+    g = run_stage_pipeline(g, passes_, "prepare", typed=example_inputs is not None, inplace=True).graph
     alloc = NameAllocator(p for p, _ in root.named_modules())
     ff_users: dict[str, int] = {}
     for n in g.nodes:

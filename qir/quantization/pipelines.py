@@ -35,8 +35,11 @@ from passes.dce import DeadCodeElimination
 from passes.fuse import Fuse
 from passes.insert_observers import InsertObservers
 from passes.legalize import Legalize
+from passes.manager import PipelineResult, run_pipeline
 from passes.pipeline import Pipeline, as_pipeline
 from passes.quantize import Quantize
+from qir.ir.graph import Graph
+from qir.ir.verifier import VerifyError, verify
 from qir.march import March
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "Stage",
     "default_pipeline",
     "resolve_pipeline",
+    "run_stage_pipeline",
     "split_at_observers",
     "without_observers",
 ]
@@ -116,6 +120,41 @@ def split_at_observers(pipeline: Pipeline) -> tuple[Pipeline, InsertObservers, P
 def without_observers(pipeline: Pipeline) -> Pipeline:
     """``pipeline`` without its ``insert-observers`` passes (what fusion alone runs)."""
     return Pipeline(tuple(p for p in pipeline.passes if not isinstance(p, InsertObservers)))
+
+
+#: top-level packages whose passes are qir's own: tested pass by pass (tests/passes), so a stage
+#: pipeline made of them only is verified once, at its end
+_BUILTIN_PACKAGES = frozenset({"passes", "backends", "qir"})
+
+
+def builtin_only(pipeline: Pipeline) -> bool:
+    """Every pass of ``pipeline`` is one of qir's own (defined under passes/, backends/ or qir/)."""
+    return all(type(p).__module__.partition(".")[0] in _BUILTIN_PACKAGES for p in pipeline.passes)
+
+
+def run_stage_pipeline(
+    graph: Graph, pipeline: Pipeline, stage: str, typed: bool, inplace: bool = False
+) -> PipelineResult:
+    """Run a stage's ``pipeline`` on ``graph`` and return the :class:`passes.PipelineResult`.
+
+    ``typed``: the graph's types are real shapes (example inputs typed it), so the result is
+    verified. A pipeline of qir's own passes is verified once, after its last pass (each
+    verify walks the whole graph; ``tests/passes`` check every built-in pass keeps a graph
+    valid); a pipeline holding a pass of the user's is verified before and after every pass,
+    so a failure names the pass that broke the graph.
+    """
+    each = typed and not builtin_only(pipeline)
+    result = run_pipeline(graph, pipeline, verify_each=each, inplace=inplace)
+    if typed and not each:
+        try:
+            verify(result.graph)
+        except VerifyError as e:
+            raise VerifyError(
+                f"the {stage} pipeline {pipeline} left a graph that does not verify: {e}; run "
+                "passes.run_pipeline(graph, pipeline) on the traced graph to find the pass",
+                e.node,
+            ) from e
+    return result
 
 
 def run_on_module(module: Any, pipeline: Pipeline, example_inputs: Any, ctx: Any = None) -> tuple[Any, Any]:

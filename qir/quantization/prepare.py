@@ -43,7 +43,6 @@ from backends.common.numerics import scale_denominator
 from passes.errors import PassFailure
 from passes.insert_observers import InsertObservers, InsertObserversError, fake_quant_text
 from passes.insert_observers import uncovered as observer_uncovered
-from passes.manager import run_pipeline
 from passes.pipeline import Pipeline
 from qir.frontend.convert import gc_paused
 from qir.march import March, get_march
@@ -57,7 +56,13 @@ from qir.quantization.functional_swap import quantized_values, swap_functionals
 from qir.quantization.fuse import ALL_FUNCTIONALS, FusedIR, FuseRecord, build_fused_ir, emit_fused
 from qir.quantization.hybrid import HYBRID_KEY, HybridSpec, check_cpu_calls, cpu_modules, place_boundaries
 from qir.quantization.integer_grid import bind_integer_grid
-from qir.quantization.pipelines import PipelineArg, resolve_pipeline, run_on_module, split_at_observers
+from qir.quantization.pipelines import (
+    PipelineArg,
+    resolve_pipeline,
+    run_on_module,
+    run_stage_pipeline,
+    split_at_observers,
+)
 from qir.quantization.prepare_checks import check_convertible
 from qir.quantization.qat_classes import qat_class_for
 from qir.quantization.qconfig import QConfig, get_default_calib_qconfig, get_default_qat_qconfig, qconfig_kind
@@ -286,7 +291,7 @@ def _observe_by_pass(
         return None, f"the insert-observers pass does not cover %{node}: {reason}"
     try:
         # in place: the fused float model is emitted already, and a refusal falls back to swapping it
-        result = run_pipeline(fused.graph, Pipeline((resolved, *after.passes)), verify_each=verify, inplace=True)
+        result = run_stage_pipeline(fused.graph, Pipeline((resolved, *after.passes)), "prepare", verify, inplace=True)
     except PassFailure as e:
         if e.pass_ is resolved and isinstance(e.__cause__, InsertObserversError):
             return None, str(e.__cause__)
@@ -486,8 +491,8 @@ def _prepare_float(
                 gm = emitted
     if hybrid is not None:
         gm.meta[HYBRID_KEY] = place_boundaries(gm, cpu, chosen, _stub_qconfig(spec, kind))
-    if batch_norms is None:  # the first prepare: the user's model still has them
-        batch_norms = folded_batch_norms(model, record.sources)
+    if batch_norms is None:  # the first prepare: the traced deep copy of the user's model still has them
+        batch_norms = folded_batch_norms(fused.root, record.sources, copies=False)
     gm.meta[PREPARE_RECORD_KEY] = PrepareRecord(
         float_model=float_copy,
         march=march,

@@ -20,10 +20,14 @@ from torch.nn.modules.batchnorm import _BatchNorm
 __all__ = ["folded_batch_norms"]
 
 
-def folded_batch_norms(model: nn.Module, sources: Mapping[str, list[str]]) -> dict[str, tuple[str, _BatchNorm]]:
+def folded_batch_norms(
+    model: nn.Module, sources: Mapping[str, list[str]], copies: bool = True
+) -> dict[str, tuple[str, _BatchNorm]]:
     """Fused module path -> (the batch norm's path in ``model``, a copy of it), for every folded batch norm.
 
-    ``sources``: the fusion record's fused path -> original paths (conv first).
+    ``sources``: the fusion record's fused path -> original paths (conv first). ``copies=False``
+    records the batch norms themselves: for a model that is prepare's own deep copy, whose
+    folded batch norms nothing else holds once fusion took their statistics.
     """
     out: dict[str, tuple[str, _BatchNorm]] = {}
     for path, srcs in sources.items():
@@ -37,5 +41,5 @@ def folded_batch_norms(model: nn.Module, sources: Mapping[str, list[str]]) -> di
                 bns.append((p, sub))
         if len(bns) == 1:
             p, bn = bns[0]
-            out[path] = (p, copy.deepcopy(bn))
+            out[path] = (p, copy.deepcopy(bn) if copies else bn)
     return out

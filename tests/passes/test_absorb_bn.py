@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from test_patterns import fusion_graphs, graph_inputs
 
 from passes import run_pipeline
-from passes.absorb_bn import AbsorbBatchNorm, bn_pattern, fold_batch_norm
+from passes.absorb_bn import AbsorbBatchNorm, bn_pattern, fold_batch_norm, folded_in_dtype
 from passes.base import PassContext
 from passes.patterns import find_all
 from passes.rewrite import fused_from
@@ -128,6 +128,32 @@ def test_fold_math_matches_torch_fusion_utility() -> None:
     torch.testing.assert_close(w.float(), ref.weight.detach())
     assert ref.bias is not None
     torch.testing.assert_close(b.float(), ref.bias.detach())
+
+
+@pytest.mark.parametrize(
+    ("op", "w_shape", "dtype"),
+    [
+        (Conv2d(), (300, 16, 3, 3), torch.float32),  # one block, not full
+        (Conv2d(groups=4), (8000, 4, 3, 3), torch.float32),  # blocks of 7281 channels, the last one partial
+        (Linear(), (3, 300000), torch.float32),  # a row larger than a block: one row at a time
+        (Conv1d(), (64, 8, 5), torch.float16),
+        (ConvTranspose2d(**_tr(2, bias=True, groups=2)), (8, 3, 3, 3), torch.float32),
+    ],
+)
+def test_fold_in_dtype_is_the_float64_fold_rounded_once(op: Any, w_shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """The blockwise fold gives the bits of the float64 fold rounded to the weight's dtype."""
+    gen = torch.Generator().manual_seed(0)
+    c_out = w_shape[1] * op.groups if isinstance(op, ConvTranspose2d) else w_shape[0]
+    weight = (torch.randn(w_shape, generator=gen) * 3).to(dtype)
+    bias, mean = torch.randn(c_out, generator=gen).to(dtype), torch.randn(c_out, generator=gen).to(dtype)
+    var = (torch.rand(c_out, generator=gen) + 1e-3).to(dtype)
+    gamma, beta = torch.randn(c_out, generator=gen).to(dtype), torch.randn(c_out, generator=gen).to(dtype)
+    w64, b64 = fold_batch_norm(op, weight, bias, mean, var, gamma, beta, 1e-5)
+    w, b = folded_in_dtype(op, weight, bias, mean, var, gamma, beta, 1e-5)
+    assert w.dtype == dtype and w.shape == weight.shape
+    bits = torch.int16 if dtype == torch.float16 else torch.int32
+    assert torch.equal(w.view(bits), w64.to(dtype).view(bits))
+    assert b.dtype == torch.float64 and torch.equal(b, b64)
 
 
 def test_keeps_parameter_kind_and_inputs_untouched() -> None:
