@@ -33,6 +33,7 @@ from qir.frontend.tracer import (
     trace_error,
 )
 from qir.ir.graph import Graph
+from qir.quantization.fx_shapes import shape_values
 from qir.quantization.names import owner_of_stack
 
 __all__ = ["OWNER_KEY", "build_ir", "trace_fx"]
@@ -256,7 +257,9 @@ def _values(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Any) -> d
         return _rank_only_values(root, fx_graph)
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
-    return propagate(root, fx_graph, tuple(example_inputs))
+    # only shapes and dtypes type the IR: formulas give them without running the layers
+    shapes = shape_values(root, fx_graph, tuple(example_inputs))
+    return shapes if shapes is not None else propagate(root, fx_graph, tuple(example_inputs))
 
 
 def build_ir(
