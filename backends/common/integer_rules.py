@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -29,6 +30,7 @@ from backends.common.numerics import (
     add_params,
     conv_requant_params,
     multiplier_shift,
+    multiplier_shift_np,
     qdtype,
     requant_limits,
     requant_params,
@@ -58,6 +60,7 @@ __all__ = [
     "fused_add_int",
     "fused_add_wide",
     "fused_add_params",
+    "fused_add_params_np",
     "mul_scalar_int",
     "ratio_params",
     "scalar_operand",
@@ -123,24 +126,36 @@ def fused_add_params(
     then saturated to ``dtype``. ``p`` is the largest value ``<= 8`` for which every ratio is
     below ``2**31 - 1/2``. The march only decides which output dtypes are allowed.
     """
+    s = acc_scale.detach().to(device="cpu", dtype=torch.float64).reshape(-1).numpy()
+    m_acc, s_acc, m_add, s_add, p = fused_add_params_np(s, f32(addend_scale), f32(out_scale), march, dtype)
+    dev = acc_scale.device
+    return FusedAddParams(torch.from_numpy(m_acc).to(dev), torch.from_numpy(s_acc).to(dev), m_add, s_add, p)
+
+
+def fused_add_params_np(
+    acc_scale: np.ndarray, addend_scale: float, out_scale: float, march: object, dtype: DTypeLike
+) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+    """:func:`fused_add_params` of a float64 numpy array of accumulator scales, on the host:
+    ``(acc_multiplier, acc_shift, add_multiplier, add_shift, extra_bits)``, the arrays int64."""
     check_out_dtype(march, dtype, "fused conv + add")
     max_m, max_s = FUSED_ADD_MID_MAX_MULTIPLIER, FUSED_ADD_MID_MAX_SHIFT
-    so = f32(out_scale)
-    r_acc = acc_scale.to(torch.float64).reshape(-1) / so
-    r_add = f32(addend_scale) / so
+    # the float32 values of the scales, as f32 gives them (numpy: no torch call per training step)
+    so, sa = float(np.float32(out_scale)), float(np.float32(addend_scale))
+    r_acc = np.asarray(acc_scale, dtype=np.float64).reshape(-1) / so
+    r_add = sa / so
     top = max(float(r_acc.max()), r_add)
     p = FUSED_ADD_MAX_EXTRA_BITS
     while p >= 0 and top * 2.0**p >= max_m + 0.5:
         p -= 1
     if p < 0:
         raise ValueError(
-            f"fused conv + add: output scale {so:.6g} is too small for the addend scale {f32(addend_scale):.6g} "
-            f"or the accumulator scale {float(acc_scale.max()):.6g} (ratio above {max_m}); "
+            f"fused conv + add: output scale {so:.6g} is too small for the addend scale {sa:.6g} "
+            f"or the accumulator scale {float(np.max(acc_scale)):.6g} (ratio above {max_m}); "
             "the output fake quant must observe a wider range"
         )
-    m_acc, s_acc = multiplier_shift(r_acc * 2.0**p, max_m, max_s)
-    m_add, s_add = multiplier_shift(torch.tensor(r_add * 2.0**p, dtype=torch.float64), max_m, max_s)
-    return FusedAddParams(m_acc, s_acc, int(m_add), int(s_add), p)
+    m_acc, s_acc = multiplier_shift_np(r_acc * 2.0**p, max_m, max_s)
+    m_add, s_add = multiplier_shift_np(np.array(r_add * 2.0**p), max_m, max_s)
+    return np.ascontiguousarray(m_acc), np.ascontiguousarray(s_acc), int(m_add), int(s_add), p
 
 
 def fused_add_int(

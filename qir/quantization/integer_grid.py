@@ -43,14 +43,12 @@ from torch import nn
 
 from backends.common import numerics
 from backends.common.integer_rules import (
-    FUSED_ADD_MAX_EXTRA_BITS,
-    FUSED_ADD_MID_MAX_MULTIPLIER,
-    FUSED_ADD_MID_MAX_SHIFT,
     adaptive_pool_counts,
     avg_pool_divisor,
     avg_pool_params,
     check_out_dtype,
     fused_add_params,
+    fused_add_params_np,
     fused_add_wide,
 )
 from qir.ir.types import DType
@@ -743,11 +741,17 @@ def _observe_output(
             y = torch.addcmul((bias * s).to(a.dtype), a, s).to(torch.float32)
         if addend is not None:
             y = y.add_(addend.detach())
-        if act == "relu":
-            y = y.clamp_(min=0.0)
-        elif act == "relu6":
-            y = y.clamp_(0.0, 6.0)
-        _observe(fq, y)
+        _observe_activated(fq, y, act)
+
+
+def _observe_activated(fq: FakeQuantize, y: torch.Tensor, act: str | None) -> None:
+    """The fake quant observes ``act(y)`` (``y``: the float32 values before the fused activation, or their
+    extremes; clamped in place)."""
+    if act == "relu":
+        y = y.clamp_(min=0.0)
+    elif act == "relu6":
+        y = y.clamp_(0.0, 6.0)
+    _observe(fq, y)
 
 
 @grid_step
@@ -863,12 +867,7 @@ def _observe_extremes(
     bs = b_codes * s64
     lo = float((bs + mn.numpy().astype(np.float64) * s64).min())
     hi = float((bs + mx.numpy().astype(np.float64) * s64).max())
-    y = torch.tensor([lo, hi], dtype=torch.float32)
-    if act == "relu":
-        y = y.clamp_(min=0.0)
-    elif act == "relu6":
-        y = y.clamp_(0.0, 6.0)
-    _observe(fq, y)
+    _observe_activated(fq, torch.tensor([lo, hi], dtype=torch.float32), act)
     return True
 
 
@@ -997,32 +996,48 @@ def _fused_add_finish(
 def _fused_add_np(
     b_codes: np.ndarray, s_acc: np.ndarray, s_add: float, s_out: float, a_max: int, dtype: DType, march: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, int] | None:
-    """``(acc_lo, acc_hi, r1, off1, r2, extra_bits)`` of the float64 fused add, computed in numpy with the
-    IEEE operations of ``integer_rules.fused_add_params`` and :func:`_fused_add_float64` (tested equal),
-    or None when the float64 bounds fail or the rule refuses the scales (the caller takes the torch path)."""
+    """``(acc_lo, acc_hi, r1, off1, r2, extra_bits)`` of the float64 fused add on the host
+    (``integer_rules.fused_add_params_np``, :func:`_float64_add_bounds`), or None when the float64 bounds
+    fail or the rule refuses the scales (the caller takes the torch path, which raises the rule's error)."""
     check_out_dtype(march, dtype, "fused conv + add")
-    max_m, max_s = FUSED_ADD_MID_MAX_MULTIPLIER, FUSED_ADD_MID_MAX_SHIFT
-    r_acc = s_acc / s_out
-    r_add = s_add / s_out
-    top = max(float(r_acc.max()), r_add)
-    p = FUSED_ADD_MAX_EXTRA_BITS
-    while p >= 0 and top * 2.0**p >= max_m + 0.5:
-        p -= 1
-    if p < 0:
+    try:
+        m1, s1, m2, s2, p = fused_add_params_np(s_acc, s_add, s_out, march, dtype)
+    except ValueError:
         return None
-    m1, s1 = numerics.multiplier_shift_np(r_acc * 2.0**p, max_m, max_s)
-    m2, s2 = numerics.multiplier_shift_np(np.array(r_add * 2.0**p), max_m, max_s)
+    bounds = _float64_add_bounds(b_codes, s_acc, s_add, s_out, a_max, dtype, m1, s1, m2, s2)
+    if bounds is None:
+        return None
+    acc_lo, acc_hi, r1 = bounds
+    return acc_lo.astype(np.float32), acc_hi.astype(np.float32), r1, b_codes * r1 + 0.5, math.ldexp(m2, -s2), p
+
+
+def _float64_add_bounds(
+    b_codes: np.ndarray,
+    s_acc: np.ndarray,
+    s_add: float,
+    s_out: float,
+    a_max: int,
+    dtype: DType,
+    m1: np.ndarray,
+    s1: np.ndarray,
+    m2: int,
+    s2: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(acc_lo, acc_hi, r1)`` (float64, per channel) of the float64 fused add, or None when its bounds fail.
+
+    ``T[c] = ceil(((max|q_out| + 3)·s_out + max|q_add|·s_add) / s_acc[c])``: at ``|acc + bias| >= T``
+    the real sum is at least ``max|q_out| + 3`` output LSBs from zero whatever the addend, and the
+    integer rule is within 2 LSB of it, so the output saturates there and clamping ``acc + bias`` to
+    ``±T`` (``acc_lo = -T - bias``, ``acc_hi = T - bias``) changes nothing. ``T·M1 + 2**(s1-1)`` and
+    ``max|q_add|·M2 + 2**(s2-1)`` must stay below ``2**52``; ``r1 = M1 / 2**s1``."""
     o_lo, o_hi = dtype.qrange
     t = np.ceil(((max(-o_lo, o_hi) + 3) * s_out + a_max * s_add) / s_acc)
     m1f = m1.astype(np.float64)
     if float((t * m1f + np.exp2(s1.astype(np.float64) - 1)).max()) >= 2.0**52:
         return None
-    if a_max * int(m2) + 2.0 ** (int(s2) - 1) >= 2.0**52:
+    if a_max * m2 + 2.0 ** (s2 - 1) >= 2.0**52:
         return None
-    r1 = np.ldexp(m1f, -s1)
-    acc_lo = (-t - b_codes).astype(np.float32)
-    acc_hi = (t - b_codes).astype(np.float32)
-    return acc_lo, acc_hi, r1, b_codes * r1 + 0.5, math.ldexp(int(m2), -int(s2)), p
+    return -t - b_codes, t - b_codes, np.ldexp(m1f, -s1)
 
 
 def _fused_add_float64(
@@ -1038,30 +1053,29 @@ def _fused_add_float64(
     s_out: float,
     axis: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """``(acc_lo, acc_hi, r1, r2)`` for :class:`_FusedAdd64`, or None when its float64 bounds fail.
+    """``(acc_lo, acc_hi, r1, r2)`` for :class:`_FusedAdd64` (:func:`_float64_add_bounds` of the torch
+    rule's parameters ``p``, broadcast along ``axis``), or None when its float64 bounds fail."""
 
-    ``T[c] = ceil(((max|q_out| + 3)·s_out + max|q_add|·s_add) / s_acc[c])``: at ``|acc + bias| >= T``
-    the real sum is at least ``max|q_out| + 3`` output LSBs from zero whatever the addend, and the
-    integer rule is within 2 LSB of it, so the output saturates there and clamping ``acc + bias`` to
-    ``±T`` changes nothing."""
-    o_lo, o_hi = dtype.qrange
-    a_max = max(-add_fq.qmin, add_fq.qmax)
-    t = torch.ceil(((max(-o_lo, o_hi) + 3) * s_out + a_max * s_add) / s_acc.to(torch.float64))
-    m1, s1 = p.acc_multiplier.to(torch.float64), p.acc_shift.to(torch.float64)
-    if float((t * m1 + torch.exp2(s1 - 1)).max()) >= 2.0**52:
+    def host(t: torch.Tensor) -> np.ndarray:
+        return np.asarray(t.detach().cpu().reshape(-1).numpy())
+
+    bounds = _float64_add_bounds(
+        host(bias).astype(np.float64), host(s_acc).astype(np.float64), s_add, s_out,
+        max(-add_fq.qmin, add_fq.qmax), dtype, host(p.acc_multiplier), host(p.acc_shift),
+        p.add_multiplier, p.add_shift,
+    )  # fmt: skip
+    if bounds is None:
         return None
-    if a_max * p.add_multiplier + 2.0 ** (p.add_shift - 1) >= 2.0**52:
-        return None
-    b = bias.reshape(-1)
-    ax = axis % acc.dim()
     shape = [1] * acc.dim()
-    shape[ax] = -1
-    acc_lo = (-t - b).to(acc.dtype).reshape(shape)
-    acc_hi = (t - b).to(acc.dtype).reshape(shape)
-    r1 = torch.ldexp(m1, -p.acc_shift).reshape(shape)
+    shape[axis % acc.dim()] = -1
+
+    def along(a: np.ndarray, dt: torch.dtype) -> torch.Tensor:
+        return torch.from_numpy(a).to(device=acc.device, dtype=dt).reshape(shape)
+
+    acc_lo, acc_hi, r1 = bounds
     # dimensioned (not 0-d), so that float32 codes times r2 promote to float64
-    r2 = torch.full([1] * acc.dim(), math.ldexp(p.add_multiplier, -p.add_shift), dtype=torch.float64)
-    return acc_lo, acc_hi, r1, r2
+    r2 = torch.full([1] * acc.dim(), math.ldexp(p.add_multiplier, -p.add_shift), dtype=torch.float64, device=acc.device)
+    return along(acc_lo, acc.dtype), along(acc_hi, acc.dtype), along(r1, torch.float64), r2
 
 
 def _act_bounds(act: str | None, dtype: DType, bound6: Any) -> tuple[Any, Any]:

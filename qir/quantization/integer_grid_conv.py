@@ -126,32 +126,16 @@ class ConvRequant(torch.autograd.Function):
         out_axis: int,
         plan: Callable[[torch.Tensor], RequantConstants],
     ) -> torch.Tensor:
-        xq = input_codes(x, inv_scale)
-        g = geometry
-        acc = torch.convolution(xq, wq, None, g.stride, g.padding, g.dilation, False, [0] * len(g.stride), g.groups)
+        xq, acc = _codes_conv(x, wq, inv_scale, geometry)
         out, gain = requant_blocks(acc, plan(acc))
         ctx.save_for_backward(xq, wq, gain, bias_div)
-        ctx.geometry = g
-        shape = [1] * acc.dim()
-        ax = out_axis % acc.dim()
-        shape[ax] = acc.shape[ax]
-        ctx.bias_shape = torch.Size(shape)  # the broadcast bias codes' shape: their gradient's sum
+        _keep_geometry(ctx, geometry, acc, out_axis)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         xq, wq, gain, bias_div = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        g = grad * gain
-        gx = gw = gb = None
-        if need_b:
-            gb = (g.sum_to_size(ctx.bias_shape).reshape(-1) / bias_div).to(torch.float32)
-        if need_x or need_w:
-            c = ctx.geometry
-            out_pad = [0] * len(c.stride)
-            gx, gw, _ = torch.ops.aten.convolution_backward(
-                g, xq, wq, None, c.stride, c.padding, c.dilation, False, out_pad, c.groups, [need_x, need_w, False]
-            )
+        gx, gw, gb = _conv_backward(ctx, grad * gain, xq, wq, bias_div)
         return gx, gw, gb, None, None, None, None, None
 
 
@@ -223,31 +207,52 @@ class ConvAddRequant(torch.autograd.Function):
         out_axis: int,
         finish: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
-        xq = input_codes(x, inv_scale)
-        g = geometry
-        acc = torch.convolution(xq, wq, None, g.stride, g.padding, g.dilation, False, [0] * len(g.stride), g.groups)
+        xq, acc = _codes_conv(x, wq, inv_scale, geometry)
         out, keep = finish(acc, addend)
         ctx.save_for_backward(xq, wq, keep, acc_grad, bias_div)
-        ctx.geometry = g
-        shape = [1] * acc.dim()
-        ax = out_axis % acc.dim()
-        shape[ax] = acc.shape[ax]
-        ctx.bias_shape = torch.Size(shape)
+        _keep_geometry(ctx, geometry, acc, out_axis)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         xq, wq, keep, acc_grad, bias_div = ctx.saved_tensors
-        need_x, need_w, need_b, need_add = ctx.needs_input_grad[:4]
         g = grad * keep
-        ga = g * acc_grad
-        gx = gw = gb = None
-        if need_b:
-            gb = (ga.sum_to_size(ctx.bias_shape).reshape(-1) / bias_div).to(torch.float32)
-        if need_x or need_w:
-            c = ctx.geometry
-            out_pad = [0] * len(c.stride)
-            gx, gw, _ = torch.ops.aten.convolution_backward(
-                ga, xq, wq, None, c.stride, c.padding, c.dilation, False, out_pad, c.groups, [need_x, need_w, False]
-            )
-        return gx, gw, gb, g if need_add else None, None, None, None, None, None, None
+        gx, gw, gb = _conv_backward(ctx, g * acc_grad, xq, wq, bias_div)
+        return gx, gw, gb, g if ctx.needs_input_grad[3] else None, None, None, None, None, None, None
+
+
+def _codes_conv(
+    x: torch.Tensor, wq: torch.Tensor, inv_scale: float, g: ConvGeometry
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward both nodes share: the input codes and their convolution with the weight codes."""
+    xq = input_codes(x, inv_scale)
+    acc = torch.convolution(xq, wq, None, g.stride, g.padding, g.dilation, False, [0] * len(g.stride), g.groups)
+    return xq, acc
+
+
+def _keep_geometry(ctx: Any, g: ConvGeometry, acc: torch.Tensor, out_axis: int) -> None:
+    """What :func:`_conv_backward` reads besides the saved tensors: the geometry and the broadcast bias
+    codes' shape (their gradient is the accumulator's summed to it)."""
+    ctx.geometry = g
+    shape = [1] * acc.dim()
+    ax = out_axis % acc.dim()
+    shape[ax] = acc.shape[ax]
+    ctx.bias_shape = torch.Size(shape)
+
+
+def _conv_backward(
+    ctx: Any, ga: torch.Tensor, xq: torch.Tensor, wq: torch.Tensor, bias_div: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The input, weight and bias gradients from the accumulator's ``ga``: the bias's summed and divided
+    by ``s_acc / s_in``, the others by ``aten.convolution_backward``, as autograd does for the chain."""
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    gx = gw = gb = None
+    if need_b:
+        gb = (ga.sum_to_size(ctx.bias_shape).reshape(-1) / bias_div).to(torch.float32)
+    if need_x or need_w:
+        c = ctx.geometry
+        out_pad = [0] * len(c.stride)
+        gx, gw, _ = torch.ops.aten.convolution_backward(
+            ga, xq, wq, None, c.stride, c.padding, c.dilation, False, out_pad, c.groups, [need_x, need_w, False]
+        )
+    return gx, gw, gb
