@@ -46,7 +46,7 @@ the whole model by module swapping and says why); run on them, the pass raises
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -67,7 +67,9 @@ __all__ = [
     "MethodCall",
     "ObserveRule",
     "fake_quant_text",
+    "params_by_role",
     "register_observer_rule",
+    "tensor_key",
     "uncovered",
 ]
 
@@ -236,14 +238,16 @@ def _tensor_owners(graph: Graph) -> dict[int, set[int]]:
     return owners
 
 
-def _tensor_key(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-    """What makes two float tensors one (prepare's ``_tie_shared_parameters`` key)."""
+def tensor_key(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """What makes two float tensors one: storage address, shape and strides (module swapping
+    ties the QAT parameters of such tensors, and so does this pass)."""
     return t.data_ptr(), tuple(t.shape), tuple(t.stride())
 
 
-def _module_params(module: Any, roles: Sequence[str]) -> dict[str, torch.Tensor]:
-    """An opaque call's float parameters by the QAT op's role each becomes (a fused ConvReLU2d's
-    ``0.weight`` is ``weight``), as module swapping's tie of shared parameters names them."""
+def params_by_role(module: Any, roles: Collection[str]) -> dict[str, torch.Tensor]:
+    """A float module's non-empty parameters by the name each has in its QAT module, among
+    ``roles`` (a fused ConvReLU2d's ``0.weight`` is ``weight``): how module swapping and this
+    pass find the tensors two layers share."""
     if not isinstance(module, torch.nn.Module):
         return {}
     out: dict[str, torch.Tensor] = {}
@@ -371,7 +375,7 @@ class InsertObservers(Pass):
             # count, a run-time size), which no module builder reads: the module built is the bound op's
             if isinstance(op, Call):
                 new_op, inputs = _bind_call(new_op, op, n.operands)
-                module_params = _module_params(obj, new_op.param_roles())
+                module_params = params_by_role(obj, new_op.param_roles())
                 _check_unshared(owners, obj, list(module_params.values()))
         except (ValueError, TypeError, NotImplementedError, IRError) as e:
             raise InsertObserversError(f"insert-observers: %{n.name} (module {n.scope}): {e}") from e
@@ -394,7 +398,7 @@ class InsertObservers(Pass):
                 continue
             # the float tensor itself: an opaque call's parameter, or the constant's tensor
             float_t = module_params.get(role, tensors.get(role) if source is not None else None)
-            key = ("tensor", *_tensor_key(float_t)) if float_t is not None else None
+            key = ("tensor", *tensor_key(float_t)) if float_t is not None else None
             if key in shared:
                 consts[role] = shared[key][1]  # one weight for both layers, as module swapping ties them
                 continue

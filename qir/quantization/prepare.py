@@ -41,7 +41,7 @@ from torch import nn
 
 from backends.common.numerics import scale_denominator
 from passes.errors import PassFailure
-from passes.insert_observers import InsertObservers, InsertObserversError, fake_quant_text
+from passes.insert_observers import InsertObservers, InsertObserversError, fake_quant_text, params_by_role, tensor_key
 from passes.insert_observers import uncovered as observer_uncovered
 from passes.pipeline import Pipeline
 from qir.frontend.convert import gc_paused
@@ -356,13 +356,11 @@ def _tie_shared_parameters(
     ``from_float`` copies tensors so that the user's model is never aliased; within the prepared
     copy, sharing must survive or the copies train apart."""
     qat_params = dict(qat.named_parameters(remove_duplicate=False))
-    for fname, ft in float_mod.named_parameters(remove_duplicate=False):
-        qname = fname if fname in qat_params else fname.split(".", 1)[-1]
-        mine = qat_params.get(qname)
-        if mine is None or mine.shape != ft.shape:
+    for qname, ft in params_by_role(float_mod, qat_params).items():
+        mine = qat_params[qname]
+        if mine.shape != ft.shape:
             continue
-        key = (ft.data_ptr(), tuple(ft.shape), tuple(ft.stride()))
-        owner = shared.setdefault(key, mine)
+        owner = shared.setdefault(tensor_key(ft), mine)
         if owner is not mine:
             parent, _, leaf = qname.rpartition(".")
             setattr(qat.get_submodule(parent) if parent else qat, leaf, owner)
