@@ -195,7 +195,8 @@ class _Emitter:
         if isinstance(op, Call):
             args, kwargs = resolve(op.args, ops), resolve(op.kwargs, ops)
         elif isinstance(op, BinaryOp):
-            args, kwargs = (ops[0], ops[1] if op.other is None else resolve(op.other, ops)), {}
+            # ``ff.sub(2.0, y)`` binds as sub(y, other=2.0, reverse=True): the user's order back
+            args, kwargs = op.pair(ops), {}
         else:
             torch_call = getattr(op, "torch_call", None)
             if torch_call is None:

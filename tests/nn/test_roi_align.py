@@ -115,6 +115,7 @@ def test_integer_matches_qat_and_the_reference() -> None:
         with torch.no_grad():
             want = numerics.quantize(m(x, boxes), s_out, "qint8").to(torch.int64)
         got = qm(q, boxes)
+        assert torch.equal(qm(input=q, boxes=boxes), got)  # the float / QAT modules' argument names
         assert got.dtype == torch.int8 and got.shape == (6, 3, 3, 4)
         assert int((got.to(torch.int64) - want).abs().max()) <= 1
         # boxes on the 2**-12 grid sample where the float definition samples

@@ -224,3 +224,20 @@ class SharedFusions(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = torch.relu(self.bn(self.conv(self.quant(x))))
         return self.dequant(y), self.dequant(self.bn(self.conv(y)) + y)
+
+
+class NumberOperands(nn.Module):
+    """FloatFunctional add / sub / mul called with a Python number (either side of the commutative
+    ones): each runs as the scalar method (add_scalar / mul_scalar) in QAT and converted models."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.add, self.sub = FloatFunctional(), FloatFunctional()
+        self.mul, self.radd = FloatFunctional(), FloatFunctional()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(self.quant(x))
+        y = self.mul.mul(self.sub.sub(self.add.add(y, 2.0), 0.5), 3.0)
+        return self.dequant(self.radd.add(1.5, y))

@@ -49,6 +49,7 @@ from tests.quantization.path_op_nets import (
     Attention,
     Leftovers,
     NormsAndLuts,
+    NumberOperands,
     PoolsAndFunctionals,
     Recurrent,
     RoIPool,
@@ -177,6 +178,7 @@ def _flow(net: type[nn.Module], march: str) -> tuple[nn.Module, nn.Module, torch
         NormsAndLuts,
         TorchFunctionals,
         AddRelu,
+        NumberOperands,
         Leftovers,
         Recurrent,
         RoIPool,
@@ -293,7 +295,7 @@ def test_the_overrides_reach_the_pass_path() -> None:
 
 
 def test_an_op_the_pass_refuses_prepares_the_whole_model_by_module_swap() -> None:
-    class WithAddNumber(nn.Module):
+    class WithNumberMinus(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.quant, self.dequant = QuantStub(), DeQuantStub()
@@ -301,13 +303,16 @@ def test_an_op_the_pass_refuses_prepares_the_whole_model_by_module_swap() -> Non
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             y = self.conv(self.quant(x))
-            return self.dequant(self.ff.add(y, 2.0))  # a number where the method takes a tensor
+            return self.dequant(self.ff.sub(2.0, y))  # a number minus a tensor: no BPU form
 
     qir.set_march("bayes")
-    qat = prepare_qat_fx(WithAddNumber(), {"": get_default_qat_qconfig()}, torch.randn(1, 3, 8, 8))
+    x = torch.randn(1, 3, 8, 8)
+    qat = prepare_qat_fx(WithNumberMinus(), {"": get_default_qat_qconfig()}, x)
     why = qat.meta[PREPARE_PATH_KEY]
-    assert why.startswith("module swap: insert-observers: %add (module ff): ")
-    assert "FloatFunctional.add: op 'add' takes a number (2.0), not a tensor" in why
+    assert why.startswith("module swap: insert-observers: %sub (module ff): ")
+    assert "FloatFunctional.sub: op 'sub' has its operands reversed" in why
+    with pytest.raises(TypeError, match=r"FloatFunctional\.sub got the number 2\.0 as its operand x"):
+        qat(x)  # the swapped module refuses it by name at its first call
     assert type(qat.conv).__name__ == "Conv2d" and hasattr(qat.conv, "weight_fake_quant")  # swapped too
 
 

@@ -14,7 +14,14 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["FLOAT_FUNCTIONAL_METHODS", "FloatFunctional", "FunctionalBase"]
+__all__ = [
+    "FLOAT_FUNCTIONAL_METHODS",
+    "SCALAR_FORMS",
+    "FloatFunctional",
+    "FunctionalBase",
+    "number_operand_error",
+    "scalar_form",
+]
 
 Dims = int | Sequence[int] | None
 
@@ -40,6 +47,59 @@ FLOAT_FUNCTIONAL_METHODS = (
     "sub",
     "sum",
 )
+
+
+#: A two-tensor method called with a number: the scalar method computing the same float result and
+#: the sign the number takes. The BPU's add / mul take two tensors (the plugin's operator table:
+#: "call add_scalar if one of the operands is a scalar"), so the QAT and quantized modules run
+#: such a call as the scalar method: one integer form, trained and deployed alike.
+SCALAR_FORMS: dict[str, tuple[str, float]] = {
+    "add": ("add_scalar", 1.0),
+    "sub": ("add_scalar", -1.0),
+    "mul": ("mul_scalar", 1.0),
+}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def scalar_form(method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[str, Any, float] | None:
+    """``(scalar method, x, y)`` when ``method(x, y)`` is add / sub / mul with a Python number
+    operand (either side for the commutative add and mul), else None."""
+    form = SCALAR_FORMS.get(method)
+    if form is None or len(args) + len(kwargs) != 2:
+        return None
+    x = args[0] if args else kwargs.get("x")
+    y = args[1] if len(args) > 1 else kwargs.get("y")
+    if _is_number(x) and isinstance(y, torch.Tensor) and method != "sub":
+        x, y = y, x
+    if not isinstance(x, torch.Tensor) or not isinstance(y, int | float) or isinstance(y, bool):
+        return None
+    name, sign = form
+    return name, x, sign * float(y)
+
+
+#: the methods whose two operands must both be tensors on the BPU
+_TWO_TENSORS = ("add", "add_relu", "sub", "mul", "div", "maximum", "minimum", "matmul")
+
+
+def number_operand_error(method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """Why a QAT / quantized ``method(x, y)`` with a Python number operand cannot run (None when it
+    can: both tensors, or a form :func:`scalar_form` runs as a scalar method)."""
+    if method not in _TWO_TENSORS or scalar_form(method, args, kwargs) is not None:
+        return None
+    operands = {"x": args[0] if args else kwargs.get("x"), "y": args[1] if len(args) > 1 else kwargs.get("y")}
+    numbers = [(k, v) for k, v in operands.items() if _is_number(v)]
+    if not numbers:
+        return None
+    k, v = numbers[0]
+    return (
+        f"FloatFunctional.{method} got the number {v!r} as its operand {k}: on the BPU {method} takes two tensors "
+        "and has no form with a constant operand. add / sub / mul of a tensor and a number run as add_scalar / "
+        "mul_scalar; write anything else with those (e.g. 2.0 - y as add_scalar(mul_scalar(y, -1.0), 2.0), one "
+        "FloatFunctional per call) or pass the number as a tensor the model quantizes"
+    )
 
 
 def _dims(dim: Dims) -> list[int] | None:

@@ -27,6 +27,7 @@ from qir.ir.op import Op, resolve
 from qir.ir.ops.core import Call
 from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp
 from qir.ir.ops.qat_functional import FF_METHOD_FORMS, qat_method_reader
+from qir.nn.modules.functional import SCALAR_FORMS
 from qir.nn.modules.functional import FloatFunctional as FloatFF
 from qir.nn.qat.functional import FloatFunctional
 from qir.quantization.fake_quant_ir import fake_quant_factory
@@ -96,6 +97,18 @@ def _bound(op: Op, method: str, n: int, module: Any = None) -> dict[str, Any]:
     return {"x": xs[0]}
 
 
+def _scalar_method(op: Op, method: str, n: int) -> tuple[str, float]:
+    """``add_scalar`` / ``mul_scalar`` for ``add`` / ``sub`` / ``mul`` called with one tensor and a
+    number (SCALAR_FORMS: the QAT and quantized modules run such a call as the scalar method)."""
+    form = SCALAR_FORMS.get(method)
+    if form is None or isinstance(op, Call) or n != 1:
+        return method, 1.0
+    other = getattr(op, "other", None)
+    if other is None or (method == "sub" and getattr(op, "reverse", False)):
+        return method, 1.0
+    return form
+
+
 def observe_method(
     op: Op,
     call: MethodCall,
@@ -106,13 +119,16 @@ def observe_method(
     """The ``qat_functional`` op of one FloatFunctional method node and its output fake quant's state."""
     if not isinstance(call, MethodCall):
         raise TypeError(f"op {op.name!r}: a FloatFunctional rule takes a MethodCall, got {type(call).__name__}")
-    bound = _bound(op, call.method, call.operands, call.module)
+    method, sign = _scalar_method(op, call.method, call.operands)
+    bound = _bound(op, method, call.operands, call.module)
+    if sign != 1.0:  # sub(x, 2.0) is add_scalar(x, -2.0)
+        bound["y"] = sign * bound["y"]
     qconfig = QConfig(activation=None if activation is None else fake_quant_factory(activation), weight=None)
     qat = FloatFunctional.from_float(call.module, qconfig)
     reader = qat_method_reader(qat)
     if reader is None:
         raise NotImplementedError(f"{type(qat).__name__} has no method reader (qir.nn.qat.ir_ops_functional)")
-    qat_op, inputs = reader(qat, call.method, bound)
+    qat_op, inputs = reader(qat, method, bound)
     order = [v.index if isinstance(v, _Operand) else None for v in inputs]
     if order != list(range(call.operands)):
         raise NotImplementedError(

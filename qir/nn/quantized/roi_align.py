@@ -36,17 +36,19 @@ class RoIAlign(QuantizedModule):
     shift: int
     float_inputs: ClassVar[tuple[int, ...]] = (1,)
 
-    def forward(self, x: torch.Tensor, boxes: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
-        if x.is_floating_point() or x.dim() != 4:
-            raise ValueError(f"RoIAlign: input must be (N, C, H, W) integer codes, got {x.dtype} {tuple(x.shape)}")
-        per_roi = roi_sample(x, boxes, self)
-        q = x.to(torch.int64)
+    def forward(self, input: torch.Tensor, boxes: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+        if input.is_floating_point() or input.dim() != 4:
+            raise ValueError(
+                f"RoIAlign: input must be (N, C, H, W) integer codes, got {input.dtype} {tuple(input.shape)}"
+            )
+        per_roi = roi_sample(input, boxes, self)
+        q = input.to(torch.int64)
         ph, pw = self.output_size
         outs: list[torch.Tensor] = []
         for wy, wx, b, count in per_roi:
             acc = wy @ q[b] @ wx.T
             outs.append(torch.as_tensor(div_half_up(acc, count << (2 * ROI_BITS - ROI_MEAN_BITS))))
-        avg = torch.stack(outs) if outs else torch.zeros(0, x.shape[1], ph, pw, dtype=torch.int64)
+        avg = torch.stack(outs) if outs else torch.zeros(0, input.shape[1], ph, pw, dtype=torch.int64)
         assert self.dtype is not None
         return numerics.requantize(avg, self.multiplier, self.shift + ROI_MEAN_BITS, self.dtype)
 
