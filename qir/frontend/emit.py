@@ -195,8 +195,10 @@ class _Emitter:
         if isinstance(op, Call):
             args, kwargs = resolve(op.args, ops), resolve(op.kwargs, ops)
         elif isinstance(op, BinaryOp):
-            # ``ff.sub(2.0, y)`` binds as sub(y, other=2.0, reverse=True): the user's order back
-            args, kwargs = op.pair(ops), {}
+            # ``ff.sub(2.0, y)`` binds as sub(y, other=2.0, reverse=True): the user's order back;
+            # a scalar method takes (tensor, number) whichever side the number was written on
+            scalar = op.other is not None and method.endswith("_scalar")
+            args, kwargs = ((ops[0], resolve(op.other, ops)) if scalar else op.pair(ops)), {}
         else:
             torch_call = getattr(op, "torch_call", None)
             if torch_call is None:

@@ -6,6 +6,8 @@ values up to 2**24, version 2's aligned power-of-two intervals of every width.""
 
 from __future__ import annotations
 
+import bisect
+
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -38,7 +40,7 @@ def _tables(draw: st.DrawFn) -> tuple[int, str, list[int], list[int]]:
 
 
 def _reference(knots: list[int], values: list[int], code: int, lo: int, hi: int) -> int:
-    j = max(i for i in range(len(knots) - 1) if knots[i] <= code)
+    j = min(bisect.bisect_right(knots, code), len(knots) - 1) - 1  # the last interval starting at or below
     w, r = knots[j + 1] - knots[j], code - knots[j]
     return min(hi, max(lo, values[j] + ((values[j + 1] - values[j]) * r + w // 2) // w))
 
