@@ -643,3 +643,25 @@ def test_comparisons_of_codes_by_the_pass_equal_module_swap(march: str) -> None:
     by_pass, x = _pass_equals_swap(Compares(), march, scaled=True)
     assert all(t.dtype == torch.bool for t in by_pass(x))
     assert "compare_codes" in by_pass.code
+
+
+class NearestFunctional(nn.Module):
+    """A functional nearest resize on codes, by scale factor and by a size read from another map
+    (an FPN's top-down path written with F.interpolate): nearest_interpolate_codes on both paths."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.c1, self.c2 = nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.Conv2d(4, 4, 3, stride=2, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p1 = self.c1(self.quant(x))
+        p2 = self.c2(p1)
+        up = F.interpolate(p2, scale_factor=2, mode="nearest")
+        return self.dequant(torch.cat([up, F.interpolate(p2, size=p1.shape[2:], mode="nearest")], dim=1))
+
+
+@pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
+def test_functional_nearest_resize_by_the_pass_equals_module_swap(march: str) -> None:
+    by_pass, x = _pass_equals_swap(NearestFunctional(), march)
+    assert torch.equal(compile_model(by_pass, [x])(x), by_pass(x))

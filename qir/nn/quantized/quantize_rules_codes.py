@@ -34,7 +34,7 @@ from qir.quantization.code_ops import (
     constant_code,
     flipped,
 )
-from qir.quantization.convert import relu6_bound, relu6_codes
+from qir.quantization.convert import nearest_interpolate_codes, relu6_bound, relu6_codes
 
 __all__: list[str] = []
 
@@ -109,6 +109,21 @@ def _cast(op: Any, types: Sequence[Type]) -> OnCodes:
     return OnCodes(None)  # an identity in QAT: the codes go on
 
 
+def _interpolate(op: Any, types: Sequence[Type]) -> OnCodes:
+    """A functional nearest resize left on codes (prepare gives other modes a generated module):
+    ``nearest_interpolate_codes`` with the call's arguments, as swapping rewrites it."""
+    _data(op, types)
+    if op.mode != "nearest":
+        raise ValueError(
+            f"F.interpolate(mode={op.mode!r}) on a quantized tensor has no integer form here; use "
+            "qir.nn.Interpolate so it gets a quantized module"
+        )
+    name = qualified_name(nearest_interpolate_codes)
+    kwargs = {f: getattr(op, f) for f in ("size", "scale_factor", "mode", "align_corners", "recompute_scale_factor")}
+    call = Call(kind="function", target=name, args=(Ref(0),), kwargs={**kwargs, "antialias": op.antialias})
+    return OnCodes(call, {name: nearest_interpolate_codes})
+
+
 register_code_rule("relu", _as_written)
 for _name in ("max", "min", "topk", "argmax", "argmin", "gather"):
     register_code_rule(_name, _as_written)
@@ -118,6 +133,7 @@ register_code_rule("relu6", _relu6)
 register_code_rule("hardtanh", _relu6)
 register_code_rule("abs", _abs)
 register_code_rule("cast", _cast)
+register_code_rule("interpolate", _interpolate)
 
 
 def _compare(op: Any, types: Sequence[Type]) -> OnCodes:
