@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
-from collections.abc import Callable
 
 import torch
 
-
-def _time(fn: Callable[[], object], steps: int) -> float:
-    t = time.process_time()
-    for _ in range(steps):
-        fn()
-    return (time.process_time() - t) / steps
+try:  # run as a module or as a script
+    from benchmarks.table16_grid_cache import cpu_per_call
+except ImportError:
+    from table16_grid_cache import cpu_per_call  # type: ignore[no-redef]
 
 
 def main() -> None:
@@ -55,9 +51,9 @@ def main() -> None:
         assert torch.equal(kernel.run(inst, [codes], state)[0], lut_int16_apply(table, codes, "qint16", version))
         before = after = prep = float("inf")
         for _ in range(args.rounds):
-            before = min(before, _time(lambda: lut_int16_apply(table, codes, "qint16", version), args.steps))  # noqa: B023
-            after = min(after, _time(lambda: kernel.run(inst, [codes], state), args.steps))  # noqa: B023
-            prep = min(prep, _time(lambda: kernel.prepare(inst, consts), args.steps))  # noqa: B023
+            before = min(before, cpu_per_call(lambda: lut_int16_apply(table, codes, "qint16", version), args.steps))  # noqa: B023
+            after = min(after, cpu_per_call(lambda: kernel.run(inst, [codes], state), args.steps))  # noqa: B023
+            prep = min(prep, cpu_per_call(lambda: kernel.prepare(inst, consts), args.steps))  # noqa: B023
         knots = table.shape[-1]
         print(
             f"{version:<8} {knots:>6} {before * 1e3:>12.2f} {after * 1e3:>12.2f} {before / after:>5.2f}x "

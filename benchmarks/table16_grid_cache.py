@@ -64,7 +64,7 @@ def _prepare() -> nn.Module:
         return prepare_qat_fx(_Tables(), qconfig).train()
 
 
-def _time(fn: Callable[[], object], steps: int) -> float:
+def cpu_per_call(fn: Callable[[], object], steps: int) -> float:
     t = time.process_time()
     for _ in range(steps):
         fn()
@@ -115,7 +115,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, fn in cases.items():
             for cached in (False, True):
-                t = _time(lambda fn=fn, cached=cached: fn(cached), args.steps)  # type: ignore[misc]
+                t = cpu_per_call(lambda fn=fn, cached=cached: fn(cached), args.steps)  # type: ignore[misc]
                 best[(name, cached)] = min(best.get((name, cached), float("inf")), t)
     load = os.getloadavg()
     print(
@@ -167,15 +167,17 @@ def _build_cost(run: Callable[[bool], torch.Tensor], args: argparse.Namespace) -
         for _ in range(args.rounds):
             with _reference_build():
                 before = min(
-                    before, _time(lambda fn=fn: lut_int16(fn, s_in, s_out, "qint16", measure=False), args.steps)
+                    before, cpu_per_call(lambda fn=fn: lut_int16(fn, s_in, s_out, "qint16", measure=False), args.steps)
                 )  # type: ignore[misc]
-            after = min(after, _time(lambda fn=fn: lut_int16(fn, s_in, s_out, "qint16", measure=False), args.steps))  # type: ignore[misc]
+            after = min(
+                after, cpu_per_call(lambda fn=fn: lut_int16(fn, s_in, s_out, "qint16", measure=False), args.steps)
+            )  # type: ignore[misc]
         print(f"{name:<18} {before * 1e3:>12.2f} {after * 1e3:>9.2f} {before / after:>5.2f}x")
     before = after = float("inf")
     for _ in range(args.rounds):
         with _reference_build():
-            before = min(before, _time(lambda: run(True), args.steps))
-        after = min(after, _time(lambda: run(True), args.steps))
+            before = min(before, cpu_per_call(lambda: run(True), args.steps))
+        after = min(after, cpu_per_call(lambda: run(True), args.steps))
     print(
         f"observers on, cache on: reference build {before * 1e3:.2f} ms, vectorised build {after * 1e3:.2f} ms, "
         f"{before / after:.2f}x"
@@ -196,8 +198,10 @@ def _converted_lookup(qat: nn.Module, x: torch.Tensor, args: argparse.Namespace)
     assert torch.equal(lut(codes), lut_int16_apply(lut.table16, codes, lut.dtype, lut.table16_version))
     before = after = float("inf")
     for _ in range(args.rounds):
-        before = min(before, _time(lambda: lut_int16_apply(lut.table16, codes, lut.dtype, lut.table16_version), 5))
-        after = min(after, _time(lambda: lut(codes), 5))
+        before = min(
+            before, cpu_per_call(lambda: lut_int16_apply(lut.table16, codes, lut.dtype, lut.table16_version), 5)
+        )
+        after = min(after, cpu_per_call(lambda: lut(codes), 5))
     print(
         f"converted qint16 tanh, {codes.numel()} codes: interpolation {before * 1e3:.2f} ms, "
         f"full table {after * 1e3:.2f} ms, {before / after:.1f}x"

@@ -416,8 +416,7 @@ class InsertObservers(Pass):
         graph.insert_node(new, after=n)
         new.meta.update(n.meta)
         if built:
-            held = {r: graph.constants[c.op.key] for r, c in consts.items() if isinstance(c.op, Constant)}
-            new.meta[PREBUILT_MODULE_KEY] = PrebuiltModule(new_op, built[0], held)
+            new.meta[PREBUILT_MODULE_KEY] = PrebuiltModule(new_op, built[0])
         n.replace_all_uses_with(new)
         graph.erase_node(n)
         drop_unused_constants(graph, float_consts.values())

@@ -115,19 +115,17 @@ def get_roofline(march: str) -> Roofline:
         ) from None
 
 
-def estimate_seconds(r: Roofline, weighted_macs: float, dram_bytes: float) -> tuple[float, str]:
-    """``(seconds, bound)``: the roofline time and whether ``compute`` or ``memory`` bounds it."""
-    t_compute = weighted_macs / r.peak_int8_macs_per_s
-    t_memory = dram_bytes / r.dram_bytes_per_s
+def _roof(t_compute: float, t_memory: float) -> tuple[float, str]:
     if t_compute == 0.0 and t_memory == 0.0:
         return 0.0, "-"
     return (t_compute, "compute") if t_compute >= t_memory else (t_memory, "memory")
+
+
+def estimate_seconds(r: Roofline, weighted_macs: float, dram_bytes: float) -> tuple[float, str]:
+    """``(seconds, bound)``: the roofline time and whether ``compute`` or ``memory`` bounds it."""
+    return _roof(weighted_macs / r.peak_int8_macs_per_s, dram_bytes / r.dram_bytes_per_s)
 
 
 def estimate_cpu_seconds(r: Roofline, float_ops: float, dram_bytes: float) -> tuple[float, str]:
     """``(seconds, bound)`` of a CPU float step: ``max(float ops / CPU rate, bytes / DRAM bandwidth)``."""
-    t_compute = float_ops / r.cpu_float_ops_per_s
-    t_memory = dram_bytes / r.dram_bytes_per_s
-    if t_compute == 0.0 and t_memory == 0.0:
-        return 0.0, "-"
-    return (t_compute, "compute") if t_compute >= t_memory else (t_memory, "memory")
+    return _roof(float_ops / r.cpu_float_ops_per_s, dram_bytes / r.dram_bytes_per_s)

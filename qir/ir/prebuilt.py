@@ -27,22 +27,19 @@ PREBUILT_MODULE_KEY = "prebuilt_module"
 
 
 class PrebuiltModule:
-    """``module``, built for ``op`` and holding exactly ``state`` (state-dict name -> tensor)."""
+    """``module``, built for ``op``: handed to emit only while it holds exactly the tensors emit gives."""
 
-    __slots__ = ("_module", "_state", "op")
+    __slots__ = ("_module", "op")
 
-    def __init__(self, op: Any, module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    def __init__(self, op: Any, module: torch.nn.Module) -> None:
         self.op = op
         self._module: torch.nn.Module | None = module
-        self._state = dict(state)
 
     def take(self, op: Any, tensors: Mapping[str, torch.Tensor]) -> torch.nn.Module | None:
         """The module, once, if it is what ``op.to_module(tensors)`` would build: ``op`` equals
         the op it was read as and it holds the very ``tensors`` (and no other state); else None."""
         m = self._module
-        if m is None or op != self.op or tensors.keys() != self._state.keys():
-            return None
-        if any(t is not self._state[role] for role, t in tensors.items()):
+        if m is None or op != self.op:
             return None
         held = dict(m.named_parameters(remove_duplicate=False)) | dict(m.named_buffers(remove_duplicate=False))
         if held.keys() != tensors.keys() or any(held[role] is not t for role, t in tensors.items()):

@@ -28,7 +28,7 @@ import attrs
 from qir.ir.op import CannotInfer, IRError, Op
 from qir.ir.types import UNKNOWN_DIM, SequenceType, TensorType, Type, format_type, has_unknown_dims
 
-__all__ = ["SIZES", "at_size", "infer_type", "merge_types", "stand_in_size", "verify_op"]
+__all__ = ["SIZES", "any_unknown_dims", "at_size", "infer_type", "merge_types", "stand_in_size", "verify_op"]
 
 #: the two sizes an unknown dimension takes while an op is typed and checked
 SIZES = (840, 1680)
@@ -87,7 +87,8 @@ def merge_types(a: Type, b: Type) -> Type:
     return a
 
 
-def _unknown(operand_types: Sequence[Type]) -> bool:
+def any_unknown_dims(operand_types: Sequence[Type]) -> bool:
+    """Whether any of the types has an unknown size (``?``)."""
     return any(has_unknown_dims(t) for t in operand_types)
 
 
@@ -105,7 +106,7 @@ def infer_type(op: Op, operand_types: Sequence[Type]) -> Type:
 
     :class:`CannotInfer` passes through (the op cannot infer from types at all); any other
     failure at the chosen sizes is an :class:`IRError` saying the op needs a size it is not given."""
-    if not _unknown(operand_types):
+    if not any_unknown_dims(operand_types):
         return op.infer_type(operand_types)
     _problem(op, operand_types)
     results = []
@@ -129,7 +130,7 @@ def infer_type(op: Op, operand_types: Sequence[Type]) -> Type:
 
 def verify_op(op: Op, operand_types: Sequence[Type]) -> None:
     """``op.verify`` for operands that may have unknown dimensions: the checks must pass at both sizes."""
-    if not _unknown(operand_types):
+    if not any_unknown_dims(operand_types):
         op.verify(operand_types)
         return
     _problem(op, operand_types)

@@ -21,8 +21,8 @@ from qir.ir.graph import Argument, Graph, Node, Value
 from qir.ir.op import CannotInfer, IRError, Op, Pure
 from qir.ir.operand_rules import STAND_INS, check_operands, result_type, run_on_meta, same_type, value_matches
 from qir.ir.stand_ins import is_stand_in
-from qir.ir.types import ObjectType, QuantSpec, ScalarType, SequenceType, TensorType, Type, dims_agree, has_unknown_dims
-from qir.ir.unknown_dims import SIZES, at_size, infer_type, verify_op
+from qir.ir.types import ObjectType, QuantSpec, ScalarType, SequenceType, TensorType, Type, dims_agree
+from qir.ir.unknown_dims import SIZES, any_unknown_dims, at_size, infer_type, verify_op
 
 
 class VerifyError(IRError):
@@ -153,7 +153,7 @@ def _check_values(graph: Graph, n: Node) -> None:
 def _check_type(n: Node, known: dict[Value, Any]) -> None:
     operand_types = [v.type for v in n.operands]
     try:
-        if any(has_unknown_dims(t) for t in operand_types):  # checked at the sizes unknown dims are typed at
+        if any_unknown_dims(operand_types):  # checked at the sizes unknown dims are typed at
             for size in SIZES:
                 check_operands(n.op, [at_size(t, size) for t in operand_types])
         else:
@@ -190,7 +190,7 @@ def _operand_values(n: Node, known: dict[Value, Any]) -> tuple[list[Any], bool] 
     """Meta tensors / known scalars / stand-ins for the operands, and whether all are exact."""
     values: list[Any] = []
     exact = True
-    if any(has_unknown_dims(v.type) for v in n.operands):
+    if any_unknown_dims([v.type for v in n.operands]):
         return None  # no meta tensor has an unknown size: the declared type stands
     for v in n.operands:
         t = v.type

@@ -822,15 +822,12 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     _observe_output(ofq, acc, bq.detach(), acc_scale, m.act, addend)
     s_out = float(ofq.scale.reshape(-1)[0])
     dtype = DType(ofq.dtype)
-    bound6 = constant_code(6.0, s_out, dtype) if m.act == "relu6" else None
-    lo, hi = _act_bounds(m.act, dtype, bound6)
+    lo, hi = _out_bounds(m.act, dtype, s_out)
     out_scale = ofq.scale.detach().reshape(())
     if add_fq is not None:
         assert addend is not None
         s_add = float(add_fq.scale.reshape(-1)[0])
-        p = fused_add_params(s_acc, s_add, s_out, binding.march, dtype)
-        p = p._replace(acc_multiplier=p.acc_multiplier.expand(c_out), acc_shift=p.acc_shift.expand(c_out))
-        inv_add = (1.0 / add_fq.scale.detach()).reshape(())
+        p, inv_add = _fused_add_rule(s_acc, add_fq, s_out, binding.march, dtype, c_out)
         fast = _fused_add_float64(acc, bq, addend, inv_add, p, dtype, add_fq, s_acc, s_add, s_out, axis)
         if fast is not None:
             out = _FusedAdd64.apply(acc, bq, addend, inv_add, *fast, p.extra_bits, lo, hi, out_scale, acc_grad)
@@ -938,7 +935,7 @@ def _fused_conv(
         if not _observe_extremes(ofq, acc, b_codes, s_acc.astype(np.float32), m.out_axis, m.act):
             _observe_output(ofq, acc, along(b_codes), acc_scale, m.act, None)
         s_out = float(ofq.scale.reshape(-1)[0])
-        lo, hi = _act_bounds(m.act, dtype, constant_code(6.0, s_out, dtype) if m.act == "relu6" else None)
+        lo, hi = _out_bounds(m.act, dtype, s_out)
         mult, sh = numerics.multiplier_shift(torch.from_numpy(s_acc / s_out), lim.max_multiplier, lim.max_shift)
         ratio = np.ldexp(mult.numpy().astype(np.float64), -sh.numpy())
         return RequantConstants(along(b_codes * ratio + 0.5), along(ratio), lo, hi, s_out, acc_grad)
@@ -969,15 +966,11 @@ def _fused_add_finish(
         _observe_output(ofq, acc, bq, acc_scale, m.act, addend)
         s_out = float(ofq.scale.detach().numpy().reshape(-1)[0])
         s_add = float(add_fq.scale.detach().numpy().reshape(-1)[0])
-        lo, hi = _act_bounds(m.act, dtype, constant_code(6.0, s_out, dtype) if m.act == "relu6" else None)
+        lo, hi = _out_bounds(m.act, dtype, s_out)
         a_max = max(-add_fq.qmin, add_fq.qmax)
         fast = _fused_add_np(b_codes, s_acc, s_add, s_out, a_max, dtype, binding.march)
         if fast is None:  # the torch rule: its int64 form, or its error naming the scales
-            t_acc = torch.from_numpy(s_acc)
-            p = fused_add_params(t_acc, s_add, s_out, binding.march, dtype)
-            c_out = s_acc.shape[0]
-            p = p._replace(acc_multiplier=p.acc_multiplier.expand(c_out), acc_shift=p.acc_shift.expand(c_out))
-            inv_add = (1.0 / add_fq.scale.detach()).reshape(())
+            p, inv_add = _fused_add_rule(torch.from_numpy(s_acc), add_fq, s_out, binding.march, dtype, len(s_acc))
             out_scale = ofq.scale.detach().reshape(())
             return _fused_add_int64(acc, bq, addend, inv_add, p, dtype, lo, hi, out_scale, axis)
         acc_lo, acc_hi, r1, off1, r2, extra_bits = fast
@@ -1076,6 +1069,20 @@ def _fused_add_float64(
     # dimensioned (not 0-d), so that float32 codes times r2 promote to float64
     r2 = torch.full([1] * acc.dim(), math.ldexp(p.add_multiplier, -p.add_shift), dtype=torch.float64, device=acc.device)
     return along(acc_lo, acc.dtype), along(acc_hi, acc.dtype), along(r1, torch.float64), r2
+
+
+def _out_bounds(act: str | None, dtype: DType, s_out: float) -> tuple[Any, Any]:
+    """:func:`_act_bounds` of an output at scale ``s_out`` (ReLU6's bound: the code of 6.0)."""
+    return _act_bounds(act, dtype, constant_code(6.0, s_out, dtype) if act == "relu6" else None)
+
+
+def _fused_add_rule(
+    s_acc: Any, add_fq: Any, s_out: float, march: Any, dtype: DType, c_out: int
+) -> tuple[Any, torch.Tensor]:
+    """The fused conv + add rule's parameters (per output channel) and the addend's ``1 / s_add``."""
+    p = fused_add_params(s_acc, float(add_fq.scale.reshape(-1)[0]), s_out, march, dtype)
+    p = p._replace(acc_multiplier=p.acc_multiplier.expand(c_out), acc_shift=p.acc_shift.expand(c_out))
+    return p, (1.0 / add_fq.scale.detach()).reshape(())
 
 
 def _act_bounds(act: str | None, dtype: DType, bound6: Any) -> tuple[Any, Any]:

@@ -454,6 +454,27 @@ def check_anchor_levels(
         raise IRError(f"{name}: one feature map per anchor level ({len(sizes)}), got {num_features}")
 
 
+def anchor_list_type(op: Any, operand_types: Sequence[Type]) -> SequenceType:
+    """An anchor generator's result (QAT and integer): one float32 ``(anchors, 4)`` tensor per image
+    of ``images`` (N, C, H, W), counting each feature map's (..., H, W) positions times its level's
+    sizes and aspect ratios; wrong operand types are refused naming ``op``."""
+    images, feats = operand_types[0], operand_types[1:]
+    if not isinstance(images, TensorType) or images.rank != 4:
+        raise IRError(f"{op.name}: images must be an (N, C, H, W) tensor, got {images}")
+    count = 0
+    for level, t in enumerate(feats):
+        if not isinstance(t, TensorType) or t.rank < 2:
+            raise IRError(f"{op.name}: feature maps must be tensors (..., H, W), got {t}")
+        count += t.shape[-2] * t.shape[-1] * len(op.sizes[level]) * len(op.aspect_ratios[level])
+    one = TensorType((count, 4), DType.float32)
+    return SequenceType(tuple(one for _ in range(images.shape[0])), "list")
+
+
+def anchor_float_op(op: Any) -> type | None:
+    """The float module class an anchor generator op stands for: torchvision's when installed."""
+    return _torchvision_class("torchvision.models.detection.rpn", "AnchorGenerator") or (op.module_types or (None,))[0]
+
+
 @register_op
 @attrs.frozen
 class QAnchorGenerator(_CallOp):
@@ -487,28 +508,13 @@ class QAnchorGenerator(_CallOp):
 
     def verify_(self, operand_types: Sequence[Type]) -> None:
         super().verify_(operand_types)
-        images = operand_types[0]
-        if not isinstance(images, TensorType) or images.rank != 4:
-            raise IRError(f"qanchor_generator: images must be an (N, C, H, W) tensor, got {images}")
-        for t in operand_types[1:]:
-            if not isinstance(t, TensorType) or t.rank < 2:
-                raise IRError(f"qanchor_generator: feature maps must be tensors (..., H, W), got {t}")
+        anchor_list_type(self, operand_types)
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
-        images, feats = operand_types[0], operand_types[1:]
-        assert isinstance(images, TensorType)
-        count = 0
-        for level, t in enumerate(feats):
-            assert isinstance(t, TensorType)
-            count += t.shape[-2] * t.shape[-1] * len(self.sizes[level]) * len(self.aspect_ratios[level])
-        one = TensorType((count, 4), DType.float32)
-        return SequenceType(tuple(one for _ in range(images.shape[0])), "list")
+        return anchor_list_type(self, operand_types)
 
     def float_op(self) -> type | None:
-        return (
-            _torchvision_class("torchvision.models.detection.rpn", "AnchorGenerator")
-            or (self.module_types or (None,))[0]
-        )
+        return anchor_float_op(self)
 
     @classmethod
     def from_module(cls, m: Any) -> QAnchorGenerator:

@@ -36,6 +36,8 @@ from qir.ir.ops.integer_sampling import (
     _shapes,
     _strs,
     _torchvision_class,
+    anchor_float_op,
+    anchor_list_type,
     bind_anchor_call,
     bind_multi_scale_call,
     bind_roi_align_call,
@@ -43,7 +45,7 @@ from qir.ir.ops.integer_sampling import (
 )
 from qir.ir.ops.qat import FakeQuantSpec, QATModuleOp
 from qir.ir.ops.qat_layer import QATLayerOp
-from qir.ir.types import DType, SequenceType, TensorType, Type
+from qir.ir.types import TensorType, Type
 
 __all__ = ["QATAnchorGenerator", "QATGridSample", "QATMultiScaleRoIAlign", "QATRoIAlign"]
 
@@ -181,22 +183,10 @@ class QATAnchorGenerator(QATModuleOp):
         return self.to_module({})(*args, **kwargs)
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
-        images, feats = operand_types[0], operand_types[1 : self.num_inputs()]
-        if not isinstance(images, TensorType) or images.rank != 4:
-            raise IRError(f"qat_anchor_generator: images must be an (N, C, H, W) tensor, got {images}")
-        count = 0
-        for level, t in enumerate(feats):
-            if not isinstance(t, TensorType) or t.rank < 2:
-                raise IRError(f"qat_anchor_generator: feature maps must be tensors (..., H, W), got {t}")
-            count += t.shape[-2] * t.shape[-1] * len(self.sizes[level]) * len(self.aspect_ratios[level])
-        one = TensorType((count, 4), DType.float32)
-        return SequenceType(tuple(one for _ in range(images.shape[0])), "list")
+        return anchor_list_type(self, operand_types[: self.num_inputs()])
 
     def float_op(self) -> type | None:
-        return (
-            _torchvision_class("torchvision.models.detection.rpn", "AnchorGenerator")
-            or (self.module_types or (None,))[0]
-        )
+        return anchor_float_op(self)
 
 
 @register_op

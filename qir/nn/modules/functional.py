@@ -20,6 +20,7 @@ __all__ = [
     "FloatFunctional",
     "FunctionalBase",
     "number_operand_error",
+    "scalar_call",
     "scalar_form",
 ]
 
@@ -89,6 +90,23 @@ def number_operand_error(method: str, args: Sequence[Any], kwargs: dict[str, Any
     can: both tensors, or a form :func:`scalar_form` runs as a scalar method)."""
     if method not in _TWO_TENSORS or scalar_form(method, args, kwargs) is not None:
         return None
+    return _refusal(method, args, kwargs)
+
+
+def scalar_call(method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[str, Any, float] | None:
+    """What a QAT / quantized module runs for ``method(*args, **kwargs)``: its :func:`scalar_form`, or
+    None for a call it runs as written; a number no scalar method fits raises the TypeError of
+    :func:`number_operand_error`."""
+    form = scalar_form(method, args, kwargs)
+    if form is None and method in _TWO_TENSORS:
+        refused = _refusal(method, args, kwargs)
+        if refused is not None:
+            raise TypeError(refused)
+    return form
+
+
+def _refusal(method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """:func:`number_operand_error` for a call :func:`scalar_form` does not take."""
     operands = {"x": args[0] if args else kwargs.get("x"), "y": args[1] if len(args) > 1 else kwargs.get("y")}
     numbers = [(k, v) for k, v in operands.items() if _is_number(v)]
     if not numbers:

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from qir.nn.modules.functional import FLOAT_FUNCTIONAL_METHODS, FunctionalBase, number_operand_error, scalar_form
+from qir.nn.modules.functional import FLOAT_FUNCTIONAL_METHODS, FunctionalBase, scalar_call
 from qir.nn.qat._base import QATModule, make_activation_fq, resolve_qconfig
 from qir.quantization.eager_grid import CALLED_METHODS
 from qir.quantization.eager_record import functional_call
@@ -72,12 +72,11 @@ def _recorded(name: str) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def method(self: FloatFunctional, *args: Any, **kwargs: Any) -> Any:
-        scalar = scalar_form(name, args, kwargs)
-        if scalar is not None:  # add(x, 2.0) trains as add_scalar(x, 2.0), as it converts
+        # add(x, 2.0) trains as add_scalar(x, 2.0), as it converts; a number no scalar method fits is
+        # refused (the float model runs it; no quantized form would match it)
+        scalar = scalar_call(name, args, kwargs)
+        if scalar is not None:
             return getattr(self, scalar[0])(scalar[1], scalar[2])
-        refused = number_operand_error(name, args, kwargs)
-        if refused is not None:  # the float model runs it; no quantized form would match it
-            raise TypeError(refused)
         # the methods called, for the eager grid binding (an eager model has no graph to read them from)
         self.__dict__.setdefault(CALLED_METHODS, set()).add(name)
         # a method call, not a module call: eager recording sees it here (eager_record.py), on

@@ -32,7 +32,7 @@ from backends.common.integer_rules import (
 from backends.common.lut_segmented import lut_int16_apply, method_table16
 from qir.ir.table16 import LATEST
 from qir.ir.types import DType
-from qir.nn.modules.functional import Dims, FloatFunctional, _dims, number_operand_error, scalar_form
+from qir.nn.modules.functional import Dims, FloatFunctional, _dims, scalar_call
 from qir.nn.qat.functional import FloatFunctional as QATFloatFunctional
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq, untraced
 from qir.nn.quantized.stubs import SCALE_TAG
@@ -49,12 +49,9 @@ def _tags_output(method: Callable[..., torch.Tensor]) -> Callable[..., torch.Ten
 
     @functools.wraps(method)
     def run(self: QFunctional, *args: Any, **kwargs: Any) -> torch.Tensor:
-        scalar = scalar_form(method.__name__, args, kwargs)
+        scalar = scalar_call(method.__name__, args, kwargs)
         if scalar is not None:  # add(x, 2.0) is add_scalar(x, 2.0), as in the QAT model
             return getattr(self, scalar[0])(scalar[1], scalar[2])  # type: ignore[no-any-return]
-        refused = number_operand_error(method.__name__, args, kwargs)
-        if refused is not None:
-            raise TypeError(refused)
         out = method(self, *args, **kwargs)
         if self.__dict__.get(TAG_OUTPUTS) and isinstance(out, torch.Tensor):
             out.__dict__[SCALE_TAG] = (self.scale, None)
