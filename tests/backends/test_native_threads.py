@@ -310,7 +310,12 @@ def test_a_pool_thread_on_the_callers_core_moves_off_it(monkeypatch: pytest.Monk
         try:
             with native.holding_pool():  # the helper spins between the calls: no wake-up places it
                 os.sched_setaffinity(helper, {cpu})
-                _split_requant()  # on the caller's core with nowhere to go: it sits the task out
+                # a sleeping thread keeps its old core number until it next runs (the kernel moves it at its
+                # wake-up), so call until it has run once on the caller's core, with nowhere to go
+                deadline = time.monotonic() + 2
+                _split_requant()
+                while _last_cpu(helper) != cpu and time.monotonic() < deadline:
+                    _split_requant()
                 assert _last_cpu(helper) == cpu
                 os.sched_setaffinity(helper, allowed)  # free to go, but nothing moves it yet
                 moved = lib.qir_pool_moved()
