@@ -219,11 +219,13 @@ class _Emitter:
             if owner:
                 needed.update(_prefixes(owner))
         rank = {p: i for i, p in enumerate(order)}
+        tree = _Tree(gm)
         for path in sorted(needed, key=lambda p: (rank.get(p, len(rank)), p.count("."), p)):
             parent_path, _, name = path.rpartition(".")
-            parent = gm.get_submodule(parent_path) if parent_path else gm
+            parent = tree.get(parent_path)
             if path in self.modules:
                 parent._modules[name] = self.modules[path]  # replaces a container in place, keeping order
+                tree.found[path] = self.modules[path]
             elif name not in parent._modules:
                 parent._modules[name] = nn.Module()
                 self.owned.add(path)
@@ -232,11 +234,10 @@ class _Emitter:
         # Compared by storage: to_module may wrap a constant in a new Parameter sharing it.
         held = {_storage_key(t) for m in self.modules.values() for t in (*m.parameters(), *m.buffers())}
         for key, (t, kind) in self.tensors.items():
-            if _storage_key(t) in held and not _holds_at(gm, key):
-                continue
             owner_path, _, leaf = key.rpartition(".")
-            owner_module = gm.get_submodule(owner_path) if owner_path else gm
-            _install_tensor(owner_module, leaf, t, kind)
+            if _storage_key(t) in held and not _holds_at(tree.find(owner_path), leaf):
+                continue
+            _install_tensor(tree.get(owner_path), leaf, t, kind)
 
 
 def _storage_key(t: torch.Tensor) -> tuple[Any, ...]:
@@ -246,15 +247,36 @@ def _storage_key(t: torch.Tensor) -> tuple[Any, ...]:
     return (t.device.type, ptr, tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
-def _holds_at(gm: nn.Module, key: str) -> bool:
-    """Whether a module already has a parameter/buffer slot at ``key`` (then installing
-    there replaces it in place and adds no state-dict entry)."""
-    owner_path, _, leaf = key.rpartition(".")
-    try:
-        owner = gm.get_submodule(owner_path) if owner_path else gm
-    except AttributeError:
-        return False
-    return leaf in owner._parameters or leaf in owner._buffers
+class _Tree:
+    """Submodules of ``root`` by path, each looked up once: install asks for the same owners once
+    per tensor (``get_submodule`` walks and checks the whole path on every call). Install only
+    adds modules, and records the one it puts at a path that might be known already."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self.found: dict[str, nn.Module] = {"": root}
+
+    def find(self, path: str) -> nn.Module | None:
+        """The module at ``path``, or None when there is none."""
+        m = self.found.get(path)
+        if m is None:
+            parent_path, _, name = path.rpartition(".")
+            parent = self.find(parent_path)
+            m = None if parent is None else parent._modules.get(name)
+            if m is not None:
+                self.found[path] = m
+        return m
+
+    def get(self, path: str) -> nn.Module:
+        m = self.find(path)
+        if m is None:
+            raise AttributeError(f"emit: no module at {path!r} to install into")
+        return m
+
+
+def _holds_at(owner: nn.Module | None, leaf: str) -> bool:
+    """Whether ``owner`` already has a parameter/buffer slot ``leaf`` (then installing there
+    replaces it in place and adds no state-dict entry)."""
+    return owner is not None and (leaf in owner._parameters or leaf in owner._buffers)
 
 
 def _install_tensor(owner: nn.Module, leaf: str, t: torch.Tensor, kind: str) -> None:
