@@ -1,6 +1,7 @@
 """``fuse_fx``: trace, absorb batch norms, fuse conv[+add][+relu], emit a GraphModule.
 
-The model is deep-copied first, traced with qir's tracer, turned into IR, rewritten by the
+The model is deep-copied first (its tensors only where they survive fusion:
+:mod:`qir.quantization.borrowed`), traced with qir's tracer, turned into IR, rewritten by the
 ``fuse`` pass (absorb-bn included) and emitted again. The emitted module keeps the user's
 module tree:
 
@@ -41,9 +42,16 @@ from qir.ir.ops.nn import ConvNd, ConvTransposeNd, Linear
 from qir.ir.ops.qat import QATModuleOp
 from qir.ir.ops.shape import Transpose
 from qir.ir.types import ScalarType, SequenceType, TensorType, Type
+from qir.quantization.borrowed import borrowing_copy
 from qir.quantization.fx_trace import build_ir, trace_fx
 from qir.quantization.names import NameAllocator
-from qir.quantization.pipelines import PipelineArg, resolve_pipeline, run_stage_pipeline, without_observers
+from qir.quantization.pipelines import (
+    PipelineArg,
+    builtin_only,
+    resolve_pipeline,
+    run_stage_pipeline,
+    without_observers,
+)
 from qir.quantization.remap import KeyRemap, StateDictRemap
 
 __all__ = [
@@ -483,7 +491,7 @@ def _reorder(root: nn.Module, order: Sequence[str]) -> None:
 
 @dataclass
 class FusedIR:
-    """The fused float IR of a deep copy of a model, before emission (:func:`build_fused_ir`)."""
+    """The fused float IR of a copy of a model, before emission (:func:`build_fused_ir`)."""
 
     graph: Graph
     record: FuseRecord
@@ -493,6 +501,9 @@ class FusedIR:
     consumed: set[str]
     class_name: str
     training: bool
+    #: ``root`` still holds tensors of the user's model (:mod:`qir.quantization.borrowed`): the
+    #: graph does not, and nothing of ``root`` but its module tree may go into a model
+    root_borrows: bool = False
 
 
 def build_fused(
@@ -541,7 +552,7 @@ def build_fused_ir(
     """:func:`build_fused` up to emission: the fused IR with its module paths placed."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
-    root = copy.deepcopy(model)
+    root, borrowed = borrowing_copy(model)
     record = FuseRecord()
     prior = root.meta.get(FUSER_RECORD_KEY) if isinstance(root, torch.fx.GraphModule) else None
     if isinstance(prior, FuseRecord):  # fusing an already-fused model: keep its history
@@ -551,12 +562,17 @@ def build_fused_ir(
         qc = getattr(m, "qconfig", None)
         if qc is not None:
             record.qconfig_attrs.setdefault(p, qc)
-    g, owners = build_ir(root, example_inputs, keep_whole)
+    # the typing run (when shape formulas do not cover the graph) computes with the copy's tensors
+    before_run = None if borrowed is None else (lambda: borrowed.own_module(root))
+    g, owners = build_ir(root, example_inputs, keep_whole, before_run=before_run)
     for name, path in owners.items():
         if path and name not in record.owners:
             record.owners[name] = (path, module_types[path].__name__ if path in module_types else "")
     _note_bn_eps(g)
     passes_ = without_observers(resolve_pipeline("prepare", pipeline))
+    if borrowed is not None and not builtin_only(passes_):  # a user's pass might write into a constant
+        borrowed.own_module(root)
+        borrowed.own_graph(g)
     # rank-only types (no example inputs) are not real shapes: skip the type verifier then
     # in place: g is this call's own graph
     g = run_stage_pipeline(g, passes_, "prepare", typed=example_inputs is not None, inplace=True).graph
@@ -574,7 +590,10 @@ def build_fused_ir(
     _replace_functionals(g, owners, functionals, alloc, record, quantized)
     if prepare_objects is not None:
         prepare_objects(g)
-    return FusedIR(g, record, root, consumed, type(model).__name__, model.training)
+    if borrowed is not None:
+        borrowed.check_untouched()
+        borrowed.own_graph(g)
+    return FusedIR(g, record, root, consumed, type(model).__name__, model.training, borrowed is not None)
 
 
 def emit_fused(fused: FusedIR, graph: Graph | None = None) -> torch.fx.GraphModule:

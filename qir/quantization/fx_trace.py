@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -251,29 +251,40 @@ def _rank_only_values(root: nn.Module, fx_graph: torch.fx.Graph) -> dict[str, An
     return interp.values
 
 
-def _values(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Any) -> dict[str, Any]:
-    """fx node name -> a value typing it: a real run on ``example_inputs``, else rank-only."""
+def _values(
+    root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Any, before_run: Callable[[], None] | None = None
+) -> dict[str, Any]:
+    """fx node name -> a value typing it: a real run on ``example_inputs`` (``before_run()`` first),
+    else rank-only."""
     if example_inputs is None:
         return _rank_only_values(root, fx_graph)
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     # only shapes and dtypes type the IR: formulas give them without running the layers
     shapes = shape_values(root, fx_graph, tuple(example_inputs))
-    return shapes if shapes is not None else propagate(root, fx_graph, tuple(example_inputs))
+    if shapes is not None:
+        return shapes
+    if before_run is not None:
+        before_run()
+    return propagate(root, fx_graph, tuple(example_inputs))
 
 
 def build_ir(
-    root: nn.Module, example_inputs: Any = None, keep_whole: frozenset[str] = frozenset()
+    root: nn.Module,
+    example_inputs: Any = None,
+    keep_whole: frozenset[str] = frozenset(),
+    before_run: Callable[[], None] | None = None,
 ) -> tuple[Graph, dict[str, str]]:
     """IR of ``root`` plus, per node name, the qualified name of the module owning it.
 
-    Modules at the paths in ``keep_whole`` are traced as one opaque call each (hybrid CPU modules)."""
+    Modules at the paths in ``keep_whole`` are traced as one opaque call each (hybrid CPU modules).
+    ``before_run`` is called before the graph runs on real tensors to be typed, if it does."""
     fx_graph = trace_fx(root, keep_whole, example_inputs)
     owners = {
         n.name: owner_of_stack(n.meta.get("nn_module_stack"), is_module_call=n.op == "call_module")
         for n in fx_graph.nodes
     }
-    values = _values(root, fx_graph, example_inputs)
+    values = _values(root, fx_graph, example_inputs, before_run)
     g = _Converter(root, values, keep_whole).run(fx_graph)
     for n in g.nodes:
         n.meta[OWNER_KEY] = owners.get(n.name, "")

@@ -1,6 +1,7 @@
 """``prepare_qat_fx``: fuse a copy of the model, choose qconfigs, insert observers.
 
-Flow (docs/tutorial.md, docs/pipelines.md): the model is deep-copied, traced and fused by the
+Flow (docs/tutorial.md, docs/pipelines.md): the model is deep-copied (the tensors that survive
+fusion only, :mod:`qir.quantization.borrowed`), traced and fused by the
 prepare pipeline's passes before ``insert-observers`` (:func:`build_fused_ir`, even if it was
 fused before), functional ops that quantize (``+``, ``torch.cat``, ``*``, ``mean`` ...) become
 generated ``FloatFunctional`` modules, functional ops with their own output scale (bilinear
@@ -490,7 +491,8 @@ def _prepare_float(
     if hybrid is not None:
         gm.meta[HYBRID_KEY] = place_boundaries(gm, cpu, chosen, _stub_qconfig(spec, kind))
     if batch_norms is None:  # the first prepare: the traced deep copy of the user's model still has them
-        batch_norms = folded_batch_norms(fused.root, record.sources, copies=False)
+        # its own batch norms, unless they are still the user's (qir/quantization/borrowed.py)
+        batch_norms = folded_batch_norms(fused.root, record.sources, copies=fused.root_borrows)
     gm.meta[PREPARE_RECORD_KEY] = PrepareRecord(
         float_model=float_copy,
         march=march,
