@@ -210,19 +210,27 @@ def _dequantized_ancestor(node: Node) -> Node | None:
 
 def _refuse_wrapped(graph: Graph) -> None:
     """``fx_helper.wrap``-ed calls are user Python run on the CPU: a program holds integer kernels only."""
+    from qir.quantization.wrapped_modules import modules_called_by
     from qir.utils.fx_helper import wrapped_original
 
-    names = []
+    names, modules = [], []
     for n in graph.nodes:
         if isinstance(n.op, Call) and n.op.kind == "function":
             fn = graph.objects.get(n.op.target)
             if fn is not None and wrapped_original(fn) is not None:
                 names.append(getattr(fn, "__qualname__", n.name))
+                modules.extend(modules_called_by(fn))
     if names:
+        inside = (
+            f" The integer modules it calls ({', '.join(repr(m) for m in dict.fromkeys(modules))}) run between a "
+            "quantize and a dequantize inside that Python; to compile them, call them in the traced forward instead."
+            if modules
+            else ""
+        )
         raise CompileError(
             f"cannot compile the wrapped function(s) {', '.join(dict.fromkeys(names))}: code decorated with "
-            "fx_helper.wrap is Python that runs on the CPU in float (on dequantized inputs), and a compiled program "
-            "holds integer kernels only. Compile the BPU part: a model whose forward returns what the wrapped "
+            "fx_helper.wrap is Python that runs on the CPU (on dequantized inputs), and a compiled program "
+            f"holds integer kernels only.{inside} Compile the BPU part: a model whose forward returns what the wrapped "
             "function receives (e.g. the head outputs, the seed's `post_process is None` branch), and run the "
             "wrapped post-processing on the program's outputs (docs/hybrid.md, 'Wrapped functions')"
         )

@@ -460,6 +460,19 @@ def _rewrite_functionals(gm: torch.fx.GraphModule, plan: ScalePlan, eager: bool 
     gm.recompile()
 
 
+def build_quantized(
+    path: str, m: nn.Module, ins: Sequence[torch.Tensor], march: March, mapping: Mapping[type, type] | None = None
+) -> nn.Module:
+    """The quantized module of QAT module ``m`` at ``path`` whose inputs have scales ``ins``."""
+    cls = quantized_class_for(m, mapping)
+    if cls is None:
+        raise ConvertError(f"module '{path}' ({type(m).__name__}) has no quantized class in QUANTIZED_MODULE_MAP")
+    try:
+        return cls.from_qat(m, list(ins), march)  # type: ignore[attr-defined,no-any-return]
+    except (ValueError, TypeError) as e:
+        raise ConvertError(f"converting module '{path}' ({type(m).__name__}): {e}") from e
+
+
 def _convert_modules(
     root: nn.Module, gm: torch.fx.GraphModule, march: March, mapping: Mapping[type, type] | None, eager: bool = False
 ) -> None:
@@ -473,15 +486,7 @@ def _convert_modules(
 
     def build(path: str, m: nn.Module, ins: Sequence[torch.Tensor]) -> nn.Module:
         if path not in built:
-            cls = quantized_class_for(m, mapping)
-            if cls is None:
-                raise ConvertError(
-                    f"module '{path}' ({type(m).__name__}) has no quantized class in QUANTIZED_MODULE_MAP"
-                )
-            try:
-                built[path] = cls.from_qat(m, list(ins), march)  # type: ignore[attr-defined]
-            except (ValueError, TypeError) as e:
-                raise ConvertError(f"converting module '{path}' ({type(m).__name__}): {e}") from e
+            built[path] = build_quantized(path, m, ins, march, mapping)
         return built[path]
 
     plan = input_scales(gm, out_scale, hybrid=hybrid_plan_of(gm) is not None)
@@ -661,7 +666,7 @@ def convert_fx(
         if graph is not None:
             converted, why = _try_passes(qat_model, graph, pipe)
             if converted is not None:
-                return converted
+                return _with_wrapped_modules(qat_model, converted, march, mapping)
     model = copy.deepcopy(qat_model)  # module swapping rebuilds the model in place
     fold_batch_norms(model)  # with_bn QAT convs become their fuse_bn classes (the eval forward's fold)
     if isinstance(model, torch.fx.GraphModule):
@@ -673,7 +678,7 @@ def convert_fx(
         if graph is not None:
             converted, why = _try_passes(gm, graph, pipe)
             if converted is not None:
-                return converted
+                return _with_wrapped_modules(qat_model, converted, march, mapping)
     _convert_modules(gm, gm, march, mapping)
     gm.eval()
     gm.meta.pop(PREPARE_RECORD_KEY, None)
@@ -685,7 +690,19 @@ def convert_fx(
         if emitted is not None:
             emitted.meta[CONVERT_PATH_KEY] = gm.meta[CONVERT_PATH_KEY]
             gm = emitted
-    return follow_training(gm)
+    return _with_wrapped_modules(qat_model, follow_training(gm), march, mapping)
+
+
+def _with_wrapped_modules(
+    qat_model: nn.Module, converted: torch.fx.GraphModule, march: March, mapping: Mapping[type, type] | None
+) -> torch.fx.GraphModule:
+    """``converted`` with the integer forms of the modules ``qat_model``'s wrapped methods call
+    (qir/quantization/wrapped_modules.py), whichever path converted the graph."""
+    from qir.quantization.wrapped_modules import convert_wrapped_modules
+
+    return convert_wrapped_modules(
+        qat_model, converted, lambda path, m, ins: build_quantized(path, m, ins, march, mapping)
+    )
 
 
 #: ``meta`` key of a ``convert_fx`` result: how it was converted ("quantize pass", or

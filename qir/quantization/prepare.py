@@ -70,6 +70,7 @@ from qir.quantization.qconfig import QConfig, get_default_calib_qconfig, get_def
 from qir.quantization.qconfig_dict import QConfigSpec, parse_qconfig_dict
 from qir.quantization.shared_calls import call_sites, retie_after_load, split_call_sites, tie_to
 from qir.quantization.with_bn import folded_batch_norms
+from qir.quantization.wrapped_modules import QATParts, prepare_wrapped_modules
 from qir.quantization.wrapped_self import follow_training
 
 __all__ = [
@@ -135,6 +136,19 @@ def _is_qat(m: nn.Module) -> bool:
     from qir.nn.qat import QATModule
 
     return any(isinstance(x, QATModule) for x in m.modules())
+
+
+def _qat_parts() -> QATParts:
+    """prepare's QAT classes for the modules of wrapped methods (qir/quantization/wrapped_modules.py)."""
+    from qir.nn import qat
+    from qir.quantization.stubs import QuantStub
+
+    return QATParts(
+        module_base=qat.QATModule,
+        quant_stub=lambda qc: qat.QuantStub.from_float(QuantStub(), qc),
+        dequant_stub=qat.DeQuantStub,
+        kept_float=(qat.QuantStub, qat.DeQuantStub, qat.FloatFunctional),
+    )
 
 
 def _called_modules(gm: torch.fx.GraphModule) -> list[str]:
@@ -488,6 +502,16 @@ def _prepare_float(
             if emitted is not None:
                 emitted.meta.update(gm.meta)
                 gm = emitted
+    if hybrid is None:  # a hybrid model's wrapped calls run on the CPU, float (docs/hybrid.md)
+        graph_called = [*_called_modules(gm), *(n for names in record.sources.values() for n in names)]
+        prepare_wrapped_modules(
+            gm,
+            fused.root,
+            graph_called,
+            lambda path, t: spec.resolve(path, (), (t,)),
+            lambda path, m, qat: record.remap.key_map.update(_key_map(path, m, qat)),
+            _qat_parts(),
+        )
     if hybrid is not None:
         gm.meta[HYBRID_KEY] = place_boundaries(gm, cpu, chosen, _stub_qconfig(spec, kind))
     if batch_norms is None:  # the first prepare: the traced deep copy of the user's model still has them
