@@ -162,10 +162,13 @@ def accumulator_scale(input_scale: ScaleLike, weight_scale: ScaleLike) -> torch.
 
 def quantize_bias(bias: torch.Tensor, input_scale: ScaleLike, weight_scale: ScaleLike) -> torch.Tensor:
     """Bias as int32 at the accumulator scale (half-up, saturated), computed in float64."""
-    s = accumulator_scale(input_scale, weight_scale)
-    axis = 0 if s.dim() and s.numel() > 1 else None
-    if axis is None:
-        s = s.reshape(())
+    return bias_codes(bias, accumulator_scale(input_scale, weight_scale))
+
+
+def bias_codes(bias: torch.Tensor, acc_scale: torch.Tensor) -> torch.Tensor:
+    """:func:`quantize_bias` with the accumulator scale (:func:`accumulator_scale`) at hand."""
+    axis = 0 if acc_scale.dim() and acc_scale.numel() > 1 else None
+    s = acc_scale if axis is not None else acc_scale.reshape(())
     return quantize(bias.detach().to(torch.float64), s, DType.qint32, axis=axis)
 
 
@@ -173,10 +176,16 @@ def conv_requant_params(
     input_scale: ScaleLike, weight_scale: ScaleLike, out_scale: ScaleLike, march: object, dtype: DTypeLike = "qint8"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-output-channel ``(multiplier, shift)`` for a conv/linear with per-channel weight scales."""
+    return acc_requant_params(accumulator_scale(input_scale, weight_scale), out_scale, march, dtype)
+
+
+def acc_requant_params(
+    acc_scale: torch.Tensor, out_scale: ScaleLike, march: object, dtype: DTypeLike = "qint8"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`conv_requant_params` with the accumulator scale (:func:`accumulator_scale`) at hand."""
     lim = _requant_target(march, dtype)
-    acc = accumulator_scale(input_scale, weight_scale)
     o = as_scale(out_scale, torch.empty(0), torch.float32).to(torch.float64)
-    return multiplier_shift((acc / o).reshape(-1), lim.max_multiplier, lim.max_shift)
+    return multiplier_shift((acc_scale / o).reshape(-1), lim.max_multiplier, lim.max_shift)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,8 +303,10 @@ __all__ = [
     "REQUANT_LIMITS",
     "RequantLimits",
     "accumulator_scale",
+    "acc_requant_params",
     "add_int",
     "add_params",
+    "bias_codes",
     "broadcast_along",
     "conv_requant_params",
     "dequantize",

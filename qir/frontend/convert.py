@@ -227,7 +227,11 @@ def _owner(root: nn.Module, key: str) -> tuple[Any, str]:
 
 def constant_kind(root: nn.Module, key: str) -> str:
     """parameter / buffer / buffer_np / tensor, from where ``key`` lives in the module tree."""
-    owner, leaf = _owner(root, key)
+    return _kind_at(*_owner(root, key))
+
+
+def _kind_at(owner: Any, leaf: str) -> str:
+    """:func:`constant_kind` of attribute ``leaf`` of ``owner``."""
     if isinstance(owner, nn.Module):
         if leaf in owner._parameters:
             return "parameter"
@@ -286,13 +290,16 @@ class _Converter:
         get = lambda a: self.env[a.name]
         return torch.fx.node.map_arg(n.args, get), torch.fx.node.map_arg(n.kwargs, get)
 
-    def constant(self, key: str) -> Node:
+    def constant(self, key: str, module: nn.Module | None = None, role: str = "") -> Node:
+        """The constant node of the tensor at ``key``; with ``module`` (the module at ``key`` minus
+        ``role``), found from it: a layer's state is looked up from the layer, not from the root."""
         node = self.env.get(f"const:{key}")
         if node is None:
-            tensor = _fetch(self.root, key)
+            owner, leaf = _owner(self.root, key) if module is None else _owner(module, role)
+            tensor = getattr(owner, leaf)
             if not isinstance(tensor, torch.Tensor):
                 raise TraceError(f"attribute {key!r} is a {type(tensor).__name__}, not a tensor")
-            node = self.g.add_constant(key, tensor, constant_kind(self.root, key), name=key)
+            node = self.g.add_constant(key, tensor, _kind_at(owner, leaf), name=key)
             self.env[f"const:{key}"] = node
         return node
 
@@ -392,7 +399,7 @@ class _Converter:
             if kwargs or not all(isinstance(a, Value) for a in args):
                 raise Unbindable(f"{type(m).__name__} '{path}' called with non-value or keyword arguments")
             inputs = list(args)
-        params = [self.constant(f"{path}.{role}" if path else role) for role in op.param_roles()]
+        params = [self.constant(f"{path}.{role}" if path else role, m, role) for role in op.param_roles()]
         operands = list(inputs) + params
         op.verify([v.type for v in operands])
         self.add(n, op, operands, scope=path)
@@ -475,7 +482,7 @@ class _Converter:
             op, inputs = reader(m, method, dict(bound.arguments))
             if not all(isinstance(v, Value) for v in inputs):
                 raise Unbindable(f"FloatFunctional '{path}'.{method} takes graph values as tensor arguments")
-            params = [self.constant(f"{path}.{role}") for role in op.param_roles()]
+            params = [self.constant(f"{path}.{role}", m, role) for role in op.param_roles()]
             op.verify([v.type for v in [*inputs, *params]])
         except (TypeError, ValueError, KeyError, AttributeError, NotImplementedError, Unbindable, IRError) as e:
             self.opaque_paths.add(path)
@@ -542,7 +549,7 @@ class _Converter:
                 continue
             for name, t in list(m._parameters.items()) + list(m._buffers.items()):
                 if t is not None:
-                    self.constant(f"{path}.{name}" if path else name)
+                    self.constant(f"{path}.{name}" if path else name, m, name)
 
     def _order_constants(self) -> None:
         order: list[str] = []

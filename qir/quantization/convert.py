@@ -840,7 +840,11 @@ def _convert_by_passes(gm: torch.fx.GraphModule, graph: Any, pipe: Pipeline) -> 
     # the graph comes straight from the front end (_qat_ir): its nodes carry the types their ops give
     # and were checked when bound, so only what the passes make is verified (after each pass)
     verify = VerifyInstrument(verify_input=False)
-    result = run_pipeline(graph, pipe, instruments=[verify], ctx=PassContext(), verify_each=True)
+    # the graph is this call's own (traced for it); the quantize pass binds new tensors and writes none of
+    # the QAT model's (tests/quantization/test_convert_untouched.py), so a pipeline of it alone runs on the
+    # graph itself; any other pass runs on a copy whose constants the manager guards against writes
+    ours = all(isinstance(p, Quantize) for p in pipe.passes)
+    result = run_pipeline(graph, pipe, instruments=[verify], ctx=PassContext(), verify_each=True, inplace=ours)
     out = emit(result.graph, class_name=type(gm).__name__)
     _keep_unread_modules(out, gm)
     out.meta.update(copy.deepcopy({k: v for k, v in gm.meta.items() if k != PREPARE_RECORD_KEY}))
@@ -854,17 +858,22 @@ def _keep_unread_modules(out: nn.Module, qat: nn.Module) -> None:
     submodule) in place in ``out``, as module swapping keeps them: emit builds only what the graph
     calls. Only stateless ones (a module with state has it in the graph's constants, so emit made
     its path); each a copy, so the converted model shares nothing with the QAT model."""
-    order = [path for path, _ in qat.named_modules()]
-    rank = {p: i for i, p in enumerate(order)}
+    modules = list(qat.named_modules())
+    rank = {p: i for i, (p, _) in enumerate(modules)}
     present = {path for path, _ in out.named_modules()}
+    # the paths of the modules holding state, their own or a submodule's (one walk, every path of a shared
+    # module: a module's parameters() / buffers() would walk its subtree once per module)
+    stateful: set[str] = set()
+    for path, m in qat.named_modules(remove_duplicate=False):
+        if any(t is not None for t in m._parameters.values()) or any(t is not None for t in m._buffers.values()):
+            parts = path.split(".") if path else []
+            stateful.update(".".join(parts[:i]) for i in range(len(parts) + 1))
     parents: set[str] = set()
-    for path, m in qat.named_modules():
+    for path, m in modules:
         parent = path.rpartition(".")[0]
-        if not path or path in present or parent not in present:
+        if not path or path in present or parent not in present or path in stateful:
             continue
-        if any(True for _ in m.parameters()) or any(True for _ in m.buffers()):
-            continue
-        set_submodule(out, path, copy.deepcopy(m))
+        set_submodule(out, path, _copy_stateless(m))
         present.update(f"{path}.{p}" if p else path for p, _ in m.named_modules())
         parents.add(parent)
     for parent in parents:  # the QAT model's order among siblings; the converted model's own ones last
@@ -873,6 +882,23 @@ def _keep_unread_modules(out: nn.Module, qat: nn.Module) -> None:
         items = sorted(container._modules.items(), key=lambda kv: rank.get(prefix + kv[0], len(rank)))
         container._modules.clear()
         container._modules.update(items)
+
+
+def _copy_stateless(m: nn.Module) -> nn.Module:
+    """A deep copy of stateless module ``m``; a plain ``nn.Identity`` (a fused-away batch norm's slot: one
+    per conv of a network) is built new, the same module at a fraction of deepcopy's cost."""
+    attrs_ = vars(m)
+    if (
+        type(m) is nn.Identity
+        and attrs_.keys() == _IDENTITY_ATTRS
+        and attrs_["_is_full_backward_hook"] is None
+        and not any(v for k, v in attrs_.items() if k != "training")  # no hooks, no None buffer slots
+    ):
+        return nn.Identity().train(m.training)
+    return copy.deepcopy(m)
+
+
+_IDENTITY_ATTRS = vars(nn.Identity()).keys()
 
 
 def _integer_twin(qat_model: nn.Module) -> nn.Module:

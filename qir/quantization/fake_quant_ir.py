@@ -27,7 +27,7 @@ from qir.quantization.observer import (
     PercentileObserver,
 )
 
-__all__ = ["OBSERVER_KINDS", "build_fake_quant", "fake_quant_factory", "fake_quant_spec"]
+__all__ = ["OBSERVER_KINDS", "bind_fake_quant", "build_fake_quant", "fake_quant_factory", "fake_quant_spec"]
 
 #: observer kind (an ObserverSpec's ``observer``) -> class, and the constructor options each reads
 OBSERVER_KINDS: dict[str, tuple[type[ObserverBase], tuple[str, ...]]] = {
@@ -88,7 +88,14 @@ def build_fake_quant(spec: FakeQuantSpec, tensors: dict[str, torch.Tensor], pref
         raise ValueError(
             f"{prefix}: unknown observer kind {spec.observer.observer!r}; the kinds are {', '.join(OBSERVER_KINDS)}"
         )
-    fq: FakeQuantize = fake_quant_factory(spec)()
+    return bind_fake_quant(fake_quant_factory(spec)(), spec, tensors, prefix)
+
+
+def bind_fake_quant(
+    fq: FakeQuantize, spec: FakeQuantSpec, tensors: dict[str, torch.Tensor], prefix: str
+) -> FakeQuantize:
+    """``fq`` (built from ``spec``'s factory) holding ``tensors[prefix + '.' + role]`` as its state, with
+    ``spec``'s switches: a fake quant built once per spec takes each layer's state so (conversion)."""
     for role in spec.roles():
         owner: nn.Module = fq
         leaf = role

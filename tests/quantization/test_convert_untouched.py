@@ -89,3 +89,29 @@ def test_convert_fx_leaves_the_qat_model_untouched(train: bool, head: str) -> No
     # converting again gives the same model: nothing the first conversion did stuck to the QAT model
     again = convert_fx(qat, example_inputs=x)
     assert torch.equal(out.eval()(x), again.eval()(x))
+
+
+def test_the_shared_weight_fake_quant_carries_nothing_between_models() -> None:
+    """The pass builds one weight fake quant per FakeQuantSpec and gives it each layer's state in turn:
+    converting a model of other weights (same qconfig) in between leaves a conversion unchanged."""
+    torch.manual_seed(0)
+    qir.set_march("bayes")
+    x = torch.randn(2, 3, 8, 8)
+    qats = []
+    for gain in (1.0, 50.0):
+        net = Net()
+        with torch.no_grad():
+            for p in net.parameters():
+                p.mul_(gain)
+        # a weight observer with memory (averaging 0.5): another layer's range left in the shared fake
+        # quant would move this one's re-observed scale
+        qconfig = get_default_qat_qconfig(weight_qkwargs={"averaging_constant": 0.5})
+        qat = prepare_qat_fx(net, {"": qconfig}, x)
+        qat(x)
+        qats.append(qat.eval())
+    converted = [convert_fx(q) for q in (qats[0], qats[1], qats[0])]
+    assert all(c.meta[CONVERT_PATH_KEY] == "quantize pass" for c in converted)
+    first, other, again = (c.state_dict() for c in converted)
+    assert list(first) == list(again)
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert not torch.equal(first["c1.scale"], other["c1.scale"])  # the other model did convert to other scales

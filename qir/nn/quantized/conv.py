@@ -13,6 +13,7 @@ accumulator as qint32 with the per-channel scale ``s_in * s_w[c]``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
@@ -40,10 +41,13 @@ def weight_scale_of(qat: QATConvBase) -> tuple[torch.Tensor, DType]:
     return observed_weight_scale(qat.weight_fake_quant, qat.weight, type(qat).__name__)
 
 
-def observed_weight_scale(fq: FakeQuantize, weight: torch.Tensor, owner: str) -> tuple[torch.Tensor, DType]:
+def observed_weight_scale(
+    fq: FakeQuantize, weight: torch.Tensor, owner: str, scratch: bool = True
+) -> tuple[torch.Tensor, DType]:
     """The scale and dtype weight fake quant ``fq`` of module class ``owner`` gives ``weight`` now:
-    observed into scratch buffers, so ``fq`` keeps its state and no module is copied."""
-    with torch.no_grad(), scratch_buffers(fq):
+    observed into scratch buffers, so ``fq`` keeps its state and no module is copied (``scratch=False``:
+    ``fq`` holds copies already, which the observation may change)."""
+    with torch.no_grad(), scratch_buffers(fq) if scratch else contextlib.nullcontext():
         if type(fq).forward is FakeQuantize.forward:
             fq.observe(weight.detach())  # forward's update without the fake-quantized weight it discards
         else:  # a subclass's own forward (a learnable scale) decides its scale
@@ -112,8 +116,9 @@ def integer_conv_state(
         s_w = s_w.repeat(c_out // s_w.numel())
     s_w_out = s_w if s_w.numel() > 1 else s_w.reshape(())
     b = bias if bias is not None else torch.zeros(c_out)
-    int_bias = numerics.quantize_bias(b, s_in, s_w_out).to(torch.int32)
-    s_acc = numerics.accumulator_scale(s_in, s_w_out).reshape(-1).expand(c_out).clone()
+    acc_scale = numerics.accumulator_scale(s_in, s_w_out)  # once: the bias's, the requantization's, a qint32 output's
+    int_bias = numerics.bias_codes(b, acc_scale).to(torch.int32)
+    s_acc = acc_scale.reshape(-1).expand(c_out).clone()
     add = (0, 0, 0)
     if out is None:
         if cls.has_add:
@@ -137,7 +142,7 @@ def integer_conv_state(
             mult, sh = p.acc_multiplier.expand(c_out).clone(), p.acc_shift.expand(c_out).clone()
             add = (p.add_multiplier, p.add_shift, p.extra_bits)
         else:
-            m, s = numerics.conv_requant_params(s_in, s_w_out, s_out, march, dtype)
+            m, s = numerics.acc_requant_params(acc_scale, s_out, march, dtype)
             mult, sh = m.reshape(-1).expand(c_out).clone(), s.reshape(-1).expand(c_out).clone()
         bound = numerics.quantize(torch.tensor([6.0]), s_out, dtype).to(torch.int64).expand(c_out).clone()
     return ConvIntegerState(codes, int_bias, scale, mult, sh, bound.to(torch.int64), dtype, *add)

@@ -1,7 +1,7 @@
 """The ``quantize`` pass's conversion rules for qir's QAT ops.
 
-``qat_conv`` converts from the op's attributes and state tensors directly: the weight fake quant
-(rebuilt from its FakeQuantSpec around the op's tensors) observes the weight into scratch buffers,
+``qat_conv`` converts from the op's attributes and state tensors directly: a weight fake quant built
+once per FakeQuantSpec takes copies of the layer's observer state and observes the weight,
 and :func:`~qir.nn.quantized.conv.integer_conv_state` computes the integer state, the same
 function ``from_qat`` calls, so the pass and module-swapping ``convert_fx`` run one arithmetic
 (tests/quantization/test_convert_paths.py). No QAT or integer module is built per layer, and no
@@ -12,6 +12,7 @@ state tensor is copied or written. The stubs (two per model) and the layers of
 from __future__ import annotations
 
 import functools
+import threading
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -23,7 +24,8 @@ from passes.quantize import QuantizeRule, register_quantize_rule
 from qir.ir.op import ModuleOp
 from qir.ir.ops.integer import QConv
 from qir.ir.ops.integer_stubs import QDequantStub, QQuantStub
-from qir.nn.qat.ir_ops import build_fake_quant
+from qir.ir.ops.qat import FakeQuantSpec
+from qir.ir.types import DType
 from qir.nn.quantized._base import as_scale_tensor, march_name
 from qir.nn.quantized.conv import (
     CONV_CLASS_OF,
@@ -33,6 +35,8 @@ from qir.nn.quantized.conv import (
     observed_weight_scale,
 )
 from qir.nn.quantized.mapping import QUANTIZED_MODULE_MAP
+from qir.quantization.fake_quant_ir import bind_fake_quant, build_fake_quant
+from qir.quantization.fake_quantize import FakeQuantize
 
 __all__ = ["swapped_rule"]
 
@@ -76,15 +80,36 @@ def _hyper_parameters(
     return conv_hyper_parameters(getattr(nn, MODULE_KIND[kind])(cin, cout, kernel, bias=False, device="meta", **kw))
 
 
+#: per thread, the weight fake quant built for each FakeQuantSpec (a network's layers share a few)
+_FAKE_QUANTS = threading.local()
+
+
+def _weight_scale(
+    spec: FakeQuantSpec, tensors: dict[str, torch.Tensor], weight: torch.Tensor, owner: str
+) -> tuple[torch.Tensor, DType]:
+    """:func:`observed_weight_scale` of the layer's weight fake quant: one module per spec (building one
+    costs more than observing a weight) takes copies of the layer's observer state and observes the weight;
+    the layer's tensors are not written."""
+    cache: dict[FakeQuantSpec, FakeQuantize] = _FAKE_QUANTS.__dict__.setdefault("by_spec", {})
+    fq = cache.get(spec)
+    prefix = "weight_fake_quant"
+    copies = {f"{prefix}.{r}": tensors[f"{prefix}.{r}"].detach().clone() for r in spec.roles()}
+    if fq is None:
+        if len(cache) >= 64:
+            cache.clear()
+        fq = cache[spec] = build_fake_quant(spec, copies, prefix)
+    else:
+        bind_fake_quant(fq, spec, copies, prefix)
+    return observed_weight_scale(fq, weight, owner, scratch=False)
+
+
 def _conv(op: Any, tensors: dict[str, torch.Tensor], scales: Sequence[torch.Tensor], march: str) -> Any:
     cls = CONV_CLASS_OF[(MODULE_KIND[op.kind], op.add, op.act)]
     name = cls.__name__
     march = march_name(march)
     ins = [as_scale_tensor(s, f"{name} input {i}") for i, s in enumerate(scales)]
     weight = tensors["weight"].detach()
-    s_w = observed_weight_scale(
-        build_fake_quant(op.weight_fq, tensors, "weight_fake_quant"), weight, cls.qat_class.__name__
-    )
+    s_w = _weight_scale(op.weight_fq, tensors, weight, cls.qat_class.__name__)
     out = None
     if op.out_fq is not None:
         out = (tensors["activation_post_process.scale"].detach(), op.out_fq.observer.dtype)
