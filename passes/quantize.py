@@ -47,7 +47,8 @@ from qir.ir.graph import Graph, Node, Value
 from qir.ir.op import IRError, ModuleOp, MovesCodes, Op
 from qir.ir.ops.core import Call, Constant, GetItem
 from qir.ir.ops.qat import QATDequantStub, QATModuleOp
-from qir.ir.types import DType, QuantSpec, SequenceType, TensorType, Type
+from qir.ir.spec_flow import as_codes
+from qir.ir.types import QuantSpec, SequenceType, TensorType, Type
 
 __all__ = [
     "CodeRule",
@@ -237,23 +238,14 @@ def _moved(n: Node) -> Value:
     return next(v for v in n.operands if isinstance(v.type, TensorType))
 
 
-def _codes_spec(t: Type) -> tuple[DType, QuantSpec] | None:
-    """The dtype and spec of the codes a value holds (a tensor, or a tuple of codes at one spec)."""
+def _codes_spec(t: Type) -> QuantSpec | None:
+    """The spec of the codes a value holds (a tensor, or a tuple of codes at one spec)."""
     if isinstance(t, TensorType):
-        return None if t.quant is None else (t.dtype, t.quant)
+        return t.quant
     if isinstance(t, SequenceType):
         specs = {_codes_spec(e) for e in t.elements}
         return specs.pop() if len(specs) == 1 else None
     return None
-
-
-def _as_codes(t: Type, dtype: DType, spec: QuantSpec) -> Type:
-    """``t`` retyped as codes of ``dtype`` at ``spec`` (each float tensor of a tuple: indices stay)."""
-    if isinstance(t, TensorType):
-        return TensorType(t.shape, dtype, spec) if t.dtype.is_float or t.quant is not None else t
-    if isinstance(t, SequenceType):
-        return SequenceType(tuple(_as_codes(e, dtype, spec) for e in t.elements), t.kind)
-    return t
 
 
 def _module_paths(graph: Graph) -> set[str]:
@@ -332,7 +324,7 @@ class Quantize(Pass):
                     continue
                 src = _codes_spec(moved)
                 if src is not None:
-                    n.type = _as_codes(n.type, *src)
+                    n.type = as_codes(n.type, src, floats=True)
             elif n in rules:
                 self._on_codes(graph, n)
         if converted:
@@ -357,7 +349,7 @@ class Quantize(Pass):
             return
         graph.objects.update(on.objects)
         n.op = on.op
-        n.type = _as_codes(n.type, *_codes_spec(codes.type))  # type: ignore[misc]
+        n.type = as_codes(n.type, _codes_spec(codes.type), floats=True)  # type: ignore[arg-type]
 
     def _convert(self, graph: Graph, n: Node, op: QATModuleOp, march: str) -> None:
         where = f"quantize: %{n.name} ({op.name})"

@@ -44,7 +44,7 @@ from qir.ir.ops.core import Call, Identity
 from qir.ir.ops.integer import IntegerModuleOp, integer_method_op
 from qir.ir.ops.qat_functional import qat_method_reader
 from qir.ir.ops.shape import Transpose
-from qir.ir.spec_flow import adopt_specs
+from qir.ir.spec_flow import adopt_specs, carry_spec
 from qir.ir.types import TensorType, Type, type_of
 from qir.utils.fx_helper import wrapped_original
 
@@ -567,15 +567,7 @@ def _moved_codes_type(op: Op, operands: list[Value], t: Type) -> Type:
     try:
         inferred = op.infer_type([v.type for v in operands])
     except Exception:
-        inferred = _one_per_tensor_spec(operands, t)  # sizes known only at run time (x.view(x.shape[0], -1))
+        # sizes known only at run time (x.view(x.shape[0], -1)): moving elements keeps a per-tensor scale
+        # whatever the layout, so the result takes its codes operand's one per-tensor spec
+        inferred = carry_spec([v.type for v in operands], t)
     return adopt_specs(t, inferred)
-
-
-def _one_per_tensor_spec(operands: list[Value], t: Type) -> Type:
-    """``t`` with the spec of the one operand holding codes, when that spec is per tensor: moving
-    elements keeps a per-tensor scale whatever the layout (a per-channel one needs the op's inference)."""
-    specs = [v.type.quant for v in operands if isinstance(v.type, TensorType) and v.type.quant is not None]
-    if len(specs) != 1 or specs[0].axis is not None or not isinstance(t, TensorType):
-        return t
-    q = specs[0]
-    return TensorType(t.shape, q.dtype, q) if t.dtype.to_torch() == q.dtype.to_torch() else t

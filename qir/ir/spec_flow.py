@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from qir.ir.types import QuantSpec, SequenceType, TensorType, Type
 
-__all__ = ["adopt_specs", "carry_spec", "operand_spec"]
+__all__ = ["adopt_specs", "as_codes", "carry_spec", "operand_spec"]
 
 
 def operand_spec(operand_types: Sequence[Type]) -> QuantSpec | None:
@@ -29,13 +29,19 @@ def operand_spec(operand_types: Sequence[Type]) -> QuantSpec | None:
     return spec if spec is not None and spec.axis is None else None
 
 
-def _with(t: Type, spec: QuantSpec) -> Type:
+def as_codes(t: Type, spec: QuantSpec, *, floats: bool = False) -> Type:
+    """``t`` with ``spec`` on each of its tensors (element by element in tuples and lists) that holds
+    codes at it: a tensor of ``spec``'s storage dtype with no spec. With ``floats``, each float tensor
+    and each tensor of codes at another spec instead: the values the ``quantize`` pass turns into
+    codes (a layout op's result, retyped as its input's)."""
     if isinstance(t, TensorType):
-        if t.quant is None and t.dtype.to_torch() == spec.dtype.to_torch():
-            return TensorType(t.shape, spec.dtype, spec)
-        return t
+        if floats:
+            take = t.dtype.is_float or t.quant is not None
+        else:
+            take = t.quant is None and t.dtype.to_torch() == spec.dtype.to_torch()
+        return TensorType(t.shape, spec.dtype, spec) if take else t
     if isinstance(t, SequenceType):
-        return SequenceType(tuple(_with(e, spec) for e in t.elements), t.kind)
+        return SequenceType(tuple(as_codes(e, spec, floats=floats) for e in t.elements), t.kind)
     return t
 
 
@@ -43,7 +49,7 @@ def carry_spec(operand_types: Sequence[Type], result: Type) -> Type:
     """``result`` with the operands' shared per-tensor spec on each tensor of the spec's storage
     dtype (a data-movement op's result: its elements are operand codes)."""
     spec = operand_spec(operand_types)
-    return result if spec is None else _with(result, spec)
+    return result if spec is None else as_codes(result, spec)
 
 
 def adopt_specs(declared: Type, inferred: Type) -> Type:

@@ -19,7 +19,7 @@ The integer rules and why they equal the QAT results: docs/semantics.md, "Ops on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,9 +47,12 @@ __all__ = [
     "CodeOpError",
     "CodeResult",
     "classify",
+    "compare_bounds",
+    "number_comparison_error",
     "pad_code",
     "require_per_tensor",
     "rewrite_code_ops",
+    "tensor_comparison_error",
 ]
 
 Scale = torch.Tensor | None
@@ -191,6 +194,54 @@ def _operands(n: torch.fx.Node) -> tuple[Any, Any]:
     return _arg(n, 0, "input"), _arg(n, 1, "other")
 
 
+def tensor_comparison_error(operands: Sequence[tuple[str, Scale, DType | None]]) -> str | None:
+    """Why a comparison of two tensors, given as ``(name, scale, code dtype)`` (scale None: a float
+    tensor), cannot run on codes, or None: both quantized, on one per-tensor scale, qint8 / qint16.
+    The message follows the comparison's name (``x > y at node 'gt'`` / ``gt``). Both conversions
+    (``convert_fx``'s module swapping and the ``quantize`` pass's code rule) ask it."""
+    (na, sa, da), (nb, sb, db) = operands
+    if sa is None or sb is None:
+        return (
+            "compares a quantized tensor with a float one; compare two quantized tensors on one scale, "
+            "or a quantized tensor with a Python number"
+        )
+    if not _same_scale(sa, sb):
+        return (
+            f"compares tensors at different scales ({_show(sa)} vs {_show(sb)}); integer codes compare exactly "
+            "only on one scale: give both operands one scale (produce them with one module, or fixed-scale "
+            "QuantStubs), or compare their difference with a number ((x - y) > 0: the subtraction gets its own "
+            "output scale)"
+        )
+    for name, dt in ((na, da), (nb, db)):
+        if dt not in (DType.qint8, DType.qint16):
+            return (
+                f"operand '{name}' is {getattr(dt, 'name', 'unknown')}; tensor comparisons on codes are exact "
+                "for qint8 / qint16 only (float32 cannot tell qint32 neighbours apart)"
+            )
+    return None
+
+
+def number_comparison_error(number: Any) -> str | None:
+    """Why a comparison of codes with ``number`` cannot run on codes (not a Python number), or None."""
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        return (
+            f"compares a quantized tensor with {type(number).__name__} {number!r:.40}; compare with a Python "
+            "number or with a quantized tensor on the same scale"
+        )
+    return None
+
+
+def compare_bounds(cmp: str, value: float, scale: torch.Tensor, dtype: DType | None) -> tuple[int | None, int | None]:
+    """:func:`compare_range` of codes of ``dtype`` (None: unknown), a bound at or beyond the dtype's ends
+    dropped (it tests nothing): the constants of the ``compare_codes`` call both conversions write."""
+    lo, hi = compare_range(cmp, value, scale)
+    if dtype is not None:
+        qmin, qmax = dtype.qrange
+        lo = None if lo is not None and lo <= qmin else lo
+        hi = None if hi is not None and hi >= qmax else hi
+    return lo, hi
+
+
 def _classify_compare(
     n: torch.fx.Node, op: str, scales: Mapping[str, Scale], dtypes: Mapping[str, DType | None]
 ) -> CodeResult:
@@ -198,34 +249,14 @@ def _classify_compare(
     tensors = [v for v in (a, b) if isinstance(v, torch.fx.Node)]
     quantized = [v for v in tensors if scales.get(v.name) is not None]
     if len(tensors) == 2:
-        if len(quantized) != 2:
-            raise CodeOpError(
-                f"{_spelling(n)} at node '{n.name}' compares a quantized tensor with a float one; compare two "
-                "quantized tensors on one scale, or a quantized tensor with a Python number"
-            )
-        sa, sb = scales[a.name], scales[b.name]
-        if not _same_scale(sa, sb):  # type: ignore[arg-type]
-            raise CodeOpError(
-                f"{_spelling(n)} at node '{n.name}' compares tensors at different scales ({_show(sa)} vs "
-                f"{_show(sb)}); integer codes compare exactly only on one scale: give both operands one scale "
-                "(produce them with one module, or fixed-scale QuantStubs), or compare their difference with a "
-                "number ((x - y) > 0: the subtraction gets its own output scale)"
-            )
-        for v in (a, b):
-            if dtypes.get(v.name) not in (DType.qint8, DType.qint16):
-                raise CodeOpError(
-                    f"{_spelling(n)} at node '{n.name}': operand '{v.name}' is "
-                    f"{getattr(dtypes.get(v.name), 'name', 'unknown')}; tensor comparisons on codes are exact "
-                    "for qint8 / qint16 only (float32 cannot tell qint32 neighbours apart)"
-                )
-        return CodeResult(EXACT)
-    number = b if isinstance(a, torch.fx.Node) else a
-    if isinstance(number, bool) or not isinstance(number, (int, float)):
-        raise CodeOpError(
-            f"{_spelling(n)} at node '{n.name}' compares a quantized tensor with {type(number).__name__} "
-            f"{number!r:.40}; compare with a Python number or with a quantized tensor on the same scale"
-        )
-    _per_tensor(scales[quantized[0].name], n, "compares")  # type: ignore[arg-type]
+        why = tensor_comparison_error([(v.name, scales.get(v.name), dtypes.get(v.name)) for v in tensors])
+    else:
+        why = number_comparison_error(b if isinstance(a, torch.fx.Node) else a)
+    if why is not None:
+        sep = ":" if why.startswith("operand") else ""
+        raise CodeOpError(f"{_spelling(n)} at node '{n.name}'{sep} {why}")
+    if len(tensors) != 2:
+        _per_tensor(scales[quantized[0].name], n, "compares")  # type: ignore[arg-type]
     return CodeResult(EXACT)
 
 
@@ -278,14 +309,9 @@ def _compare_change(
         return None  # one scale (classify checked): codes compare as the values do
     x, value, cmp = (a, b, op) if isinstance(a, torch.fx.Node) else (b, a, flipped(op))
     try:
-        lo, hi = compare_range(cmp, value, scales[x.name])  # type: ignore[arg-type]
+        lo, hi = compare_bounds(cmp, value, scales[x.name], dtypes.get(x.name))  # type: ignore[arg-type]
     except (ValueError, TypeError) as e:
         raise CodeOpError(f"{_spelling(n)} at node '{n.name}': {e}") from e
-    dt = dtypes.get(x.name)
-    if dt is not None:  # bounds at or beyond the dtype's ends test nothing
-        qmin, qmax = dt.qrange
-        lo = None if lo is not None and lo <= qmin else lo
-        hi = None if hi is not None and hi >= qmax else hi
     return _replace(g, n, compare_codes, 0 if x is a else 1, (cmp, value, lo, hi))
 
 

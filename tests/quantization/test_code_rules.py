@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from backends.common import numerics
 from qir.ir.types import DType
+from qir.quantization.code_convert import compare_bounds, number_comparison_error, tensor_comparison_error
 from qir.quantization.code_ops import (
     COMPARISONS,
     abs_codes,
@@ -82,6 +83,33 @@ def test_comparison_bounds_at_infinity_and_refusals() -> None:
         except (ValueError, TypeError):
             continue
         raise AssertionError(f"{bad!r} accepted")
+
+
+@given(data=st.data(), s=f32, dt=dtypes, op=st.sampled_from(sorted(COMPARISONS)))
+def test_trimmed_comparison_bounds_test_the_same_codes(data: st.DataObject, s: float, dt: DType, op: str) -> None:
+    """compare_bounds (both conversions' constants) drops only bounds at or beyond the dtype's ends:
+    the range test gives the same answer on every code of the dtype as compare_range's bounds."""
+    c = data.draw(constants(s, dt))
+    lo, hi = compare_bounds(op, c, torch.tensor([s]), dt)
+    qmin, qmax = dt.qrange
+    assert (lo is None or lo > qmin) and (hi is None or hi < qmax)
+    codes = CODES[dt]
+    assert torch.equal(compare_codes(codes, op, c, lo, hi), compare_codes(codes, op, c, *compare_range(op, c, s)))
+
+
+def test_comparison_refusals_name_the_reason() -> None:
+    """The checks module swapping and the quantize pass share: a float operand, two scales, a qint32
+    operand and a non-number constant are refused with the fix; two qint8 codes on one scale pass."""
+    s, t = torch.tensor([0.1]), torch.tensor([0.2])
+    assert tensor_comparison_error([("x", s, DType.qint8), ("y", s.clone(), DType.qint16)]) is None
+    assert "a float one" in str(tensor_comparison_error([("x", s, DType.qint8), ("y", None, None)]))
+    assert "different scales (0.1 vs 0.2)" in str(
+        tensor_comparison_error([("x", s, DType.qint8), ("y", t, DType.qint8)])
+    )
+    assert "operand 'y' is qint32" in str(tensor_comparison_error([("x", s, DType.qint8), ("y", s, DType.qint32)]))
+    assert number_comparison_error(0.5) is None and number_comparison_error(3) is None
+    assert "with bool True" in str(number_comparison_error(True))
+    assert "with str" in str(number_comparison_error("1"))
 
 
 @given(data=st.data(), s=f32, dt=dtypes)

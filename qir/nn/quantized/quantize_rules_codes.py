@@ -24,13 +24,18 @@ from qir.frontend.lookup import qualified_name
 from qir.ir.op import Op, Ref
 from qir.ir.ops.core import Call
 from qir.ir.types import DType, QuantSpec, TensorType, Type
-from qir.quantization.code_convert import pad_code, require_per_tensor
+from qir.quantization.code_convert import (
+    compare_bounds,
+    number_comparison_error,
+    pad_code,
+    require_per_tensor,
+    tensor_comparison_error,
+)
 from qir.quantization.code_ops import (
     COMPARISONS,
     abs_codes,
     clamp_codes,
     compare_codes,
-    compare_range,
     constant_code,
     flipped,
 )
@@ -138,42 +143,24 @@ register_code_rule("interpolate", _interpolate)
 
 def _compare(op: Any, types: Sequence[Type]) -> OnCodes:
     """``x <op> c`` with a number: a range test on codes (``compare_codes``); two tensors at one
-    scale: the comparison as written (codes compare as their values do)."""
+    scale: the comparison as written (codes compare as their values do). The checks and the bounds
+    are module swapping's (``code_convert``)."""
     if op.other is None:
-        tensors = [t for t in types[:2] if isinstance(t, TensorType) and t.quant is not None]
-        if len(tensors) != 2:
-            raise ValueError(
-                f"{op.name} compares a quantized tensor with a float one; compare two quantized tensors on one "
-                "scale, or a quantized tensor with a Python number"
-            )
-        a, b = (t.quant for t in tensors)
-        if a is None or b is None or a.axis is not None or b.axis is not None or a.scale != b.scale:
-            raise ValueError(
-                f"{op.name} compares tensors at different scales ({getattr(a, 'scale', None)} vs "
-                f"{getattr(b, 'scale', None)}); integer codes compare exactly only on one scale: give both "
-                "operands one scale, or compare their difference with a number ((x - y) > 0: the subtraction "
-                "gets its own output scale)"
-            )
-        for t in tensors:
-            if t.dtype not in (DType.qint8, DType.qint16):
-                raise ValueError(
-                    f"{op.name}: an operand is {t.dtype.name}; tensor comparisons on codes are exact for "
-                    "qint8 / qint16 only (float32 cannot tell qint32 neighbours apart)"
-                )
+        operands = []
+        for name, t in zip(("input", "other"), types[:2], strict=False):
+            spec = t.quant if isinstance(t, TensorType) else None
+            scale = None if spec is None else torch.tensor(spec.scale, dtype=torch.float32)
+            operands.append((name, scale, t.dtype if isinstance(t, TensorType) else None))
+        why = tensor_comparison_error(operands)
+        if why is not None:
+            raise ValueError(f"{op.name}{':' if why.startswith('operand') else ''} {why}")
         return OnCodes(op)
-    value = op.other
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(
-            f"{op.name} compares a quantized tensor with {type(value).__name__} {value!r:.40}; compare with a "
-            "Python number or with a quantized tensor on the same scale"
-        )
+    why = number_comparison_error(op.other)
+    if why is not None:
+        raise ValueError(f"{op.name} {why}")
     cmp = flipped(op.name) if op.reverse else op.name
     s, dt = _codes(op, types)
-    lo, hi = compare_range(cmp, value, s)
-    qmin, qmax = dt.qrange  # bounds at or beyond the dtype's ends test nothing
-    lo = None if lo is not None and lo <= qmin else lo
-    hi = None if hi is not None and hi >= qmax else hi
-    return _call(compare_codes, cmp, value, lo, hi)
+    return _call(compare_codes, cmp, op.other, *compare_bounds(cmp, op.other, s, dt))
 
 
 for _name in COMPARISONS:
