@@ -47,7 +47,8 @@ def float_call(
             else:
                 name = float_function_name(resolve_target(op.target, graph.objects))
         else:
-            torch_call = _batch_norm_call(op) if op.name == "batch_norm" else getattr(op, "torch_call", None)
+            # a module-only op's torch call is still its float form here: the float part runs in eval mode
+            torch_call = getattr(op, "torch_call", None)
             if torch_call is None:
                 return None
             fn, targs, tkwargs = torch_call(operands)
@@ -74,21 +75,6 @@ def float_call(
     if any(t.dtype not in FLOAT_VALUE_DTYPES for t in tensors):
         return None  # integer codes: BPU work
     return name, args, kwargs
-
-
-def _batch_norm_call(op: Any) -> Any:
-    """A float batch norm (a hybrid model's CPU module) as ``nn.BatchNormNd.forward`` calls it in eval mode:
-    ``F.batch_norm(x, running_mean, running_var, weight, bias, False, momentum, eps)``."""
-
-    def call(operands: list[Any]) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-        if not op.track_running_stats:
-            raise IRError("op 'batch_norm' without running statistics has no eval form")
-        p = dict(zip(op.param_roles(), operands[1:], strict=True))
-        momentum = 0.0 if op.momentum is None else op.momentum
-        stats = (p.get("running_mean"), p.get("running_var"), p.get("weight"), p.get("bias"))
-        return torch.nn.functional.batch_norm, (operands[0], *stats, False, momentum, op.eps), {}
-
-    return call
 
 
 def _literal_tensors(v: Any) -> list[torch.Tensor]:

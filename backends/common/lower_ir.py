@@ -151,7 +151,7 @@ def _legacy(ctx: LowerContext, graph: Graph, n: Node, operands: list[Any]) -> An
         except IRError as e:
             raise LoweringError(f"{_where(n)}: {e}") from None
         return _function(ctx, n, fn, args, kwargs)
-    torch_call = getattr(op, "torch_call", None)
+    torch_call = None if isinstance(op, ModuleOp) and op.module_form_only() else getattr(op, "torch_call", None)
     if torch_call is not None:
         try:
             fn, targs, tkwargs = torch_call(operands)

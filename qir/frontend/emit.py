@@ -116,7 +116,7 @@ class _Emitter:
             built = self.module_call(n, op, n.scope)
             if built is not None:
                 return built
-        torch_call = getattr(op, "torch_call", None)
+        torch_call = None if isinstance(op, ModuleOp) and op.module_form_only() else getattr(op, "torch_call", None)
         if torch_call is not None:
             try:
                 fn, args, kwargs = torch_call(self.operands(n))

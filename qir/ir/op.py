@@ -288,6 +288,11 @@ class ModuleOp(Op):
     def to_module(self, tensors: dict[str, torch.Tensor]) -> Any:
         raise NotImplementedError(f"op {self.name!r} cannot be emitted as a module")
 
+    def module_form_only(self) -> bool:
+        """Whether emitting and lowering must keep the module form even where the op has a torch
+        call: the call is not the module's forward in every mode (batch norm's is its eval form)."""
+        return False
+
 
 # --------------------------------------------------------------------------- registry
 

@@ -430,19 +430,24 @@ class BatchNorm(ModuleOp):
         return roles
 
     def compute(self, x: Any, *params: Any) -> Any:
-        p = dict(zip(self.param_roles(), params, strict=True))
-        if _meta_batch_norm_ok(x, p):  # shape inference: torch's meta batch norm costs ~3 ms (a decomposition)
-            return x
-        return F.batch_norm(
-            x,
-            p.get("running_mean"),
-            p.get("running_var"),
-            p.get("weight"),
-            p.get("bias"),
-            False,
-            0.0 if self.momentum is None else self.momentum,
-            self.eps,
-        )
+        if _meta_batch_norm_ok(x, dict(zip(self.param_roles(), params, strict=True))):
+            return x  # shape inference: torch's meta batch norm costs ~3 ms (a decomposition)
+        fn, args, kwargs = self.torch_call((x, *params))
+        return fn(*args, **kwargs)
+
+    def torch_call(self, operands: Sequence[Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        """The eval form, as ``nn.BatchNormNd.forward`` calls it in eval mode:
+        ``F.batch_norm(x, running_mean, running_var, weight, bias, False, momentum, eps)``."""
+        if not self.track_running_stats:
+            raise IRError("op 'batch_norm' without running statistics has no eval form")
+        p = dict(zip(self.param_roles(), operands[1:], strict=True))
+        momentum = 0.0 if self.momentum is None else self.momentum
+        stats = (p.get("running_mean"), p.get("running_var"), p.get("weight"), p.get("bias"))
+        return F.batch_norm, (operands[0], *stats, False, momentum, self.eps), {}
+
+    def module_form_only(self) -> bool:
+        # a module batch norm updates its running statistics in training, which the eval call does not
+        return self.module_flavor() is not None
 
     def verify_(self, operand_types: Sequence[Type]) -> None:
         n = 1 + len(self.param_roles())
