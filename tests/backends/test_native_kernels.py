@@ -90,7 +90,7 @@ def test_requant_rows_equal_the_int64_rule(c: dict) -> None:
     # rows of the accumulator further apart than its channels (the padded _int_mm output)
     padded = torch.zeros(rows, n + c["pad"], dtype=torch.int32)
     padded[:, :n] = c["acc"]
-    got = conv_mod._fused_finish(padded[:, :n], None, fr, rows)
+    got = conv_mod.fused_finish(padded[:, :n], None, fr, rows)
     assert torch.equal(got, _reference(c["acc"], c))
 
 
@@ -109,7 +109,7 @@ def test_fused_add_rows_equal_the_int64_rule(c: dict, data: st.DataObject) -> No
     add = (data.draw(st.integers(0, 2**31 - 1)), data.draw(st.integers(0, 62)), data.draw(st.integers(0, 8)))
     fr = _params(c, add)
     assert fr is not None
-    got = conv_mod._fused_finish(c["acc"], addend, fr, rows)
+    got = conv_mod.fused_finish(c["acc"], addend, fr, rows)
     want = fused_add_int(c["acc"].to(torch.int64) + c["bias"], addend, c["mult"], c["shift"], *add, c["out"], axis=-1)
     if c["act"] is not None:
         want = want.clamp(min=0)
@@ -135,9 +135,9 @@ def test_rows_split_across_threads_equal_one_thread() -> None:
     prev = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        two = conv_mod._fused_finish(acc, None, fr, rows)
+        two = conv_mod.fused_finish(acc, None, fr, rows)
         torch.set_num_threads(1)
-        one = conv_mod._fused_finish(acc, None, fr, rows)
+        one = conv_mod.fused_finish(acc, None, fr, rows)
     finally:
         torch.set_num_threads(prev)
     assert torch.equal(one, two)
@@ -156,7 +156,7 @@ def test_bad_accumulator_is_refused_naming_the_layout() -> None:
     fr = _params(c)
     assert fr is not None
     with pytest.raises(ValueError, match="int32"):
-        conv_mod._fused_finish(torch.zeros(4, 1, dtype=torch.int64), None, fr, 4)
+        conv_mod.fused_finish(torch.zeros(4, 1, dtype=torch.int64), None, fr, 4)
 
 
 def test_disabled_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:

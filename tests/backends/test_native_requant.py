@@ -106,7 +106,7 @@ def _native(c: dict) -> torch.Tensor:
     n = int(c["mult"].numel())
     fr = conv_mod.fused_requant(c["out"], c["act"], c["mult"], c["shift"], c["bias"], c["relu6"], n)
     assert fr is not None
-    return conv_mod._fused_finish(c["acc"], None, fr, int(c["acc"].shape[0]))
+    return conv_mod.fused_finish(c["acc"], None, fr, int(c["acc"].shape[0]))
 
 
 @settings(max_examples=200, deadline=None)
@@ -179,7 +179,7 @@ for n, m_max, s_lo, s_hi in [(37, 32768, 10, 32), (23, 32768, 0, 16), (19, 2**31
             fr = cm.fused_requant(out, "relu", m, s, b, torch.zeros(n, dtype=torch.int64), n)
             seen.add(fr.fast)
             want = requantize(acc.to(torch.int64) + b, m, s, out, axis=-1).clamp(min=0)
-            assert torch.equal(cm._fused_finish(acc, None, fr, rows), want), (n, out, fr.fast)
+            assert torch.equal(cm.fused_finish(acc, None, fr, rows), want), (n, out, fr.fast)
 assert seen == {True, False}, seen
 print("ok")
 """

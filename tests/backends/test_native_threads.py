@@ -178,7 +178,7 @@ def test_fused_finish_splits_like_one_call(monkeypatch: pytest.MonkeyPatch) -> N
     for nt in (1, 3):
         torch.set_num_threads(nt)
         try:
-            outs.append(conv_mod._fused_finish(acc, addend, fr, rows))
+            outs.append(conv_mod.fused_finish(acc, addend, fr, rows))
         finally:
             torch.set_num_threads(1)
     assert torch.equal(outs[0], outs[1])

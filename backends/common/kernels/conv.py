@@ -45,7 +45,7 @@ from backends.common.kernels.schema import (
 )
 from backends.common.program import Instruction
 
-__all__ = ["ConvState", "conv_engines", "linear_engines"]
+__all__ = ["ConvState", "FusedRequant", "conv_engines", "fused_finish", "fused_requant", "linear_engines"]
 
 _CODE_DTYPES = {"qint8": torch.int8, "qint16": torch.int16, "qint32": torch.int32}
 CONV2D_ENGINES = ("dw", "int_mm", "int_mm_t", "f32", "f32_chunked", "f64")
@@ -240,7 +240,7 @@ def _fused_requant(inst: Instruction, consts: Mapping[str, torch.Tensor], n: int
     )
 
 
-def _fused_finish(
+def fused_finish(
     acc: torch.Tensor, addend: torch.Tensor | None, fr: FusedRequant, rows: int, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Requantize the int32 ``acc`` (first ``rows`` rows; channels contiguous, rows ``acc.stride(0)``
@@ -812,7 +812,7 @@ def conv2d(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
     if st.fused is not None:
         nb, oh, ow, c = acc.shape
         rows = nb * oh * ow
-        out = _fused_finish(acc.flatten(0, 2), addend, st.fused, rows, st.output((rows, c), st.fused.out_dtype))
+        out = fused_finish(acc.flatten(0, 2), addend, st.fused, rows, st.output((rows, c), st.fused.out_dtype))
         return [out.view(nb, oh, ow, c).permute(0, 3, 1, 2)]
     return [_finish(acc, addend, st, inst.attrs, -1).permute(0, 3, 1, 2)]
 
@@ -886,7 +886,7 @@ def linear(inst: Instruction, args: list[Any], st: ConvState) -> list[Any]:
         acc = acc[:m, : st.n]
         if st.fused is not None:
             addend = args[1].reshape(m, st.n) if len(args) > 1 else None
-            out = _fused_finish(acc, addend, st.fused, m, st.output((m, st.n), st.fused.out_dtype))
+            out = fused_finish(acc, addend, st.fused, m, st.output((m, st.n), st.fused.out_dtype))
             return [out.reshape(*lead, st.n)]
     elif engine == "f32":
         acc = F.linear(x2.to(torch.float32), st.weight).to(torch.float64)

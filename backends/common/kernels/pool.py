@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from backends.common.kernels import native
 from backends.common.kernels.base import RequantF64, qbounds, register_kernel, sat_to
+from backends.common.kernels.conv import FusedRequant, fused_finish, fused_requant
 from backends.common.kernels.infer import ShapeError, code, meta, meta_call, tensor_arg
-from backends.common.kernels.requant_pack import pack_requant
 from backends.common.kernels.schema import (
     MAX_COUNT,
     MAX_EXTENT,
@@ -303,9 +303,9 @@ class _AdaptiveState:
     shifts: torch.Tensor
     #: (H, W) -> window bounds and requantization factors: built on the first call at an input size
     windows: dict[tuple[int, int], tuple[Any, ...]] = field(default_factory=dict)
-    #: (H * W, C, out dtype) -> the global pool's requantization packed for the native kernel (None:
-    #: its parameters do not fit it), built on the first call at an input size
-    packed: dict[tuple[int, int, str], tuple[torch.Tensor, bool] | None] = field(default_factory=dict)
+    #: (H * W, C, out dtype) -> the global pool's native requantization (None: its parameters do not
+    #: fit it), built on the first call at an input size
+    packed: dict[tuple[int, int, str], FusedRequant | None] = field(default_factory=dict)
 
 
 def _prepare_adaptive(inst: Instruction, consts: Mapping[str, torch.Tensor]) -> _AdaptiveState:
@@ -337,33 +337,20 @@ def _global_mean_native(
 ) -> torch.Tensor | None:
     """The global average pool's codes (N, C, 1, 1) in two native passes, the sums over the pixels
     and their requantization by the divisor's table entry (``clamp((sum * M + 2**(s-1)) >> s)``, the
-    rule the float64 factors compute exactly), from the caller's native ``sums``; None where the
+    rule the float64 factors compute exactly), from the caller's native int32 ``sums``; None where the
     requantization pass does not apply. At batch 1 the float64 path's six small torch operations
     cost several times the sums."""
-    lib = native.library()
-    if lib is None or out_dtype not in ("qint8", "qint16"):
-        return None
     nb, c = int(sums.shape[0]), int(sums.shape[1])
     hw = int(x.shape[-2]) * int(x.shape[-1])
     key = (hw, c, out_dtype)
     if key not in state.packed:  # the caller's window factors checked hw against the table
-        lo, hi = qbounds(out_dtype)
         m, sh = state.multipliers.reshape(-1)[hw - 1], state.shifts.reshape(-1)[hw - 1]
-        full = torch.ones(c, dtype=torch.int64)
-        try:
-            state.packed[key] = pack_requant(full * m, full * sh, full * 0, full * lo, full * hi)
-        except ValueError:  # a multiplier or shift outside the native kernel's range: the float64 path
-            state.packed[key] = None
-    packed = state.packed[key]
-    if packed is None:
+        zero = torch.zeros(1, dtype=torch.int64)  # no bias; relu6_bound unused without an activation
+        state.packed[key] = fused_requant(out_dtype, None, m, sh, zero, zero, c)
+    fr = state.packed[key]
+    if fr is None:
         return None
-    rq, fast = packed
-    out = torch.empty((nb, c), dtype=torch.int8 if out_dtype == "qint8" else torch.int16)
-    # the C loop reads rows [r0, r1) of the (nb, c) int32 sums and writes the same rows of out
-    name = "qir_requant_rows_i8" if out_dtype == "qint8" else "qir_requant_rows_i16"
-    p = native.ptr
-    native.run(name, (p(sums), c, c, p(rq), int(fast), p(out)), nb, nb * c)
-    return out.view(nb, c, 1, 1)
+    return fused_finish(sums.view(nb, c), None, fr, nb).view(nb, c, 1, 1)
 
 
 @register_kernel(
