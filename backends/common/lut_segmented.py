@@ -262,10 +262,9 @@ def full_table16(entries: torch.Tensor, out_dtype: DTypeLike, version: int = LAT
         return _evaluate_v1(entries, codes, lo, hi).to(qd.to_torch())
     # numpy: repeating each interval's constants over its codes is a few times cheaper than torch's
     # gathers at this size (65,536 codes, a table built on every scale change of a training step)
-    k = entries[0].numpy().astype(np.int64)
-    t = entries[1].numpy().astype(np.int64)
-    widths = np.diff(k)
-    shifts = np.frexp(widths.astype(np.float64))[1].astype(np.int64) - 1  # exact for powers of two
+    knots, values = entries.to(torch.int64).unbind(0)
+    k, t = knots.numpy(), values.numpy()
+    widths, shifts = (a.numpy() for a in _log2_widths(knots))
 
     def along(a: np.ndarray) -> np.ndarray:  # each interval's value at each of its codes
         return np.repeat(a, widths)
