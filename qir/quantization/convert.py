@@ -50,6 +50,7 @@ from qir.quantization.scale_ops import (
     module_self,
     pair_item,
     same_scales,
+    scales_differ,
 )
 from qir.quantization.stubs import DeQuantStub as FloatDeQuantStub
 from qir.quantization.wrapped_self import follow_training
@@ -128,8 +129,7 @@ class ScalePlan:
 
     def sites_differ(self, path: str) -> bool:
         """Whether module ``path``'s call sites see different input scales."""
-        sites = self.module_inputs.get(path, [])
-        return any(not same_scales(sites[0], other) for other in sites[1:])
+        return scales_differ(self.module_inputs.get(path, []))
 
     def inputs_of(self, path: str) -> list[torch.Tensor]:
         sites = self.module_inputs.get(path, [])

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from qir.quantization.scale_ops import same_scales
+from qir.quantization.scale_ops import scales_differ
 
 __all__ = [
     "PRESERVING",
@@ -330,7 +330,6 @@ def convert_recorded(root: nn.Module, march: Any, mapping: Mapping[type, type] |
     Eval-mode records are used when there are any (what the converted model computes), else
     training-mode ones. ``error`` is the exception class to raise (ConvertError)."""
     from qir.quantization.convert import (
-        ScalePlan,
         _is_dequant_stub,
         _is_qat_module,
         _is_quant_stub,
@@ -397,15 +396,13 @@ def convert_recorded(root: nn.Module, march: Any, mapping: Mapping[type, type] |
             per_site.append(scales)
         if not per_site:
             return []
-        first = per_site[0]
-        for other in per_site[1:]:
-            if not same_scales(first, other):
-                raise error(
-                    f"module '{path}' is called at several places with different input scales; a quantized module "
-                    "has fixed input scales. prepare_qat_fx gives every call site its own module (docs/qconfig.md, "
-                    "'Modules called at several places'); in eager mode, use one module instance per call site"
-                )
-        return first
+        if scales_differ(per_site):
+            raise error(
+                f"module '{path}' is called at several places with different input scales; a quantized module "
+                "has fixed input scales. prepare_qat_fx gives every call site its own module (docs/qconfig.md, "
+                "'Modules called at several places'); in eager mode, use one module instance per call site"
+            )
+        return per_site[0]
 
     def build(path: str) -> nn.Module:
         if path in built:
@@ -427,7 +424,7 @@ def convert_recorded(root: nn.Module, march: Any, mapping: Mapping[type, type] |
     def sites_differ(path: str) -> bool:
         """Whether DeQuantStub ``path`` dequantizes outputs of different scales (codes, or codes and floats)."""
         sites = [[scale_of(src) for src in site if src is not None] for site in records[path]]
-        return ScalePlan(module_inputs={path: sites}).sites_differ(path)
+        return scales_differ(sites)
 
     swaps: dict[str, nn.Module] = {}
     per_call: list[str] = []

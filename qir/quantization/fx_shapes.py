@@ -21,11 +21,9 @@ from typing import Any
 import torch
 import torch.fx
 from torch import nn
-from torch.ao.quantization import DeQuantStub as TorchDeQuantStub
-from torch.ao.quantization import QuantStub as TorchQuantStub
 
 from qir.ir.meta_shapes import adaptive_pool_shape, binary_shape, conv_shape, linear_shape, pool_shape
-from qir.quantization.stubs import DeQuantStub, QuantStub
+from qir.quantization.stubs import FLOAT_DEQUANT_STUBS, FLOAT_QUANT_STUBS
 
 __all__ = ["shape_values"]
 
@@ -46,10 +44,7 @@ _SAME_SHAPE: dict[type, tuple[int, ...] | None] = {
     nn.ReLU6: None,
     nn.Identity: None,
     nn.Dropout: None,
-    QuantStub: None,
-    DeQuantStub: None,
-    TorchQuantStub: None,
-    TorchDeQuantStub: None,
+    **dict.fromkeys((*FLOAT_QUANT_STUBS, *FLOAT_DEQUANT_STUBS)),
     nn.BatchNorm1d: (2, 3),
     nn.BatchNorm2d: (4,),
     nn.BatchNorm3d: (5,),

@@ -78,11 +78,9 @@ def inline_cpu_modules(gm: nn.Module) -> nn.Module:
 
 
 def _is_float_dequant_stub(m: nn.Module) -> bool:
-    from torch.ao.quantization import DeQuantStub as TorchDeQuantStub
+    from qir.quantization.stubs import FLOAT_DEQUANT_STUBS
 
-    from qir.quantization.stubs import DeQuantStub
-
-    return type(m) in (DeQuantStub, TorchDeQuantStub)
+    return type(m) in FLOAT_DEQUANT_STUBS
 
 
 def _inline(

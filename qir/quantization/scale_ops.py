@@ -25,6 +25,7 @@ from torch import nn
 
 __all__ = [
     "same_scales",
+    "scales_differ",
     "CODE_OPS",
     "PRESERVING_FUNCTIONS",
     "PRESERVING_METHODS",
@@ -156,6 +157,12 @@ CODE_OPS: dict[str, str] = {
 def same_scales(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
     """Whether two call sites of one module see the same input scales (one quantized module can serve both)."""
     return len(a) == len(b) and all(x.shape == y.shape and bool(torch.equal(x, y)) for x, y in zip(a, b, strict=True))
+
+
+def scales_differ(sites: Sequence[Sequence[torch.Tensor]]) -> bool:
+    """Whether a module's call sites (each its input scales) see different scales: one quantized
+    module with fixed input scales cannot serve them all."""
+    return any(not same_scales(sites[0], other) for other in sites[1:])
 
 
 def is_nearest(n: torch.fx.Node) -> bool:

@@ -18,11 +18,13 @@ import math
 
 import torch
 from torch import nn
+from torch.ao.quantization import DeQuantStub as TorchDeQuantStub
+from torch.ao.quantization import QuantStub as TorchQuantStub
 
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.qconfig import QConfig, as_qir_qconfig
 
-__all__ = ["DeQuantStub", "QuantStub"]
+__all__ = ["FLOAT_DEQUANT_STUBS", "FLOAT_QUANT_STUBS", "DeQuantStub", "QuantStub"]
 
 
 class QuantStub(nn.Module):
@@ -84,3 +86,9 @@ class DeQuantStub(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
+
+
+#: The float stubs a user's model may hold, qir's and torch's (recognised, not replaced): one list,
+#: imported wherever they are told apart from other modules.
+FLOAT_QUANT_STUBS: tuple[type[nn.Module], ...] = (QuantStub, TorchQuantStub)
+FLOAT_DEQUANT_STUBS: tuple[type[nn.Module], ...] = (DeQuantStub, TorchDeQuantStub)

@@ -58,13 +58,12 @@ def _layer_shape(m: nn.Module) -> tuple[int, ...] | None:
 
 def _is_quant_stub(m: nn.Module) -> bool:
     """A QAT QuantStub (its IR op is the input's fake quant), or a float one of torch or qir."""
-    from qir.frontend.lookup import stub_classes, tables
+    from qir.frontend.lookup import tables
     from qir.ir.ops.qat import QATQuantStub
+    from qir.quantization.stubs import FLOAT_QUANT_STUBS
 
     op = tables().for_module(m)
-    return (op is not None and issubclass(op, QATQuantStub)) or (
-        isinstance(m, stub_classes()) and "DeQuant" not in type(m).__name__
-    )
+    return (op is not None and issubclass(op, QATQuantStub)) or isinstance(m, FLOAT_QUANT_STUBS)
 
 
 def input_types(gm: torch.fx.GraphModule) -> tuple[list[TensorType] | None, str]:

@@ -20,8 +20,6 @@ from typing import Any
 import attrs
 import torch
 from torch import nn
-from torch.ao.quantization import DeQuantStub as TorchDeQuantStub
-from torch.ao.quantization import QuantStub as TorchQuantStub
 
 from passes.insert_observers import ObserveRule, register_observer_rule
 from qir.ir.op import ModuleOp, Op
@@ -40,7 +38,7 @@ from qir.nn.qat.conv import QAT_CONV_CLASSES, fused_float_class
 from qir.quantization.fake_quant_ir import fake_quant_factory
 from qir.quantization.qat_classes import qat_class_for
 from qir.quantization.qconfig import QConfig
-from qir.quantization.stubs import DeQuantStub, QuantStub
+from qir.quantization.stubs import FLOAT_DEQUANT_STUBS, FLOAT_QUANT_STUBS
 
 __all__ = [
     "OBSERVED_MODULES",
@@ -83,10 +81,8 @@ OBSERVED_OPS = (
 #: torch modules of the op families above, which prepare generates for functional calls
 #: (``torch.sigmoid`` -> ``nn.Sigmoid``, ``F.softmax`` -> ``nn.Softmax``) as opaque calls
 OBSERVED_MODULES: tuple[type, ...] = (
-    QuantStub,
-    DeQuantStub,
-    TorchQuantStub,
-    TorchDeQuantStub,
+    *FLOAT_QUANT_STUBS,
+    *FLOAT_DEQUANT_STUBS,
     *dict.fromkeys(fused_float_class(cls) for cls in QAT_CONV_CLASSES.values()),
     FloatInterpolate,
     FloatDiv,
