@@ -244,6 +244,17 @@ def tensor_key(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
     return t.data_ptr(), tuple(t.shape), tuple(t.stride())
 
 
+@attrs.define
+class _SharedState:
+    """The QAT constants made for float state that several layers hold, found again two ways."""
+
+    #: (float constant, role) -> its QAT constant: a constant another layer reads too
+    by_constant: dict[tuple[Node, str], Node] = attrs.field(factory=dict)
+    #: :func:`tensor_key` of a float tensor -> (that tensor, its QAT constant): one weight two
+    #: modules hold, as module swapping ties them (the tensor kept alive: its address stays its own)
+    by_tensor: dict[tuple[int, tuple[int, ...], tuple[int, ...]], tuple[torch.Tensor, Node]] = attrs.field(factory=dict)
+
+
 def params_by_role(module: Any, roles: Collection[str]) -> dict[str, torch.Tensor]:
     """A float module's non-empty parameters by the name each has in its QAT module, among
     ``roles`` (a fused ConvReLU2d's ``0.weight`` is ``weight``): how module swapping and this
@@ -320,7 +331,7 @@ class InsertObservers(Pass):
         owners = _tensor_owners(graph)
         calls: dict[str, int] = {}
         first: dict[str, dict[str, Node]] = {}  # scope -> role -> constant of its first call
-        shared: dict[Any, Any] = {}  # (float constant, role) -> its QAT constant; tensor key -> (tensor, that)
+        shared = _SharedState()
         converted = 0
         methods: set[str] = set()  # scopes of converted FloatFunctional method nodes
         for n in list(graph.nodes):
@@ -353,7 +364,7 @@ class InsertObservers(Pass):
         spec: tuple[FakeQuantSpec | None, FakeQuantSpec | None],
         site: str,
         owner: dict[str, Node] | None,
-        shared: dict[Any, Any],
+        shared: _SharedState,
         first: dict[str, dict[str, Node]],
         owners: Mapping[int, set[int]],
     ) -> bool:
@@ -393,20 +404,20 @@ class InsertObservers(Pass):
                 consts[role] = owner[role]  # a later call site: the first call's weight and weight fake quant
                 continue
             source = float_consts.get(role)
-            if source is not None and (source, role) in shared:
-                consts[role] = shared[(source, role)]  # a float tensor another layer holds too
+            if source is not None and (source, role) in shared.by_constant:
+                consts[role] = shared.by_constant[(source, role)]  # a float tensor another layer holds too
                 continue
             # the float tensor itself: an opaque call's parameter, or the constant's tensor
             float_t = module_params.get(role, tensors.get(role) if source is not None else None)
-            key = ("tensor", *tensor_key(float_t)) if float_t is not None else None
-            if key in shared:
-                consts[role] = shared[key][1]  # one weight for both layers, as module swapping ties them
+            key = tensor_key(float_t) if float_t is not None else None
+            if key is not None and key in shared.by_tensor:
+                consts[role] = shared.by_tensor[key][1]  # one weight for both layers, as module swapping ties them
                 continue
             consts[role] = add_state_constant(graph, prefix + role, state[role], InsertObserversError)
             if source is not None:
-                shared[(source, role)] = consts[role]
-            if key is not None:
-                shared[key] = (float_t, consts[role])  # the tensor kept alive: its address stays its own
+                shared.by_constant[(source, role)] = consts[role]
+            if float_t is not None:
+                shared.by_tensor[tensor_key(float_t)] = (float_t, consts[role])
         if owner is None:
             first[n.scope or ""] = consts
         name = n.name
