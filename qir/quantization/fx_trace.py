@@ -83,8 +83,17 @@ def _trace_once(tracer: QirTracer, root: nn.Module, example_inputs: Any) -> torc
                 "`assert len(feats) == n` or iterated), pass example_inputs=(feats, ...) to prepare_qat_fx / "
                 "fuse_fx: its length is then known while tracing."
             )
+        elif _NUMBER_OF_SIZE_SYMPTOMS.search(str(e)):
+            err = TraceError(
+                f"{err}\nint() or float() of a traced value has no number to return while tracing. For sizes "
+                "(x.shape[i], x.size(i)), which trace as exact integers, keep the arithmetic integer: write "
+                "`w.shape[0] // (H * W // ws // ws)` instead of `int(w.shape[0] / (H * W / ws / ws))`."
+            )
         raise err from e
 
+
+#: how `int(size / n)` / `float(size)` fails on a traced size
+_NUMBER_OF_SIZE_SYMPTOMS = re.compile(r"(int|float)\(\) argument must be .*Proxy'")
 
 #: how fx fails on `len(x)`, `assert ... x ...`, `for f in x` with x a traced input
 _LIST_INPUT_SYMPTOMS = re.compile(r"control flow|cannot be iterated|'len' is not supported|Proxy object")

@@ -8,7 +8,11 @@ the prepared graph once and names the module and the fix before the first step:
 - a high-precision output (a conv / linear whose qconfig has no output fake quant, such as
   ``get_default_qat_out_qconfig()``: qint32 codes with one scale per channel) feeding anything
   but a DeQuantStub, e.g. ``torch.cat`` of detection head outputs: a quantized module takes
-  one input scale.
+  one input scale;
+- a float parameter or buffer of the model (a learned bias, a positional embedding, a fixed mask)
+  read by a quantized op next to quantized tensors, e.g. ``ff.add(attn, self.rel_bias)``: QAT
+  would train with the float tensor unquantized and convert has no scale for it. A QuantStub in
+  front of it gives it one, learned like any other.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ def check_convertible(gm: torch.fx.GraphModule, owners: Mapping[str, tuple[str, 
         if n.op in ("call_function", "call_method") and wrapped_original(n.target) is None:
             if any(a.name in quantized for a in n.all_input_nodes):
                 quantized.add(n.name)
+            if m is not None and _has_output_fake_quant(m) and n.name in quantized:  # ff.add(x, y), x + y
+                _refuse_float_constant_operands(gm, n, m, quantized, owners)
             if _is_einsum(n) and n.name in quantized:
                 raise UnconvertibleModelError(
                     f"prepare_qat_fx: torch.einsum({n.args[0]!r}, ...) at node '{n.name}' in the forward of "
@@ -62,6 +68,60 @@ def check_convertible(gm: torch.fx.GraphModule, owners: Mapping[str, tuple[str, 
         m = _called_module(gm, n)
         if n.op == "call_module" and m is not None and _is_high_precision(m):
             _refuse_high_precision_consumers(gm, n)
+
+
+def _refuse_float_constant_operands(
+    gm: torch.fx.GraphModule,
+    n: torch.fx.Node,
+    m: nn.Module,
+    quantized: set[str],
+    owners: Mapping[str, tuple[str, str]],
+) -> None:
+    """Refuse a FloatFunctional-style call ``n`` (module ``m``) reading a float parameter / buffer of the
+    model, directly or through layout ops, next to a quantized operand. (Modules called as a whole may
+    take float operands: RoIAlign's boxes.)"""
+    inputs = [a for a in n.all_input_nodes if not (n.op == "call_method" and a is n.args[0])]
+    for a in inputs:
+        src = _float_constant(gm, a)
+        if src is None or not any(b.name in quantized for b in inputs if b is not a):
+            continue  # a QuantStub's own input, or no quantized operand beside it
+        name = str(src.target)
+        attr = name.rsplit(".", 1)[-1]
+        call = f"{n.target}()" if n.op == "call_method" else f"'{n.target}'"
+        raise UnconvertibleModelError(
+            f"prepare_qat_fx: {call} at node '{n.name}' (module '{_path(n)}', {type(m).__name__}) in the forward of "
+            f"{_owner(gm, owners.get(n.name))} takes the float tensor '{name}' (a parameter or buffer of the model) "
+            "next to quantized tensors: QAT would train with it unquantized, and a quantized op needs a scale for "
+            f"every tensor input. Give it a QuantStub: `self.{attr}_quant = QuantStub()` in __init__ and "
+            f"`self.{attr}_quant(self.{attr})` where the forward reads it; its scale is then observed and trained "
+            f"like any other. ({_LATER})"
+        )
+
+
+def _float_constant(gm: torch.fx.GraphModule, n: torch.fx.Node) -> torch.fx.Node | None:
+    """The get_attr node of a floating-point tensor that ``n`` is or is computed from in float (through
+    layout ops, an ``nn.Identity``, float ops), following each node's first input; None if ``n`` comes
+    from a model input or a quantizing module (a QuantStub, a QAT layer, a FloatFunctional)."""
+    while n.op != "get_attr":
+        m = _called_module(gm, n)
+        first = next((a for a in _args_of(gm, n) if isinstance(a, torch.fx.Node)), None)
+        if (m is not None and _has_output_fake_quant(m)) or first is None:
+            return None
+        n = first
+    value: torch.Tensor
+    try:
+        value = gm.get_parameter(str(n.target))
+    except AttributeError:
+        try:
+            value = gm.get_buffer(str(n.target))
+        except AttributeError:
+            return None
+    return n if value.is_floating_point() else None
+
+
+def _args_of(gm: torch.fx.GraphModule, n: torch.fx.Node) -> tuple[object, ...]:
+    """The node's operands, without the module a FloatFunctional-style method call is made on."""
+    return n.args[1:] if module_self(gm, n) is not None else n.args
 
 
 def _refuse_high_precision_consumers(gm: torch.fx.GraphModule, src: torch.fx.Node) -> None:
