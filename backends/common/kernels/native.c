@@ -693,23 +693,23 @@ int qir_gemm_vnni_cols(const int8_t *a, int64_t lda, int64_t m, const int8_t *bp
     int32_t *acc = (int32_t *)qir_scratch(1, sizeof(int32_t) * (size_t)(mc * nb * 16));
     if (!acc || !ua) return 1;
     const int64_t ob = e->out_bits / 8, ab = e->add_bits / 8;
+    /* the epilogue of channels [n0, n1): its per-channel parameters from channel n0 on (packed ones
+     * from block j0 on); it runs one row at a time, so the row stride of out and addend does not enter */
+    qir_epilogue sub = *e;
+    sub.n = n1 - n0;
+    sub.rq = e->rq + j0;
+    if (e->kind == 2) {
+        sub.bias = e->bias + n0, sub.mult = e->mult + n0, sub.half = e->half + n0, sub.shift = e->shift + n0;
+        sub.lo_i = e->lo_i + n0, sub.hi_i = e->hi_i + n0;
+        if (e->rq_mid) sub.rq_mid = e->rq_mid + j0; /* rq_add: one block for every channel */
+    }
     for (int64_t m0 = 0; m0 < m; m0 += mc) {
         const int64_t m1 = m0 + mc < m ? m0 + mc : m;
         for (int64_t r = m0; r < m1; ++r) copy_codes(ua + (r - m0) * 4 * kq, a + r * lda, 4 * kq, 0x80);
         vnni_chunk(ua, m1 - m0, bp + j0 * kq * 64, kq, nb, comp + n0, acc);
-        for (int64_t r = m0; r < m1; ++r) {
-            /* the epilogue of channels [n0, n1) of row r: its per-channel parameters from channel n0 on
-             * (packed ones from block j0 on), one row, so the row stride of out and addend does not enter */
-            qir_epilogue sub = *e;
-            sub.n = n1 - n0;
+        for (int64_t r = m0; r < m1; ++r) { /* row r's output (and addend) from channel n0 on */
             sub.out = (char *)e->out + (r * e->n + n0) * ob;
-            sub.rq = e->rq + j0;
-            if (e->kind == 2) {
-                sub.addend = (const char *)e->addend + (r * e->n + n0) * ab;
-                sub.bias = e->bias + n0, sub.mult = e->mult + n0, sub.half = e->half + n0, sub.shift = e->shift + n0;
-                sub.lo_i = e->lo_i + n0, sub.hi_i = e->hi_i + n0;
-                if (e->rq_mid) sub.rq_mid = e->rq_mid + j0; /* rq_add: one block for every channel */
-            }
+            if (e->kind == 2) sub.addend = (const char *)e->addend + (r * e->n + n0) * ab;
             epilogue_rows(&sub, acc + (r - m0) * nb * 16, nb * 16, 0, 1);
         }
     }
