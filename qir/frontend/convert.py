@@ -163,9 +163,9 @@ class _Recorder(torch.fx.Interpreter):
         return out
 
 
-#: attribute of a model (or of a submodule) whose forward runs inside a context: a callable
-#: ``root -> context manager`` (a converted eager model whose codes carry their scales to a shared
-#: DeQuantStub, qir.nn.quantized.scale_tags); running its traced graph enters the same context
+#: attribute of a model whose forward runs inside a context: a callable ``root -> context manager``
+#: (a converted eager model whose codes carry their scales to a shared DeQuantStub,
+#: qir.nn.quantized.scale_tags); running its traced graph enters the same context
 FORWARD_CONTEXT = "_qir_forward_context"
 
 
@@ -185,8 +185,7 @@ def propagate(root: nn.Module, fx_graph: torch.fx.Graph, example_inputs: Sequenc
         )
     gm = torch.fx.GraphModule(root, copy.deepcopy(fx_graph))
     rec = _Recorder(gm)
-    # on the root or a submodule: a GraphModule built over the model's submodules runs in it too
-    context = next((m.__dict__[FORWARD_CONTEXT] for m in root.modules() if FORWARD_CONTEXT in m.__dict__), None)
+    context = root.__dict__.get(FORWARD_CONTEXT)
     with torch.no_grad(), scratch_buffers(root), context(root) if context is not None else contextlib.nullcontext():
         rec.run(*example_inputs)
     return rec.values

@@ -113,11 +113,7 @@ def _root_post_hook(root: nn.Module, args: Any, out: Any) -> None:
 def install_scale_tags(root: nn.Module) -> None:
     """Make the converted model ``root`` tag its codes with their scales."""
     for m in root.modules():
-        if isinstance(m, PerCallDeQuantStub):
-            # found by the front end also when it runs a graph built over the model's submodules
-            m.__dict__[FORWARD_CONTEXT] = passing_tags
-            continue
-        if isinstance(m, DeQuantStub):
+        if isinstance(m, (DeQuantStub, PerCallDeQuantStub)):
             continue
         if isinstance(m, QFunctional):
             m.__dict__[TAG_OUTPUTS] = True  # its methods are no module calls: they tag their results
