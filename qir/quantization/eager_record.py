@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from qir.quantization.outer_forward import OuterForward
 from qir.quantization.scale_ops import scales_differ
 
 __all__ = [
@@ -113,8 +114,6 @@ _NEUTRAL: set[Any] = {
     torch.Tensor.__repr__,
     torch.Tensor.__format__,
 }
-
-_ACTIVE: _Recorder | None = None
 
 
 def _mode(root: nn.Module) -> str:
@@ -217,7 +216,7 @@ def shared_observer_message(m: nn.Module, path: str, calls: int | None = None) -
 
 
 def _enter(m: nn.Module, args: Any) -> None:
-    rec = _ACTIVE
+    rec = _OUTER.active
     if rec is None:
         return
     if rec.depth == 0:
@@ -237,7 +236,7 @@ def _enter(m: nn.Module, args: Any) -> None:
 def _exit(m: nn.Module, args: Any, out: Any) -> Any:
     from qir.quantization.convert import _is_dequant_stub
 
-    rec = _ACTIVE
+    rec = _OUTER.active
     if rec is None:
         return None
     rec.depth -= 1
@@ -267,27 +266,20 @@ def _post_hook(m: nn.Module, args: Any, out: Any) -> Any:
     return _exit(m, args, out)
 
 
+_OUTER = OuterForward(_Recorder)  # a nested call of the root: the outer forward records
+
+
 def _root_pre_hook(root: nn.Module, args: Any) -> None:
-    global _ACTIVE
-    if _ACTIVE is not None:
-        return  # a nested call of the root: the outer forward records
-    rec = _Recorder(root)
-    rec.__enter__()
-    _ACTIVE = rec
+    _OUTER.enter(root)
 
 
 def _root_post_hook(root: nn.Module, args: Any, out: Any) -> None:
-    global _ACTIVE
-    rec = _ACTIVE
-    if rec is None or rec.root is not root:
-        return
-    _ACTIVE = None
-    rec.__exit__(None, None, None)
+    _OUTER.leave(root)
 
 
 def functional_call(m: nn.Module, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     """A QAT FloatFunctional method call (not a module call, so no hooks): recorded like one."""
-    if _ACTIVE is None:
+    if _OUTER.active is None:
         return fn(m, *args, **kwargs)
     _enter(m, (args, kwargs))
     out = None

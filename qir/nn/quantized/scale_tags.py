@@ -34,11 +34,9 @@ from qir.nn.quantized._base import QuantizedModule
 from qir.nn.quantized.functional import TAG_OUTPUTS, QFunctional
 from qir.nn.quantized.stubs import SCALE_TAG, DeQuantStub, PerCallDeQuantStub, scale_tag_of
 from qir.quantization.eager_record import KEEPS_LAYOUT, PRESERVING
+from qir.quantization.outer_forward import OuterForward
 
 __all__ = ["install_scale_tags", "passing_tags", "tag_of_module"]
-
-
-_ACTIVE: _PassTags | None = None
 
 
 class _PassTags(TorchFunctionMode):
@@ -92,22 +90,15 @@ def passing_tags(root: nn.Module) -> TorchFunctionMode:
     return _PassTags(root)
 
 
+_OUTER = OuterForward(_PassTags)  # a nested call: the outer forward passes the tags
+
+
 def _root_pre_hook(root: nn.Module, args: Any) -> None:
-    global _ACTIVE
-    if _ACTIVE is not None:
-        return  # a nested call: the outer forward passes the tags
-    mode = _PassTags(root)
-    mode.__enter__()
-    _ACTIVE = mode
+    _OUTER.enter(root)
 
 
 def _root_post_hook(root: nn.Module, args: Any, out: Any) -> None:
-    global _ACTIVE
-    mode = _ACTIVE
-    if mode is None or mode.root is not root:
-        return
-    _ACTIVE = None
-    mode.__exit__(None, None, None)
+    _OUTER.leave(root)
 
 
 def install_scale_tags(root: nn.Module) -> None:
