@@ -76,6 +76,7 @@ from qir.quantization.observer import (
     MovingAveragePerChannelMinMaxObserver,
     MovingAveragePerTensorMinMaxObserver,
 )
+from qir.quantization.wrapped_modules import wrapped_input_stubs
 
 __all__ = [
     "INTEGER_GRID_KEY",
@@ -228,6 +229,8 @@ def bind_integer_grid(gm: torch.fx.GraphModule, march: str) -> dict[str, str]:
     inputs come from known fake quants; in place. Returns ``{path: reason}`` for those left on
     float fake quantization."""
     sites, methods = _trace_sources(gm)
+    for path, stub in wrapped_input_stubs(gm).items():  # a wrapped method's module: on its input stub's grid
+        sites[path] = [[_plain_fq(getattr(stub, "activation_post_process", None))]]
     unbound = bind_sites(gm, sites, methods, march)
     gm.meta[INTEGER_GRID_KEY] = True
     gm.meta[_MARCH_KEY] = march

@@ -16,6 +16,8 @@ is not None (``""``, ``module_type``, ``module_name``, ``.qconfig`` as for graph
   calibration and QAT (the plugin's ``QTensor`` carries one; a float tensor does not). The
   module's output goes back to the wrapped code as float through a generated QAT ``DeQuantStub``,
   ``_generated_wrapped_dequant_<path with _>`` (the identity).
+  In training the module runs on the integer grid of that stub's fake quant
+  (qir.quantization.integer_grid binds it through :func:`wrapped_input_stubs`).
 * **convert_fx** makes the same three integer: quantize with the recorded input scale, the
   integer module, dequantize with its output scale. The wrapped method still receives and
   returns float values; QAT validation (the integer twin) computes exactly the same.
@@ -55,6 +57,7 @@ __all__ = [
     "modules_called_by",
     "prepare_wrapped_modules",
     "quant_stub_path",
+    "wrapped_input_stubs",
 ]
 
 #: ``GraphModule.meta`` key: the prepared modules of wrapped methods (a tuple of WrappedModule)
@@ -387,3 +390,10 @@ def modules_called_by(fn: Any) -> list[str]:
     if not isinstance(owner, nn.Module):
         return []
     return [m.path for m in owner.modules() if isinstance(m, WrappedModuleCall)]
+
+
+def wrapped_input_stubs(gm: nn.Module) -> dict[str, nn.Module]:
+    """Per module of a wrapped method that ``gm`` prepared: its generated input QuantStub (the
+    integer grid binds the module to that stub's fake quant in training)."""
+    found: tuple[WrappedModule, ...] = getattr(gm, "meta", {}).get(WRAPPED_MODULES_KEY, ())
+    return {w.path: gm.get_submodule(w.quant) for w in found if not w.graph_called}
