@@ -105,12 +105,16 @@ def round_half_up(v: torch.Tensor) -> torch.Tensor:
     return f.add_((v - f).ge_(0.5))
 
 
-def quantize(x: torch.Tensor, scale: ScaleLike, dtype: DTypeLike, axis: int | None = None) -> torch.Tensor:
+def quantize(
+    x: torch.Tensor, scale: ScaleLike, dtype: DTypeLike, axis: int | None = None, *, note_abs_sums: bool = False
+) -> torch.Tensor:
     """``saturate(floor(x / scale + 0.5))`` as an integer tensor (int8/int16/int32 storage).
 
     ``x / scale`` is one IEEE division in float32 (float64 for float64 input, and for
     qint32, whose bounds float32 cannot hold); the scale is cast to that type first.
-    ``axis`` selects per-channel scales.
+    ``axis`` selects per-channel scales. ``note_abs_sums``: the codes are a weight whose
+    per-slice L1 norms along ``axis`` will be asked (:func:`abs_sums`): they are summed from the
+    rounded values before the cast, a pass fewer than from the codes, and remembered.
     """
     qd = qdtype(dtype)
     lo, hi = qd.qrange
@@ -123,7 +127,17 @@ def quantize(x: torch.Tensor, scale: ScaleLike, dtype: DTypeLike, axis: int | No
         q = v.add_(0.5).floor_().clamp_(lo, hi)
     else:
         q = round_half_up(v).clamp_(lo, hi)
-    return q.to(qd.to_torch())
+    codes = q.to(qd.to_torch())
+    if note_abs_sums and axis is not None and codes.dim() and codes.numel():
+        ax = axis % codes.dim()
+        c = codes.shape[ax]
+        if q.dtype == torch.float32 and _float32_exact_bound(codes, codes.numel() // c):
+            # the rounded values are the codes' integers, and float32 sums them exactly in any order
+            # (_abs_sums' first case): the same sums, without converting the codes back to float
+            sums = q.transpose(0, ax).reshape(c, -1).abs_().sum(dim=1)
+            if bool(torch.isfinite(sums).all()):  # NaN weights: their codes' sums are the codes' own
+                _remember_abs_sums(codes, ax, sums.to(torch.int64))
+    return codes
 
 
 #: the one float32 value ``v`` below 2**22 whose ``v + 0.5`` rounds up to the next integer:
@@ -227,14 +241,27 @@ def abs_sums(codes: torch.Tensor, axis: int = 0) -> torch.Tensor:
     if hit is not None and hit[0]() is codes:
         return hit[1].clone()
     sums = _abs_sums(codes, axis, c)
+    _remember_abs_sums(codes, axis, sums)
+    return sums
+
+
+def _remember_abs_sums(codes: torch.Tensor, axis: int, sums: torch.Tensor) -> None:
     if len(_ABS_SUMS) >= 256:
         _ABS_SUMS.clear()
+    key = (id(codes), codes._version, axis, tuple(codes.shape))
     _ABS_SUMS[key] = (weakref.ref(codes), sums.clone())
-    return sums
 
 
 #: abs_sums results by (tensor id, version, axis, shape), with the tensor weakly (a dead tensor's id may be reused)
 _ABS_SUMS: dict[tuple[int, int, int, tuple[int, ...]], tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
+
+
+def _float32_exact_bound(codes: torch.Tensor, row: int) -> bool:
+    """Whether float32 sums ``|codes|`` over rows of ``row`` entries exactly: integer codes whose
+    largest possible row sum stays below 2**24."""
+    if codes.is_floating_point() or codes.dtype is torch.bool:
+        return False
+    return 0 < (int(torch.iinfo(codes.dtype).max) + 1) * row < 2**24
 
 
 def _abs_sums(codes: torch.Tensor, axis: int, c: int) -> torch.Tensor:
@@ -242,7 +269,7 @@ def _abs_sums(codes: torch.Tensor, axis: int, c: int) -> torch.Tensor:
     bound = 0
     if not codes.is_floating_point() and codes.dtype is not torch.bool:
         bound = (int(torch.iinfo(codes.dtype).max) + 1) * rows.shape[1]
-    if 0 < bound < 2**24:
+    if _float32_exact_bound(codes, rows.shape[1]):
         return rows.to(torch.float32).abs_().sum(dim=1).to(torch.int64)
     if 0 < bound < 2**53:
         return rows.to(torch.float64).abs_().sum(dim=1).to(torch.int64)

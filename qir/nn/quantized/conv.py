@@ -111,7 +111,8 @@ def integer_conv_state(
     s_in = per_tensor_scale(name, input_scales[0], 0)
     s_w, w_dtype = weight_scale
     w_axis = cls.qat_class.weight_axis if s_w.numel() > 1 else None
-    codes = numerics.quantize(weight, s_w, w_dtype, axis=w_axis)
+    # the verifier's accumulator bound and the module's weight_l1_max read the codes' L1 norms next
+    codes = numerics.quantize(weight, s_w, w_dtype, axis=w_axis, note_abs_sums=True)
     if s_w.numel() > 1 and s_w.numel() != c_out:  # grouped conv transpose: axis 1 holds out/groups channels
         s_w = s_w.repeat(c_out // s_w.numel())
     s_w_out = s_w if s_w.numel() > 1 else s_w.reshape(())
