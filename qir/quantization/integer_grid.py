@@ -861,14 +861,24 @@ def _observe_extremes(
         return False
     if not a.is_contiguous():
         return False
-    dims = [0, *range(2, a.dim())]  # amin and amax: aminmax(dim=) over short rows is many times slower
-    mn, mx = a.amin(dim=dims), a.amax(dim=dims)
+    if a.numel() >= _TWO_STAGE:
+        # per (sample, channel) row first, then over the samples: a contiguous reduction, 1.1-2x faster
+        # than over dims (0, 2, ...) at once (and aminmax(dim=) over such rows is many times slower)
+        rows = a.view(a.shape[0], a.shape[1], -1)
+        mn, mx = rows.amin(dim=2).amin(dim=0), rows.amax(dim=2).amax(dim=0)
+    else:  # small: one reduction each, fewer dispatches
+        dims = [0, *range(2, a.dim())]
+        mn, mx = a.amin(dim=dims), a.amax(dim=dims)
     s64 = s32.astype(np.float64)
     bs = b_codes * s64
     lo = float((bs + mn.numpy().astype(np.float64) * s64).min())
     hi = float((bs + mx.numpy().astype(np.float64) * s64).max())
     _observe_activated(fq, torch.tensor([lo, hi], dtype=torch.float32), act)
     return True
+
+
+#: accumulators of at least this many elements reduce per channel in two stages (:func:`_observe_extremes`)
+_TWO_STAGE = 1 << 16
 
 
 #: the single-node forward (qir.quantization.integer_grid_conv) where it applies; False: the unfused
@@ -984,7 +994,7 @@ def _fused_add_finish(
 
         r2_t = torch.full([1] * nd, r2, dtype=torch.float64)  # dimensioned: float32 codes times it promote
         c = AddConstants(along(acc_lo), along(acc_hi), along(r1), along(off1), r2_t, inv_add, extra_bits, lo, hi, s_out)
-        return fused_add_blocks(acc, addend, c)
+        return fused_add_blocks(acc, addend, c, out=acc)  # acc is not needed afterwards
 
     return finish
 

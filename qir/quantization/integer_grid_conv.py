@@ -73,12 +73,17 @@ def input_codes(x: torch.Tensor, inv_scale: torch.Tensor | float) -> torch.Tenso
     return out
 
 
-def requant_blocks(acc: torch.Tensor, c: RequantConstants) -> tuple[torch.Tensor, torch.Tensor]:
+def requant_blocks(
+    acc: torch.Tensor, c: RequantConstants, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(clamp(floor(acc · ratio + offset), lo, hi) · out_scale, gain)`` evaluated exactly in float64
     block by block; ``gain`` is ``acc_grad`` where the result was not clamped, else 0 (a float tensor:
     multiplying by it is vectorized, masking by a bool tensor is not; with number bounds one pass
-    computes it). Only the two results are allocated at full size."""
-    out = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
+    computes it). ``out``: the float32 tensor the result is written to, ``acc`` itself when the caller
+    has no further use for the accumulator (each block is read before it is written); a new one
+    when None. Only the results are allocated at full size."""
+    if out is None:
+        out = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
     gain = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
     nd = acc.dim()
     q = qc = torch.empty(0)  # scratch blocks, reused: the blocks but the last have one shape
@@ -86,19 +91,22 @@ def requant_blocks(acc: torch.Tensor, c: RequantConstants) -> tuple[torch.Tensor
         a = acc[idx]
         if q.shape != a.shape:
             q = torch.empty(a.shape, dtype=torch.float64, device=acc.device)
-            qc = torch.empty(a.shape, dtype=torch.float32, device=acc.device)
-        # exact: products and sums below 2**53
+        # exact: products and sums below 2**53 (mul_ then add_: addcmul with per-channel operands
+        # takes torch's unvectorized loop, 2-3x slower than the two passes)
         q.copy_(a).mul_(part(c.ratio, idx, nd)).add_(part(c.offset, idx, nd))
         o = out[idx]
         o.copy_(q.floor_())  # |q| <= 2**31: float32 keeps lo / hi right
         lo, hi = part(c.lo, idx, nd), part(c.hi, idx, nd)
-        torch.clamp(o, lo, hi, out=qc)  # ints or tensors, both accepted
         if isinstance(lo, int) and isinstance(hi, int):
             # one pass for `acc_grad where lo <= o <= hi, else 0`: o holds integers, so the strict
             # test of hardtanh's gradient against lo - 1/2 and hi + 1/2 is that one (same bits)
             _PASS_INSIDE(part(c.acc_grad, idx, nd), o, lo - 0.5, hi + 0.5, grad_input=gain[idx])
-        else:
-            torch.eq(qc, o, out=gain[idx]).mul_(part(c.acc_grad, idx, nd))
+            o.clamp_(lo, hi).mul_(c.out_scale)
+            continue
+        if qc.shape != a.shape:
+            qc = torch.empty(a.shape, dtype=torch.float32, device=acc.device)
+        torch.clamp(o, lo, hi, out=qc)  # tensor bounds (ReLU6's per channel)
+        torch.eq(qc, o, out=gain[idx]).mul_(part(c.acc_grad, idx, nd))
         torch.mul(qc, c.out_scale, out=o)
     return out, gain
 
@@ -127,7 +135,7 @@ class ConvRequant(torch.autograd.Function):
         plan: Callable[[torch.Tensor], RequantConstants],
     ) -> torch.Tensor:
         xq, acc = _codes_conv(x, wq, inv_scale, geometry)
-        out, gain = requant_blocks(acc, plan(acc))
+        out, gain = requant_blocks(acc, plan(acc), out=acc)  # the accumulator is not needed afterwards
         ctx.save_for_backward(xq, wq, gain, bias_div)
         _keep_geometry(ctx, geometry, acc, out_axis)
         return out
@@ -158,15 +166,20 @@ class AddConstants(NamedTuple):
     out_scale: torch.Tensor | float
 
 
-def fused_add_blocks(acc: torch.Tensor, addend: torch.Tensor, c: AddConstants) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_blocks(
+    acc: torch.Tensor, addend: torch.Tensor, c: AddConstants, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused conv + add rule in float64, block by block: ``(codes · out_scale, keep)`` with
     ``keep`` 1 where the output was not clamped, else 0. ``a = clamp(acc, acc_lo, acc_hi)``, then
     ``mid1 = floor(a·r1 + off1)``, ``mid2 = floor(round(addend / s_add)·r2 + 1/2)`` and
     ``out = clamp(floor((mid1 + mid2)·2**-extra_bits + 1/2), lo, hi)``, each exact in float64 where
-    the caller checked the bounds (``integer_grid._fused_add_float64``)."""
-    out = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
+    the caller checked the bounds (``integer_grid._fused_add_float64``). ``out``: as for
+    :func:`requant_blocks`."""
+    if out is None:
+        out = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
     keep = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
     nd = acc.dim()
+    one = torch.ones((), dtype=torch.float32, device=acc.device)
     for idx in blocks(acc.shape):
         a = acc[idx].clamp(part(c.acc_lo, idx, nd), part(c.acc_hi, idx, nd)).to(torch.float64)
         a.mul_(part(c.r1, idx, nd)).add_(part(c.off1, idx, nd)).floor_()  # mid1, exact
@@ -174,9 +187,9 @@ def fused_add_blocks(acc: torch.Tensor, addend: torch.Tensor, c: AddConstants) -
         a.add_(codes.mul_(c.r2).add_(0.5).floor_())  # + mid2, exact
         o = out[idx]
         o.copy_(a.mul_(2.0**-c.extra_bits).add_(0.5).floor_())
-        qc = o.clamp(c.lo, c.hi)
-        torch.eq(qc, o, out=keep[idx])
-        torch.mul(qc, c.out_scale, out=o)
+        # keep: 1 where lo <= o <= hi (o holds integers: hardtanh's strict test at lo - 1/2, hi + 1/2)
+        _PASS_INSIDE(one, o, c.lo - 0.5, c.hi + 0.5, grad_input=keep[idx])
+        o.clamp_(c.lo, c.hi).mul_(c.out_scale)
     return out, keep
 
 
@@ -208,7 +221,7 @@ class ConvAddRequant(torch.autograd.Function):
         finish: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
         xq, acc = _codes_conv(x, wq, inv_scale, geometry)
-        out, keep = finish(acc, addend)
+        out, keep = finish(acc, addend)  # written into acc
         ctx.save_for_backward(xq, wq, keep, acc_grad, bias_div)
         _keep_geometry(ctx, geometry, acc, out_axis)
         return out

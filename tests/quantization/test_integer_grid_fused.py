@@ -15,7 +15,7 @@ from torch import nn
 
 import qir.quantization.integer_grid as grid
 from qir.march import march_scope
-from qir.quantization import get_default_qat_qconfig, prepare_qat_fx
+from qir.quantization import blockwise, get_default_qat_qconfig, prepare_qat_fx
 from qir.quantization.integer_grid_conv import ConvAddRequant, ConvRequant
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
@@ -70,10 +70,16 @@ def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 
 
 @pytest.mark.parametrize("march", ["bayes", "bernoulli2"])
-@pytest.mark.parametrize("kind", ["conv2d", "conv1d", "wide", "residual", "residual_int64"])
+@pytest.mark.parametrize(
+    "kind", ["conv2d", "conv1d", "wide", "residual", "residual_int64", "conv2d_blocks", "residual_blocks"]
+)
 def test_the_fused_conv_is_the_unfused_chain_bit_for_bit(
     kind: str, march: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if kind.endswith("_blocks"):  # many blocks per tensor, the results written over the accumulator, two-stage extremes
+        kind = kind.removesuffix("_blocks")
+        monkeypatch.setattr(blockwise, "BLOCK", 40)
+        monkeypatch.setattr(grid, "_TWO_STAGE", 1)
     fused, plain = _prepared(kind, march), _prepared(kind, march)
     calls = {"n": 0, "add": 0}
     apply, apply_add = ConvRequant.apply, ConvAddRequant.apply
