@@ -14,6 +14,12 @@ Prints the overhead ratios against float; writes JSON and a bar chart.
 
     /work/tvenv/bin/python benchmarks/qat_overhead.py [--repeats 10] [--json out.json] [--png out.png]
 
+``--op-times N``: instead, the CPU time of every dispatched tensor operator, per step, for the float
+and the grid step (``N`` steps each, alternating, after the warm-up), summed by operator name: each
+operator is timed with ``time.thread_time_ns`` inside a ``TorchDispatchMode``, so with ``--threads 1``
+the figures are the work itself, not the wait of a thread descheduled on a loaded machine (the
+mode's own Python overhead is outside the timed calls). Only the float and grid models are built.
+
 Needs torchvision and matplotlib (``pip install -e .[bench]``).
 """
 
@@ -128,6 +134,63 @@ def measure(name: str, batch: int, size: int, repeats: int, warmup: int) -> dict
     }
 
 
+def op_times(name: str, batch: int, size: int, steps: int, warmup: int) -> dict[str, dict[str, tuple[int, float]]]:
+    """``{"float" | GRID: {operator: (calls, CPU ms)}}`` per step of model ``name`` (see ``--op-times``)."""
+    import collections
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    float_model = _model(name)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 3, size, size, generator=g)
+    y = torch.randint(0, 1000, (batch,), generator=g)
+    fns = {"float": _step_fn(float_model, x, y), GRID: _step_fn(qir_qat(float_model), x, y)}
+    # one thread: the calling thread's CPU time is the operator's; else the process's
+    clock = time.thread_time_ns if torch.get_num_threads() == 1 else time.process_time_ns
+    totals: dict[str, collections.Counter[str]] = {k: collections.Counter() for k in fns}
+    calls: dict[str, collections.Counter[str]] = {k: collections.Counter() for k in fns}
+
+    class _Timed(TorchDispatchMode):
+        def __init__(self, kind: str) -> None:
+            super().__init__()
+            self.kind = kind
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            t0 = clock()
+            out = func(*args, **(kwargs or {}))
+            op = str(func.overloadpacket.__name__)
+            totals[self.kind][op] += clock() - t0
+            calls[self.kind][op] += 1
+            return out
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for fn in fns.values():
+            for _ in range(warmup):
+                fn()
+        for _ in range(steps):
+            for k, fn in fns.items():
+                with _Timed(k):
+                    fn()
+    return {k: {op: (n // steps, totals[k][op] / steps / 1e6) for op, n in calls[k].items()} for k in fns}
+
+
+def print_op_times(name: str, t: dict[str, dict[str, tuple[int, float]]], top: int = 25) -> None:
+    sums = {k: sum(ms for _, ms in v.values()) for k, v in t.items()}
+    print(
+        f"{name}: operator CPU ms per step, float {sums['float']:.0f}, grid {sums[GRID]:.0f} "
+        f"({sums[GRID] / sums['float']:.2f}x)"
+    )
+    ops = sorted(
+        set(t["float"]) | set(t[GRID]),
+        key=lambda op: -max(t["float"].get(op, (0, 0.0))[1], t[GRID].get(op, (0, 0.0))[1]),
+    )
+    print(f"{'operator':<32} {'float calls':>11} {'ms':>8} {'grid calls':>11} {'ms':>8}")
+    for op in ops[:top]:
+        (fc, fm), (gc, gm) = t["float"].get(op, (0, 0.0)), t[GRID].get(op, (0, 0.0))
+        print(f"{op:<32} {fc:>11} {fm:>8.1f} {gc:>11} {gm:>8.1f}")
+
+
 def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
     import matplotlib
 
@@ -170,8 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--json", default=None)
     ap.add_argument("--png", default=None)
+    ap.add_argument("--op-times", type=int, default=0, metavar="N", help="per-operator CPU time over N steps instead")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.op_times:
+        for m in args.models:
+            print_op_times(m, op_times(m, args.batch, args.size, args.op_times, args.warmup))
+        return 0
     rows = [measure(m, args.batch, args.size, args.repeats, args.warmup) for m in args.models]
     print(
         f"torch {torch.__version__}, python {platform.python_version()}, {args.threads} threads, "
