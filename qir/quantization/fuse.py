@@ -42,7 +42,7 @@ from qir.ir.ops.nn import ConvNd, ConvTransposeNd, Linear
 from qir.ir.ops.qat import QATModuleOp
 from qir.ir.ops.shape import Transpose
 from qir.ir.types import ScalarType, SequenceType, TensorType, Type
-from qir.quantization.borrowed import borrowing_copy
+from qir.quantization.borrowed import Borrowed, borrowing_copy
 from qir.quantization.fx_trace import build_ir, trace_fx
 from qir.quantization.names import NameAllocator
 from qir.quantization.pipelines import (
@@ -501,9 +501,9 @@ class FusedIR:
     consumed: set[str]
     class_name: str
     training: bool
-    #: ``root`` still holds tensors of the user's model (:mod:`qir.quantization.borrowed`): the
-    #: graph does not, and nothing of ``root`` but its module tree may go into a model
-    root_borrows: bool = False
+    #: the tensors of the user's model ``root`` still holds (:mod:`qir.quantization.borrowed`; None:
+    #: none): the graph holds none, and a module of ``root`` goes into a model only once owned
+    borrowed: Borrowed | None = None
 
 
 def build_fused(
@@ -593,7 +593,7 @@ def build_fused_ir(
     if borrowed is not None:
         borrowed.check_untouched()
         borrowed.own_graph(g)
-    return FusedIR(g, record, root, consumed, type(model).__name__, model.training, borrowed is not None)
+    return FusedIR(g, record, root, consumed, type(model).__name__, model.training, borrowed)
 
 
 def emit_fused(fused: FusedIR, graph: Graph | None = None) -> torch.fx.GraphModule:

@@ -515,8 +515,10 @@ def _prepare_float(
     if hybrid is not None:
         gm.meta[HYBRID_KEY] = place_boundaries(gm, cpu, chosen, _stub_qconfig(spec, kind))
     if batch_norms is None:  # the first prepare: the traced deep copy of the user's model still has them
-        # its own batch norms, unless they are still the user's (qir/quantization/borrowed.py)
-        batch_norms = folded_batch_norms(fused.root, record.sources, copies=fused.root_borrows)
+        batch_norms = folded_batch_norms(fused.root, record.sources, copies=False)
+        if fused.borrowed is not None:  # they hold the user's statistics: copies of those, not of the modules
+            for _, bn in batch_norms.values():
+                fused.borrowed.own_module(bn)
     gm.meta[PREPARE_RECORD_KEY] = PrepareRecord(
         float_model=float_copy,
         march=march,
