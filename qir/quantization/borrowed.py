@@ -12,9 +12,10 @@ anything can write to it:
 * the traced graph runs on real tensors (the typing run of a graph the shape formulas do not
   cover): every borrowed tensor of the copy is owned first (:meth:`Borrowed.own_module`);
 * a pass of the user's runs on the graph: the same, first;
-* after fusion, the graph's constants and the modules it keeps as objects own theirs
-  (:meth:`Borrowed.own_graph`); what else of the copy holds a user tensor (a conv whose weight was
-  folded into a new constant, a folded batch norm) is never installed into a model.
+* after fusion, the graph's constants, the modules it keeps as objects and the modules whose
+  wrapped methods it calls own theirs (:meth:`Borrowed.own_graph`); what else of the copy holds a
+  user tensor (a conv whose weight was folded into a new constant, a folded batch norm) is never
+  installed into a model.
 
 qir's own passes bind new tensors and never write into a constant (passes/constant_guard.py),
 and the version counters of the borrowed tensors are checked when fusion is done
@@ -26,6 +27,7 @@ would not see it), and a GraphModule (whose ``meta`` may hold anything), are dee
 from __future__ import annotations
 
 import copy
+import types
 from typing import Any
 
 import torch
@@ -64,12 +66,15 @@ class Borrowed:
                         slots[name] = self.own(t)
 
     def own_graph(self, graph: Graph) -> None:
-        """Make the graph's constants, and the modules it holds as objects, their own."""
+        """Make the graph's constants, and the modules it holds as objects, their own: opaque
+        modules, and the module a wrapped method runs on (its bound method is the call's target,
+        and the method reads whatever of that module it likes, e.g. a float conv inside it)."""
         for key, t in graph.constants.items():
             graph.constants[key] = self.own(t)
         for obj in graph.objects.values():
-            if isinstance(obj, nn.Module):
-                self.own_module(obj)
+            owner = obj.__self__ if isinstance(obj, types.MethodType) else obj
+            if isinstance(owner, nn.Module):
+                self.own_module(owner)
 
     def check_untouched(self) -> None:
         """Refuse when a borrowed tensor was written in place (the user's model would have changed)."""

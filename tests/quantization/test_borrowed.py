@@ -9,6 +9,7 @@ as it was.
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ import qir.quantization.borrowed as borrowed_module
 from qir.quantization import DeQuantStub, QuantStub, get_default_qat_qconfig, prepare_qat_fx
 from qir.quantization.borrowed import Borrowed, borrowing_copy
 from qir.quantization.prepare import PREPARE_RECORD_KEY
+from qir.utils.fx_helper import wrap
 from tests.flows.hybrid_models import HybridModel, seed_hybrid_dict
 from tests.quantization.test_prepare_paths import ResNetShaped
 
@@ -195,3 +197,55 @@ def test_the_typing_run_computes_with_owned_tensors() -> None:
     copied2, _ = borrowing_copy(nn.Sequential(nn.Conv2d(3, 4, 1)))
     fx_trace.build_ir(copied2, torch.randn(1, 3, 4, 4), before_run=lambda: seen.append(False))
     assert seen == [True]
+
+
+class FloatConvInWrap(nn.Module):
+    """A wrapped method of the root calling a conv that stays float (qconfig None): the prepared
+    model runs the method on prepare's copy of the root, whose conv must hold its own tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.post_conv = nn.Conv2d(8, 4, 1)
+
+    @wrap()
+    def post(self, x: torch.Tensor) -> torch.Tensor:
+        return self.post_conv(x).flatten(1).topk(5, dim=1)[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.post(self.bn(self.conv(self.quant(x))))
+
+
+def _wrapped_owners(gm: torch.fx.GraphModule) -> list[nn.Module]:
+    """The modules the graph's wrapped-method calls run on."""
+    return [
+        n.target.__self__
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and isinstance(n.target, types.MethodType)
+        and isinstance(n.target.__self__, nn.Module)
+    ]
+
+
+@pytest.mark.parametrize("typed_by_run", [True, False])
+def test_a_wrapped_method_runs_on_modules_holding_their_own_tensors(typed_by_run: bool) -> None:
+    """With example inputs the wrapped call is typed by a run (the copy owns everything first);
+    without, the call's module owns its tensors when fusion is done."""
+    qir.set_march("bayes")
+    torch.manual_seed(0)
+    model, x = FloatConvInWrap().train(), torch.randn(2, 3, 8, 8)
+    before = _snapshot(model)
+    qconfig = {"": get_default_qat_qconfig(), "module_name": [("post_conv", None)]}
+    gm = prepare_qat_fx(model, qconfig, x if typed_by_run else None)
+    owners = _wrapped_owners(gm)
+    assert owners and any(isinstance(m.get_submodule("post_conv"), nn.Conv2d) for m in owners)
+    assert not _storages(model) & _storages(*_prepared_modules(gm), *owners)
+    opt = torch.optim.SGD([p for m in (gm, *owners) for p in m.parameters()], lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        gm(x).float().sum().backward()
+        opt.step()
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
