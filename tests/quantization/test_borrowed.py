@@ -43,11 +43,12 @@ class Survivors(nn.Module):
         self.fc1, self.fc2 = nn.Linear(4 * 8 * 8, 8), nn.Linear(4 * 8 * 8, 8)
         self.fc2.weight = self.fc1.weight
         self.register_buffer("offset", torch.randn(4, 1, 1))
+        self.offset_quant = QuantStub()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.bn(self.conv(self.quant(x))))
         y = self.plain(y) + y
-        y = self.lone_bn(y + self.offset if self.with_offset else y)
+        y = self.lone_bn(y + self.offset_quant(self.offset) if self.with_offset else y)
         y = torch.flatten(y, 1)
         return self.dequant(self.fc1(y) + self.fc2(y))
 
