@@ -224,13 +224,8 @@ def _owner(root: nn.Module, key: str) -> tuple[Any, str]:
     return (_fetch(root, path) if path else root), leaf
 
 
-def constant_kind(root: nn.Module, key: str) -> str:
-    """parameter / buffer / buffer_np / tensor, from where ``key`` lives in the module tree."""
-    return _kind_at(*_owner(root, key))
-
-
 def _kind_at(owner: Any, leaf: str) -> str:
-    """:func:`constant_kind` of attribute ``leaf`` of ``owner``."""
+    """parameter / buffer / buffer_np / tensor: what attribute ``leaf`` of ``owner`` is."""
     if isinstance(owner, nn.Module):
         if leaf in owner._parameters:
             return "parameter"

@@ -64,6 +64,7 @@ __all__ = [
     "build_fused_ir",
     "emit_fused",
     "fuse_fx",
+    "set_submodule_creating",
     "trace_fx",
 ]
 
@@ -451,7 +452,8 @@ def _note_bn_eps(g: Graph) -> None:
 # the module tree
 
 
-def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
+def set_submodule_creating(root: nn.Module, path: str, module: nn.Module) -> None:
+    """``root.<path> = module``, creating empty parent modules ``root`` does not have."""
     parent_path, _, leaf = path.rpartition(".")
     parent = root
     for part in parent_path.split(".") if parent_path else []:
@@ -611,10 +613,10 @@ def emit_fused(fused: FusedIR, graph: Graph | None = None) -> torch.fx.GraphModu
 
     for path in fused.consumed:
         if path and not _has_path(gm, path) and not replaced(path):
-            _set_submodule(gm, path, nn.Identity())
+            set_submodule_creating(gm, path, nn.Identity())
     for path in order:  # modules the graph no longer calls (fused away, unused) stay as Identity
         if path and not _has_path(gm, path) and not root.get_submodule(path)._modules and not replaced(path):
-            _set_submodule(gm, path, nn.Identity())
+            set_submodule_creating(gm, path, nn.Identity())
     # inside a QAT layer its own children's order holds (a torch FloatFunctional's Identity
     # activation_post_process must not move ahead of the ConvAdd's weight_fake_quant replacing it)
     _reorder(gm, [p for p in order if not replaced(p)])

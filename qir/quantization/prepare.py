@@ -32,6 +32,7 @@ QuantStub / DeQuantStub modules mark every CPU/BPU boundary.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -503,11 +504,11 @@ def _prepare_float(
                 emitted.meta.update(gm.meta)
                 gm = emitted
     if hybrid is None:  # a hybrid model's wrapped calls run on the CPU, float (docs/hybrid.md)
-        graph_called = [*_called_modules(gm), *(n for names in record.sources.values() for n in names)]
         prepare_wrapped_modules(
             gm,
             fused.root,
-            graph_called,
+            # read only when the model has a wrapped call
+            itertools.chain(_called_modules(gm), (n for names in record.sources.values() for n in names)),
             lambda path, t: spec.resolve(path, (), (t,)),
             lambda path, m, qat: record.remap.key_map.update(_key_map(path, m, qat)),
             _qat_parts(),

@@ -197,13 +197,17 @@ def prepare_wrapped_modules(
     (fused-away ones included); ``resolve(path, type)``: the qconfig of a module; ``on_swap(path,
     float module, QAT module)`` is told of each swap. Returns what was prepared (also in
     ``gm.meta``); ``gm``'s wrapped calls are rebound when there is any."""
+    from qir.quantization.fuse import set_submodule_creating
     from qir.quantization.qat_classes import qat_class_for
 
+    calls = _wrapped_calls(gm)
+    if not calls:  # nearly every model: no walk of its module tree
+        return ()
     called = set(called)
     in_root = {id(m): p for p, m in root.named_modules()}
     done: dict[str, WrappedModule] = {}
     quant_owner: dict[str, str] = {}
-    for n in _wrapped_calls(gm):
+    for n in calls:
         owner_mod = n.target.__self__  # type: ignore[union-attr]
         owner = owner_mod.__dict__.get(_OWNER_ATTR, in_root.get(id(owner_mod)))
         if owner is None:
@@ -221,30 +225,32 @@ def prepare_wrapped_modules(
             qc = resolve(path, type(m))
             if qc is None or (qc.activation is None and qc.weight is None):
                 continue
-            entry = WrappedModule(owner, sub)
-            if not _free(gm, path):
-                raise ValueError(
-                    f"prepare_qat_fx: module '{path}' is called inside wrapped method {_name(n)}, but the prepared "
-                    f"model already holds a {type(gm.get_submodule(path)).__name__} at that path; rename the module"
-                )
-            if entry.quant in quant_owner or _has(gm, entry.quant) or _has(gm, entry.dequant):
-                other = quant_owner.get(entry.quant, entry.quant)
-                raise ValueError(
-                    f"prepare_qat_fx: module '{path}' is called inside wrapped method {_name(n)} and needs the "
-                    f"generated input QuantStub '{entry.quant}', which '{other}' already takes; rename one of them"
-                )
             try:
                 qat = cls.from_float(m, qc)  # type: ignore[attr-defined]
+                if qat.is_scale_preserving:
+                    continue  # ReLU, max pool, Identity: no scale of their own, the same values on float as on codes
                 stub = parts.quant_stub(qc)
             except (TypeError, ValueError) as e:
                 raise ValueError(
                     f"prepare_qat_fx: module '{path}' ({type(m).__name__}), called inside wrapped method {_name(n)}: "
                     f"{e}; give it the qconfig None to keep it float"
                 ) from e
-            if qat.is_scale_preserving:
-                continue  # ReLU, max pool, Identity: no scale of their own, the same values on float as on codes
+            entry = WrappedModule(owner, sub)
+            held = _get(gm, path)
+            # emit leaves an Identity where an uncalled module was
+            if held is not None and type(held) is not nn.Identity:
+                raise ValueError(
+                    f"prepare_qat_fx: module '{path}' is called inside wrapped method {_name(n)}, but the prepared "
+                    f"model already holds a {type(held).__name__} at that path; rename the module"
+                )
+            if entry.quant in quant_owner or _get(gm, entry.quant) is not None or _get(gm, entry.dequant) is not None:
+                other = quant_owner.get(entry.quant, entry.quant)
+                raise ValueError(
+                    f"prepare_qat_fx: module '{path}' is called inside wrapped method {_name(n)} and needs the "
+                    f"generated input QuantStub '{entry.quant}', which '{other}' already takes; rename one of them"
+                )
             on_swap(path, m, qat)
-            _set_creating(gm, path, qat)
+            set_submodule_creating(gm, path, qat)
             gm.add_submodule(entry.quant, stub)
             gm.add_submodule(entry.dequant, parts.dequant_stub())
             done[path] = entry
@@ -261,41 +267,11 @@ def _name(n: torch.fx.Node) -> str:
     return f"{type(t.__self__).__name__}.{t.__name__}" if isinstance(t, types.MethodType) else str(t)
 
 
-def _free(gm: nn.Module, path: str) -> bool:
-    """Nothing at ``path`` in ``gm``, or the Identity emit leaves where an uncalled module was."""
-    try:
-        m = gm.get_submodule(path)
-    except AttributeError:
-        return True
-    return type(m) is nn.Identity
-
-
 def _get(gm: nn.Module, path: str) -> nn.Module | None:
     try:
         return gm.get_submodule(path)
     except AttributeError:
         return None
-
-
-def _has(gm: nn.Module, path: str) -> bool:
-    try:
-        gm.get_submodule(path)
-    except AttributeError:
-        return False
-    return True
-
-
-def _set_creating(root: nn.Module, path: str, module: nn.Module) -> None:
-    """``root.<path> = module``, creating empty parent modules the emitted model does not have."""
-    parent: nn.Module = root
-    *parents, leaf = path.split(".")
-    for part in parents:
-        child = parent._modules.get(part)
-        if child is None:
-            child = nn.Module()
-            parent.add_module(part, child)
-        parent = child
-    parent._modules[leaf] = module
 
 
 def _with_module(base: nn.Module, sub: str, module: nn.Module) -> nn.Module:
@@ -357,6 +333,8 @@ def convert_wrapped_modules(
     """Install the integer forms of ``qat_model``'s prepared wrapped modules in ``converted``
     (in place) and rebind its wrapped calls to them. ``build(path, QAT module, input scales)``
     makes an integer module (convert's own builder, so errors read as for graph modules)."""
+    from qir.quantization.fuse import set_submodule_creating
+
     found: tuple[WrappedModule, ...] = getattr(qat_model, "meta", {}).get(WRAPPED_MODULES_KEY, ())
     if not found:
         return converted
@@ -374,7 +352,7 @@ def convert_wrapped_modules(
                 "to dequantize its result with; give it the qconfig None to keep it float"
             )
         dequant = build(w.dequant, qat_model.get_submodule(w.dequant), [out_scale.detach().clone()])
-        _set_creating(converted, w.path, module)
+        set_submodule_creating(converted, w.path, module)
         for path, m in ((w.quant, quant), (w.dequant, dequant)):
             m.train(False)
             converted._modules.pop(path, None)  # last, whichever path converted the graph (state-dict order)
