@@ -47,7 +47,7 @@ from backends.common.lower import (
 from backends.common.lower_float import float_call, lower_float_call
 from backends.common.program import Program, ValueRef
 from qir.ir.graph import Graph, Node, Value, map_values
-from qir.ir.op import IRError, ModuleOp, resolve
+from qir.ir.op import IRError, ModuleOp, resolve, torch_call_of
 from qir.ir.ops.core import Call, Constant, resolve_target
 
 __all__ = ["lower_ir"]
@@ -151,7 +151,7 @@ def _legacy(ctx: LowerContext, graph: Graph, n: Node, operands: list[Any]) -> An
         except IRError as e:
             raise LoweringError(f"{_where(n)}: {e}") from None
         return _function(ctx, n, fn, args, kwargs)
-    torch_call = None if isinstance(op, ModuleOp) and op.module_form_only() else getattr(op, "torch_call", None)
+    torch_call = torch_call_of(op)
     if torch_call is not None:
         try:
             fn, targs, tkwargs = torch_call(operands)

@@ -24,7 +24,7 @@ from qir.frontend.convert import MODULE_ORDER_KEY
 from qir.frontend.lookup import functional_method_classes
 from qir.frontend.sequences import SEQUENCE_LENGTHS_KEY, install_length_guard
 from qir.ir.graph import Graph, Node, Value, map_values
-from qir.ir.op import IRError, ModuleOp, Ref, resolve
+from qir.ir.op import IRError, ModuleOp, Ref, resolve, torch_call_of
 from qir.ir.ops.core import Call, Constant, GetAttr, GetItem, Identity, resolve_target
 from qir.ir.ops.elementwise import BinaryOp
 from qir.ir.prebuilt import PREBUILT_MODULE_KEY, PrebuiltModule
@@ -116,7 +116,7 @@ class _Emitter:
             built = self.module_call(n, op, n.scope)
             if built is not None:
                 return built
-        torch_call = None if isinstance(op, ModuleOp) and op.module_form_only() else getattr(op, "torch_call", None)
+        torch_call = torch_call_of(op)
         if torch_call is not None:
             try:
                 fn, args, kwargs = torch_call(self.operands(n))

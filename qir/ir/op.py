@@ -294,6 +294,14 @@ class ModuleOp(Op):
         return False
 
 
+def torch_call_of(op: Op) -> Any:
+    """The torch call emit and lowering run for ``op``: its ``torch_call``, or None where it has none
+    or is a module op that keeps its module form (:meth:`ModuleOp.module_form_only`)."""
+    if isinstance(op, ModuleOp) and op.module_form_only():
+        return None
+    return getattr(op, "torch_call", None)
+
+
 # --------------------------------------------------------------------------- registry
 
 OP_REGISTRY: dict[str, type[Op]] = {}
