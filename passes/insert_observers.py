@@ -416,8 +416,8 @@ class InsertObservers(Pass):
             consts[role] = add_state_constant(graph, prefix + role, state[role], InsertObserversError)
             if source is not None:
                 shared.by_constant[(source, role)] = consts[role]
-            if float_t is not None:
-                shared.by_tensor[tensor_key(float_t)] = (float_t, consts[role])
+            if float_t is not None and key is not None:
+                shared.by_tensor[key] = (float_t, consts[role])
         if owner is None:
             first[n.scope or ""] = consts
         name = n.name

@@ -236,8 +236,7 @@ def abs_sums(codes: torch.Tensor, axis: int = 0) -> torch.Tensor:
         return torch.zeros(c, dtype=torch.int64)
     # conversion asks twice per layer (the verifier's accumulator bound, then the integer module's
     # weight_l1_max): the second time a tensor unchanged since (same object, same version) is not read
-    key = (id(codes), codes._version, axis, tuple(codes.shape))
-    hit = _ABS_SUMS.get(key)
+    hit = _ABS_SUMS.get(_abs_sums_key(codes, axis))
     if hit is not None and hit[0]() is codes:
         return hit[1].clone()
     sums = _abs_sums(codes, axis, c)
@@ -245,31 +244,37 @@ def abs_sums(codes: torch.Tensor, axis: int = 0) -> torch.Tensor:
     return sums
 
 
+def _abs_sums_key(codes: torch.Tensor, axis: int) -> tuple[int, int, int, tuple[int, ...]]:
+    return (id(codes), codes._version, axis, tuple(codes.shape))
+
+
 def _remember_abs_sums(codes: torch.Tensor, axis: int, sums: torch.Tensor) -> None:
     if len(_ABS_SUMS) >= 256:
         _ABS_SUMS.clear()
-    key = (id(codes), codes._version, axis, tuple(codes.shape))
-    _ABS_SUMS[key] = (weakref.ref(codes), sums.clone())
+    _ABS_SUMS[_abs_sums_key(codes, axis)] = (weakref.ref(codes), sums.clone())
 
 
 #: abs_sums results by (tensor id, version, axis, shape), with the tensor weakly (a dead tensor's id may be reused)
 _ABS_SUMS: dict[tuple[int, int, int, tuple[int, ...]], tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
 
 
+def _row_sum_bound(codes: torch.Tensor, row: int) -> int:
+    """The largest possible ``sum |codes|`` over ``row`` integer codes (0 for float or bool codes)."""
+    if codes.is_floating_point() or codes.dtype is torch.bool:
+        return 0
+    return (int(torch.iinfo(codes.dtype).max) + 1) * row
+
+
 def _float32_exact_bound(codes: torch.Tensor, row: int) -> bool:
     """Whether float32 sums ``|codes|`` over rows of ``row`` entries exactly: integer codes whose
     largest possible row sum stays below 2**24."""
-    if codes.is_floating_point() or codes.dtype is torch.bool:
-        return False
-    return 0 < (int(torch.iinfo(codes.dtype).max) + 1) * row < 2**24
+    return 0 < _row_sum_bound(codes, row) < 2**24
 
 
 def _abs_sums(codes: torch.Tensor, axis: int, c: int) -> torch.Tensor:
     rows = codes.transpose(0, axis).reshape(c, -1) if codes.dim() else codes.reshape(1, 1)
-    bound = 0
-    if not codes.is_floating_point() and codes.dtype is not torch.bool:
-        bound = (int(torch.iinfo(codes.dtype).max) + 1) * rows.shape[1]
-    if _float32_exact_bound(codes, rows.shape[1]):
+    bound = _row_sum_bound(codes, rows.shape[1])
+    if 0 < bound < 2**24:  # exact in float32 (see _float32_exact_bound)
         return rows.to(torch.float32).abs_().sum(dim=1).to(torch.int64)
     if 0 < bound < 2**53:
         return rows.to(torch.float64).abs_().sum(dim=1).to(torch.int64)
