@@ -29,6 +29,8 @@ import torch
 import torch.fx
 from torch import nn
 
+from qir.quantization.graph_pickle import PicklableGraphModule, reclass
+
 __all__ = [
     "EAGER_FLAG",
     "EXACT_VALIDATION_KEY",
@@ -167,8 +169,9 @@ def _missing_piece(gm: torch.fx.GraphModule, e: IndexError) -> IndexError:
     )
 
 
-class QATGraphModule(ExactValidationMixin, torch.fx.GraphModule):
-    """The class of ``prepare_qat_fx`` results: a GraphModule with integer-exact validation."""
+class QATGraphModule(ExactValidationMixin, PicklableGraphModule):
+    """The class of ``prepare_qat_fx`` results: a GraphModule with integer-exact validation
+    (``torch.save`` / ``torch.load`` keep the class, qir.quantization.graph_pickle)."""
 
 
 def install(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -177,23 +180,14 @@ def install(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     fx gives every GraphModule instance its own ``GraphModuleImpl`` subclass holding its
     generated ``forward``; ``gm`` gets a fresh one under QATGraphModule and regenerates it."""
     if not isinstance(gm, QATGraphModule):
-        _reclass(gm, QATGraphModule)
+        reclass(gm, QATGraphModule)
     return gm
-
-
-def _reclass(gm: torch.fx.GraphModule, base: type) -> None:
-    # qualname "GraphModuleImpl": fx's __new__ (deepcopy) skips such classes to find the real
-    # base; __name__ stays the model's class name, as GraphModule.__init__ set it
-    impl = type("GraphModuleImpl", (base,), {})
-    impl.__name__ = type(gm).__name__
-    gm.__class__ = impl
-    gm.recompile()
 
 
 def uninstall(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Make ``gm`` a plain GraphModule again, in place (a converted model is no QAT model)."""
     if isinstance(gm, QATGraphModule):
-        _reclass(gm, torch.fx.GraphModule)
+        reclass(gm, torch.fx.GraphModule)
     return gm
 
 

@@ -71,8 +71,8 @@ from qir.quantization.qconfig import QConfig, get_default_calib_qconfig, get_def
 from qir.quantization.qconfig_dict import QConfigSpec, parse_qconfig_dict
 from qir.quantization.shared_calls import call_sites, retie_after_load, split_call_sites, tie_to
 from qir.quantization.with_bn import folded_batch_norms
-from qir.quantization.wrapped_modules import QATParts, prepare_wrapped_modules
-from qir.quantization.wrapped_self import follow_training
+from qir.quantization.wrapped_modules import QATParts, prepare_wrapped_modules, wrapped_qconfigs
+from qir.quantization.wrapped_self import follow_training, picklable
 
 __all__ = [
     "PREPARE_BY_PASS",
@@ -513,6 +513,7 @@ def _prepare_float(
             lambda path, m, qat: record.remap.key_map.update(_key_map(path, m, qat)),
             _qat_parts(),
         )
+        kind = check_kinds(chosen | wrapped_qconfigs(gm))  # they may not mix calibration and QAT either
     if hybrid is not None:
         gm.meta[HYBRID_KEY] = place_boundaries(gm, cpu, chosen, _stub_qconfig(spec, kind))
     if batch_norms is None:  # the first prepare: the traced deep copy of the user's model still has them
@@ -520,6 +521,7 @@ def _prepare_float(
         if fused.borrowed is not None:  # they hold the user's statistics: copies of those, not of the modules
             for _, bn in batch_norms.values():
                 fused.borrowed.own_module(bn)
+    picklable(float_copy)  # torch.save of the prepared model pickles it
     gm.meta[PREPARE_RECORD_KEY] = PrepareRecord(
         float_model=float_copy,
         march=march,

@@ -58,6 +58,7 @@ __all__ = [
     "prepare_wrapped_modules",
     "quant_stub_path",
     "wrapped_input_stubs",
+    "wrapped_qconfigs",
 ]
 
 #: ``GraphModule.meta`` key: the prepared modules of wrapped methods (a tuple of WrappedModule)
@@ -368,6 +369,13 @@ def modules_called_by(fn: Any) -> list[str]:
     if not isinstance(owner, nn.Module):
         return []
     return [m.path for m in owner.modules() if isinstance(m, WrappedModuleCall)]
+
+
+def wrapped_qconfigs(gm: nn.Module) -> dict[str, Any]:
+    """Per module of a wrapped method that ``gm`` prepared: its qconfig (prepare checks that
+    calibration and QAT qconfigs do not mix, on these as on graph modules)."""
+    found: tuple[WrappedModule, ...] = getattr(gm, "meta", {}).get(WRAPPED_MODULES_KEY, ())
+    return {w.path: gm.get_submodule(w.path).qconfig for w in found if not w.graph_called}
 
 
 def wrapped_input_stubs(gm: nn.Module) -> dict[str, nn.Module]:

@@ -15,9 +15,10 @@ from typing import Any
 import torch.fx
 from torch import nn
 
+from qir.quantization.graph_pickle import make_picklable
 from qir.utils.fx_helper import wrapped_original
 
-__all__ = ["follow_training", "wrapped_selves"]
+__all__ = ["follow_training", "picklable", "wrapped_selves"]
 
 
 def wrapped_selves(gm: torch.fx.GraphModule) -> list[nn.Module]:
@@ -43,10 +44,19 @@ def _copied(copy: torch.fx.GraphModule) -> None:
     follow_training(copy)  # GraphModule's deepcopy drops forward hooks
 
 
+def picklable(gm: torch.fx.GraphModule) -> bool:
+    """Make ``gm`` picklable when it calls wrapped methods (fx writes a bound method as an import,
+    and ``torch.save`` fails: qir.quantization.graph_pickle); whether it calls any."""
+    if not wrapped_selves(gm):
+        return False
+    make_picklable(gm)
+    return True
+
+
 def follow_training(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Register the mode-following hook on ``gm`` when it calls wrapped methods (once), and
-    again on every deep copy of it."""
-    if not wrapped_selves(gm):
+    again on every deep copy of it; make ``gm`` picklable (qir.quantization.graph_pickle)."""
+    if not picklable(gm):
         return gm
     if _sync_training not in gm._forward_pre_hooks.values():
         gm.register_forward_pre_hook(_sync_training)
