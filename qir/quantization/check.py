@@ -42,6 +42,7 @@ from passes.legalize import (
 )
 from passes.manager import run_pipeline
 from qir.frontend.record import trace_or_record
+from qir.quantization.fuse import FUSER_RECORD_KEY
 from qir.quantization.hybrid import CPU, HybridPlan, hybrid_plan_of
 from qir.quantization.jit_source import traced_original
 
@@ -561,6 +562,7 @@ def check_model(
     ctx = PassContext()
     run_pipeline(graph, Legalize(march=name), ctx=ctx, inplace=True)
     result: LegalityResult = ctx.options[RESULT_KEY]
+    result = _at_layer_paths(result, model)
     report = report_from_result(result, int(advice or 0))
     if spec is not None:
         report = attrs.evolve(report, specialized=tuple(spec.lines()))
@@ -570,6 +572,27 @@ def check_model(
     if advice:
         print(report)
     return report
+
+
+def _at_layer_paths(result: LegalityResult, model: nn.Module) -> LegalityResult:
+    """Findings on a fused layer that lives at another module's path, named by the layer.
+
+    ``fuse_fx`` puts a conv / linear fused with the FloatFunctional add after it into the add's
+    slot (``add`` holds ``LinearAdd``, ``fc`` becomes Identity); the report names the conv / linear
+    the user wrote (``fc``, as the float model's report does), so the row and its fixes point at
+    the layer whose operator it lists.
+    """
+    record = getattr(model, "meta", {}).get(FUSER_RECORD_KEY)
+    sources = getattr(record, "sources", None)
+    if not isinstance(sources, dict):
+        return result
+
+    def layer(scope: str | None) -> str | None:
+        parts = sources.get(scope) if scope is not None else None
+        return str(parts[0]) if isinstance(parts, list) and parts else scope
+
+    findings = tuple(f if layer(f.scope) == f.scope else attrs.evolve(f, scope=layer(f.scope)) for f in result.findings)
+    return attrs.evolve(result, findings=findings)
 
 
 def _with_hybrid(report: LegalityReport, plan: HybridPlan) -> LegalityReport:
