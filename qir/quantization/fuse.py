@@ -620,7 +620,7 @@ def emit_fused(fused: FusedIR, graph: Graph | None = None) -> torch.fx.GraphModu
     # inside a QAT layer its own children's order holds (a torch FloatFunctional's Identity
     # activation_post_process must not move ahead of the ConvAdd's weight_fake_quant replacing it)
     _reorder(gm, [p for p in order if not replaced(p)])
-    gm.recompile()
+    # no recompile: emit compiled the graph, and the modules added or reordered here are not in its code
     gm.training = fused.training
     gm.meta[FUSER_RECORD_KEY] = fused.record
     gm.register_load_state_dict_pre_hook(fused.record.remap)

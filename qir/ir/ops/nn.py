@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qir.ir.meta_modules import meta_module
 from qir.ir.meta_shapes import conv_shape, linear_shape, meta_result
 from qir.ir.op import HasWeight, IRError, ModuleOp, Pure, Trait, register_op
 from qir.ir.types import TensorType, Type
@@ -204,7 +205,8 @@ class ConvNd(WeightedOp):
     def plain_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         w = tensors["weight"]
         cls: Any = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[self.dims - 1]  # shapes are checked by torch
-        m = cls(
+        m = meta_module(
+            cls,
             w.shape[1] * self.groups,
             w.shape[0],
             tuple(w.shape[2:]),
@@ -214,7 +216,6 @@ class ConvNd(WeightedOp):
             groups=self.groups,
             bias=self.bias,
             padding_mode=self.padding_mode,
-            device="meta",
         )
         _load(m, tensors)
         return m
@@ -309,7 +310,8 @@ class ConvTransposeNd(WeightedOp):
     def plain_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         w = tensors["weight"]
         cls: Any = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[self.dims - 1]
-        m = cls(
+        m = meta_module(
+            cls,
             w.shape[0],
             w.shape[1] * self.groups,
             tuple(w.shape[2:]),
@@ -319,7 +321,6 @@ class ConvTransposeNd(WeightedOp):
             groups=self.groups,
             bias=self.bias,
             dilation=self.dilation,
-            device="meta",
         )
         _load(m, tensors)
         return m
@@ -378,7 +379,7 @@ class Linear(WeightedOp):
 
     def plain_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         w = tensors["weight"]
-        m = nn.Linear(w.shape[1], w.shape[0], bias=self.bias, device="meta")
+        m = meta_module(nn.Linear, w.shape[1], w.shape[0], bias=self.bias)
         _load(m, tensors)
         return m
 

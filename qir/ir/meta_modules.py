@@ -1,0 +1,65 @@
+"""Torch modules rebuilt around given tensors, without building their placeholder state each time.
+
+An op's ``to_module`` builds its torch module on the meta device (no memory, no random draws) and
+installs the op's own tensors in it. Constructing ``nn.Conv2d(..., device="meta")`` still runs
+torch's whole ``__init__`` and ``reset_parameters`` on the placeholders (about 0.25 ms, most of it
+the initialization's Python); ``prepare_qat_fx`` rebuilds every conv of a model twice (the fused
+float model, then each layer's QAT conversion). :func:`meta_module` builds one prototype per class
+and constructor arguments, and gives each caller a copy of it: the same attributes, its own
+containers (parameters, buffers, submodules, hooks), and fresh meta placeholders in any parameter or
+buffer slot the caller does not fill.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["meta_module"]
+
+#: module attributes that are containers: each copy gets its own
+_CONTAINERS = (dict, set, list)
+#: prototypes kept at most (distinct layer shapes of the models a process prepares)
+_MAX_PROTOTYPES = 512
+_prototypes: dict[tuple[Any, ...], nn.Module] = {}
+
+
+def _prototype(cls: type[nn.Module], args: tuple[Hashable, ...], kwargs: dict[str, Hashable]) -> nn.Module:
+    # the key holds each argument's type (True == 1 to a dict) and the default dtype the placeholders take
+    key = (
+        cls,
+        torch.get_default_dtype(),
+        tuple((type(a), a) for a in args),
+        tuple((k, type(v), v) for k, v in sorted(kwargs.items())),
+    )
+    proto = _prototypes.get(key)
+    if proto is None:
+        if len(_prototypes) >= _MAX_PROTOTYPES:
+            _prototypes.clear()
+        proto = _prototypes[key] = cls(*args, **kwargs, device="meta")
+    return proto
+
+
+def _placeholder(t: torch.Tensor) -> torch.Tensor:
+    fresh = torch.empty(t.shape, dtype=t.dtype, device="meta")
+    return nn.Parameter(fresh, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else fresh
+
+
+def meta_module(cls: type[nn.Module], *args: Hashable, **kwargs: Hashable) -> nn.Module:
+    """What ``cls(*args, **kwargs, device="meta")`` builds, for a module class whose constructor
+    keeps no reference to itself in its state (torch's conv and linear layers). The arguments
+    must be hashable (ints, tuples, strings, bools)."""
+    proto = _prototype(cls, args, kwargs)
+    m = cls.__new__(cls)
+    state = m.__dict__
+    for key, value in proto.__dict__.items():
+        state[key] = value.copy() if isinstance(value, _CONTAINERS) else value
+    for slots in (m._parameters, m._buffers):
+        table: dict[str, Any] = slots  # type: ignore[assignment]
+        for name, t in table.items():
+            if t is not None:
+                table[name] = _placeholder(t)
+    return m
