@@ -29,6 +29,8 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 def sanitize_name(hint: str) -> str:
     """Turn any hint (``layer1.0.conv``) into a valid value name (``layer1_0_conv``)."""
+    if hint.isascii() and hint.isidentifier() and not keyword.iskeyword(hint):
+        return hint  # already valid (most hints: a graph names thousands of values)
     name = re.sub(r"[^A-Za-z0-9_]", "_", hint) or "v"
     if name[0].isdigit():
         name = "_" + name

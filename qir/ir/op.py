@@ -147,7 +147,8 @@ def freeze(value: Any) -> Any:
 # --------------------------------------------------------------------------- ops
 
 
-def _meta(t: Type) -> Any:
+def meta_tensor(t: Type) -> Any:
+    """An empty meta tensor of tensor type ``t`` (what :meth:`Op.infer_type` runs ``compute`` on)."""
     if isinstance(t, TensorType):
         return torch.empty(t.shape, dtype=t.dtype.to_torch(), device="meta")
     raise NotImplementedError
@@ -199,11 +200,11 @@ class Op:
         override this; :class:`IRError` says which op could not be inferred.
         """
         try:
-            args = [_meta(t) for t in operand_types]
+            args = [meta_tensor(t) for t in operand_types]
             out = self.compute(*args)
         except NotImplementedError:
             raise CannotInfer(f"op {self.name!r}: cannot infer the result type of {operand_types}") from None
-        t = _meta_type(out)
+        t = meta_type(out)
         # meta tensors hold int8, not qint8 at a scale: codes moved without arithmetic keep theirs
         return carry_spec(operand_types, t) if self.has_trait(Transparent) else t
 
@@ -240,11 +241,12 @@ def _all_refs(op: Op) -> Iterator[Ref]:
         yield from iter_refs(v)
 
 
-def _meta_type(out: Any) -> Type:
+def meta_type(out: Any) -> Type:
+    """The IR type of a ``compute`` result on meta tensors."""
     if isinstance(out, torch.Tensor):
         return TensorType(tuple(out.shape), DType.from_torch(out.dtype))
     if isinstance(out, (tuple, list)):
-        return SequenceType(tuple(_meta_type(o) for o in out), "list" if isinstance(out, list) else "tuple")
+        return SequenceType(tuple(meta_type(o) for o in out), "list" if isinstance(out, list) else "tuple")
     return type_of(out)
 
 

@@ -29,6 +29,7 @@ from qir.ir.numerics import abs_sum_max
 from qir.ir.types import DType
 from qir.nn.qat.conv import QAT_CONV_CLASSES, QATConvBase, class_name
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq, per_tensor_scale
+from qir.nn.quantized.one_thread import one_intra_op_thread
 from qir.quantization.fake_quantize import FakeQuantize
 
 __all__ = ["QUANTIZED_CONV_CLASSES", "QuantizedConvBase"]
@@ -41,6 +42,7 @@ def weight_scale_of(qat: QATConvBase) -> tuple[torch.Tensor, DType]:
     return observed_weight_scale(qat.weight_fake_quant, qat.weight, type(qat).__name__)
 
 
+@one_intra_op_thread()  # the observation's passes over the weight (one_thread.py says why)
 def observed_weight_scale(
     fq: FakeQuantize, weight: torch.Tensor, owner: str, scratch: bool = True
 ) -> tuple[torch.Tensor, DType]:
@@ -90,6 +92,7 @@ class ConvIntegerState:
     extra_bits: int = 0
 
 
+@one_intra_op_thread()  # the weight codes' passes (one_thread.py says why)
 def integer_conv_state(
     cls: type[QuantizedConvBase],
     weight: torch.Tensor,
