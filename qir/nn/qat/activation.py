@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -83,6 +83,11 @@ class UnaryLUT(QATModule):
             raise ValueError(
                 f"UnaryLUT needs a parameter-free function module, {type(function).__name__} has parameters"
             )
+        if getattr(function, "inplace", False):
+            # torchvision's blocks build Hardswish(inplace=True): the QAT forward evaluates f(x) for the
+            # output observer and then reads x's codes for the table, so f must leave x as it was
+            function = copy.copy(function)
+            cast(Any, function).inplace = False
         self.__dict__["_function_module"] = function  # not a submodule on purpose
         self.activation_post_process = activation_post_process
 
