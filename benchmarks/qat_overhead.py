@@ -18,7 +18,9 @@ Prints the overhead ratios against float; writes JSON and a bar chart.
 and the grid step (``N`` steps each, alternating, after the warm-up), summed by operator name: each
 operator is timed with ``time.thread_time_ns`` inside a ``TorchDispatchMode``, so with ``--threads 1``
 the figures are the work itself, not the wait of a thread descheduled on a loaded machine (the
-mode's own Python overhead is outside the timed calls). Only the float and grid models are built.
+mode's own Python overhead is outside the timed calls). The grid's native kernels, ctypes calls that no
+dispatch mode sees, are timed around ``native.run`` and listed as ``native <entry point>``. Only the float
+and grid models are built.
 
 Needs torchvision and matplotlib (``pip install -e .[bench]``).
 """
@@ -163,15 +165,36 @@ def op_times(name: str, batch: int, size: int, steps: int, warmup: int) -> dict[
             calls[self.kind][op] += 1
             return out
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for fn in fns.values():
-            for _ in range(warmup):
-                fn()
-        for _ in range(steps):
-            for k, fn in fns.items():
-                with _Timed(k):
+    # the grid's native kernels (qir.quantization.integer_grid_native) are ctypes calls, not dispatched
+    # operators: timed here by wrapping native.run, under "native <entry point>"
+    from backends.common.kernels import native
+
+    current: list[str] = []
+    real_run = native.run
+
+    def timed_run(name: str, *args: Any, **kwargs: Any) -> int:
+        t0 = clock()
+        out = real_run(name, *args, **kwargs)
+        if current:
+            totals[current[0]][f"native {name}"] += clock() - t0
+            calls[current[0]][f"native {name}"] += 1
+        return out
+
+    native.run = timed_run  # type: ignore[assignment]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for fn in fns.values():
+                for _ in range(warmup):
                     fn()
+            for _ in range(steps):
+                for k, fn in fns.items():
+                    current[:] = [k]
+                    with _Timed(k):
+                        fn()
+                    current.clear()
+    finally:
+        native.run = real_run  # type: ignore[assignment]
     return {k: {op: (n // steps, totals[k][op] / steps / 1e6) for op, n in calls[k].items()} for k in fns}
 
 

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import torch
 
 from qir.quantization.blockwise import blocks, part
+from qir.quantization.integer_grid_native import native_codes, native_requant
 
 __all__ = [
     "AddConstants",
@@ -64,7 +65,10 @@ _PASS_INSIDE = torch.ops.aten.hardtanh_backward.grad_input
 
 def input_codes(x: torch.Tensor, inv_scale: torch.Tensor | float) -> torch.Tensor:
     """``round(x · inv_scale)`` of a tensor already on the grid of ``1 / inv_scale``, block by block
-    (the product rounded while it is in cache)."""
+    (the product rounded while it is in cache), or in one native pass where that applies."""
+    fast = native_codes(x, inv_scale)
+    if fast is not None:
+        return fast
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     nd = x.dim()
     for idx in blocks(x.shape):
@@ -81,9 +85,13 @@ def requant_blocks(
     multiplying by it is vectorized, masking by a bool tensor is not; with number bounds one pass
     computes it). ``out``: the float32 tensor the result is written to, ``acc`` itself when the caller
     has no further use for the accumulator (each block is read before it is written); a new one
-    when None. Only the results are allocated at full size."""
+    when None. Only the results are allocated at full size. One native pass computes both where it
+    applies (:mod:`qir.quantization.integer_grid_native`: int bounds, per-channel constants)."""
     if out is None:
         out = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
+    fast = native_requant(acc, c.ratio, c.offset, c.lo, c.hi, c.out_scale, c.acc_grad, out)
+    if fast is not None:
+        return out, fast
     gain = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
     nd = acc.dim()
     q = qc = torch.empty(0)  # scratch blocks, reused: the blocks but the last have one shape

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "native_dw.h"
+#include "native_grid.h"
 #include "native_pool.h"
 #include "native_requant.h"
 #include "native_simd.h"
@@ -903,6 +904,29 @@ TASK_QUANTIZE(i16, int16_t)
 TASK_SUM_PIXELS(i8, int8_t)
 TASK_SUM_PIXELS(i16, int16_t)
 
+static int64_t task_grid_requant(const int64_t *a, int64_t r0, int64_t r1) {
+    const uint32_t bits = (uint32_t)a[8];
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    qir_grid_requant_rows(QIR_A(const float *, 0), a[1], a[2], QIR_A(const double *, 3), QIR_A(const double *, 4),
+                          QIR_A(const float *, 5), a[6], a[7], scale, QIR_A(float *, 9), QIR_A(float *, 10), r0, r1);
+    return 0;
+}
+
+static int64_t task_grid_codes(const int64_t *a, int64_t r0, int64_t r1) {
+    const uint32_t bits = (uint32_t)a[3];
+    float inv;
+    memcpy(&inv, &bits, sizeof inv);
+    qir_grid_codes_rows(QIR_A(const float *, 0), a[1], a[2], inv, QIR_A(float *, 4), r0, r1);
+    return 0;
+}
+
+static int64_t task_grid_weight_codes(const int64_t *a, int64_t r0, int64_t r1) {
+    qir_grid_weight_codes_rows(QIR_A(const float *, 0), a[1], a[2], QIR_A(const float *, 3), QIR_A(const float *, 4),
+                               a[5], a[6], QIR_A(float *, 7), QIR_A(float *, 8), r0, r1);
+    return 0;
+}
+
 static const struct {
     const char *name; /* the entry point's name */
     qir_rows_fn fn;
@@ -928,6 +952,9 @@ static const struct {
     {"qir_quantize_pixels_i16", task_quantize_i16, 5},
     {"qir_sum_pixels_i8", task_sum_pixels_i8, 4},
     {"qir_sum_pixels_i16", task_sum_pixels_i16, 4},
+    {"qir_grid_requant_rows", task_grid_requant, 11},
+    {"qir_grid_codes_rows", task_grid_codes, 5},
+    {"qir_grid_weight_codes_rows", task_grid_weight_codes, 9},
 };
 #define QIR_NTASKS ((int64_t)(sizeof qir_tasks / sizeof qir_tasks[0]))
 

@@ -61,8 +61,8 @@ __all__ = [
 
 _SRC = Path(__file__).with_name("native.c")
 #: compiled together (the header is part of the cache key)
-_SOURCES = (_SRC, _SRC.with_name("native_pool.c"), _SRC.with_name("native_dw.c"))
-_HEADERS = tuple(_SRC.with_name(f"native_{n}.h") for n in ("pool", "simd", "dw", "requant"))
+_SOURCES = (_SRC, *(_SRC.with_name(f"native_{n}.c") for n in ("pool", "dw", "grid")))
+_HEADERS = tuple(_SRC.with_name(f"native_{n}.h") for n in ("pool", "simd", "dw", "requant", "grid"))
 # -fno-trapping-math -fno-math-errno let floor() vectorise; neither changes an IEEE result (no fast-math)
 _FLAGS = [
     "-O3",
@@ -126,6 +126,12 @@ _SIGNATURES: dict[str, list[type]] = {
     "qir_pool_moved": [],
     # x, c, hw, scale, out, r0, r1
     **{f"qir_quantize_pixels_{t}": [_P, _I64, _I64, ctypes.c_float, _P, _I64, _I64] for t in ("i8", "i16")},
+    # acc, hw, c, ratio, offset, acc_grad, lo, hi, out_scale, out, gain, r0, r1 (native_grid.c)
+    "qir_grid_requant_rows": [_P, _I64, _I64, _P, _P, _P, _I64, _I64, ctypes.c_float, _P, _P, _I64, _I64],
+    # x, n, len, inv, out, r0, r1
+    "qir_grid_codes_rows": [_P, _I64, _I64, ctypes.c_float, _P, _I64, _I64],
+    # w, k, c, scale, fac, qmin, qmax, out, factor, r0, r1
+    "qir_grid_weight_codes_rows": [_P, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _I64, _I64],
 }
 _RETURNS_INT = ("qir_dw_", "qir_gemm_vnni", "qir_conv_vnni", "qir_caps")  # qir_gemm_vnni_cols too
 _RETURNS_I64 = ("qir_quantize_pixels", "qir_run", "qir_pool_")

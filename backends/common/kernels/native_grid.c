@@ -1,0 +1,60 @@
+/* Kernels of QAT training on the integer grid: the float tensors hold integer codes and the
+ * requantization is evaluated exactly in float64 (qir.quantization.integer_grid_conv, whose torch
+ * path makes the same IEEE operations one tensor pass each; tests compare both bit for bit).
+ * One pass over memory per call instead of seven or eight, and one parallel region. */
+#include "native_grid.h"
+
+#include <math.h>
+
+void qir_grid_requant_rows(const float *acc, int64_t hw, int64_t c, const double *ratio, const double *offset,
+                           const float *acc_grad, int64_t lo, int64_t hi, float out_scale, float *out, float *gain,
+                           int64_t r0, int64_t r1) {
+    const float flo = (float)lo, fhi = (float)hi;
+    /* torch's hardtanh_backward against lo - 1/2, hi + 1/2 (exact in float32 for int16 bounds) */
+    const float glo = flo - 0.5f, ghi = fhi + 0.5f;
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t ch = r % c;
+        const double k = ratio[ch], b = offset[ch];
+        const float g = acc_grad[ch];
+        const float *a = acc + r * hw;
+        float *o = out + r * hw;
+        float *restrict gn = gain + r * hw;
+        for (int64_t i = 0; i < hw; ++i) {
+            double q = (double)a[i] * k;
+            q = q + b;
+            const float v = (float)floor(q);
+            gn[i] = (v > glo && v < ghi) ? g : 0.0f;
+            const float cv = v < flo ? flo : (v > fhi ? fhi : v); /* NaN stays NaN, as torch's clamp */
+            o[i] = cv * out_scale;
+        }
+    }
+}
+
+void qir_grid_codes_rows(const float *x, int64_t n, int64_t len, float inv, float *out, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t i0 = r * len, i1 = i0 + len < n ? i0 + len : n;
+        const float *restrict xs = x + i0;
+        float *restrict os = out + i0;
+        for (int64_t i = 0; i < i1 - i0; ++i) os[i] = nearbyintf(xs[i] * inv);
+    }
+}
+
+void qir_grid_weight_codes_rows(const float *w, int64_t k, int64_t c, const float *scale, const float *fac,
+                                int64_t qmin, int64_t qmax, float *out, float *factor, int64_t r0, int64_t r1) {
+    const float lo = (float)qmin, hi = (float)qmax;
+    for (int64_t r = r0; r < r1; ++r) {
+        const float s = scale[r % c], g = fac[r % c];
+        const float *restrict ws = w + r * k;
+        float *restrict os = out + r * k;
+        float *restrict fs = factor + r * k;
+        for (int64_t i = 0; i < k; ++i) {
+            const float v = ws[i] / s;
+            const float f = floorf(v);
+            /* numerics.round_half_up: f + (v - f >= 0.5) as 1 or 0 (adding 0 makes a floored -0 into +0) */
+            const float q = f + (v - f >= 0.5f ? 1.0f : 0.0f);
+            const float qc = q < lo ? lo : (q > hi ? hi : q);
+            os[i] = qc;
+            fs[i] = qc == q ? g : 0.0f;
+        }
+    }
+}
