@@ -33,6 +33,7 @@ from passes.fuse import FUSABLE
 from passes.rewrite import FusedFrom, fused_from
 from qir.frontend.convert import MODULE_ORDER_KEY
 from qir.frontend.emit import emit
+from qir.frontend.lookup import stub_classes
 from qir.ir.graph import Graph, Node
 from qir.ir.op import ModuleOp, Ref
 from qir.ir.ops.core import Call, Constant
@@ -560,9 +561,12 @@ def build_fused_ir(
     if isinstance(prior, FuseRecord):  # fusing an already-fused model: keep its history
         record = copy.deepcopy(prior)
     module_types = {p: type(m) for p, m in root.named_modules()}
+    stubs = stub_classes()
     for p, m in root.named_modules():
         qc = getattr(m, "qconfig", None)
-        if qc is not None:
+        # ``m.qconfig = None`` keeps the module and what it holds float, as torch's propagate_qconfig_
+        # reads it; a stub's constructor sets None, which inherits
+        if qc is not None or ("qconfig" in m.__dict__ and not isinstance(m, stubs)):
             record.qconfig_attrs.setdefault(p, qc)
     # the typing run (when shape formulas do not cover the graph) computes with the copy's tensors
     before_run = None if borrowed is None else (lambda: borrowed.own_module(root))

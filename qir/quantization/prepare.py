@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +137,17 @@ def _is_qat(m: nn.Module) -> bool:
     from qir.nn.qat import QATModule
 
     return any(isinstance(x, QATModule) for x in m.modules())
+
+
+def _float_qconfig(record: FuseRecord, spec: QConfigSpec) -> Callable[[str, nn.Module], QConfig | None]:
+    """The qconfig of a module prepare left float (None for QAT modules and stubs), by its path."""
+
+    def of(path: str, m: nn.Module) -> QConfig | None:
+        if _is_qat(m):
+            return None
+        return spec.resolve(path, record.sources.get(path, []), [record.source_types.get(path), type(m)])
+
+    return of
 
 
 def _qat_parts() -> QATParts:
@@ -536,7 +547,8 @@ def _prepare_float(
     gm.meta[TRACED_WITHOUT_EXAMPLES_KEY] = example_inputs is None
     if example_inputs is None:  # convert_fx types the QAT IR with the first call's inputs instead
         record_first_inputs(gm)
-    check_convertible(gm, record.owners)
+    # a hybrid model places float modules on the CPU behind generated stubs instead
+    check_convertible(gm, record.owners, None if hybrid is not None else _float_qconfig(record, spec), march.value)
     gm.train(model.training)
     follow_training(gm)
     bind_integer_grid(gm, march.value)

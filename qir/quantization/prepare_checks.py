@@ -17,20 +17,53 @@ the prepared graph once and names the module and the fix before the first step:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
+from typing import Any
 
 import torch
 import torch.fx
 from torch import nn
 
+from backends.common.numerics import requant_limits
+from qir.ir.numerics import qdtype
 from qir.quantization.scale_ops import PRESERVING_FUNCTIONS, PRESERVING_METHODS, PRESERVING_MODULES, module_self
 from qir.utils.fx_helper import wrapped_original
 
-__all__ = ["UnconvertibleModelError", "check_convertible"]
+__all__ = ["UnconvertibleModelError", "check_convertible", "collected_refusals"]
 
 
 class UnconvertibleModelError(ValueError):
     """prepare_qat_fx found something convert_fx would refuse; the message names it and the fix."""
+
+    def __init__(self, message: str, where: str = "") -> None:
+        super().__init__(message)
+        #: the module path or node at fault
+        self.where = where
+
+
+_COLLECTING: ContextVar[list[UnconvertibleModelError] | None] = ContextVar("qir_collect_refusals", default=None)
+
+
+@contextlib.contextmanager
+def collected_refusals() -> Iterator[list[UnconvertibleModelError]]:
+    """Within this context :func:`check_convertible` appends its refusals to the yielded list
+    instead of raising the first, so ``check_qconfig`` can report them with its other findings."""
+    found: list[UnconvertibleModelError] = []
+    token = _COLLECTING.set(found)
+    try:
+        yield found
+    finally:
+        _COLLECTING.reset(token)
+
+
+def _refuse(where: str, message: str) -> None:
+    err = UnconvertibleModelError(message, where)
+    found = _COLLECTING.get()
+    if found is None:
+        raise err
+    found.append(err)
 
 
 _EINSUM_FIX = (
@@ -41,18 +74,29 @@ _EINSUM_FIX = (
 _LATER = "convert_fx would refuse it after training: fix it before calibrating or training"
 
 
-def check_convertible(gm: torch.fx.GraphModule, owners: Mapping[str, tuple[str, str]]) -> None:
+def check_convertible(
+    gm: torch.fx.GraphModule,
+    owners: Mapping[str, tuple[str, str]],
+    float_qconfig: Callable[[str, nn.Module], Any] | None = None,
+    march: str | None = None,
+) -> None:
     """Raise :class:`UnconvertibleModelError` if prepared ``gm`` holds one of the module docstring's cases.
 
     ``owners`` maps node names to the qualified name and class name of the user's module whose
-    forward holds the node (absent for the root), to say where the refused code is written."""
+    forward holds the node (absent for the root), to say where the refused code is written.
+    ``float_qconfig(path, module)``: the qconfig of a module prepare left float, None when it is not
+    a QAT module's float form (a QAT module, a stub); ``march``: the target march's name."""
     quantized: set[str] = set()
     for n in gm.graph.nodes:
         m = _called_module(gm, n)
         if n.op == "call_module" and m is not None:
-            on_codes = isinstance(m, PRESERVING_MODULES) and any(a.name in quantized for a in n.all_input_nodes)
-            if _has_output_fake_quant(m) or on_codes:  # a QuantStub, a QAT layer or FloatFunctional
-                quantized.add(n.name)
+            on_codes = any(a.name in quantized for a in n.all_input_nodes)
+            if _has_output_fake_quant(m) or (on_codes and isinstance(m, PRESERVING_MODULES)):
+                quantized.add(n.name)  # a QuantStub, a QAT layer or FloatFunctional
+                if march is not None:
+                    _refuse_march_dtypes(str(n.target), m, march)
+            elif on_codes and float_qconfig is not None and not isinstance(m, PRESERVING_MODULES):
+                _refuse_float_module_with_qconfig(gm, n, m, float_qconfig, march)
             continue  # a DeQuantStub, a float (CPU) module, a high-precision layer: not int8/int16 codes
         if n.op in ("call_function", "call_method") and wrapped_original(n.target) is None:
             if any(a.name in quantized for a in n.all_input_nodes):
@@ -60,14 +104,66 @@ def check_convertible(gm: torch.fx.GraphModule, owners: Mapping[str, tuple[str, 
             if m is not None and _has_output_fake_quant(m) and n.name in quantized:  # ff.add(x, y), x + y
                 _refuse_float_constant_operands(gm, n, m, quantized, owners)
             if _is_einsum(n) and n.name in quantized:
-                raise UnconvertibleModelError(
+                _refuse(
+                    n.name,
                     f"prepare_qat_fx: torch.einsum({n.args[0]!r}, ...) at node '{n.name}' in the forward of "
-                    f"{_owner(gm, owners.get(n.name))} runs on quantized tensors; {_EINSUM_FIX}. ({_LATER})"
+                    f"{_owner(gm, owners.get(n.name))} runs on quantized tensors; {_EINSUM_FIX}. ({_LATER})",
                 )
     for n in gm.graph.nodes:
         m = _called_module(gm, n)
         if n.op == "call_module" and m is not None and _is_high_precision(m):
             _refuse_high_precision_consumers(gm, n)
+
+
+def _refuse_float_module_with_qconfig(
+    gm: torch.fx.GraphModule,
+    n: torch.fx.Node,
+    m: nn.Module,
+    float_qconfig: Callable[[str, nn.Module], Any],
+    march: str | None,
+) -> None:
+    """Refuse float module ``m`` (call site ``n``, reached by quantized tensors) when it has a qconfig."""
+    path = str(n.target)
+    qc = float_qconfig(path, m)
+    if qc is None or (getattr(qc, "activation", None) is None and getattr(qc, "weight", None) is None):
+        return  # kept float on purpose (qconfig None): convert names it if it still receives codes
+    cls = type(m).__name__
+    hint = ""
+    if isinstance(m, nn.LSTM):
+        hint = " nn.LSTMCell has a quantized form: unroll the sequence over cells (one per direction and layer)."
+    elif isinstance(m, nn.modules.batchnorm._BatchNorm):
+        hint = " A batch norm is quantized folded into the conv / linear before it, whose output it must read alone."
+    _refuse(
+        path,
+        f"prepare_qat_fx: module '{path}' ({cls}) receives quantized tensors and has a qconfig, but {cls} has no "
+        f"quantized form{f' on {march}' if march else ''} (no QAT class in qir.nn.qat.QAT_MODULE_MAP): QAT would run "
+        "it in float on fake-quantized values and convert_fx would refuse it after training. To run it in float, give "
+        f"it the qconfig None (qconfig_dict={{'module_name': [('{path}', None)]}}, or `.qconfig = None` on it) and "
+        "put a DeQuantStub before it and a QuantStub after it; or prepare with hybrid=True, which places it on the "
+        f"CPU with generated stubs.{hint} ({_LATER})",
+    )
+
+
+def _refuse_march_dtypes(path: str, m: nn.Module, march: str) -> None:
+    """Refuse a QAT LSTMCell whose fixed qint16 state fake quants ``march`` cannot produce (its
+    integer form requantizes into each of them; qir.nn.quantized.LSTMCell.from_qat)."""
+    if not (isinstance(m, nn.LSTMCell) and hasattr(m, "cell_post_process")):
+        return
+    out = requant_limits(march).out_dtypes
+    bad = sorted(
+        name
+        for name, fq in m.named_children()
+        if name.endswith(("_post_process", "_input")) and qdtype(getattr(fq, "dtype", "qint8")) not in out
+    )
+    if bad:
+        _refuse(
+            path,
+            f"prepare_qat_fx: module '{path}' ({type(m).__name__}) keeps its cell state and the values feeding it "
+            f"in qint16 ({', '.join(bad)}), and {march} requantizes to {', '.join(d.name for d in out)} only: it has "
+            "no quantized form on this march. Give it the qconfig None (qconfig_dict={'module_name': "
+            f"[('{path}', None)]}}) with a DeQuantStub before it and a QuantStub after it to run it in float, prepare "
+            f"with hybrid=True to place it on the CPU, or target bayes. ({_LATER})",
+        )
 
 
 def _refuse_float_constant_operands(
@@ -88,13 +184,14 @@ def _refuse_float_constant_operands(
         name = str(src.target)
         attr = name.rsplit(".", 1)[-1]
         call = f"{n.target}()" if n.op == "call_method" else f"'{n.target}'"
-        raise UnconvertibleModelError(
+        _refuse(
+            _path(n),
             f"prepare_qat_fx: {call} at node '{n.name}' (module '{_path(n)}', {type(m).__name__}) in the forward of "
             f"{_owner(gm, owners.get(n.name))} takes the float tensor '{name}' (a parameter or buffer of the model) "
             "next to quantized tensors: QAT would train with it unquantized, and a quantized op needs a scale for "
             f"every tensor input. Give it a QuantStub: `self.{attr}_quant = QuantStub()` in __init__ and "
             f"`self.{attr}_quant(self.{attr})` where the forward reads it; its scale is then observed and trained "
-            f"like any other. ({_LATER})"
+            f"like any other. ({_LATER})",
         )
 
 
@@ -139,13 +236,14 @@ def _refuse_high_precision_consumers(gm: torch.fx.GraphModule, src: torch.fx.Nod
             what = f"module '{_path(u)}' ({type(m).__name__})"
             if u.op == "call_method":
                 what = f"{what}, its {u.target}() at node '{u.name}'"
-            raise UnconvertibleModelError(
+            _refuse(
+                _path(u),
                 f"prepare_qat_fx: {what} takes the output of module '{src.target}' "
                 f"({type(gm.get_submodule(str(src.target))).__name__}), a high-precision qint32 output (one scale "
                 "per channel, from a qconfig without an output fake quant such as get_default_qat_out_qconfig()); "
                 "only a DeQuantStub can take it: give that module a qconfig with an activation "
                 "(get_default_qat_qconfig(), or qint16 for precision), or dequantize its output before it "
-                f"({_LATER})"
+                f"({_LATER})",
             )
         if _is_layout(u):
             todo.extend(u.users)

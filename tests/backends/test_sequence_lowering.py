@@ -33,7 +33,7 @@ from qir.quantization import (
     prepare_qat_fx,
     set_fake_quantize,
 )
-from qir.quantization.convert import ConvertError
+from qir.quantization.prepare_checks import UnconvertibleModelError
 
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 
@@ -121,7 +121,7 @@ def test_check_model_verdicts() -> None:
 
 
 def test_bernoulli2_refuses_the_qint16_cell_state() -> None:
-    with pytest.raises(ConvertError, match=r"LSTMCell.*qint16"):
+    with pytest.raises(UnconvertibleModelError, match=r"LSTMCell.*qint16"):  # at prepare, before training
         _flow(True, march="bernoulli2")
 
 

@@ -40,6 +40,7 @@ class Survivors(nn.Module):
         self.bn = nn.BatchNorm2d(4)
         self.plain = nn.Conv2d(4, 4, 1)
         self.lone_bn = nn.BatchNorm2d(4)
+        self.lone_bn.qconfig = None  # no quantized form: float on purpose (on codes with a qconfig, prepare refuses it)
         self.fc1, self.fc2 = nn.Linear(4 * 8 * 8, 8), nn.Linear(4 * 8 * 8, 8)
         self.fc2.weight = self.fc1.weight
         self.register_buffer("offset", torch.randn(4, 1, 1))

@@ -23,7 +23,8 @@ from qir.quantization import (
     prepare_qat_fx,
     set_fake_quantize,
 )
-from qir.quantization.integer_grid import GridTally
+from qir.quantization.integer_grid import GridTally, bind_integer_grid
+from qir.quantization.prepare_checks import UnconvertibleModelError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
 from bitexact_models import chain, randomize_bn
@@ -176,8 +177,12 @@ def test_attention_dropout_in_training_is_reported_and_eval_is_not_counted() -> 
 
 def test_lstm_cells_convert_refuses_are_reported_not_grid() -> None:
     torch.manual_seed(0)
-    with march_scope("bernoulli2"):  # the cell state is qint16, which Bernoulli2 cannot output
+    with march_scope("bernoulli2"):  # the cell state is qint16, which Bernoulli2 cannot output: refused at prepare
+        with pytest.raises(UnconvertibleModelError, match=r"module 'cell0' \(LSTMCell\) keeps its cell state"):
+            prepare_qat_fx(_Cells(), {"": get_default_qat_qconfig()}, example_inputs=(torch.randn(2, 3, 4),))
+    with march_scope("bayes"):
         qat = prepare_qat_fx(_Cells(), {"": get_default_qat_qconfig()}, example_inputs=(torch.randn(2, 3, 4),)).train()
+    bind_integer_grid(qat, "bernoulli2")  # bound for a march its cells cannot convert to: each call falls back
     with pytest.warns(RuntimeWarning, match="LSTMCell has no integer form this step"):
         qat(torch.randn(2, 3, 4))
         qat(torch.randn(2, 3, 4))

@@ -5,6 +5,9 @@ Findings (each names the node or module, and the fix):
 - ``shared-module``: one module called at several sites of the float model (when given);
   worst when prepare fused one call into a new module with an untied copy of the weights;
 - ``unfused``: a conv / linear whose batch norm, ReLU or add stayed a separate op;
+- ``unconvertible``: what ``prepare_qat_fx`` refuses because convert would (a float module with a
+  qconfig and no quantized form on quantized tensors, an einsum that is no batched matmul, ...;
+  qir.quantization.prepare_checks): check_qconfig prepares anyway and reports each;
 - ``float-fallback``: a module left as a torch float module (no QAT form, or qconfig None);
 - ``illegal-qconfig``: the trial conversion refuses a layer's qconfig on the march (e.g. a
   qint16 output the march cannot produce);
@@ -31,13 +34,14 @@ from qir.quantization.debug.sensitivity import quantized_layers
 from qir.quantization.debug.taps import as_inputs, frozen, model_stage
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.observer import nonfinite_report
+from qir.quantization.prepare_checks import collected_refusals
 from qir.quantization.qat_classes import qat_class_for
 
 __all__ = ["Finding", "QConfigReport", "check_qconfig"]
 
 _FUSABLE_PRODUCERS = {"Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "Linear"}
 _FUSABLE_CONSUMERS = ("BatchNorm", "ReLU", "ReLU6")
-ERRORS = ("illegal-qconfig", "illegal-op")
+ERRORS = ("unconvertible", "illegal-qconfig", "illegal-op")
 
 
 @dataclass(frozen=True)
@@ -226,10 +230,10 @@ def check_qconfig(
     if qconfig_dict is not None:
         if stage != "float":
             raise ValueError(f"check_qconfig got a {stage} model and a qconfig_dict; pass the float model with it")
-        with march_scope(march_name), contextlib.redirect_stdout(io.StringIO()):
+        with march_scope(march_name), contextlib.redirect_stdout(io.StringIO()), collected_refusals() as refused:
             prepared: nn.Module = prepare_qat_fx(model, qconfig_dict)
     elif stage == "prepared":
-        prepared = model
+        prepared, refused = model, []
     else:
         raise ValueError(
             f"check_qconfig needs a prepared model, or a float model and a qconfig_dict; got a {stage} model "
@@ -238,6 +242,7 @@ def check_qconfig(
     if not isinstance(prepared, fx.GraphModule):
         raise TypeError(f"check_qconfig reads prepare_qat_fx's GraphModule; got {type(prepared).__name__}")
     report = QConfigReport(march_name, _layer_rows(prepared))
+    report.findings += [Finding("unconvertible", e.where or "model", str(e)) for e in refused]
     if qconfig_dict is not None:
         report.findings += _shared(_float_call_counts(model, args), prepared)
     report.findings += _graph_findings(prepared)
