@@ -31,7 +31,7 @@ from qir.march import march_scope
 from qir.nn.intrinsic.fused import FUSED_CLASSES, FusedModule
 from qir.qat_mode import QATMode, get_qat_mode
 from qir.quantization import eager_record
-from qir.quantization.convert import ConvertError, _convert_modules
+from qir.quantization.convert import ConvertError, _convert_modules, _is_qat_module
 from qir.quantization.eager_grid import bind_eager_grid
 from qir.quantization.eval_observers import note_forward
 from qir.quantization.exact_validation import EAGER_FLAG, exact_twin, forget_failure
@@ -40,6 +40,7 @@ from qir.quantization.integer_grid import unbind_all
 from qir.quantization.prepare import check_kinds, qat_class_for, require_march, set_submodule
 from qir.quantization.qconfig import QConfig, as_qir_qconfig
 from qir.quantization.shared_calls import call_sites
+from qir.quantization.wrapped_modules import hidden_in_wrapped_calls
 
 __all__ = ["convert", "fuse_known_modules", "positional", "prepare_qat"]
 
@@ -305,6 +306,13 @@ class ExactForward:
             return convert(model, inplace=False)
 
 
+def _convert_recorded(model: nn.Module, march: Any, mapping: Mapping[type, type] | None) -> nn.Module:
+    eager_record.convert_recorded(model, march, mapping, ConvertError)
+    _drop_exact_forward(model)
+    model.eval()
+    return model
+
+
 def _drop_exact_forward(model: nn.Module) -> None:
     if isinstance(model.__dict__.get("forward"), ExactForward):
         del model.__dict__["forward"]
@@ -350,15 +358,25 @@ def convert(model: nn.Module, mapping: Mapping[type, type] | None = None, inplac
         fx_graph = trace_fx(model)
     except Exception as e:
         if eager_record.has_records(model):
-            eager_record.convert_recorded(model, march, mapping, ConvertError)
-            _drop_exact_forward(model)
-            model.eval()
-            return model
+            return _convert_recorded(model, march, mapping)
         raise ConvertError(
             f"convert learns each module's input scales from one fx trace of {type(model).__name__} or from its "
             f"recorded forwards, and it has neither: {e}\nRun the prepare_qat model once (a calibration or "
             "training step) before convert, or decorate the untraceable code with qir.utils.fx_helper.wrap"
         ) from e
+    # fx_wrap means nothing to an eager forward: a wrapped method is Python like the rest, and the
+    # QAT modules it calls are converted from the recorded forwards (the trace does not see them)
+    hidden = hidden_in_wrapped_calls(fx_graph, model, _is_qat_module)
+    if hidden:
+        if eager_record.has_records(model):
+            return _convert_recorded(model, march, mapping)
+        method, paths = next(iter(hidden.items()))
+        raise ConvertError(
+            f"wrapped method {method} calls the QAT module(s) {', '.join(repr(p) for p in paths)}, which the fx trace "
+            "of the eager model does not see, so convert learns their input scales from the model's recorded "
+            "forwards, and it has none: run the prepare_qat model once (a calibration or training step) before "
+            "convert"
+        )
     gm = torch.fx.GraphModule(model, fx_graph)  # shares model's submodules
     _convert_modules(model, gm, march, mapping, eager=True)
     eager_record.uninstall(model)

@@ -54,6 +54,7 @@ __all__ = [
     "WrappedModuleCall",
     "bind_wrapped_modules",
     "convert_wrapped_modules",
+    "hidden_in_wrapped_calls",
     "modules_called_by",
     "prepare_wrapped_modules",
     "quant_stub_path",
@@ -152,10 +153,11 @@ class GraphCalledModule(nn.Module):
             return getattr(self.__dict__["_float"], name)
 
 
-def _wrapped_calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+def _wrapped_calls(gm: torch.fx.GraphModule | torch.fx.Graph) -> list[torch.fx.Node]:
+    graph = gm.graph if isinstance(gm, torch.fx.GraphModule) else gm
     return [
         n
-        for n in gm.graph.nodes
+        for n in graph.nodes
         if n.op == "call_function"
         and isinstance(n.target, types.MethodType)
         and wrapped_original(n.target) is not None
@@ -361,6 +363,29 @@ def convert_wrapped_modules(
         module.train(False)
     converted.meta[WRAPPED_MODULES_KEY] = found
     return bind_wrapped_modules(converted)
+
+
+def hidden_in_wrapped_calls(
+    graph: torch.fx.Graph, root: nn.Module, select: Callable[[nn.Module], bool]
+) -> dict[str, list[str]]:
+    """Per wrapped method ``graph`` (traced from ``root``) calls, as ``Class.method``: the paths of the
+    submodules of its module that ``select`` picks and that ``graph`` does not call (eager ``convert``
+    cannot learn their input scales from the trace)."""
+    called = {str(n.target) for n in graph.nodes if n.op in ("call_module", "get_attr")}
+    paths = {id(m): p for p, m in root.named_modules()}
+    found: dict[str, list[str]] = {}
+    for n in _wrapped_calls(graph):
+        owner_mod = n.target.__self__  # type: ignore[union-attr]
+        owner = paths.get(id(owner_mod))
+        if owner is None:
+            continue
+        for sub, m in owner_mod.named_modules():
+            path = f"{owner}.{sub}" if owner and sub else owner or sub
+            if sub and select(m) and not _excluded(path, called):
+                found.setdefault(_name(n), [])
+                if path not in found[_name(n)]:
+                    found[_name(n)].append(path)
+    return found
 
 
 def modules_called_by(fn: Any) -> list[str]:
