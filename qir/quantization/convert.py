@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +37,7 @@ from qir.quantization.exact_validation import uninstall as uninstall_exact_valid
 from qir.quantization.fuse import trace_fx
 from qir.quantization.hybrid import hybrid_plan_of
 from qir.quantization.multi_output import multi_output_item, multi_output_scales
-from qir.quantization.pipelines import PipelineArg, resolve_pipeline, run_on_module
+from qir.quantization.pipelines import PipelineArg, builtin_only, resolve_pipeline, run_on_module
 from qir.quantization.prepare import PREPARE_RECORD_KEY, PrepareRecord, require_march, set_submodule
 from qir.quantization.scale_ops import (
     PAIR,
@@ -644,7 +645,8 @@ def convert_fx(
     (default: the ones given to ``prepare_qat_fx``) and a model whose layers the ``quantize``
     pass covers, it runs on the QAT model's IR and the result is emitted from it; otherwise the
     model converts by module swapping and the other passes run on its IR. ``meta["qir.convert_path"]``
-    of the result says which (docs/pipelines.md).
+    of the result says which, and why not the pass (docs/pipelines.md); a ``pipeline`` given here
+    that so could not run as given also gets a warning saying so.
     """
     march = _march_for(qat_model, "convert_fx")
     pipe = resolve_pipeline("convert", pipeline, march)
@@ -685,8 +687,15 @@ def convert_fx(
     gm.meta[CONVERT_PATH_KEY] = f"module swap: {why}"
     uninstall_exact_validation(gm)
     rest = Pipeline(tuple(p for p in pipe.passes if not isinstance(p, Quantize)))
+    if pipeline is not None:  # the user's pipeline does not run as given: never silently
+        also = f"; {rest} runs on the integer model's IR instead" if len(rest) else ""
+        warnings.warn(
+            f"convert_fx(pipeline='{pipe}'): the quantize pass did not convert the QAT model's IR ({why}), "
+            f"so the model converts by module swapping{also}. meta['{CONVERT_PATH_KEY}'] of the result says why",
+            stacklevel=2,
+        )
     if len(rest):  # the integer model has no QAT op left: the passes besides quantize run on it
-        emitted, _ = run_on_module(gm, rest, example_inputs)
+        emitted, _ = run_on_module(gm, rest, inputs)  # the recorded ones when none are given here
         if emitted is not None:
             emitted.meta[CONVERT_PATH_KEY] = gm.meta[CONVERT_PATH_KEY]
             gm = emitted
@@ -840,11 +849,12 @@ def _convert_by_passes(gm: torch.fx.GraphModule, graph: Any, pipe: Pipeline) -> 
     # the graph comes straight from the front end (_qat_ir): its nodes carry the types their ops give
     # and were checked when bound, so only what the passes make is verified (after each pass)
     verify = VerifyInstrument(verify_input=False)
-    # the graph is this call's own (traced for it); the quantize pass binds new tensors and writes none of
-    # the QAT model's (tests/quantization/test_convert_untouched.py), so a pipeline of it alone runs on the
-    # graph itself; any other pass runs on a copy whose constants the manager guards against writes
-    ours = all(isinstance(p, Quantize) for p in pipe.passes)
-    result = run_pipeline(graph, pipe, instruments=[verify], ctx=PassContext(), verify_each=True, inplace=ours)
+    # the graph is this call's own (traced for it), and qir's passes bind new tensors, writing none of the
+    # QAT model's (tests/quantization/test_convert_untouched.py): a pipeline of them runs on the graph itself,
+    # one with a user's pass on a copy whose constants the manager guards against writes (prepare's rule too)
+    result = run_pipeline(
+        graph, pipe, instruments=[verify], ctx=PassContext(), verify_each=True, inplace=builtin_only(pipe)
+    )
     out = emit(result.graph, class_name=type(gm).__name__)
     _keep_unread_modules(out, gm)
     out.meta.update(copy.deepcopy({k: v for k, v in gm.meta.items() if k != PREPARE_RECORD_KEY}))

@@ -13,7 +13,6 @@ accumulator as qint32 with the per-channel scale ``s_in * s_w[c]``.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
@@ -43,13 +42,10 @@ def weight_scale_of(qat: QATConvBase) -> tuple[torch.Tensor, DType]:
 
 
 @one_intra_op_thread()  # the observation's passes over the weight (one_thread.py says why)
-def observed_weight_scale(
-    fq: FakeQuantize, weight: torch.Tensor, owner: str, scratch: bool = True
-) -> tuple[torch.Tensor, DType]:
+def observed_weight_scale(fq: FakeQuantize, weight: torch.Tensor, owner: str) -> tuple[torch.Tensor, DType]:
     """The scale and dtype weight fake quant ``fq`` of module class ``owner`` gives ``weight`` now:
-    observed into scratch buffers, so ``fq`` keeps its state and no module is copied (``scratch=False``:
-    ``fq`` holds copies already, which the observation may change)."""
-    with torch.no_grad(), scratch_buffers(fq) if scratch else contextlib.nullcontext():
+    observed into scratch buffers, so ``fq`` keeps its state and no module is copied."""
+    with torch.no_grad(), scratch_buffers(fq):
         if type(fq).forward is FakeQuantize.forward:
             fq.observe(weight.detach())  # forward's update without the fake-quantized weight it discards
         else:  # a subclass's own forward (a learnable scale) decides its scale

@@ -1,11 +1,11 @@
 """The ``quantize`` pass's conversion rules for qir's QAT ops.
 
 ``qat_conv`` converts from the op's attributes and state tensors directly: a weight fake quant built
-once per FakeQuantSpec takes copies of the layer's observer state and observes the weight,
+once per FakeQuantSpec holds the layer's observer state and observes the weight on clones of it,
 and :func:`~qir.nn.quantized.conv.integer_conv_state` computes the integer state, the same
 function ``from_qat`` calls, so the pass and module-swapping ``convert_fx`` run one arithmetic
 (tests/quantization/test_convert_paths.py). No QAT or integer module is built per layer, and no
-state tensor is copied or written. The stubs (two per model) and the layers of
+state tensor is written. The stubs (two per model) and the layers of
 ``quantize_rules_layers`` rebuild their QAT module and call ``from_qat`` (:func:`swapped_rule`).
 """
 
@@ -88,19 +88,19 @@ def _weight_scale(
     spec: FakeQuantSpec, tensors: dict[str, torch.Tensor], weight: torch.Tensor, owner: str
 ) -> tuple[torch.Tensor, DType]:
     """:func:`observed_weight_scale` of the layer's weight fake quant: one module per spec (building one
-    costs more than observing a weight) takes copies of the layer's observer state and observes the weight;
-    the layer's tensors are not written."""
+    costs more than observing a weight) holds the layer's observer state while it observes the weight, on
+    clones of that state (``scratch_buffers``, as ``from_qat`` observes), so the layer's tensors are not
+    written."""
     cache: dict[FakeQuantSpec, FakeQuantize] = _FAKE_QUANTS.__dict__.setdefault("by_spec", {})
     fq = cache.get(spec)
     prefix = "weight_fake_quant"
-    copies = {f"{prefix}.{r}": tensors[f"{prefix}.{r}"].detach().clone() for r in spec.roles()}
     if fq is None:
         if len(cache) >= 64:
             cache.clear()
-        fq = cache[spec] = build_fake_quant(spec, copies, prefix)
+        fq = cache[spec] = build_fake_quant(spec, tensors, prefix)
     else:
-        bind_fake_quant(fq, spec, copies, prefix)
-    return observed_weight_scale(fq, weight, owner, scratch=False)
+        bind_fake_quant(fq, spec, tensors, prefix)
+    return observed_weight_scale(fq, weight, owner)
 
 
 def _conv(op: Any, tensors: dict[str, torch.Tensor], scales: Sequence[torch.Tensor], march: str) -> Any:
