@@ -262,9 +262,10 @@ class _Converter:
                 raise
             except Exception as e:
                 raise TraceError(f"cannot convert fx node {n.name} ({n.op} {n.target}): {type(e).__name__}: {e}") from e
-        self._add_remaining_state()
-        self._order_constants()
-        self.g.objects[MODULE_ORDER_KEY] = tuple(name for name, _ in self.root.named_modules())
+        modules = list(self.root.named_modules())  # one walk for the three readers below
+        self._add_remaining_state(modules)
+        self._order_constants(modules)
+        self.g.objects[MODULE_ORDER_KEY] = tuple(name for name, _ in modules)
         return self.g
 
     def path_of(self, m: nn.Module) -> str | None:
@@ -536,18 +537,18 @@ class _Converter:
         parts = path.split(".")
         return any(".".join(parts[: i + 1]) in self.opaque_paths for i in range(len(parts))) if path else False
 
-    def _add_remaining_state(self) -> None:
+    def _add_remaining_state(self, modules: list[tuple[str, nn.Module]]) -> None:
         """Unused weights and buffers still become constants, so state-dict keys survive."""
-        for path, m in self.root.named_modules():
+        for path, m in modules:
             if self._in_opaque(path):
                 continue
             for name, t in list(m._parameters.items()) + list(m._buffers.items()):
                 if t is not None:
                     self.constant(f"{path}.{name}" if path else name, m, name)
 
-    def _order_constants(self) -> None:
+    def _order_constants(self, modules: list[tuple[str, nn.Module]]) -> None:
         order: list[str] = []
-        for path, m in self.root.named_modules():
+        for path, m in modules:
             prefix = f"{path}." if path else ""
             order += [prefix + k for k in m._parameters] + [prefix + k for k in m._buffers]
         rank = {k: i for i, k in enumerate(order)}

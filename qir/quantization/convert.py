@@ -868,16 +868,22 @@ def _keep_unread_modules(out: nn.Module, qat: nn.Module) -> None:
     submodule) in place in ``out``, as module swapping keeps them: emit builds only what the graph
     calls. Only stateless ones (a module with state has it in the graph's constants, so emit made
     its path); each a copy, so the converted model shares nothing with the QAT model."""
-    modules = list(qat.named_modules())
-    rank = {p: i for i, (p, _) in enumerate(modules)}
-    present = {path for path, _ in out.named_modules()}
-    # the paths of the modules holding state, their own or a submodule's (one walk, every path of a shared
-    # module: a module's parameters() / buffers() would walk its subtree once per module)
+    # one walk, every path of a shared module: the paths of the modules holding state, their own or a
+    # submodule's (a module's parameters() / buffers() would walk its subtree once per module), and each
+    # module at its first path, which is named_modules()'s order (a shared module's subtree, walked again
+    # at its later paths, holds no module the first walk of it did not meet)
+    modules: list[tuple[str, nn.Module]] = []
+    seen: set[int] = set()
     stateful: set[str] = set()
     for path, m in qat.named_modules(remove_duplicate=False):
+        if id(m) not in seen:
+            seen.add(id(m))
+            modules.append((path, m))
         if any(t is not None for t in m._parameters.values()) or any(t is not None for t in m._buffers.values()):
             parts = path.split(".") if path else []
             stateful.update(".".join(parts[:i]) for i in range(len(parts) + 1))
+    rank = {p: i for i, (p, _) in enumerate(modules)}
+    present = {path for path, _ in out.named_modules()}
     parents: set[str] = set()
     for path, m in modules:
         parent = path.rpartition(".")[0]

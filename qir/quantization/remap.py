@@ -29,6 +29,11 @@ class KeyRemap:
     bn_prefix: str | None = None
     bn_eps: float = 1e-5
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> KeyRemap:
+        # frozen, and every field immutable (strings, a float, a frozen IR op): a copy would equal it
+        # (convert_fx copies a prepared model's meta, which holds one of these per conv)
+        return self
+
 
 @dataclass
 class StateDictRemap:
