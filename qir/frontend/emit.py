@@ -79,10 +79,14 @@ class _Emitter:
         gm = torch.fx.GraphModule(nn.Module(), torch.fx.Graph(), class_name=class_name)
         self.install(gm)
         gm.graph = self.fx
-        gm.training = self.g.training
+        gm.training = mode = self.g.training
+        # owned containers nest: walk the outermost ones, and set the flag only where it differs
         for path in self.owned:
+            if any(p in self.owned for p in _prefixes(path)[:-1]):
+                continue
             for m in gm.get_submodule(path).modules():
-                m.training = self.g.training
+                if m.training != mode:
+                    m.training = mode
         install_length_guard(gm, self.g.objects.get(SEQUENCE_LENGTHS_KEY, {}))
         return gm
 
@@ -232,11 +236,14 @@ class _Emitter:
         # A tensor a rebuilt module already holds (e.g. inside a fused ConvReLU2d's ``conv``)
         # is not installed again under its constant key: one state-dict entry per tensor.
         # Compared by storage: to_module may wrap a constant in a new Parameter sharing it.
-        held = {_storage_key(t) for m in self.modules.values() for t in (*m.parameters(), *m.buffers())}
+        held: set[tuple[Any, ...]] | None = None  # built on first need: a QAT model's layers hold their keys
         for key, (t, kind) in self.tensors.items():
             owner_path, _, leaf = key.rpartition(".")
-            if _storage_key(t) in held and not _holds_at(tree.find(owner_path), leaf):
-                continue
+            if not _holds_at(tree.find(owner_path), leaf):
+                if held is None:
+                    held = {_storage_key(x) for m in self.modules.values() for x in (*m.parameters(), *m.buffers())}
+                if _storage_key(t) in held:
+                    continue
             _install_tensor(tree.get(owner_path), leaf, t, kind)
 
 

@@ -78,12 +78,22 @@ def qualified_name(fn: Any) -> str:
 # ----------------------------------------------------------------------------- leaf classes
 
 
+#: classes :func:`_lazy_attr` found (a class found stays; a missing one is looked for again)
+_FOUND: dict[tuple[str, str], type] = {}
+
+
 def _lazy_attr(module: str, attr: str) -> type | None:
     """A class from a module that may not exist (yet): ``None`` when missing."""
+    found = _FOUND.get((module, attr))
+    if found is not None:  # emit asks once per node: import_module of a loaded module costs ~10 us
+        return found
     try:
-        return getattr(importlib.import_module(module), attr, None)
+        value = getattr(importlib.import_module(module), attr, None)
     except ImportError:
         return None
+    if isinstance(value, type):
+        _FOUND[(module, attr)] = value
+    return value
 
 
 def float_functional_classes() -> tuple[type, ...]:

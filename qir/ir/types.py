@@ -76,11 +76,17 @@ class DType(enum.Enum):
     @staticmethod
     def parse(text: str) -> DType:
         """Accept the short text form (``qi8``) or the enum name (``qint8``)."""
-        for d in DType:
+        found = _BY_TEXT.get(text) if type(text) is str else None
+        if found is not None:
+            return found
+        for d in DType:  # not a plain string (a DType is equal to its name)
             if text in (d.value, d.name):
                 return d
         raise ValueError(f"unknown dtype {text!r}; known: {', '.join(d.value for d in DType)}")
 
+
+#: DType.parse's table (every fake quant's construction parses its dtype: enum iteration is slow)
+_BY_TEXT: dict[str, DType] = {**{d.name: d for d in DType}, **{d.value: d for d in DType}}
 
 _QUANT_RANGE = {
     DType.qint8: (-128, 127),

@@ -49,6 +49,7 @@ from passes.pipeline import Pipeline
 from qir.frontend.convert import gc_paused
 from qir.march import March, get_march
 from qir.qat_mode import QATMode, get_qat_mode
+from qir.quantization.borrowed import with_empty_containers
 from qir.quantization.exact_validation import TRACED_WITHOUT_EXAMPLES_KEY
 from qir.quantization.exact_validation import install as install_exact_validation
 from qir.quantization.fake_quant_ir import fake_quant_spec
@@ -371,7 +372,7 @@ def _float_record(gm: torch.fx.GraphModule, plan: Plan) -> torch.fx.GraphModule:
         inner = [id(x) for x in m.modules()] + [id(t) for t in (*m.parameters(), *m.buffers())]
         if not any(i in outside for i in inner):
             memo[key] = m
-    return copy.deepcopy(gm, memo)
+    return copy.deepcopy(gm, with_empty_containers(gm, memo))
 
 
 def _tie_shared_parameters(
