@@ -278,11 +278,7 @@ def input_scales(
             if isinstance(m, _PRESERVING_MODULES):
                 keep(n, first_q)  # type: ignore[arg-type]
                 continue
-            raise ConvertError(
-                f"module '{path}' ({type(m).__name__}) receives quantized tensors but has no quantized form; "
-                "give it a qconfig so prepare swaps it (see qir.nn.qat.QAT_MODULE_MAP), or put a DeQuantStub "
-                "in front of it to run it in float"
-            )
+            raise ConvertError(_float_module_on_codes(path, m))
         # call_function / call_method
         if not quantized:
             env[n.name] = None
@@ -388,6 +384,19 @@ def _check_wrapped_args(n: torch.fx.Node, plan: ScalePlan) -> None:
 def _wrapped_name(n: torch.fx.Node) -> str:
     fn = n.target
     return getattr(fn, "__qualname__", getattr(fn, "__name__", str(fn)))
+
+
+def _float_module_on_codes(path: str, m: nn.Module) -> str:
+    """Why float module ``m`` cannot take codes, and the fix that fits it (a qconfig only helps a
+    module with a QAT form)."""
+    from qir.quantization.qat_classes import qat_class_for
+
+    float_it = "put a DeQuantStub in front of it (and a QuantStub after it) to run it in float"
+    if qat_class_for(m) is None:
+        why = f"{type(m).__name__} has no quantized form (no QAT class in qir.nn.qat.QAT_MODULE_MAP): {float_it}"
+    else:
+        why = f"its qconfig is None, so prepare left it float: give it a qconfig so prepare swaps it, or {float_it}"
+    return f"module '{path}' ({type(m).__name__}) receives quantized tensors but is a float module; {why}"
 
 
 def _is_quant_stub(m: nn.Module) -> bool:

@@ -116,8 +116,10 @@ def test_qconfig_none_keeps_a_module_float_on_purpose(march: str) -> None:
         qat(_x())
         qat.eval()
         set_fake_quantize(qat, "validation")
-        with pytest.raises(ConvertError, match=r"module 'mid' \(GroupNorm\) receives quantized tensors"):
+        with pytest.raises(ConvertError, match=r"module 'mid' \(GroupNorm\) receives quantized tensors") as caught:
             convert_fx(qat)
+        # no qconfig would help it: the advice is the stubs
+        assert "GroupNorm has no quantized form" in str(caught.value) and "give it a qconfig" not in str(caught.value)
 
 
 def test_a_qconfig_none_attribute_is_not_inherited_over(march: str) -> None:
@@ -129,6 +131,11 @@ def test_a_qconfig_none_attribute_is_not_inherited_over(march: str) -> None:
     qat = prepare_qat_fx(model, example_inputs=(_x(),))
     assert type(qat.mid) is nn.Conv2d and isinstance(qat.head, qat_nn.Conv2d)
     assert isinstance(qat.quant, qat_nn.QuantStub)
+    qat(_x())
+    qat.eval()
+    set_fake_quantize(qat, "validation")
+    with pytest.raises(ConvertError, match=r"module 'mid' \(Conv2d\).*its qconfig is None.*give it a qconfig"):
+        convert_fx(qat)
 
 
 def test_lstm_cell_on_bernoulli2_is_refused_at_prepare(march: str) -> None:
