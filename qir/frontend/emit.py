@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import inspect
 import operator
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from qir.ir.op import IRError, ModuleOp, Ref, resolve, torch_call_of
 from qir.ir.ops.core import Call, Constant, GetAttr, GetItem, Identity, resolve_target
 from qir.ir.ops.elementwise import BinaryOp
 from qir.ir.prebuilt import PREBUILT_MODULE_KEY, PrebuiltModule
+from qir.utils.fx_helper import wrapped_original
 
 
 class EmitError(IRError):
@@ -187,7 +189,13 @@ class _Emitter:
             return self.fx.call_module(path, tuple(args), dict(kwargs))
         if op.kind == "method":
             return self.fx.call_method(op.target, tuple(args), dict(kwargs))
-        return self.fx.call_function(resolve_target(op.target, self.g.objects), tuple(args), dict(kwargs))
+        fn = resolve_target(op.target, self.g.objects)
+        node = self.fx.call_function(fn, tuple(args), dict(kwargs))
+        if _torch_fx_wrapped(fn):
+            # the generated code then re-registers it with torch.fx.wrap, so tracing the emitted module
+            # again (a second prepare_qat_fx starts from the first one's float GraphModule) keeps it one call
+            node.meta["is_wrapped"] = True
+        return node
 
     def float_functional(self, n: Node, ff: nn.Module) -> Any:
         """``self.<scope>.<method>(...)`` on the re-installed FloatFunctional."""
@@ -310,3 +318,15 @@ def _ff_method(n: Node) -> str:
     if isinstance(op, BinaryOp) and op.other is not None and not isinstance(op.other, Ref):
         return f"{op.name}_scalar"
     return op.name
+
+
+#: modules whose functions fx records by itself (torch's __torch_function__, operators, builtins)
+_FX_NATIVE_MODULES = frozenset({"torch", "operator", "_operator", "builtins", "math"})
+
+
+def _torch_fx_wrapped(fn: Any) -> bool:
+    """A plain Python function an opaque call names: fx recorded it only because ``torch.fx.wrap`` kept it
+    whole (qir's own ``fx_helper.wrap`` leaves a wrapper that records itself, so it needs nothing)."""
+    if not isinstance(fn, types.FunctionType) or wrapped_original(fn) is not None:
+        return False
+    return str(getattr(fn, "__module__", "") or "").split(".")[0] not in _FX_NATIVE_MODULES
