@@ -24,12 +24,13 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch import nn
 from torch.fx.graph_module import _deserialize_graph_module, _format_import_block, _forward_from_src
 from torch.package import sys_importer
 
 from qir.utils.fx_helper import wrapped_original
 
-__all__ = ["PicklableGraphModule", "make_picklable", "reclass"]
+__all__ = ["PicklableGraphModule", "make_picklable", "reclass", "wrapped_selves"]
 
 #: what ``GraphModule.__init__`` resets and fx's loader therefore drops from the pickled ``__dict__``
 _RESTORED = (
@@ -47,6 +48,17 @@ _RESTORED = (
 )
 
 
+def wrapped_selves(gm: torch.fx.GraphModule) -> list[nn.Module]:
+    """The modules ``gm``'s wrapped method calls are bound to (each once)."""
+    found: dict[int, nn.Module] = {}
+    for n in gm.graph.nodes:
+        t = n.target
+        if n.op == "call_function" and isinstance(t, types.MethodType) and wrapped_original(t) is not None:
+            if isinstance(t.__self__, nn.Module):
+                found.setdefault(id(t.__self__), t.__self__)
+    return list(found.values())
+
+
 def _base_class(gm: torch.fx.GraphModule) -> type:
     """The class under fx's per-instance ``GraphModuleImpl`` (QATGraphModule, GraphModule, ...)."""
     for t in type(gm).__mro__:
@@ -56,7 +68,17 @@ def _base_class(gm: torch.fx.GraphModule) -> type:
 
 
 class PicklableGraphModule(torch.fx.GraphModule):
-    """A GraphModule whose pickle keeps its class, ``meta``, hooks and wrapped-method calls."""
+    """A GraphModule whose pickle keeps its class, ``meta``, hooks and wrapped-method calls.
+
+    ``train()`` / ``eval()`` also set the mode of the modules its wrapped methods are bound to (not
+    submodules; qir.quantization.wrapped_self): convert_fx's typing run calls the wrapped code
+    outside the model's forward, where the forward pre-hook that syncs them does not run."""
+
+    def train(self, mode: bool = True) -> PicklableGraphModule:
+        super().train(mode)
+        for m in wrapped_selves(self):
+            m.train(mode)
+        return self
 
     def __reduce__(self) -> tuple[Any, ...]:
         body = self.__dict__.copy()

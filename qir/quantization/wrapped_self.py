@@ -9,27 +9,14 @@ GraphModule sets the bound modules' mode to the model's before each call.
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import torch.fx
 from torch import nn
 
-from qir.quantization.graph_pickle import make_picklable
-from qir.utils.fx_helper import wrapped_original
+from qir.quantization.graph_pickle import make_picklable, wrapped_selves
 
 __all__ = ["follow_training", "picklable", "wrapped_selves"]
-
-
-def wrapped_selves(gm: torch.fx.GraphModule) -> list[nn.Module]:
-    """The modules ``gm``'s wrapped method calls are bound to (each once)."""
-    found: dict[int, nn.Module] = {}
-    for n in gm.graph.nodes:
-        t = n.target
-        if n.op == "call_function" and isinstance(t, types.MethodType) and wrapped_original(t) is not None:
-            if isinstance(t.__self__, nn.Module):
-                found.setdefault(id(t.__self__), t.__self__)
-    return list(found.values())
 
 
 def _sync_training(gm: nn.Module, args: Any) -> None:

@@ -31,6 +31,7 @@ from qir.quantization import (
 )
 from qir.quantization.wrapped_modules import WrappedModuleCall
 from qir.quantization.wrapped_self import wrapped_selves
+from qir.utils.fx_helper import wrap
 from tests.real_users.test_wrap_modules import RetinaNet
 
 WRAPPED = ("iou_tower", "iou")
@@ -196,3 +197,40 @@ def test_module_type_module_name_and_attributes_reach_wrapped_modules(march: str
     assert {"iou.weight", "iou.bias", "iou_tower.weight", "iou.activation_post_process.scale"} <= set(
         by_attr.state_dict()
     )
+
+
+class Branches(nn.Module):
+    """Seed 001's RetinaNet computes losses under ``if self.training`` in its wrapped post-process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.post_conv = nn.Conv2d(8, 4, 1)
+        self.modes: list[bool] = []
+
+    @wrap()
+    def post(self, x: torch.Tensor) -> torch.Tensor:
+        self.modes.append(self.training)
+        return self.post_conv(x).flatten(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.post(self.conv(self.quant(x)))
+
+
+def test_eval_reaches_the_wrapped_code_before_convert_runs_it(march: str) -> None:
+    """convert_fx runs the QAT model's wrapped code for typing, outside its forward: after a training
+    step and eval(), that run saw self.training True (the training branch, which needs targets)."""
+    qat = prepare_qat_fx(Branches(), {"": get_default_qat_qconfig()}, (torch.randn(2, 3, 8, 8),))
+    qat.train()
+    qat(torch.randn(2, 3, 8, 8))
+    qat.eval()
+    set_fake_quantize(qat, FakeQuantState.VALIDATION)
+    (bound,) = wrapped_selves(qat)
+    assert bound.training is False  # before any call
+    bound.modes.clear()
+    converted = convert_fx(qat)
+    assert bound.modes and not any(bound.modes)
+    (bound_converted,) = wrapped_selves(converted)
+    converted.train()
+    assert bound_converted.training is True
