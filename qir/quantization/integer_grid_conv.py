@@ -113,7 +113,11 @@ def requant_blocks(
             continue
         if qc.shape != a.shape:
             qc = torch.empty(a.shape, dtype=torch.float32, device=acc.device)
-        torch.clamp(o, lo, hi, out=qc)  # tensor bounds (ReLU6's per channel)
+        # tensor bounds (ReLU6's per channel; a high-precision output's lower bound is a number): torch's clamp
+        # takes two numbers or two tensors, so a number beside a tensor becomes a 0-d float32 tensor (same value)
+        lo_t = lo if isinstance(lo, torch.Tensor) else torch.tensor(float(lo), dtype=torch.float32)
+        hi_t = hi if isinstance(hi, torch.Tensor) else torch.tensor(float(hi), dtype=torch.float32)
+        torch.clamp(o, lo_t, hi_t, out=qc)
         torch.eq(qc, o, out=gain[idx]).mul_(part(c.acc_grad, idx, nd))
         torch.mul(qc, c.out_scale, out=o)
     return out, gain
