@@ -26,7 +26,7 @@ import torch.fx
 from torch import nn
 
 from passes.absorb_bn import fold_batch_norm
-from qir.frontend.lookup import tables
+from qir.frontend.lookup import stub_classes, tables
 from qir.march import march_scope
 from qir.nn.intrinsic.fused import FUSED_CLASSES, FusedModule
 from qir.qat_mode import QATMode, get_qat_mode
@@ -220,7 +220,8 @@ def prepare_qat(model: nn.Module, mapping: Mapping[type, type] | None = None, in
     """Swap the modules of ``model`` (a copy unless ``inplace``) for their QAT classes.
 
     A module's qconfig is its ``.qconfig`` or its nearest ancestor's (as torch's
-    ``propagate_qconfig_``); modules without one stay float. ``mapping`` defaults to
+    ``propagate_qconfig_``); modules without one, and modules whose ``.qconfig`` was set to ``None``
+    (and what they hold), stay float. ``mapping`` defaults to
     ``qir.nn.qat.QAT_MODULE_MAP``.
     """
     march = require_march("prepare_qat")
@@ -233,13 +234,17 @@ def prepare_qat(model: nn.Module, mapping: Mapping[type, type] | None = None, in
     if not inplace:
         model = copy.deepcopy(model)
     plan: list[tuple[str, nn.Module, type, QConfig]] = []
+    stubs = stub_classes()
 
     def visit(m: nn.Module, path: str, qc: QConfig | None) -> None:
         for name, child in m.named_children():
             child_path = f"{path}.{name}" if path else name
-            # stubs carry qconfig=None: that inherits; a torch.quantization.QConfig of qir factories converts
+            # a torch.quantization.QConfig of qir factories converts
             own = as_qir_qconfig(getattr(child, "qconfig", None), f"module '{child_path}'.qconfig")
-            cqc = own if own is not None else qc
+            # ``child.qconfig = None`` keeps it and what it holds float, as torch's propagate_qconfig_
+            # and prepare_qat_fx read it; a stub's constructor sets None, which inherits
+            explicit_none = own is None and "qconfig" in child.__dict__ and not isinstance(child, stubs)
+            cqc = None if explicit_none else own if own is not None else qc
             cls = qat_class_for(child, mapping)
             if cls is not None and cqc is not None:
                 plan.append((child_path, child, cls, cqc))

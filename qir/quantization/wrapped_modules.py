@@ -371,10 +371,13 @@ def hidden_in_wrapped_calls(
     """Per wrapped method ``graph`` (traced from ``root``) calls, as ``Class.method``: the paths of the
     submodules of its module that ``select`` picks and that ``graph`` does not call (eager ``convert``
     cannot learn their input scales from the trace)."""
+    calls = _wrapped_calls(graph)
+    if not calls:  # nearly every model: no walk of the module tree
+        return {}
     called = {str(n.target) for n in graph.nodes if n.op in ("call_module", "get_attr")}
     paths = {id(m): p for p, m in root.named_modules()}
     found: dict[str, list[str]] = {}
-    for n in _wrapped_calls(graph):
+    for n in calls:
         owner_mod = n.target.__self__  # type: ignore[union-attr]
         owner = paths.get(id(owner_mod))
         if owner is None:

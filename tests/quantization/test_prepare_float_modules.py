@@ -166,3 +166,20 @@ def test_check_qconfig_reports_the_refusals(march: str) -> None:
     report = check_qconfig(Middle(nn.GroupNorm(2, 8)), _x(), {"": get_default_qat_qconfig()}, march=march)
     (found,) = report.of_kind("unconvertible")
     assert found.where == "mid" and "GroupNorm" in found.message and not report.ok
+
+
+def test_eager_prepare_reads_a_qconfig_none_attribute_as_fx_does(march: str) -> None:
+    """The same model, the same attributes: eager ``prepare_qat`` keeps ``mid`` float (it and what it
+    holds) like ``prepare_qat_fx``; the stubs' constructor None still inherits."""
+    from qir.quantization import prepare_qat
+
+    model = Middle(nn.Sequential(nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 1)))
+    model.qconfig = get_default_qat_qconfig()
+    model.mid.qconfig = None
+    eager = prepare_qat(model)
+    fx = prepare_qat_fx(model, example_inputs=(_x(),))
+    for qat in (eager, fx):
+        assert all(type(m) is nn.Conv2d for m in qat.mid.children())
+        assert isinstance(qat.conv, qat_nn.Conv2d) and isinstance(qat.head, qat_nn.Conv2d)
+        assert isinstance(qat.quant, qat_nn.QuantStub)
+    assert model.mid.qconfig is None and type(model.conv) is nn.Conv2d  # the user's model untouched
