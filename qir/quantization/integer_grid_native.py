@@ -17,6 +17,7 @@ torch path runs.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -30,12 +31,27 @@ NATIVE = True
 
 #: integers float32 holds exactly, with their halves (the kernel compares with ``lo - 1/2``, ``hi + 1/2``)
 _EXACT = 1 << 22
+#: float32's largest finite value
+_FLOAT32_MAX = 3.4028234663852886e38
 #: elements per row of the input codes' split
 _CODES_ROW = 1 << 14
 
 
-def _library() -> Any:
-    return native.library() if NATIVE else None
+def _available() -> bool:
+    return NATIVE and native.library() is not None
+
+
+def _float32_scalar(v: Any) -> float | None:
+    """``v`` (a Python float, a 0-d tensor, or a one-value float32 tensor) as the Python float the kernel
+    rounds to float32, or None where the torch path must run: a one-value float64 tensor that is not
+    0-d makes torch compute in float64; a value float32 cannot hold (struct refuses to pack it)."""
+    if isinstance(v, torch.Tensor):
+        if v.numel() != 1 or not v.is_floating_point() or (v.dim() > 0 and v.dtype != torch.float32):
+            return None
+        v = float(v.reshape(()))
+    elif not isinstance(v, float):
+        return None
+    return v if math.isfinite(v) and abs(v) <= _FLOAT32_MAX else None
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -72,14 +88,8 @@ def native_requant(
         return None
     if not (isinstance(lo, int) and isinstance(hi, int) and -_EXACT <= lo <= hi <= _EXACT):
         return None
-    if isinstance(out_scale, torch.Tensor):
-        if out_scale.numel() != 1 or not out_scale.is_floating_point():
-            return None
-        out_scale = float(out_scale.reshape(()))
-    elif not isinstance(out_scale, float):
-        return None
-    lib = _library()
-    if lib is None:
+    scale = _float32_scalar(out_scale)
+    if scale is None or not _available():
         return None
     nd, c = acc.dim(), acc.shape[1]
     r = _per_channel(ratio, c, nd, torch.float64)
@@ -90,7 +100,7 @@ def native_requant(
     gain = torch.empty(acc.shape, dtype=torch.float32)
     rows = acc.shape[0] * c
     p = native.ptr
-    args = (p(acc), acc.numel() // rows, c, p(r), p(b), p(g), lo, hi, native.float_bits(out_scale), p(out), p(gain))
+    args = (p(acc), acc.numel() // rows, c, p(r), p(b), p(g), lo, hi, native.float_bits(scale), p(out), p(gain))
     native.run("qir_grid_requant_rows", args, rows, acc.numel())
     return gain
 
@@ -101,19 +111,13 @@ def native_codes(x: torch.Tensor, inv_scale: Any) -> torch.Tensor | None:
     not apply."""
     if x.numel() == 0 or not _dense(x):
         return None
-    if isinstance(inv_scale, torch.Tensor):
-        if inv_scale.numel() != 1 or not inv_scale.is_floating_point():
-            return None
-        inv_scale = float(inv_scale.reshape(()))
-    elif not isinstance(inv_scale, float):
-        return None
-    lib = _library()
-    if lib is None:
+    inv = _float32_scalar(inv_scale)
+    if inv is None or not _available():
         return None
     out = torch.empty(x.shape, dtype=torch.float32)
     n = x.numel()
     rows = -(-n // _CODES_ROW)
-    args = (native.ptr(x), n, _CODES_ROW, native.float_bits(inv_scale), native.ptr(out))
+    args = (native.ptr(x), n, _CODES_ROW, native.float_bits(inv), native.ptr(out))
     native.run("qir_grid_codes_rows", args, rows, n)
     return out
 
@@ -129,8 +133,7 @@ def native_weight_codes(
     rows = w.shape[0]
     if scale.numel() != 1 and (scale.dim() != w.dim() or scale.shape[0] != rows or scale.numel() != rows):
         return None
-    lib = _library()
-    if lib is None:
+    if not _available():
         return None
     fac = s_in / scale  # torch's float32 reciprocal times s_in, as the torch path computes it
     codes = torch.empty(w.shape, dtype=torch.float32)

@@ -79,8 +79,9 @@ def test_requant_in_place_and_per_tensor(monkeypatch) -> None:  # type: ignore[n
 def test_requant_nan_and_large_values(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     acc = torch.tensor([float("nan"), 2.0**31, -(2.0**31), 1e30, -1e30, 0.5, -0.5, 3.0]).view(1, 1, 2, 4)
     c = _constants(1, torch.Generator().manual_seed(1), -128, 127)
-    (o1, _), (o2, _) = _both(lambda: requant_blocks(acc, c), monkeypatch)
-    assert _bits_equal(o1, o2)
+    (o1, g1), (o2, g2) = _both(lambda: requant_blocks(acc, c), monkeypatch)
+    assert _bits_equal(o1, o2) and _bits_equal(g1, g2)
+    assert g1[0, 0, 0, 0] != 0  # a NaN keeps its gradient, as torch's hardtanh_backward
 
 
 def test_requant_falls_back_where_it_does_not_apply(monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -138,3 +139,20 @@ def test_weight_codes_equal_torch_path(shape, per_channel, monkeypatch) -> None:
     (q1, g1), (q2, g2) = _both(run, monkeypatch)
     assert _bits_equal(q1, q2) and _bits_equal(g1, g2)
     assert (g1 == 0).any() and (g1 != 0).any()
+
+
+def test_scalars_the_kernel_cannot_take_fall_back(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A scale float32 cannot hold (struct refuses to pack it) or a one-value float64 tensor that is
+    not 0-d (torch computes in float64 then): the torch path runs and gives its result."""
+    called: list[int] = []
+    monkeypatch.setattr(native, "run", lambda *a, **k: called.append(1))
+    x = torch.tensor([1e-30, 2.0, -3.0])
+    acc = torch.randint(-1000, 1000, (2, 4, 6, 6)).float()
+    c = _constants(4, torch.Generator().manual_seed(3), -128, 127)
+    for scale in (1e39, float("inf"), torch.tensor([1 / 0.3], dtype=torch.float64)):
+        assert integer_grid_native.native_codes(x, scale) is None
+        assert integer_grid_native.native_requant(acc, c.ratio, c.offset, -128, 127, scale, c.acc_grad, acc) is None
+    assert not called
+    monkeypatch.setattr(integer_grid_native, "NATIVE", False)
+    huge = input_codes(x, 1e39)  # the torch path's result, without an error
+    assert huge.dtype == torch.float32 and torch.isinf(huge[1:]).all()

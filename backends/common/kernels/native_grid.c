@@ -23,7 +23,7 @@ void qir_grid_requant_rows(const float *acc, int64_t hw, int64_t c, const double
             double q = (double)a[i] * k;
             q = q + b;
             const float v = (float)floor(q);
-            gn[i] = (v > glo && v < ghi) ? g : 0.0f;
+            gn[i] = (v <= glo || v >= ghi) ? 0.0f : g; /* a NaN keeps its gradient, as in torch */
             const float cv = v < flo ? flo : (v > fhi ? fhi : v); /* NaN stays NaN, as torch's clamp */
             o[i] = cv * out_scale;
         }

@@ -106,13 +106,16 @@ static uint64_t wait_task(uint32_t seen) {
         }
         pthread_mutex_lock(&pool.mu);
         atomic_fetch_add(&pool.sleepers, 1);
-        atomic_fetch_add_explicit(&pool.parked, 1, memory_order_relaxed);
         /* seq_cst: the caller publishes the task (or takes a hold), then reads sleepers; either it sees
          * this thread counted (and broadcasts under the mutex) or these loads see the task or the hold */
         const int64_t wakes = atomic_load(&pool.wakes);
+        int slept = 0; /* counted once, and only when it waits: a hold taken since the spin ended is no park */
         while ((uint32_t)((w = atomic_load(&pool.word)) >> 32) == seen && atomic_load(&pool.wakes) == wakes &&
-               atomic_load(&pool.hold) == 0)
+               atomic_load(&pool.hold) == 0) {
+            if (!slept) atomic_fetch_add_explicit(&pool.parked, 1, memory_order_relaxed);
+            slept = 1;
             pthread_cond_wait(&pool.work_cv, &pool.mu);
+        }
         atomic_fetch_sub(&pool.sleepers, 1);
         pthread_mutex_unlock(&pool.mu);
         if ((uint32_t)(w >> 32) != seen) return w;
