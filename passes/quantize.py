@@ -43,6 +43,7 @@ import torch
 
 from passes.base import Pass, PassContext, add_state_constant, drop_unused_constants, read_state, register_pass
 from passes.legalize import resolve_march
+from passes.one_thread import one_intra_op_thread
 from qir.ir.graph import Graph, Node, Value
 from qir.ir.op import IRError, ModuleOp, MovesCodes, Op
 from qir.ir.ops.core import Call, Constant, GetItem
@@ -312,21 +313,23 @@ class Quantize(Pass):
         _dequantize_float_call_inputs(graph, plan.float_calls, plan.quantized)
         converted = 0
         moves, rules = set(plan.layout), set(plan.on_codes)
-        for n in list(graph.nodes):
-            op = n.op
-            if isinstance(op, QATModuleOp):
-                self._convert(graph, n, op, str(march))
-                converted += 1
-            elif n in moves:
-                moved = _moved(n).type
-                if isinstance(op, GetItem) and isinstance(moved, SequenceType) and isinstance(op.index, int):
-                    n.type = moved.elements[op.index]  # the item as retyped: a split's piece, a layer's h' or c'
-                    continue
-                src = _codes_spec(moved)
-                if src is not None:
-                    n.type = as_codes(n.type, src, floats=True)
-            elif n in rules:
-                self._on_codes(graph, n)
+        # the rules' passes over each weight run on one thread, set once for the graph (one_thread.py says why)
+        with one_intra_op_thread():
+            for n in list(graph.nodes):
+                op = n.op
+                if isinstance(op, QATModuleOp):
+                    self._convert(graph, n, op, str(march))
+                    converted += 1
+                elif n in moves:
+                    moved = _moved(n).type
+                    if isinstance(op, GetItem) and isinstance(moved, SequenceType) and isinstance(op.index, int):
+                        n.type = moved.elements[op.index]  # the item as retyped: a split's piece, a layer's h' or c'
+                        continue
+                    src = _codes_spec(moved)
+                    if src is not None:
+                        n.type = as_codes(n.type, src, floats=True)
+                elif n in rules:
+                    self._on_codes(graph, n)
         if converted:
             graph.training = False
         ctx.count("quantize.converted", converted)

@@ -6,19 +6,19 @@ torch's whole ``__init__`` and ``reset_parameters`` on the placeholders (about 0
 the initialization's Python); ``prepare_qat_fx`` rebuilds every conv of a model twice (the fused
 float model, then each layer's QAT conversion). :func:`meta_module` builds one prototype per class
 and constructor arguments, and gives each caller a copy of it: the same attributes, its own
-containers (parameters, buffers, submodules, hooks), and fresh meta placeholders in any parameter or
-buffer slot the caller does not fill.
+containers (parameters, buffers, submodules, hooks), the caller's tensors installed
+(:func:`load_tensors`), and fresh meta placeholders only in the parameter or buffer slots they do not fill.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["meta_module"]
+__all__ = ["load_tensors", "meta_module"]
 
 #: module attributes that are containers: each copy gets its own
 _CONTAINERS = (dict, set, list)
@@ -48,11 +48,32 @@ def _placeholder(t: torch.Tensor) -> torch.Tensor:
     return nn.Parameter(fresh, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else fresh
 
 
-def meta_module(cls: type[nn.Module], *args: Hashable, **kwargs: Hashable) -> nn.Module:
+def load_tensors(m: nn.Module, tensors: Mapping[str, torch.Tensor | None]) -> None:
+    """Install ``tensors`` (by role; None entries skipped) as ``m``'s parameters / buffers, sharing
+    storage: a role naming a parameter slot becomes a Parameter (a plain tensor is wrapped, trainable
+    if it is floating point or already requires grad), any other role a buffer."""
+    for role, t in tensors.items():
+        if t is None:
+            continue
+        if role in m._parameters:
+            grad = t.requires_grad or t.is_floating_point()
+            m._parameters[role] = t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=grad)
+        else:
+            m._buffers[role] = t
+
+
+def meta_module(
+    cls: type[nn.Module],
+    *args: Hashable,
+    tensors: Mapping[str, torch.Tensor | None] | None = None,
+    **kwargs: Hashable,
+) -> nn.Module:
     """What ``cls(*args, **kwargs, device="meta")`` builds, for a module class whose constructor
-    keeps no reference to itself in its state (torch's conv and linear layers). The arguments
-    must be hashable (ints, tuples, strings, bools)."""
+    keeps no reference to itself in its state (torch's conv and linear layers), with ``tensors``
+    installed by :func:`load_tensors`. The constructor arguments must be hashable (ints, tuples,
+    strings, bools)."""
     proto = _prototype(cls, args, kwargs)
+    given = tensors or {}
     m = cls.__new__(cls)
     state = m.__dict__
     for key, value in proto.__dict__.items():
@@ -60,6 +81,7 @@ def meta_module(cls: type[nn.Module], *args: Hashable, **kwargs: Hashable) -> nn
     for slots in (m._parameters, m._buffers):
         table: dict[str, Any] = slots  # type: ignore[assignment]
         for name, t in table.items():
-            if t is not None:
+            if t is not None and given.get(name) is None:  # a slot the caller fills needs no placeholder
                 table[name] = _placeholder(t)
+    load_tensors(m, given)
     return m

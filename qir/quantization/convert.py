@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.common import numerics
+from passes.one_thread import one_intra_op_thread
 from passes.pipeline import Pipeline
 from passes.quantize import WRAP_DEQUANT_PREFIX, Quantize, code_rule_covers_module, uncovered
 from qir.frontend.convert import gc_paused
@@ -483,6 +484,7 @@ def build_quantized(
         raise ConvertError(f"converting module '{path}' ({type(m).__name__}): {e}") from e
 
 
+@one_intra_op_thread()  # once per model: each layer's passes over its weight (passes/one_thread.py says why)
 def _convert_modules(
     root: nn.Module, gm: torch.fx.GraphModule, march: March, mapping: Mapping[type, type] | None, eager: bool = False
 ) -> None:

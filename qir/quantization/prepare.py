@@ -499,7 +499,7 @@ def _prepare_float(
     spec = parse_qconfig_dict(qconfig_dict, record.qconfig_attrs)
     plan = _plan(gm, record, spec, keep_float=cpu)
     float_copy = _float_record(gm, plan)
-    kind = check_kinds({p: qc for p, _, _, qc in plan})
+    kind = check_kinds({p: qc for p, _, _, qc in plan})  # before any module is swapped or observed
     # every call site of a module called at several places gets its own output observer
     sites = split_call_sites(gm, [p for p, _, _, _ in plan])
     chosen = {p: qc for p, _, _, qc in plan} | {s: qc for p, _, _, qc in plan for s in sites.get(p, [])}
@@ -525,7 +525,9 @@ def _prepare_float(
             lambda path, m, qat: record.remap.key_map.update(_key_map(path, m, qat)),
             _qat_parts(),
         )
-        kind = check_kinds(chosen | wrapped_qconfigs(gm))  # they may not mix calibration and QAT either
+        wrapped = wrapped_qconfigs(gm)
+        if wrapped:  # they may not mix calibration and QAT either (the graph's modules were checked above)
+            kind = check_kinds(chosen | wrapped)
     if hybrid is not None:
         gm.meta[HYBRID_KEY] = place_boundaries(gm, cpu, chosen, _stub_qconfig(spec, kind))
     if batch_norms is None:  # the first prepare: the traced deep copy of the user's model still has them

@@ -91,3 +91,35 @@ def test_ops_build_modules_holding_their_tensors(op: Any, tensors: dict[str, tor
         assert torch.equal(
             m(x), torch.nn.functional.conv2d(x, tensors["weight"], tensors["bias"], (2, 2), (1, 1), 1, 2)
         )
+
+
+def test_placeholders_only_for_the_slots_the_caller_leaves_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    import qir.ir.meta_modules as mm
+
+    made: list[tuple[int, ...]] = []
+    real = mm._placeholder
+
+    def placeholder(t: torch.Tensor) -> torch.Tensor:
+        made.append(tuple(t.shape))
+        return real(t)
+
+    monkeypatch.setattr(mm, "_placeholder", placeholder)
+    w, b = torch.randn(2, 3), torch.randn(2)
+    full = meta_module(nn.Linear, 3, 2, bias=True, tensors={"weight": w, "bias": b})
+    assert made == []
+    assert full.weight.data_ptr() == w.data_ptr() and full.bias.data_ptr() == b.data_ptr()
+    part = meta_module(nn.Linear, 3, 2, bias=True, tensors={"weight": w, "bias": None})
+    assert made == [(2,)]  # the bias slot only: None fills nothing
+    assert part.bias.device.type == "meta" and part.weight.data_ptr() == w.data_ptr()
+
+
+def test_given_tensors_follow_the_parameter_wrapping_rule() -> None:
+    codes = torch.zeros(2, 3, dtype=torch.int8)
+    floats = torch.randn(2)
+    extra = torch.ones(1)
+    m = meta_module(nn.Linear, 3, 2, bias=True, tensors={"weight": codes, "bias": floats, "scale": extra})
+    assert isinstance(m.weight, nn.Parameter) and not m.weight.requires_grad  # integer codes: not trainable
+    assert isinstance(m.bias, nn.Parameter) and m.bias.requires_grad
+    assert m._buffers["scale"] is extra  # no parameter slot of that name: a buffer
+    own = nn.Parameter(torch.randn(2, 3), requires_grad=False)
+    assert meta_module(nn.Linear, 3, 2, bias=False, tensors={"weight": own}).weight is own

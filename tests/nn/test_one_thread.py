@@ -1,4 +1,4 @@
-"""qir.nn.quantized.one_thread: conversion's weight arithmetic runs on one intra-op thread, and the
+"""passes.one_thread: conversion's weight arithmetic runs on one intra-op thread, and the
 process's thread count comes back after it, also when blocks nest, run in several threads or raise."""
 
 from __future__ import annotations
@@ -7,9 +7,14 @@ import threading
 
 import pytest
 import torch
+from torch import nn
 
-from qir.nn.quantized.conv import integer_conv_state, observed_weight_scale
-from qir.nn.quantized.one_thread import one_intra_op_thread
+import qir
+from passes.one_thread import one_intra_op_thread
+from qir.nn.quantized import QUANTIZED_MODULE_MAP
+from qir.quantization import DeQuantStub, QuantStub, convert_fx, get_default_qat_qconfig, prepare_qat_fx
+from qir.quantization.convert import CONVERT_PATH_KEY
+from qir.quantization.fake_quantize import FakeQuantize
 
 
 @pytest.fixture
@@ -56,13 +61,32 @@ def test_blocks_in_several_threads_restore_the_count_once_all_close(two_threads)
     assert torch.get_num_threads() == 2
 
 
-def test_conversion_functions_run_on_one_thread(two_threads, monkeypatch):
-    import qir.nn.quantized.conv as conv
-    from qir.quantization import get_default_qat_qconfig
-    from qir.quantization.fake_quantize import FakeQuantize
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.fc = nn.Linear(4, 2)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.fc(self.conv(self.quant(x)).mean((2, 3))))
+
+
+@pytest.mark.parametrize("mapping", [None, dict(QUANTIZED_MODULE_MAP)], ids=["quantize_pass", "module_swap"])
+def test_conversion_runs_on_one_thread_set_once_per_model(two_threads, monkeypatch, mapping):
+    """Both convert paths observe and quantize every weight on one thread, the count set once for
+    the model (not per layer) and restored after."""
+    import qir.nn.quantized.conv as conv
+
+    qir.set_march("bayes")  # the conftest fixture restores it
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    qat = prepare_qat_fx(_Net(), {"": get_default_qat_qconfig()}, x)
+    qat(x)
+    qat.eval()
     counts: list[int] = []
-    real_quantize, real_observe = conv.numerics.quantize, FakeQuantize.observe
+    sets: list[int] = []
+    real_quantize, real_observe, real_set = conv.numerics.quantize, FakeQuantize.observe, torch.set_num_threads
 
     def quantize(*a, **k):
         counts.append(torch.get_num_threads())
@@ -72,14 +96,16 @@ def test_conversion_functions_run_on_one_thread(two_threads, monkeypatch):
         counts.append(torch.get_num_threads())
         return real_observe(self, x)
 
+    def set_num_threads(n: int) -> None:
+        sets.append(n)
+        real_set(n)
+
     monkeypatch.setattr(conv.numerics, "quantize", quantize)
     monkeypatch.setattr(FakeQuantize, "observe", observe)
-    w = torch.randn(4, 3, 3, 3)
-    s_w, w_dtype = observed_weight_scale(get_default_qat_qconfig().weight(), w, "QATConv2d")
-    assert counts == [1] and torch.get_num_threads() == 2
-    cls = conv.CONV_CLASS_OF[("Conv2d", False, None)]
-    out = (torch.tensor([0.2]), w_dtype)
-    st = integer_conv_state(cls, w, None, 4, (s_w, w_dtype), [torch.tensor([0.1])], out, "bayes")
-    assert len(counts) > 1 and set(counts) == {1}
+    monkeypatch.setattr(torch, "set_num_threads", set_num_threads)
+    out = convert_fx(qat, mapping=mapping)
+    want = "quantize pass" if mapping is None else "module swap: a custom mapping="
+    assert out.meta[CONVERT_PATH_KEY].startswith(want)
+    assert len(counts) >= 4 and set(counts) == {1}  # two weights, each observed and quantized
+    assert sets == [1, 2]  # once down for the model, once back
     assert torch.get_num_threads() == 2
-    assert st.weight.dtype == torch.int8

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qir.ir.meta_modules import load_tensors
 from qir.ir.op import Elementwise, IRError, Pure, ShapePreserving, Trait, register_op
-from qir.ir.ops.nn import _load
 from qir.ir.ops.torchop import TorchModuleOp, check_dim, unary_op
 from qir.ir.types import TensorType, Type
 
@@ -181,7 +181,7 @@ class Prelu(TorchModuleOp):
     def to_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         w = tensors["weight"]
         m = nn.PReLU(num_parameters=w.numel(), device="meta")
-        _load(m, tensors)
+        load_tensors(m, tensors)
         return m
 
     def verify_(self, operand_types: Sequence[Type]) -> None:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qir.ir.meta_modules import meta_module
+from qir.ir.meta_modules import load_tensors, meta_module
 from qir.ir.meta_shapes import conv_shape, linear_shape, meta_result
 from qir.ir.op import HasWeight, IRError, ModuleOp, Pure, Trait, register_op
 from qir.ir.types import TensorType, Type
@@ -216,21 +216,9 @@ class ConvNd(WeightedOp):
             groups=self.groups,
             bias=self.bias,
             padding_mode=self.padding_mode,
+            tensors=tensors,
         )
-        _load(m, tensors)
         return m
-
-
-def _load(m: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Install the given tensors as the module's parameters/buffers (sharing storage)."""
-    for role, t in tensors.items():
-        if t is None:
-            continue
-        if role in m._parameters:
-            grad = t.requires_grad or t.is_floating_point()
-            m._parameters[role] = t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=grad)
-        else:
-            m._buffers[role] = t
 
 
 @register_op
@@ -321,8 +309,8 @@ class ConvTransposeNd(WeightedOp):
             groups=self.groups,
             bias=self.bias,
             dilation=self.dilation,
+            tensors=tensors,
         )
-        _load(m, tensors)
         return m
 
 
@@ -379,9 +367,7 @@ class Linear(WeightedOp):
 
     def plain_module(self, tensors: dict[str, torch.Tensor]) -> nn.Module:
         w = tensors["weight"]
-        m = meta_module(nn.Linear, w.shape[1], w.shape[0], bias=self.bias)
-        _load(m, tensors)
-        return m
+        return meta_module(nn.Linear, w.shape[1], w.shape[0], bias=self.bias, tensors=tensors)
 
 
 _BN_CLASSES: dict[tuple[int, bool], type[nn.Module]] = {
@@ -490,5 +476,5 @@ class BatchNorm(ModuleOp):
             track_running_stats=self.track_running_stats,
             device="meta",
         )
-        _load(m, tensors)
+        load_tensors(m, tensors)
         return m

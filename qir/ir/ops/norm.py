@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qir.ir.meta_modules import load_tensors
 from qir.ir.op import IRError, ModuleOp, Pure, ShapePreserving, Trait, register_op
-from qir.ir.ops.nn import _load
 from qir.ir.types import TensorType, Type
 
 
@@ -78,7 +78,7 @@ class LayerNorm(_AffineNorm):
         m = nn.LayerNorm(
             self.normalized_shape, eps=self.eps, elementwise_affine=self.weight, bias=self.bias, device="meta"
         )
-        _load(m, tensors)
+        load_tensors(m, tensors)
         return m
 
 
@@ -115,5 +115,5 @@ class GroupNorm(_AffineNorm):
         if w is None:
             raise IRError("op 'group_norm': without affine state the channel count is unknown; emit F.group_norm")
         m = nn.GroupNorm(self.num_groups, w.shape[0], eps=self.eps, affine=self.weight, device="meta")
-        _load(m, tensors)
+        load_tensors(m, tensors)
         return m

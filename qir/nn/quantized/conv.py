@@ -28,7 +28,6 @@ from qir.ir.numerics import abs_sum_max
 from qir.ir.types import DType
 from qir.nn.qat.conv import QAT_CONV_CLASSES, QATConvBase, class_name
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq, per_tensor_scale
-from qir.nn.quantized.one_thread import one_intra_op_thread
 from qir.quantization.fake_quantize import FakeQuantize
 
 __all__ = ["QUANTIZED_CONV_CLASSES", "QuantizedConvBase"]
@@ -41,7 +40,6 @@ def weight_scale_of(qat: QATConvBase) -> tuple[torch.Tensor, DType]:
     return observed_weight_scale(qat.weight_fake_quant, qat.weight, type(qat).__name__)
 
 
-@one_intra_op_thread()  # the observation's passes over the weight (one_thread.py says why)
 def observed_weight_scale(fq: FakeQuantize, weight: torch.Tensor, owner: str) -> tuple[torch.Tensor, DType]:
     """The scale and dtype weight fake quant ``fq`` of module class ``owner`` gives ``weight`` now:
     observed into scratch buffers, so ``fq`` keeps its state and no module is copied."""
@@ -88,7 +86,6 @@ class ConvIntegerState:
     extra_bits: int = 0
 
 
-@one_intra_op_thread()  # the weight codes' passes (one_thread.py says why)
 def integer_conv_state(
     cls: type[QuantizedConvBase],
     weight: torch.Tensor,

@@ -6,8 +6,9 @@ memory-bound elementwise kernel over at most a few MB. Fanned out to torch's int
 cost about twice the CPU time for little wall time on an idle machine, and on a busy one a thread
 the scheduler holds back stalls the others: resnet50's weight codes took 88-136 ms of CPU time
 (240-320 ms wall) with two threads at load average 13 on two cores, 23-24 ms (47-64 ms wall) with
-one (benchmarks/README.md). The compiled model's runtime and ``compile_model`` set their thread
-counts for the same reason.
+one (benchmarks/README.md). The quantize pass's rule loop and module swapping
+(qir.quantization.convert) each set it once per model, not once per layer. The compiled model's
+runtime and ``compile_model`` set their thread counts for the same reason.
 """
 
 from __future__ import annotations
