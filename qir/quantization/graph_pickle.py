@@ -32,19 +32,13 @@ from qir.utils.fx_helper import wrapped_original
 
 __all__ = ["PicklableGraphModule", "make_picklable", "reclass", "wrapped_selves"]
 
-#: what ``GraphModule.__init__`` resets and fx's loader therefore drops from the pickled ``__dict__``
+#: what ``GraphModule.__init__`` resets and fx's loader therefore drops from the pickled ``__dict__``:
+#: ``meta``, the GraphModule's deep-copy hooks, and every hook table (and the backward-hook kind flag)
+#: ``nn.Module.__init__`` sets, read from torch so that a table a torch release adds is kept too
 _RESTORED = (
     "meta",
-    "_forward_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_hooks_always_called",
-    "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs",
-    "_state_dict_hooks",
-    "_state_dict_pre_hooks",
-    "_load_state_dict_pre_hooks",
-    "_load_state_dict_post_hooks",
     "_deepcopy_hooks",
+    *(name for name in nn.Module().__dict__ if "hook" in name),
 )
 
 
