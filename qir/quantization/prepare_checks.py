@@ -145,16 +145,13 @@ def _refuse_float_module_with_qconfig(
 
 
 def _refuse_march_dtypes(path: str, m: nn.Module, march: str) -> None:
-    """Refuse a QAT LSTMCell whose fixed qint16 state fake quants ``march`` cannot produce (its
-    integer form requantizes into each of them; qir.nn.quantized.LSTMCell.from_qat)."""
-    if not (isinstance(m, nn.LSTMCell) and hasattr(m, "cell_post_process")):
+    """Refuse a QAT module (a QAT LSTMCell) whose fixed-dtype fake quants ``march`` cannot produce (its
+    integer form requantizes into each of its ``requantized_fake_quants``; qir.nn.quantized.LSTMCell.from_qat)."""
+    names: tuple[str, ...] = getattr(m, "requantized_fake_quants", ())
+    if not names:
         return
     out = requant_limits(march).out_dtypes
-    bad = sorted(
-        name
-        for name, fq in m.named_children()
-        if name.endswith(("_post_process", "_input")) and qdtype(getattr(fq, "dtype", "qint8")) not in out
-    )
+    bad = sorted(name for name in names if qdtype(getattr(m, name).dtype) not in out)
     if bad:
         _refuse(
             path,

@@ -53,6 +53,17 @@ class LSTMCell(QATModule, nn.LSTMCell):
     """
 
     _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.LSTMCell
+    #: the fake quants the integer form requantizes into (the march must produce their dtypes: prepare
+    #: and from_qat check them); the others read 256-entry tables and stay qint8
+    requantized_fake_quants: ClassVar[tuple[str, ...]] = (
+        "activation_post_process",
+        "cell_post_process",
+        "sigmoid_post_process",
+        "tanh_g_post_process",
+        "tanh_c_post_process",
+        "fc_post_process",
+        "ig_post_process",
+    )
     #: x, or x, h and c: as many grid inputs as the call site has tensors (qir.quantization.integer_grid)
     grid_inputs: ClassVar[int] = -1
     #: ``(applies, forward)`` of the integer-grid forward, set by qir.nn.quantized.lstm_grid (it builds

@@ -73,15 +73,7 @@ class LSTMCell(QuantizedModule):
         new._set_scales(input_scales, h_fq.scale.detach(), h_fq.dtype, len(input_scales))
         new.register_buffer("cell_scale", c_fq.scale.detach().to(torch.float32).reshape(1).clone())
         new.cell_dtype = DType(c_fq.dtype)
-        for fq_name in (
-            "activation_post_process",
-            "cell_post_process",
-            "sigmoid_post_process",
-            "tanh_g_post_process",
-            "tanh_c_post_process",
-            "fc_post_process",
-            "ig_post_process",
-        ):
+        for fq_name in qat.requantized_fake_quants:
             check_out_dtype(mname, getattr(qat, fq_name).dtype, f"{name} {fq_name}")
         for fq_name in ("gates_post_process", "cell_tanh_input", "ih_post_process", "hh_post_process"):
             if DType(getattr(qat, fq_name).dtype) is not DType.qint8:
