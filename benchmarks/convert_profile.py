@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pipeline_cost import Stubbed, chain
+from pipeline_cost import profiled_model
 
 #: (module, attribute) of each timed stage, as convert_fx calls it
 STAGES = {
@@ -82,16 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     from qir.march import march_scope
     from qir.quantization import convert_fx, get_default_qat_qconfig, prepare_qat_fx
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    if args.resnet50:
-        try:
-            from torchvision.models import resnet50
-        except ImportError as e:
-            raise SystemExit(f"--resnet50 needs torchvision ({e})") from e
-        model, x, name = Stubbed(resnet50()).train(), torch.randn(1, 3, 64, 64), "resnet50"
-    else:
-        model, x, name = Stubbed(chain(args.blocks)).train(), torch.randn(1, 4, 8, 8), f"chain({args.blocks})"
+    model, x, name = profiled_model(args.resnet50, args.blocks)
     with march_scope("bayes"):
         prepared = prepare_qat_fx(model, {"": get_default_qat_qconfig()}, x)
         with torch.no_grad():

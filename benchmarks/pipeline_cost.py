@@ -75,6 +75,20 @@ class Stubbed(nn.Module):
         return self.dequant(self.body(self.quant(x)))
 
 
+def profiled_model(resnet50: bool, blocks: int) -> tuple[nn.Module, torch.Tensor, str]:
+    """The profile scripts' model, input and name (1 torch thread, seed 0): torchvision's resnet50 at
+    64x64, or the chain of ``blocks`` conv-bn-relu blocks, between stubs, in training mode."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    if resnet50:
+        try:
+            from torchvision.models import resnet50 as build
+        except ImportError as e:
+            raise SystemExit(f"--resnet50 needs torchvision ({e})") from e
+        return Stubbed(build()).train(), torch.randn(1, 3, 64, 64), "resnet50"
+    return Stubbed(chain(blocks)).train(), torch.randn(1, 4, 8, 8), f"chain({blocks})"
+
+
 def measure_flows(n: int, repeat: int, nodes: int, with_ao: bool) -> dict[str, Any]:
     """Seconds of prepare_qat_fx / convert_fx for qir and (when ``with_ao``) torch.ao on chain(n)."""
     from qir.march import march_scope

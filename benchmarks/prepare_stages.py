@@ -26,10 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pipeline_cost import Stubbed, chain
+from pipeline_cost import profiled_model
 
 #: (module, attribute, class or None, label): the stages, outermost first
 STAGES: list[tuple[str, str, str | None, str]] = [
@@ -97,16 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         _wrap(table, importlib.import_module(module), attr, label)
     _count_init(table, FakeQuantize, "  FakeQuantize construction")
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    if args.resnet50:
-        try:
-            from torchvision.models import resnet50
-        except ImportError as e:
-            raise SystemExit(f"--resnet50 needs torchvision ({e})") from e
-        model, x, name = Stubbed(resnet50()).train(), torch.randn(1, 3, 64, 64), "resnet50"
-    else:
-        model, x, name = Stubbed(chain(args.blocks)).train(), torch.randn(1, 4, 8, 8), f"chain({args.blocks})"
+    model, x, name = profiled_model(args.resnet50, args.blocks)
     qconfig = {"": get_default_qat_qconfig()}
     best: dict[str, list[float]] = {}
     with march_scope("bayes"):
