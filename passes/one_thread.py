@@ -9,39 +9,35 @@ the scheduler holds back stalls the others: resnet50's weight codes took 88-136 
 one (benchmarks/README.md). The quantize pass's rule loop and module swapping
 (qir.quantization.convert) each set it once per model, not once per layer. The compiled model's
 runtime and ``compile_model`` set their thread counts for the same reason.
+
+Whose count it is: with torch's OpenMP backend (the CPU wheels) ``torch.set_num_threads`` sets the
+calling thread's count (a thread's first read takes the last count set by any thread); with the
+other backends it is the process's. So each block keeps no shared state: it reads the count on
+entry and gives that back on exit, on its own thread. It gives nothing back when the count is no
+longer the 1 it set: someone called ``torch.set_num_threads`` in between (the user, or a block of
+another thread under a process-wide count), and the latest call stands.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 
 import torch
 
 __all__ = ["one_intra_op_thread"]
 
-_LOCK = threading.Lock()
-_depth = 0  # blocks open, in any thread
-_saved = 1  # the thread count before the first of them
-
 
 @contextlib.contextmanager
 def one_intra_op_thread() -> Iterator[None]:
-    """Inside the block (usable as a decorator) torch runs intra-op kernels on one thread; the count
-    before the outermost block is restored after it. The count is the process's: blocks open in
-    several threads at once restore it when the last one closes."""
-    global _depth, _saved
-    with _LOCK:
-        if _depth == 0:
-            _saved = torch.get_num_threads()
-            if _saved > 1:
-                torch.set_num_threads(1)
-        _depth += 1
+    """Inside the block (usable as a decorator) torch runs intra-op kernels on one thread; after it,
+    also when it raises, the count found on entry is back, unless it was changed while the block ran
+    (that change stands). Nested blocks leave the restoring to the outermost one."""
+    before = torch.get_num_threads()
+    if before > 1:
+        torch.set_num_threads(1)
     try:
         yield
     finally:
-        with _LOCK:
-            _depth -= 1
-            if _depth == 0 and _saved > 1:
-                torch.set_num_threads(_saved)
+        if before > 1 and torch.get_num_threads() == 1:
+            torch.set_num_threads(before)

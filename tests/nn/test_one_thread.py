@@ -1,5 +1,6 @@
-"""passes.one_thread: conversion's weight arithmetic runs on one intra-op thread, and the
-process's thread count comes back after it, also when blocks nest, run in several threads or raise."""
+"""passes.one_thread: conversion's weight arithmetic runs on one intra-op thread, and the caller's
+thread count comes back after it, also when blocks nest, run in several threads or raise, and a count
+set while a block ran stands."""
 
 from __future__ import annotations
 
@@ -61,6 +62,43 @@ def test_blocks_in_several_threads_restore_the_count_once_all_close(two_threads)
     assert torch.get_num_threads() == 2
 
 
+def test_a_count_set_inside_the_block_stands(two_threads):
+    with one_intra_op_thread():
+        torch.set_num_threads(3)  # the caller's choice made while the block runs
+    assert torch.get_num_threads() == 3
+
+
+def test_nested_blocks_give_back_the_latest_count(two_threads):
+    with one_intra_op_thread():
+        torch.set_num_threads(3)
+        with one_intra_op_thread():
+            assert torch.get_num_threads() == 1  # set again: the inner block's work is on one thread too
+        assert torch.get_num_threads() == 3  # the inner block gave back the 3 it found
+    assert torch.get_num_threads() == 3  # and the outer one leaves it: it was set after the outer's 1
+
+
+def test_a_block_open_in_another_thread_does_not_hold_this_ones_count(two_threads):
+    """Thread counts are per thread under torch's OpenMP backend: a block open elsewhere must neither
+    leave this thread's work on two threads nor keep this thread's count at 1 after its own block."""
+    opened, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with one_intra_op_thread():
+            opened.set()
+            release.wait()
+
+    other = threading.Thread(target=hold)
+    other.start()
+    try:
+        opened.wait()
+        with one_intra_op_thread():
+            assert torch.get_num_threads() == 1
+    finally:
+        release.set()
+        other.join()
+    assert torch.get_num_threads() == 2
+
+
 class _Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -109,3 +147,26 @@ def test_conversion_runs_on_one_thread_set_once_per_model(two_threads, monkeypat
     assert len(counts) >= 4 and set(counts) == {1}  # two weights, each observed and quantized
     assert sets == [1, 2]  # once down for the model, once back
     assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("mapping", [None, dict(QUANTIZED_MODULE_MAP)], ids=["quantize_pass", "module_swap"])
+def test_the_users_thread_count_is_respected_after_convert(mapping):
+    """A count the user set before convert_fx is the count after it, also when convert_fx raises."""
+    qir.set_march("bayes")  # the conftest fixture restores it
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    qat = prepare_qat_fx(_Net(), {"": get_default_qat_qconfig()}, x)
+    qat(x)
+    qat.eval()
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        convert_fx(qat, mapping=mapping)
+        assert torch.get_num_threads() == 3
+        qat.conv.weight_fake_quant.scale.fill_(float("nan"))  # convert refuses a NaN weight scale
+        qat.conv.weight_fake_quant.disable_observer()
+        with pytest.raises(Exception, match="positive and finite"):
+            convert_fx(qat, mapping=mapping)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(prev)
