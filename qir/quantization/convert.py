@@ -40,6 +40,7 @@ from qir.quantization.hybrid import hybrid_plan_of
 from qir.quantization.multi_output import multi_output_item, multi_output_scales
 from qir.quantization.pipelines import PipelineArg, builtin_only, resolve_pipeline, run_on_module
 from qir.quantization.prepare import PREPARE_RECORD_KEY, PrepareRecord, require_march, set_submodule
+from qir.quantization.prepare_checks import float_module_on_codes
 from qir.quantization.scale_ops import (
     PAIR,
     PRESERVING_FUNCTIONS,
@@ -279,7 +280,7 @@ def input_scales(
             if isinstance(m, _PRESERVING_MODULES):
                 keep(n, first_q)  # type: ignore[arg-type]
                 continue
-            raise ConvertError(_float_module_on_codes(path, m))
+            raise ConvertError(float_module_on_codes(path, m, has_qconfig=False))
         # call_function / call_method
         if not quantized:
             env[n.name] = None
@@ -385,19 +386,6 @@ def _check_wrapped_args(n: torch.fx.Node, plan: ScalePlan) -> None:
 def _wrapped_name(n: torch.fx.Node) -> str:
     fn = n.target
     return getattr(fn, "__qualname__", getattr(fn, "__name__", str(fn)))
-
-
-def _float_module_on_codes(path: str, m: nn.Module) -> str:
-    """Why float module ``m`` cannot take codes, and the fix that fits it (a qconfig only helps a
-    module with a QAT form)."""
-    from qir.quantization.qat_classes import qat_class_for
-
-    float_it = "put a DeQuantStub in front of it (and a QuantStub after it) to run it in float"
-    if qat_class_for(m) is None:
-        why = f"{type(m).__name__} has no quantized form (no QAT class in qir.nn.qat.QAT_MODULE_MAP): {float_it}"
-    else:
-        why = f"its qconfig is None, so prepare left it float: give it a qconfig so prepare swaps it, or {float_it}"
-    return f"module '{path}' ({type(m).__name__}) receives quantized tensors but is a float module; {why}"
 
 
 def _is_quant_stub(m: nn.Module) -> bool:

@@ -31,7 +31,7 @@ from qir.ir.numerics import qdtype
 from qir.quantization.scale_ops import PRESERVING_FUNCTIONS, PRESERVING_METHODS, PRESERVING_MODULES, module_self
 from qir.utils.fx_helper import wrapped_original
 
-__all__ = ["UnconvertibleModelError", "check_convertible", "collected_refusals"]
+__all__ = ["UnconvertibleModelError", "check_convertible", "collected_refusals", "float_module_on_codes"]
 
 
 class UnconvertibleModelError(ValueError):
@@ -127,20 +127,39 @@ def _refuse_float_module_with_qconfig(
     qc = float_qconfig(path, m)
     if qc is None or (getattr(qc, "activation", None) is None and getattr(qc, "weight", None) is None):
         return  # kept float on purpose (qconfig None): convert names it if it still receives codes
+    _refuse(path, f"prepare_qat_fx: {float_module_on_codes(path, m, has_qconfig=True, march=march)} ({_LATER})")
+
+
+def float_module_on_codes(path: str, m: nn.Module, *, has_qconfig: bool, march: str | None = None) -> str:
+    """Why float module ``m`` at ``path``, reached by quantized tensors, cannot stay so, and the fix that
+    fits it: prepare_qat_fx refuses one that has a qconfig (``has_qconfig``: no QAT class took it, so it
+    has no quantized form), convert_fx one prepare left float (a qconfig fixes it where it has a QAT
+    class, the stubs where not). One wording for both."""
+    from qir.quantization.qat_classes import qat_class_for
+
     cls = type(m).__name__
+    head = f"module '{path}' ({cls}) receives quantized tensors"
+    float_it = "put a DeQuantStub before it and a QuantStub after it"
+    if not has_qconfig and qat_class_for(m) is not None:
+        return (
+            f"{head} but prepare left it float (its qconfig is None): give it a qconfig so prepare swaps it, "
+            f"or {float_it} to run it in float"
+        )
+    on = f" on {march}" if march else ""
+    no_form = f"{cls} has no quantized form{on} (no QAT class in qir.nn.qat.QAT_MODULE_MAP)"
+    hybrid = "or prepare with hybrid=True, which places it on the CPU with generated stubs"
     hint = ""
     if isinstance(m, nn.LSTM):
         hint = " nn.LSTMCell has a quantized form: unroll the sequence over cells (one per direction and layer)."
     elif isinstance(m, nn.modules.batchnorm._BatchNorm):
         hint = " A batch norm is quantized folded into the conv / linear before it, whose output it must read alone."
-    _refuse(
-        path,
-        f"prepare_qat_fx: module '{path}' ({cls}) receives quantized tensors and has a qconfig, but {cls} has no "
-        f"quantized form{f' on {march}' if march else ''} (no QAT class in qir.nn.qat.QAT_MODULE_MAP): QAT would run "
-        "it in float on fake-quantized values and convert_fx would refuse it after training. To run it in float, give "
-        f"it the qconfig None (qconfig_dict={{'module_name': [('{path}', None)]}}, or `.qconfig = None` on it) and "
-        "put a DeQuantStub before it and a QuantStub after it; or prepare with hybrid=True, which places it on the "
-        f"CPU with generated stubs.{hint} ({_LATER})",
+    if not has_qconfig:
+        return f"{head} but prepare left it float: {no_form}. To run it in float, {float_it}; {hybrid}.{hint}"
+    return (
+        f"{head} and has a qconfig, but {no_form}: QAT would run it in float on fake-quantized values and "
+        "convert_fx would refuse it after training. To run it in float, give it the qconfig None "
+        f"(qconfig_dict={{'module_name': [('{path}', None)]}}, or `.qconfig = None` on it) and {float_it}; "
+        f"{hybrid}.{hint}"
     )
 
 

@@ -7,6 +7,7 @@ float on purpose and prepares as before."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -120,6 +121,14 @@ def test_qconfig_none_keeps_a_module_float_on_purpose(march: str) -> None:
             convert_fx(qat)
         # no qconfig would help it: the advice is the stubs
         assert "GroupNorm has no quantized form" in str(caught.value) and "give it a qconfig" not in str(caught.value)
+        # prepare's refusal and convert's use one wording (prepare_checks.float_module_on_codes)
+        for phrase in (
+            "GroupNorm has no quantized form (no QAT class in qir.nn.qat.QAT_MODULE_MAP)",
+            "put a DeQuantStub before it and a QuantStub after it; or prepare with hybrid=True, which places it",
+        ):
+            assert phrase in str(caught.value)
+            with pytest.raises(UnconvertibleModelError, match=re.escape(phrase.replace("form", f"form on {march}"))):
+                prepare_qat_fx(Middle(nn.GroupNorm(2, 8)), {"": get_default_qat_qconfig()}, (_x(),))
 
 
 def test_a_qconfig_none_attribute_is_not_inherited_over(march: str) -> None:
