@@ -66,15 +66,20 @@ def meta_module(
     cls: type[nn.Module],
     *args: Hashable,
     tensors: Mapping[str, torch.Tensor | None] | None = None,
+    instance_of: type[nn.Module] | None = None,
     **kwargs: Hashable,
 ) -> nn.Module:
     """What ``cls(*args, **kwargs, device="meta")`` builds, for a module class whose constructor
     keeps no reference to itself in its state (torch's conv and linear layers), with ``tensors``
     installed by :func:`load_tensors`. The constructor arguments must be hashable (ints, tuples,
-    strings, bools)."""
+    strings, bools). ``instance_of``: a subclass of ``cls`` to make the module an instance of, its
+    own constructor's part left to the caller (a QAT conv's fake quants)."""
+    if instance_of is not None and not issubclass(instance_of, cls):
+        raise TypeError(f"meta_module: {instance_of.__name__} is not a subclass of {cls.__name__}")
     proto = _prototype(cls, args, kwargs)
     given = tensors or {}
-    m = cls.__new__(cls)
+    made = cls if instance_of is None else instance_of
+    m = made.__new__(made)
     state = m.__dict__
     for key, value in proto.__dict__.items():
         state[key] = value.copy() if isinstance(value, _CONTAINERS) else value

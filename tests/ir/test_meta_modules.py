@@ -123,3 +123,13 @@ def test_given_tensors_follow_the_parameter_wrapping_rule() -> None:
     assert m._buffers["scale"] is extra  # no parameter slot of that name: a buffer
     own = nn.Parameter(torch.randn(2, 3), requires_grad=False)
     assert meta_module(nn.Linear, 3, 2, bias=False, tensors={"weight": own}).weight is own
+
+
+def test_instance_of_a_subclass_keeps_the_prototypes_state() -> None:
+    class Sub(nn.Conv2d):
+        pass
+
+    m = meta_module(nn.Conv2d, 3, 4, (3, 3), instance_of=Sub)
+    assert type(m) is Sub and _state(m) == _state(meta_module(nn.Conv2d, 3, 4, (3, 3)))
+    with pytest.raises(TypeError, match="Linear is not a subclass of Conv2d"):
+        meta_module(nn.Conv2d, 3, 4, (3, 3), instance_of=nn.Linear)

@@ -45,6 +45,7 @@ __all__ = [
     "Call",
     "Epilogue",
     "channel_groups",
+    "compiled",
     "float_bits",
     "gemm_parts",
     "has_vnni",
@@ -167,13 +168,16 @@ def _cpu_key() -> str:
     return platform.machine() + "".join(lines)
 
 
-def _build() -> tuple[ctypes.CDLL | None, str]:
+def compiled(sources: tuple[Path, ...], headers: tuple[Path, ...], stem: str) -> tuple[ctypes.CDLL | None, str]:
+    """``sources`` compiled with the kernels' flags into ``$QIR_CACHE_DIR/<stem>_<key>.so`` (once per
+    source text, compiler, flags and CPU) and loaded; None and the reason when the compiler is
+    missing or fails, or ``QIR_NATIVE=0``."""
     if os.environ.get("QIR_NATIVE", "1") == "0":
-        return None, "disabled (QIR_NATIVE=0): torch kernels"
+        return None, "disabled (QIR_NATIVE=0)"
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        return None, "no C compiler found (set CC): torch kernels"
-    src = b"".join(p.read_bytes() for p in (*_SOURCES, *_HEADERS))
+        return None, "no C compiler found (set CC)"
+    src = b"".join(p.read_bytes() for p in (*sources, *headers))
     # QIR_NATIVE_CFLAGS: extra compiler flags, e.g. -mno-avx512vbmi or -mno-avx512f to build (and test)
     # the paths a CPU without those instructions takes
     flags = [*_FLAGS, *os.environ.get("QIR_NATIVE_CFLAGS", "").split()]
@@ -181,25 +185,31 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     cache = Path(
         os.environ.get("QIR_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qir"
     )
-    so = cache / f"qir_native_{key}.so"
+    so = cache / f"{stem}_{key}.so"
     if not so.exists():
         try:
             cache.mkdir(parents=True, exist_ok=True)
             # build beside the target and rename: concurrent processes never load a half-written file
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
             os.close(fd)
-            cmd = [cc, *flags, *(str(p) for p in _SOURCES), "-o", tmp]
+            cmd = [cc, *flags, *(str(p) for p in sources), "-o", tmp]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             if proc.returncode != 0:
                 os.unlink(tmp)
-                return None, f"{cc} failed on {_SRC.name}: {proc.stderr.strip()[:300]}: torch kernels"
+                return None, f"{cc} failed on {sources[0].name}: {proc.stderr.strip()[:300]}"
             os.replace(tmp, so)
         except (OSError, subprocess.SubprocessError) as e:
-            return None, f"building {_SRC.name} in {cache} failed ({e}): torch kernels"
+            return None, f"building {sources[0].name} in {cache} failed ({e})"
     try:
-        lib = ctypes.CDLL(str(so))
+        return ctypes.CDLL(str(so)), str(so)
     except OSError as e:
-        return None, f"loading {so} failed ({e}): torch kernels"
+        return None, f"loading {so} failed ({e})"
+
+
+def _build() -> tuple[ctypes.CDLL | None, str]:
+    lib, where = compiled(_SOURCES, _HEADERS, "qir_native")
+    if lib is None:
+        return None, f"{where}: torch kernels"
     for name, args in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes = args
@@ -213,7 +223,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         if not task:
             break
         _tasks[task] = (i, len(_SIGNATURES[task]) - 2)  # the parameters before r0, r1
-    return lib, f"native kernels from {so}"
+    return lib, f"native kernels from {where}"
 
 
 def library() -> ctypes.CDLL | None:

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from backends.common.kernels.random_skip import skip_uniform_draws
+from qir.ir.meta_modules import meta_module
 from qir.nn.intrinsic.fused import FUSED_CLASSES, FusedModule
 from qir.nn.qat._base import QATModule, make_activation_fq, make_weight_fq, resolve_qconfig
 from qir.quantization.fake_quantize import FakeQuantize
@@ -43,6 +45,10 @@ class QATConvBase(QATModule):
 
     def __init__(self, *args: Any, qconfig: QConfig, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._init_qat(qconfig)
+
+    def _init_qat(self, qconfig: QConfig) -> None:
+        """The constructor's part after torch's: the qconfig and the fake quants built from it."""
         name = type(self).__name__
         self.qconfig = qconfig
         self.weight_fake_quant = make_weight_fq(qconfig, name, self.weight_axis)
@@ -99,13 +105,15 @@ class QATConvBase(QATModule):
         if qconfig is None and getattr(mod, "qconfig", None) is None:
             qconfig = getattr(conv, "qconfig", None)  # a fused module may carry it on its conv child
         qc = resolve_qconfig(mod, qconfig, cls.__name__)
-        new = cls(**_ctor_kwargs(conv), qconfig=qc)
-        with torch.no_grad():
-            new.weight.copy_(conv.weight)
-            new.weight.requires_grad_(conv.weight.requires_grad)
-            if conv.bias is not None and new.bias is not None:
-                new.bias.copy_(conv.bias)
-                new.bias.requires_grad_(conv.bias.requires_grad)
+        new = _built_without_init_draw(cls, conv, qc)
+        if new is None:
+            new = cls(**_ctor_kwargs(conv), qconfig=qc)
+            with torch.no_grad():
+                new.weight.copy_(conv.weight)
+                new.weight.requires_grad_(conv.weight.requires_grad)
+                if conv.bias is not None and new.bias is not None:
+                    new.bias.copy_(conv.bias)
+                    new.bias.requires_grad_(conv.bias.requires_grad)
         new.train(mod.training)
         return new
 
@@ -113,6 +121,53 @@ class QATConvBase(QATModule):
         base = super().extra_repr()
         hp = self.activation_post_process is None
         return f"{base}{', high_precision_output=True' if hp else ''}"
+
+
+#: the reset_parameters whose draws _built_without_init_draw replays: torch's own (a class or a
+#: library that replaces it initializes differently, and takes the constructor)
+_TORCH_RESETS = {
+    (nn.Linear, "torch.nn.modules.linear", "Linear.reset_parameters"),
+    *((c, "torch.nn.modules.conv", "_ConvNd.reset_parameters") for c in (nn.Conv1d, nn.Conv2d, nn.Conv3d)),
+    (nn.ConvTranspose2d, "torch.nn.modules.conv", "_ConvNd.reset_parameters"),
+}
+
+
+def _built_without_init_draw(cls: type[C], conv: Any, qconfig: QConfig) -> C | None:
+    """What ``cls(**_ctor_kwargs(conv), qconfig=qconfig)`` builds once ``conv``'s weight and bias are
+    copied into it, the global random stream included, without its random initialization: the
+    module is a copy of a meta-device prototype (qir.ir.meta_modules) holding one fresh copy of
+    each tensor, and the generator of the weight's device is advanced past the draws torch's
+    ``reset_parameters`` makes (``kaiming_uniform_`` of the weight, then ``uniform_`` of the bias,
+    in the weight's dtype and device) instead of drawing them (backends/common/kernels/random_skip.py).
+    None where the constructor must run: a zero-element weight (torch warns and draws nothing), a
+    replaced ``reset_parameters``, tensors whose shapes are not the constructor's, an argument
+    that cannot key a prototype."""
+    w, b = conv.weight, conv.bias
+    kind = cls.float_conv
+    reset = getattr(kind, "reset_parameters", None)
+    torch_reset = (kind, getattr(reset, "__module__", None), getattr(reset, "__qualname__", None)) in _TORCH_RESETS
+    if w.numel() == 0 or not torch_reset:
+        return None
+    kwargs = _ctor_kwargs(conv)
+    device = kwargs.pop("device")
+    try:
+        new: Any = meta_module(kind, instance_of=cls, **kwargs)
+    except TypeError:  # an unhashable argument
+        return None
+    slots = new._parameters
+    if slots["weight"].shape != w.shape or (b is not None and slots["bias"].shape != b.shape):
+        return None
+    with torch.no_grad():
+        weight = torch.empty(w.shape, dtype=w.dtype, device=device).copy_(w)
+        bias = None if b is None else torch.empty(b.shape, dtype=w.dtype, device=device).copy_(b)
+    skip_uniform_draws(w.numel(), w.dtype, device)
+    if bias is not None:
+        skip_uniform_draws(bias.numel(), w.dtype, device)
+    slots["weight"] = nn.Parameter(weight, requires_grad=w.requires_grad)
+    if bias is not None:
+        slots["bias"] = nn.Parameter(bias, requires_grad=b.requires_grad)
+    new._init_qat(qconfig)
+    return new  # type: ignore[no-any-return]
 
 
 def _ctor_kwargs(conv: Any) -> dict[str, Any]:
