@@ -416,7 +416,9 @@ class _Converter:
             why = res
         key = qualified_name(fn)
         self.g.objects[key] = fn
-        self.opaque(n, "function", key, args, kwargs, why)
+        node = self.opaque(n, "function", key, args, kwargs, why)
+        if n.meta.get("is_wrapped"):  # torch.fx.wrap recorded the call whole: emit keeps it so
+            node.meta["is_wrapped"] = True
 
     def _wrapped_key(self, fn: Any) -> str:
         name = getattr(fn, "__name__", "fn")

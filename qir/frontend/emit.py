@@ -191,9 +191,10 @@ class _Emitter:
             return self.fx.call_method(op.target, tuple(args), dict(kwargs))
         fn = resolve_target(op.target, self.g.objects)
         node = self.fx.call_function(fn, tuple(args), dict(kwargs))
-        if _torch_fx_wrapped(fn):
-            # the generated code then re-registers it with torch.fx.wrap, so tracing the emitted module
-            # again (a second prepare_qat_fx starts from the first one's float GraphModule) keeps it one call
+        # the generated code then re-registers it with torch.fx.wrap, so tracing the emitted module
+        # again (a second prepare_qat_fx starts from the first one's float GraphModule) keeps it one call
+        recorded = n.meta.get("is_wrapped")  # what torch.fx recorded when it traced the call
+        if recorded is True or (recorded is None and _torch_fx_wrapped(fn)):
             node.meta["is_wrapped"] = True
         return node
 
@@ -326,7 +327,9 @@ _FX_NATIVE_MODULES = frozenset({"torch", "operator", "_operator", "builtins", "m
 
 def _torch_fx_wrapped(fn: Any) -> bool:
     """A plain Python function an opaque call names: fx recorded it only because ``torch.fx.wrap`` kept it
-    whole (qir's own ``fx_helper.wrap`` leaves a wrapper that records itself, so it needs nothing)."""
+    whole (qir's own ``fx_helper.wrap`` leaves a wrapper that records itself, so it needs nothing).
+    The guess for a call without torch.fx's ``is_wrapped`` record (an IR read from text, a hand-built
+    fx graph); a function of a package fx records natively is not guessed wrapped."""
     if not isinstance(fn, types.FunctionType) or wrapped_original(fn) is not None:
         return False
     return str(getattr(fn, "__module__", "") or "").split(".")[0] not in _FX_NATIVE_MODULES
