@@ -138,3 +138,8 @@ from qir.quantization.fake_quantize import float_fake_quant  # noqa: E402
 from qir.quantization.integer_grid import integer_grid_report, set_integer_grid  # noqa: E402
 
 __all__ += ["QATGraphModule", "float_fake_quant", "integer_grid_report", "set_integer_grid", "set_exact_validation"]
+
+# -- checkpoints without the input stubs of modules wrapped methods call (the plugin's) --------------
+from qir.quantization.wrapped_checkpoints import calibrate_wrapped_inputs  # noqa: E402
+
+__all__ += ["calibrate_wrapped_inputs"]

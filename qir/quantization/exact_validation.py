@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -172,6 +172,13 @@ def _missing_piece(gm: torch.fx.GraphModule, e: IndexError) -> IndexError:
 class QATGraphModule(ExactValidationMixin, PicklableGraphModule):
     """The class of ``prepare_qat_fx`` results: a GraphModule with integer-exact validation
     (``torch.save`` / ``torch.load`` keep the class, qir.quantization.graph_pickle)."""
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        if strict:  # refused before anything loads: a checkpoint in the plugin's layout around wrapped calls
+            from qir.quantization.wrapped_checkpoints import refuse_missing_wrapped_stubs
+
+            refuse_missing_wrapped_stubs(self, state_dict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
 
 def install(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
