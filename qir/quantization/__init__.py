@@ -143,3 +143,8 @@ __all__ += ["QATGraphModule", "float_fake_quant", "integer_grid_report", "set_in
 from qir.quantization.wrapped_checkpoints import calibrate_wrapped_inputs  # noqa: E402
 
 __all__ += ["calibrate_wrapped_inputs"]
+
+# -- a converted model cut before its wrapped calls: a head to compile, the wrapped Python after it ------
+from qir.quantization.wrapped_split import WrappedSplit, split_wrapped_tail  # noqa: E402
+
+__all__ += ["WrappedSplit", "split_wrapped_tail"]

@@ -149,7 +149,7 @@ def _run_pipeline(
     (and, for a model fx cannot trace, what the path recorded on ``inputs`` specializes)."""
     subject = copy.deepcopy(root).eval() if root.training else root  # check and lower what is deployed
     graph, spec = trace_or_record(subject, inputs)
-    _refuse_wrapped(graph)
+    _refuse_wrapped(graph, subject)
     ctx = PassContext(options={"march": march, EXAMPLE_INPUTS_KEY: inputs})
     legalize = pipe[len(pipe) - 2] if check and len(pipe) >= 2 and isinstance(pipe[len(pipe) - 2], Legalize) else None
     instruments = [_RefuseIllegal(legalize)] if legalize is not None else []
@@ -208,9 +208,10 @@ def _dequantized_ancestor(node: Node) -> Node | None:
     return None
 
 
-def _refuse_wrapped(graph: Graph) -> None:
-    """``fx_helper.wrap``-ed calls are user Python run on the CPU: a program holds integer kernels only."""
+def _refuse_wrapped(graph: Graph, model: nn.Module) -> None:
+    """``fx_helper.wrap``-ed calls are user Python run on the CPU, and a program never stores Python code."""
     from qir.quantization.wrapped_modules import modules_called_by
+    from qir.quantization.wrapped_split import split_wrapped_tail
     from qir.utils.fx_helper import wrapped_original
 
     names, modules = [], []
@@ -220,20 +221,36 @@ def _refuse_wrapped(graph: Graph) -> None:
             if fn is not None and wrapped_original(fn) is not None:
                 names.append(getattr(fn, "__qualname__", n.name))
                 modules.extend(modules_called_by(fn))
-    if names:
-        inside = (
-            f" The integer modules it calls ({', '.join(repr(m) for m in dict.fromkeys(modules))}) run between a "
-            "quantize and a dequantize inside that Python; to compile them, call them in the traced forward instead."
-            if modules
-            else ""
+    if not names:
+        return
+    inside = (
+        f" The integer modules it calls ({', '.join(repr(m) for m in dict.fromkeys(modules))}) run between a "
+        "quantize and a dequantize inside that Python, in torch; to compile them, call them in the traced forward "
+        "instead."
+        if modules
+        else ""
+    )
+    how = (
+        "Compile the part before them and run them on its outputs: split = "
+        "qir.quantization.split_wrapped_tail(model); program = compile_model(split.head, example_inputs); "
+        "outputs = split.run(program, *inputs), equal to the model's outputs bit for bit"
+    )
+    if not isinstance(model, torch.fx.GraphModule):  # an eager model: its forward is the user's code
+        how = (
+            "Compile the BPU part: a model whose forward returns what the wrapped function receives, and run the "
+            "wrapped code on the program's outputs"
         )
-        raise CompileError(
-            f"cannot compile the wrapped function(s) {', '.join(dict.fromkeys(names))}: code decorated with "
-            "fx_helper.wrap is Python that runs on the CPU (on dequantized inputs), and a compiled program "
-            f"holds integer kernels only.{inside} Compile the BPU part: a model whose forward returns what the wrapped "
-            "function receives (e.g. the head outputs, the seed's `post_process is None` branch), and run the "
-            "wrapped post-processing on the program's outputs (docs/hybrid.md, 'Wrapped functions')"
-        )
+    else:
+        try:
+            split_wrapped_tail(model)
+        except ValueError as e:  # integer work reads a wrapped call's result: the split says what to do
+            how = f"It cannot be split before them: {e}"
+    raise CompileError(
+        f"cannot compile the wrapped function(s) {', '.join(dict.fromkeys(names))}: code decorated with "
+        "fx_helper.wrap is Python that runs on the CPU (on dequantized inputs), and a compiled program "
+        f"holds integer kernels and allow-listed torch functions only, never Python code.{inside} {how} "
+        "(docs/hybrid.md, 'Wrapped functions')"
+    )
 
 
 def compile_model(

@@ -2,7 +2,7 @@
 no input stub for a module its wrapped code calls (the QTensor carries the input's scale), so its
 state dict holds the module's own keys and nothing under ``_generated_wrapped_quant_<path>``. A strict
 load is refused before anything loads, naming the keys and the fix; ``strict=False`` and
-``calibrate_wrapped_inputs`` then take the model through QAT, validation and convert."""
+``calibrate_wrapped_inputs`` then take the model through QAT, validation, convert and compile."""
 
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ from qir.march import march_scope
 from qir.quantization import (
     FakeQuantState,
     calibrate_wrapped_inputs,
+    compile_model,
     convert_fx,
     get_default_calib_qconfig,
     get_default_qat_qconfig,
     prepare_qat_fx,
     set_fake_quantize,
+    split_wrapped_tail,
 )
 from qir.quantization.fake_quantize import FakeQuantize
 from tests.real_users.test_wrap_modules import RetinaNet
@@ -90,7 +92,12 @@ def test_the_plugin_checkpoint_through_qat_validation_and_convert(march: str) ->
     set_fake_quantize(qat, FakeQuantState.VALIDATION)
     converted = convert_fx(qat)
     x = _images(8)
-    assert all(torch.equal(a, b) for a, b in zip(qat(x), converted(x), strict=True))
+    want = converted(x)
+    assert all(torch.equal(a, b) for a, b in zip(qat(x), want, strict=True))
+    # deployed: the part before the wrapped post-process compiled, the post-process on its outputs
+    split = split_wrapped_tail(converted)
+    program = compile_model(split.head, [_images(1)])
+    assert all(torch.equal(a, b) for a, b in zip(split.run(program, x), want, strict=True))
 
 
 def test_only_frozen_fake_quants_stay_put_while_the_stubs_observe(march: str) -> None:

@@ -127,6 +127,6 @@ def test_retinanet_wrapped_modules_check_and_compile(march: str) -> None:
     assert check_model(converted, x).ok
     with pytest.raises(
         CompileError,
-        match=r"RetinaNet._post_process.*integer kernels only. The integer modules it calls \('iou_tower', 'iou'\)",
+        match=r"RetinaNet._post_process.*never Python code. The integer modules it calls \('iou_tower', 'iou'\)",
     ):
         compile_model(converted, [x])
