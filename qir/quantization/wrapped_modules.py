@@ -36,6 +36,7 @@ GraphModule's own modules (and again on every deep copy), so the traced copy is 
 from __future__ import annotations
 
 import copy
+import inspect
 import types
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
@@ -106,7 +107,8 @@ class WrappedModuleCall(nn.Module):
     """What a wrapped method calls in place of a prepared module: ``dequant(module(quant(x)))``.
 
     In the QAT model: the input fake quant, the QAT module, the identity. In the converted model:
-    quantize, the integer module, dequantize. One float tensor in, float out."""
+    quantize, the integer module, dequantize. One float tensor in (then the inputs the module takes as
+    float, its ``float_inputs``: RoIAlign's boxes, passed as they are), float out."""
 
     def __init__(self, path: str, quant: nn.Module, module: nn.Module, dequant: nn.Module) -> None:
         super().__init__()
@@ -116,15 +118,45 @@ class WrappedModuleCall(nn.Module):
         self.dequant = dequant
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if len(args) != 1 or kwargs or not isinstance(args[0], torch.Tensor) or not args[0].is_floating_point():
+        first = args[0] if args else None
+        if not isinstance(first, torch.Tensor) or not first.is_floating_point() or not self._float_rest(args, kwargs):
             got = ", ".join([type(a).__name__ for a in args] + [f"{k}=" for k in kwargs])
+            floats = self._float_names()
+            takes = f"one float tensor, then {', '.join(floats)} as it takes them" if floats else "one float tensor"
             raise TypeError(
                 f"module '{self.path}' ({type(self.module).__name__}) is called inside a wrapped method, so "
-                "prepare_qat_fx quantized it with one float input tensor, which it fake-quantizes (QAT) or quantizes "
-                f"(converted); this call passes ({got}). Call it on one float tensor, or give it the qconfig None "
-                "(qconfig_dict={'module_name': [(path, None)]}) to keep it float"
+                f"prepare_qat_fx quantizes its first input with the generated input QuantStub '{self.stub_path}' "
+                f"(fake-quantized in QAT, quantized once converted); it takes {takes}, and this call passes ({got}). "
+                "Pass its other quantized inputs through the traced forward instead (call the module there), or "
+                "keep it float: qconfig_dict={'module_name': [('" + self.path + "', None)]}"
             )
-        return self.dequant(self.module(self.quant(args[0])))
+        return self.dequant(self.module(self.quant(first), *args[1:], **kwargs))
+
+    @property
+    def stub_path(self) -> str:
+        return quant_stub_path(self.path)
+
+    def _params(self) -> list[str]:
+        try:
+            return list(inspect.signature(self.module.forward).parameters)
+        except (TypeError, ValueError):
+            return []
+
+    def _float_rest(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Every argument after the first is one the module takes as float (``float_inputs``: RoIAlign's boxes)."""
+        if len(args) == 1 and not kwargs:
+            return True
+        floats = set(getattr(self.module, "float_inputs", ()))
+        params = self._params() if kwargs else []
+        return all(i in floats for i in range(1, len(args))) and all(
+            k in params and params.index(k) in floats for k in kwargs
+        )
+
+    def _float_names(self) -> list[str]:
+        params = self._params()
+        return [
+            repr(params[i]) if i < len(params) else f"argument {i}" for i in getattr(self.module, "float_inputs", ())
+        ]
 
 
 class GraphCalledModule(nn.Module):
@@ -252,6 +284,8 @@ def prepare_wrapped_modules(
                     f"prepare_qat_fx: module '{path}' is called inside wrapped method {_name(n)} and needs the "
                     f"generated input QuantStub '{entry.quant}', which '{other}' already takes; rename one of them"
                 )
+            if getattr(qat, "qconfig", None) is None:  # a QAT class keeping none (RoIAlign): the kinds check reads it
+                qat.qconfig = qc
             on_swap(path, m, qat)
             set_submodule_creating(gm, path, qat)
             gm.add_submodule(entry.quant, stub)
