@@ -82,6 +82,14 @@ def calibrate_wrapped_inputs(model: nn.Module, batches: Iterable[Any]) -> list[s
     stubs = {w.quant: model.get_submodule(w.quant) for w in wrapped}
     stub_fqs = {id(m) for stub in stubs.values() for m in stub.modules() if isinstance(m, FakeQuantize)}
     fqs = [m for m in model.modules() if isinstance(m, FakeQuantize)]
+    unset = [name for name, m in model.named_modules() if isinstance(m, FakeQuantize) and m.scale.numel() == 0]
+    unset = [name for name in unset if not any(name.startswith(f"{stub}.") for stub in stubs)]
+    if unset:
+        raise ValueError(
+            f"calibrate_wrapped_inputs observes the input stubs only, with every other fake quant frozen, and "
+            f"{', '.join(unset[:5])}{' ...' if len(unset) > 5 else ''} have no scale yet: load the checkpoint "
+            "first (load_state_dict(state_dict, strict=False))"
+        )
     saved = [(fq, fq.state, fq.observer_enabled, fq.fake_quant_enabled) for fq in fqs]
     modes = [(m, m.training) for m in model.modules()]
     seen: set[str] = set()
@@ -101,6 +109,7 @@ def calibrate_wrapped_inputs(model: nn.Module, batches: Iterable[Any]) -> list[s
             h.remove()
         for fq, state, observing, quantizing in saved:  # the state as it was, None (never set) included
             fq.state, fq.observer_enabled, fq.fake_quant_enabled = state, observing, quantizing
+        model.train(modes[0][1])  # the root's mode reaches the wrapped methods' bound modules too
         for m, training in modes:
             m.training = training
     if runs == 0:

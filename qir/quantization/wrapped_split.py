@@ -27,6 +27,7 @@ import torch
 import torch.fx
 from torch import nn
 
+from qir.quantization.wrapped_modules import WRAPPED_MODULES_KEY
 from qir.utils.fx_helper import wrapped_original
 
 __all__ = ["WrappedSplit", "split_wrapped_tail"]
@@ -117,7 +118,7 @@ def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
 
 def _module(model: torch.fx.GraphModule, graph: torch.fx.Graph) -> torch.fx.GraphModule:
     gm = torch.fx.GraphModule(model, graph, class_name=type(model).__name__)
-    gm.meta.update({k: v for k, v in model.meta.items() if k != "qir.wrapped_modules"})
+    gm.meta.update({k: v for k, v in model.meta.items() if k != WRAPPED_MODULES_KEY})
     gm.train(model.training)
     return gm
 

@@ -25,6 +25,7 @@ from qir.quantization import (
     split_wrapped_tail,
 )
 from qir.quantization.fake_quantize import FakeQuantize
+from qir.quantization.wrapped_self import wrapped_selves
 from tests.real_users.test_wrap_modules import RetinaNet
 
 STUBS = ["_generated_wrapped_quant_iou_tower", "_generated_wrapped_quant_iou"]
@@ -81,6 +82,7 @@ def test_the_plugin_checkpoint_through_qat_validation_and_convert(march: str) ->
     states = _states(qat)
     assert calibrate_wrapped_inputs(qat, [_images() for _ in range(3)]) == STUBS
     assert _states(qat) == states and qat.training  # put back as it was
+    assert wrapped_selves(qat)[0].training  # the wrapped method's module too
     for stub in STUBS:
         assert float(qat.get_submodule(stub).activation_post_process.scale) > 0
 
@@ -127,5 +129,8 @@ def test_calibrate_wrapped_inputs_refusals(march: str) -> None:
     with pytest.raises(ValueError, match="no generated input QuantStubs of modules called inside wrapped methods"):
         calibrate_wrapped_inputs(plain, [torch.randn(2, 3, 16, 16)])
     qat = prepare_qat_fx(RetinaNet(), {"": get_default_qat_qconfig()}, (_images(2),))
+    with pytest.raises(ValueError, match=r"backbone.0.weight_fake_quant.* have no scale yet: load the checkpoint"):
+        calibrate_wrapped_inputs(qat, [_images()])  # nothing loaded: the weights' per-channel scales are unset
+    qat.load_state_dict(_plugin_checkpoint(), strict=False)
     with pytest.raises(ValueError, match="gave no batch"):
         calibrate_wrapped_inputs(qat, [])
