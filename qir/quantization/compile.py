@@ -180,6 +180,14 @@ def _float_tail_advice(graph: Graph, cause: BaseException) -> str:
     node = next((n for n in graph.nodes if found and n.name == found.group(1)), None)
     if node is None:
         return ""
+    if node.meta.get("is_wrapped"):  # torch.fx.wrap kept it whole: the split runs it after the program
+        return (
+            f". Node '{node.name}' calls a torch.fx.wrap-ed function, Python that a program's CPU float part "
+            "(allow-listed torch functions, docs/backends.md 'The float part') cannot run. Compile the part before "
+            "it and run it on its outputs: split = qir.quantization.split_wrapped_tail(model); program = "
+            "compile_model(split.head, example_inputs); outputs = split.run(program, *inputs) (docs/hybrid.md, "
+            "'Wrapped functions')"
+        )
     dequant = _dequantized_ancestor(node)
     if dequant is None:
         return ""

@@ -53,7 +53,8 @@ class WrappedSplit:
 
 
 def _wrapped(n: torch.fx.Node) -> bool:
-    return n.op == "call_function" and wrapped_original(n.target) is not None
+    """A call of a function wrapped with qir's ``fx_helper.wrap`` or with ``torch.fx.wrap`` (recorded whole)."""
+    return n.op == "call_function" and (wrapped_original(n.target) is not None or bool(n.meta.get("is_wrapped")))
 
 
 def _integer_module(m: nn.Module) -> bool:
@@ -65,15 +66,18 @@ def _integer_module(m: nn.Module) -> bool:
 
 
 def split_wrapped_tail(model: torch.fx.GraphModule) -> WrappedSplit:
-    """Cut converted ``model`` (a ``convert_fx`` result) before its ``fx_helper.wrap``-ed calls;
-    ``model`` is not changed (both parts share its modules)."""
+    """Cut converted ``model`` (a ``convert_fx`` result) before its ``fx_helper.wrap``-ed (or
+    ``torch.fx.wrap``-ed) calls; ``model`` is not changed (both parts share its modules)."""
     if not isinstance(model, torch.fx.GraphModule):
         raise TypeError(f"split_wrapped_tail takes a convert_fx model (a GraphModule), got {type(model).__name__}")
     graph = model.graph
     nodes = list(graph.nodes)
     wrapped = [n for n in nodes if _wrapped(n)]
     if not wrapped:
-        raise ValueError(f"{type(model).__name__} calls no fx_helper.wrap-ed function: compile_model takes it whole")
+        raise ValueError(
+            f"{type(model).__name__} calls no fx_helper.wrap-ed or torch.fx.wrap-ed function: "
+            "compile_model takes it whole"
+        )
     tail: set[torch.fx.Node] = set()
     todo = list(wrapped)
     while todo:

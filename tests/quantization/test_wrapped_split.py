@@ -150,5 +150,25 @@ def test_integer_work_after_a_wrapped_call_is_refused_with_the_segmented_recipe(
 def test_split_refusals() -> None:
     with pytest.raises(TypeError, match="takes a convert_fx model"):
         split_wrapped_tail(nn.Conv2d(1, 1, 1))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"calls no fx_helper\.wrap-ed function"):
+    with pytest.raises(ValueError, match=r"calls no fx_helper\.wrap-ed or torch\.fx\.wrap-ed function"):
         split_wrapped_tail(torch.fx.symbolic_trace(nn.Conv2d(1, 1, 1)))
+
+
+def test_a_torch_fx_wrapped_post_process_splits_too(march: str) -> None:
+    """torch.fx.wrap (torchvision's spelling) through calibration, a QAT prepare of the calibrated model,
+    convert and compile: the emitted models keep the call whole (``is_wrapped``), so it splits off."""
+    from tests.flows.test_reprepare_torch_fx_wrap import Net, pad_to_window
+
+    x = torch.randn(2, 3, 6, 6)
+    calib = prepare_qat_fx(Net().eval(), {"": get_default_calib_qconfig()})
+    calib(x)
+    qat = prepare_qat_fx(calib, {"": get_default_qat_qconfig()})
+    qat(x)
+    set_fake_quantize(qat.eval(), "validation")
+    converted = convert_fx(qat)
+    with pytest.raises(CompileError, match=r"torch\.fx\.wrap-ed function.*qir\.quantization\.split_wrapped_tail"):
+        compile_model(converted, [x[:1]])
+    split = split_wrapped_tail(converted)
+    assert [n.target for n in split.tail.graph.nodes if n.op == "call_function"] == [pad_to_window]
+    program = compile_model(split.head, [x[:1]])
+    assert torch.equal(split.run(program, x), converted(x))
