@@ -100,11 +100,12 @@ def split_wrapped_tail(model: torch.fx.GraphModule) -> WrappedSplit:
     for n in nodes:
         if n in tail or n is output:
             read.extend(a for a in n.all_input_nodes if a not in tail and a not in read)
-    cut = [a for a in read if a.op != "placeholder"]
+    cut = [a for a in read if a.op not in ("placeholder", "get_attr")]
     passed = [a for a in placeholders if a in read]
+    held = [a for a in read if a.op == "get_attr"]  # the model's own tensors: the tail reads them itself
     return WrappedSplit(
         head=_head(model, tail, cut),
-        tail=_tail(model, [n for n in nodes if n in tail], cut, passed, output),
+        tail=_tail(model, [*held, *(n for n in nodes if n in tail)], cut, passed, output),
         inputs_read=tuple(placeholders.index(p) for p in passed),
     )
 

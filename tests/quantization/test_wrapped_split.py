@@ -172,3 +172,34 @@ def test_a_torch_fx_wrapped_post_process_splits_too(march: str) -> None:
     assert [n.target for n in split.tail.graph.nodes if n.op == "call_function"] == [pad_to_window]
     program = compile_model(split.head, [x[:1]])
     assert torch.equal(split.run(program, x), converted(x))
+
+
+@wrap
+def shift(deltas: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    return deltas.flatten(2).transpose(1, 2) + anchors
+
+
+class WithAnchors(nn.Module):
+    """The wrapped call reads a buffer of the model: the tail reads it itself, not from the program."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant = QuantStub()
+        self.reg = nn.Conv2d(3, 4, 1)
+        self.dequant = DeQuantStub()
+        self.register_buffer("anchors", torch.arange(12 * 12 * 4, dtype=torch.float32).reshape(144, 4))
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        return shift(self.dequant(self.reg(self.quant(img))), self.anchors)
+
+
+def test_the_tail_reads_the_model_s_own_tensors(march: str) -> None:
+    qat = prepare_qat_fx(WithAnchors(), {"": get_default_qat_qconfig()}, (_images(2),))
+    qat(_images())
+    set_fake_quantize(qat.eval(), "validation")
+    converted = convert_fx(qat)
+    split = split_wrapped_tail(converted)
+    assert [n.op for n in split.tail.graph.nodes] == ["placeholder", "get_attr", "call_function", "output"]
+    program = compile_model(split.head, [_images(1)])
+    x = _images(3)
+    assert torch.equal(split.run(program, x), converted(x))
