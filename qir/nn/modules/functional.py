@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from qir.nn.modules.traced_calls import record_method_calls
+
 __all__ = [
     "FLOAT_FUNCTIONAL_METHODS",
     "SCALAR_FORMS",
@@ -209,3 +211,7 @@ class FloatFunctional(FunctionalBase):
     def __init__(self) -> None:
         super().__init__()
         self.activation_post_process = nn.Identity()
+
+
+# fx re-tracing a graph (torch.load) keeps ``ff.add(x, y)`` one call (qir.nn.modules.traced_calls)
+record_method_calls(FloatFunctional, FLOAT_FUNCTIONAL_METHODS)

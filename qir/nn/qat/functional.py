@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from torch import nn
 
 from qir.nn.modules.functional import FLOAT_FUNCTIONAL_METHODS, FunctionalBase, scalar_call
+from qir.nn.modules.traced_calls import record_method_calls
 from qir.nn.qat._base import QATModule, make_activation_fq, resolve_qconfig
 from qir.quantization.eager_grid import CALLED_METHODS
 from qir.quantization.eager_record import functional_call
@@ -88,3 +89,5 @@ def _recorded(name: str) -> Callable[..., Any]:
 
 for _name in FLOAT_FUNCTIONAL_METHODS:
     setattr(FloatFunctional, _name, _recorded(_name))
+# fx re-tracing a prepared graph (torch.load) keeps ``ff.add(x, y)`` one call, which convert_fx reads
+record_method_calls(FloatFunctional, FLOAT_FUNCTIONAL_METHODS)

@@ -32,7 +32,8 @@ from backends.common.integer_rules import (
 from backends.common.lut_segmented import lut_int16_apply, method_table16
 from qir.ir.table16 import LATEST
 from qir.ir.types import DType
-from qir.nn.modules.functional import Dims, FloatFunctional, _dims, scalar_call
+from qir.nn.modules.functional import FLOAT_FUNCTIONAL_METHODS, Dims, FloatFunctional, _dims, scalar_call
+from qir.nn.modules.traced_calls import record_method_calls
 from qir.nn.qat.functional import FloatFunctional as QATFloatFunctional
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq, untraced
 from qir.nn.quantized.stubs import SCALE_TAG
@@ -238,6 +239,9 @@ for _name in (
     "exp ceil floor"
 ).split():
     setattr(QFunctional, _name, _tags_output(getattr(QFunctional, _name)))
+# fx re-tracing a converted graph (torch.load) keeps ``ff.mean(x)`` one call: the integer methods cannot
+# run on proxies (qir.nn.modules.traced_calls)
+record_method_calls(QFunctional, FLOAT_FUNCTIONAL_METHODS)
 
 
 # ----------------------------------------------------------------------------- the IR's method ops
