@@ -137,6 +137,46 @@ def test_fx_calibration_checkpoint_loads_strictly_into_a_fresh_qat_model() -> No
             torch.testing.assert_close(fq.observer.max_val, fq.scale * 127.5)
 
 
+HEAD_OUT_DICT = {"": get_default_qat_qconfig(), "module_name": [("head", get_default_qat_out_qconfig())]}
+
+
+def test_fx_calibration_checkpoint_loads_strictly_into_a_high_precision_output() -> None:
+    """Seed 003's QAT qconfig gives the last conv a qint32 output: the calibrated output fake quant it
+    no longer has is left behind, as prepare_qat_fx(calibrated_model) leaves it; other keys load."""
+    calib = _calibrated_fx(_randomized(TinyFPNClassifier()).eval())
+    ckpt = _roundtrip(calib.state_dict())
+    assert "head.activation_post_process.observer.histogram" in ckpt
+    qat = prepare_qat_fx(_randomized(TinyFPNClassifier()), HEAD_OUT_DICT)
+    assert qat.get_submodule("head").activation_post_process is None
+    result = qat.load_state_dict(ckpt, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    carried = prepare_qat_fx(calib, HEAD_OUT_DICT)
+    assert qat.state_dict().keys() == carried.state_dict().keys()
+    assert torch.equal(qat.get_submodule("head").weight, carried.get_submodule("head").weight)
+    mine, theirs = _fake_quants(qat), _fake_quants(carried)
+    assert mine.keys() == theirs.keys()
+    for name, fq in mine.items():
+        assert torch.equal(fq.scale, theirs[name].scale), name
+    for m in (qat, carried):
+        m.eval()
+        set_fake_quantize(m, "validation")
+    x = torch.randn(2, 3, 16, 16) * 1.5
+    assert torch.equal(qat(x), carried(x))
+
+
+def test_only_the_output_fake_quant_keys_of_a_high_precision_output_are_left_behind() -> None:
+    ckpt = _roundtrip(_calibrated_fx(_randomized(TinyFPNClassifier()).eval()).state_dict())
+    for bad in ("head.activation_post_process.observer.bogus", "head.activation_post_process.bogus", "head.bogus"):
+        qat = prepare_qat_fx(TinyFPNClassifier(), HEAD_OUT_DICT)
+        with pytest.raises(RuntimeError, match="Unexpected key.*" + bad.replace(".", r"\.")) as e:
+            qat.load_state_dict({**ckpt, bad: torch.zeros(1)}, strict=True)
+        assert "observer.histogram" not in str(e.value)
+    # a scale-preserving module never has an output fake quant: keys for one are another model's
+    qat = prepare_qat_fx(TinyFPNClassifier(), HEAD_OUT_DICT)
+    with pytest.raises(RuntimeError, match=r"up\.activation_post_process\.scale"):
+        qat.load_state_dict({**ckpt, "up.activation_post_process.scale": torch.ones(1)}, strict=True)
+
+
 def test_fx_qat_moves_on_from_the_calibrated_range_not_the_raw_maximum() -> None:
     calib = _calibrated_fx(_randomized(TinyFPNClassifier()).eval())
     qat = prepare_qat_fx(_randomized(TinyFPNClassifier()), QAT_DICT)
@@ -223,6 +263,29 @@ def test_eager_calibration_checkpoint_loads_strictly_both_ways() -> None:
         warnings.simplefilter("ignore")
         quantized = convert(again, inplace=False)
     torch.testing.assert_close(quantized(x), again(x), rtol=0, atol=0.1 * float(again(x).abs().max()))
+
+
+def test_eager_calibration_checkpoint_loads_strictly_into_a_high_precision_output() -> None:
+    """Seed 002's ``classifier.qconfig = get_default_qat_out_qconfig()``, eager."""
+    calib = _eager(get_default_calib_qconfig())
+    calib.eval()
+    with torch.no_grad():
+        for x in _batches():
+            calib(x)
+    ckpt = _roundtrip(calib.state_dict())
+    model = EagerNet()
+    model.qconfig = get_default_qat_qconfig()
+    model.fc.qconfig = get_default_qat_out_qconfig()
+    qat = prepare_qat(model, inplace=False)
+    result = qat.load_state_dict(ckpt, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert torch.equal(qat.get_submodule("fc").weight, calib.get_submodule("fc").weight)
+    assert torch.equal(
+        qat.get_submodule("conv1").activation_post_process.scale,
+        calib.get_submodule("conv1").activation_post_process.scale,
+    )
+    with pytest.raises(RuntimeError, match=r"fc\.activation_post_process\.bogus"):
+        qat.load_state_dict({**ckpt, "fc.activation_post_process.bogus": torch.zeros(1)}, strict=True)
 
 
 def test_a_checkpoint_of_another_model_still_fails_strict_loading() -> None:

@@ -9,7 +9,7 @@ from torch import nn
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.qconfig import QConfig, as_qir_qconfig
 
-__all__ = ["QATModule", "make_activation_fq", "make_weight_fq", "resolve_qconfig"]
+__all__ = ["QATModule", "fake_quant_state_names", "make_activation_fq", "make_weight_fq", "resolve_qconfig"]
 
 
 def resolve_qconfig(mod: nn.Module, qconfig: QConfig | None, what: str) -> QConfig:
@@ -70,3 +70,35 @@ class QATModule(nn.Module):
     def is_scale_preserving(self) -> bool:
         """True when the output keeps the input's scale (per instance: nearest vs bilinear resize)."""
         return self.scale_preserving
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        # A high-precision output (get_default_qat_out_qconfig) has no output fake quant; the
+        # calibration model it is loaded from had one. Its keys are not unexpected: the layer no
+        # longer has them, as prepare_qat_fx(calibrated_model) leaves them behind. Any other key
+        # under the name stays an error.
+        if getattr(self, "activation_post_process", False) is None and not self.is_scale_preserving:
+            dropped = {f"{prefix}activation_post_process.{k}" for k in fake_quant_state_names()}
+            unexpected_keys[:] = [k for k in unexpected_keys if k not in dropped]
+
+
+def fake_quant_state_names() -> frozenset[str]:
+    """The state-dict keys (relative to it) an output fake quant of any qconfig can hold: its scale
+    and zero point, its observer's range and scale, and every observer class's statistics (a
+    calibration percentile's histogram)."""
+    from qir.quantization.observer import _ALL_STATISTICS, ObserverBase
+
+    # read at each load: an observer class defined later adds its statistics
+    observer = (*ObserverBase._sized_buffers, *sorted(_ALL_STATISTICS))
+    return frozenset({"scale", "zero_point", *(f"observer.{b}" for b in observer)})
