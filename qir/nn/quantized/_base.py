@@ -18,6 +18,7 @@ from torch import nn
 
 from qir.ir.types import DType
 from qir.march import March
+from qir.nn.quantized.derived_state import DERIVED_KEY, flatten_ints, unflatten_ints
 from qir.quantization.fake_quantize import FakeQuantize
 from qir.quantization.observer import keep_buffer_dtypes
 
@@ -80,6 +81,11 @@ class QuantizedModule(nn.Module):
     """Base of the quantized modules: ``input_scale_<i>`` and ``scale`` buffers, ``dtype`` attribute."""
 
     num_inputs: ClassVar[int] = 1
+    #: plain attributes forward reads that conversion derives from the scales and weights: the
+    #: state dict carries them (qir.nn.quantized.derived_state), so a loaded checkpoint runs its own
+    derived: ClassVar[tuple[str, ...]] = ()
+    #: buffers whose length depends on the scales (a segmented table's knots): a checkpoint's replaces them
+    resized_buffers: ClassVar[tuple[str, ...]] = ()
     scale: torch.Tensor
     input_scale_0: torch.Tensor
     dtype: DType | None
@@ -108,6 +114,63 @@ class QuantizedModule(nn.Module):
         keep_buffer_dtypes(self, dict.fromkeys(names, torch.float32))
         return self
 
+    def _derived_names(self) -> list[str]:
+        """The :attr:`derived` attributes this instance has (a nearest resize has no multiplier)."""
+        return [n for n in self.derived if n in self.__dict__]
+
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        names = self._derived_names()
+        if names:
+            ints = flatten_ints([self.__dict__[n] for n in names])
+            destination[prefix + DERIVED_KEY] = torch.tensor(ints, dtype=torch.int64)
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        names = self._derived_names()
+        key = prefix + DERIVED_KEY
+        before = {n: b.detach().clone() for n, b in self._buffers.items() if b is not None} if names else {}
+        for name in self.resized_buffers:
+            cur, new = self._buffers.get(name), state_dict.get(prefix + name)
+            if cur is not None and isinstance(new, torch.Tensor) and new.shape != cur.shape:
+                self._buffers[name] = torch.empty(new.shape, dtype=cur.dtype, device=cur.device)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        # parameters derived lazily from the scales (QFunctional, AdaptiveAvgPool2d) are derived again
+        self.__dict__.pop("_param_cache", None)
+        if not names:
+            return
+        if key in unexpected_keys:
+            unexpected_keys.remove(key)
+        where = f"{type(self).__name__} at '{prefix[:-1]}'" if prefix else type(self).__name__
+        if key in state_dict:
+            try:
+                values = unflatten_ints([self.__dict__[n] for n in names], state_dict[key], where)
+            except ValueError as e:
+                error_msgs.append(str(e))
+                return
+            self.__dict__.update(zip(names, values, strict=True))
+            return
+        # a checkpoint written before the derived integers were carried: right only for this
+        # module's own scales and weights
+        changed = [n for n, b in self._buffers.items() if n in before and b is not None and not _same(before[n], b)]
+        if changed:
+            error_msgs.append(
+                f"{where}: the checkpoint has no '{key}' (it was saved before converted models carried their "
+                f"requantization parameters) and its {', '.join(changed)} differ from this model's, so the "
+                f"model would run this model's {', '.join(names)} with the checkpoint's scales. Load the QAT "
+                "checkpoint into the QAT model and convert it again, or save the converted model again"
+            )
+
     @property
     def input_scales(self) -> list[torch.Tensor]:
         return [getattr(self, f"input_scale_{i}") for i in range(self.num_input_scales)]
@@ -121,6 +184,10 @@ class QuantizedModule(nn.Module):
         s = getattr(self, "scale", None)
         shown = f"{float(s.reshape(-1)[0]):.6g}" if s is not None and s.numel() == 1 else "per-channel"
         return f"dtype={d}, scale={shown}"
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b.to(a.device)))
 
 
 def output_fq(qat: nn.Module) -> FakeQuantize | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -37,6 +37,8 @@ class ReLU(QuantizedModule):
 
 class ReLU6(QuantizedModule):
     """``clamp(q, 0, round(6 / s_in))``: the input's scale and dtype are kept."""
+
+    derived: ClassVar[tuple[str, ...]] = ("bound",)
 
     bound: int
 
@@ -73,6 +75,7 @@ class UnaryLUT(QuantizedModule):
     ``f`` in output LSBs (docs/semantics.md "Table lookup").
     """
 
+    resized_buffers: ClassVar[tuple[str, ...]] = ("table16",)
     table: torch.Tensor
     table16: torch.Tensor
     op_name: str

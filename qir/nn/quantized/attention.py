@@ -39,6 +39,8 @@ class MultiheadAttention(QuantizedModule):
     ``rq`` is one requantization of an exact integer product (sum).
     """
 
+    derived: ClassVar[tuple[str, ...]] = ("rq",)
+
     _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.MultiheadAttention
     num_inputs: ClassVar[int] = 3
     embed_dim: int

@@ -152,6 +152,8 @@ _OUT_NDIM_AFTER_CHANNEL = {"Conv1d": 1, "Conv2d": 2, "Conv3d": 3, "ConvTranspose
 class QuantizedConvBase(QuantizedModule):
     """Behaviour shared by every generated quantized conv / linear class."""
 
+    derived: ClassVar[tuple[str, ...]] = ("weight_l1_max", "add_multiplier", "add_shift", "extra_bits")
+
     qat_class: ClassVar[type[QATConvBase]]
     kind: ClassVar[str] = "Conv2d"
     has_add: ClassVar[bool] = False

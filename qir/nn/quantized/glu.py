@@ -21,6 +21,8 @@ class GLU(QuantizedModule):
     """``a, b = chunk(q, 2, dim)``; ``sig = table[b + 128]`` (``numerics.lut_int8`` of sigmoid at the
     QAT ``sigmoid_post_process`` scale); ``out = requant(a * sig)`` with ``conv_requant_params(s_in, s_sig, s_out)``."""
 
+    derived: ClassVar[tuple[str, ...]] = ("multiplier", "shift")
+
     _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.GLU
     dim: int
     table: torch.Tensor

@@ -29,6 +29,8 @@ __all__ = ["GridSample"]
 class GridSample(QuantizedModule):
     """``forward(x, grid)``: ``x`` (N, C, H, W) codes, ``grid`` (N, Ho, Wo, 2) qint8 / qint16 codes."""
 
+    derived: ClassVar[tuple[str, ...]] = ("multiplier", "shift")
+
     num_inputs: ClassVar[int] = 2  # input and grid
     mode: str
     padding_mode: str

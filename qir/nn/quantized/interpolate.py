@@ -11,7 +11,7 @@ multiplier keeps its full precision.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,8 @@ def set_resample_scales(
 
 class Interpolate(QuantizedModule):
     """Resize integer codes (N, C, H, W)."""
+
+    derived: ClassVar[tuple[str, ...]] = ("multiplier", "shift")
 
     size: Any
     scale_factor: Any

@@ -39,6 +39,8 @@ class LSTMCell(QuantizedModule):
     ``has_state`` is fixed at conversion: a module converted for calls with ``(h, c)`` needs them.
     """
 
+    derived: ClassVar[tuple[str, ...]] = ("rq", "gates_add", "cell_add")
+
     _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.LSTMCell
     num_inputs: ClassVar[int] = -1
     input_size: int

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -34,6 +34,8 @@ class Identity(QuantizedModule):
 
 class Div(QuantizedModule):
     """``x / y`` by exact integer division (:func:`backends.common.integer_rules.div_int`)."""
+
+    derived: ClassVar[tuple[str, ...]] = ("multiplier", "shift")
 
     num_inputs = 2
     multiplier: int

@@ -30,6 +30,8 @@ class MultiScaleRoIAlign(QuantizedModule):
     """``forward(x, boxes, image_shapes)``: ``x`` a dict of (N, C, H_l, W_l) codes (input scale ``i`` is
     the ``i``-th entry of ``x``), ``boxes`` float as torchvision takes them."""
 
+    derived: ClassVar[tuple[str, ...]] = ("multipliers", "shifts")
+
     featmap_names: list[str]
     output_size: tuple[int, int]
     sampling_ratio: int

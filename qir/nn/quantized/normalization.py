@@ -24,6 +24,8 @@ class LayerNorm(QuantizedModule):
     ``E = round(eps * N**2 * 4**f / s_in**2)``.
     """
 
+    derived: ClassVar[tuple[str, ...]] = ("eps_terms",)
+
     _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.LayerNorm
     normalized_shape: tuple[int, ...]
     eps: float

@@ -19,6 +19,8 @@ class PReLU(QuantizedModule):
     """``q >= 0``: ``requant(q)`` for ``s_in / s_out``; ``q < 0``: ``requant(q)`` for ``slope[c] * s_in / s_out``
     (per channel along dim 1; signed multipliers). Buffers ``neg_multiplier`` / ``neg_shift``."""
 
+    derived: ClassVar[tuple[str, ...]] = ("pos_multiplier", "pos_shift")
+
     _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.PReLU
     pos_multiplier: int
     pos_shift: int

@@ -28,6 +28,8 @@ __all__ = ["RoIAlign"]
 class RoIAlign(QuantizedModule):
     """``forward(x, boxes)``: ``x`` (N, C, H, W) codes, ``boxes`` float as torchvision takes them."""
 
+    derived: ClassVar[tuple[str, ...]] = ("multiplier", "shift")
+
     output_size: tuple[int, int]
     spatial_scale: float
     sampling_ratio: int

@@ -19,6 +19,8 @@ class Softmax(QuantizedModule):
     """``e = table[q - max(q) + 255]`` (int16, scale 1/32767), ``S = sum(e)``, ``out = round(e * M / (S * 2**k))``
     with ``M / 2**k ~ 1 / s_out`` (docs/semantics.md, "Softmax")."""
 
+    derived: ClassVar[tuple[str, ...]] = ("multiplier", "shift")
+
     _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.Softmax
     dim: int
     table: torch.Tensor
