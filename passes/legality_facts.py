@@ -610,23 +610,56 @@ def _broadcast_facts(inputs: Sequence[TensorType], out: TensorType) -> dict[str,
             continue
         count += 1
         padded = (1,) * (out.rank - t.rank) + t.shape
-        if out.rank and padded[0] != out.shape[0]:
+        if out.rank >= 2 and padded[0] != out.shape[0]:  # a rank-1 tensor's one dim is C, not N
             batch = True
     return {"broadcast_input_count": count, "broadcasts_batch": batch}
 
 
-def _shape_facts(t: TensorType) -> dict[str, Any]:
+#: Which of N, C, D, H, W each dim of a rank-r tensor is. The tables speak of [N, C, H, W] and
+#: [N, C, D, H, W]; the other ranks follow torch's layouts: (C) unbatched features, (N, C)
+#: features (Linear, LSTMCell), (N, C, W) a 1-D signal (Conv1d's (N, C, L); a detection head's
+#: (N, anchors, k) after permute + reshape). Dims a rank does not have are 1.
+NCHW_LAYOUTS: dict[int, tuple[str, ...]] = {
+    1: ("c",),
+    2: ("n", "c"),
+    3: ("n", "c", "w"),
+    4: ("n", "c", "h", "w"),
+    5: ("n", "c", "d", "h", "w"),
+}
+#: The dim of an [N, C, H, W] tensor each letter is (D has none: reduce_dims over it is not built).
+_NCHW_AXIS = {"n": 0, "c": 1, "h": 2, "w": 3}
+
+
+def nchw_dims(shape: Sequence[int]) -> dict[str, int] | None:
+    """``{"n", "c", "h", "w"}`` (and ``"d"`` for rank 5) sizes of a tensor of ``shape`` read as
+    the tables' [N, C, (D,) H, W]; None for rank 0 and ranks above 5, which the tables do not describe."""
+    layout = NCHW_LAYOUTS.get(len(shape))
+    if layout is None:
+        return None
+    dims = {"n": 1, "c": 1, "h": 1, "w": 1}
+    dims.update(zip(layout, (int(d) for d in shape), strict=True))
+    return dims
+
+
+def nchw_axis(dim: int, rank: int) -> int | None:
+    """The [N, C, H, W] position of dim ``dim`` of a rank-``rank`` tensor (None: D, or no layout)."""
+    layout = NCHW_LAYOUTS.get(rank)
+    if layout is None or not -rank <= dim < rank:
+        return None
+    return _NCHW_AXIS.get(layout[dim % rank])
+
+
+def shape_facts(t: TensorType) -> dict[str, Any]:
+    """``input_rank`` / ``input_shape``, [N, C, (D,) H, W] (:func:`nchw_dims`), ``in_channels``
+    (C) and ``input_abs_max`` of a first input of type ``t``."""
     s = t.shape
     f: dict[str, Any] = {"input_rank": len(s), "input_shape": s}
-    if s:
-        f["input_n"] = s[0]
-    if len(s) >= 2:
-        f["input_c"] = s[1]
-        f["in_channels"] = s[1]
-    if len(s) >= 3:
-        f["input_h"], f["input_w"] = s[-2], s[-1]
-    if len(s) == 5:
-        f["input_d"] = s[2]
+    dims = nchw_dims(s)
+    if dims is not None:
+        f["input_n"], f["input_c"], f["input_h"], f["input_w"] = dims["n"], dims["c"], dims["h"], dims["w"]
+        f["in_channels"] = dims["c"]
+        if "d" in dims:
+            f["input_d"] = dims["d"]
     if t.quant is not None:
         qmax = t.dtype.qrange[1]
         f["input_abs_max"] = max(t.quant.scale) * qmax
@@ -691,7 +724,10 @@ def _op_facts(op: Op, x: TensorType | None, out: TensorType | None) -> dict[str,
         dims = op.dim
         dims = tuple(range(x.rank)) if dims is None else (tuple(dims) if isinstance(dims, (tuple, list)) else (dims,))
         if all(isinstance(d, int) for d in dims):
-            f["reduce_dims"] = tuple(sorted(d % max(x.rank, 1) for d in dims))
+            # as dims of the tables' [N, C, H, W]: reducing W of an (N, C, W) tensor is dim 3
+            axes = [nchw_axis(d, x.rank) for d in dims]
+            if all(a is not None for a in axes):
+                f["reduce_dims"] = tuple(sorted(a for a in axes if a is not None))
     elif isinstance(op, LayerNorm):
         shape = tuple(op.normalized_shape)
         f["normalized_w"] = shape[-1]
@@ -720,7 +756,7 @@ def build_facts(subject: Subject, graph: Graph, domains: Domains) -> dict[str, A
     f: dict[str, Any] = {"static_shape": True, "is_model_output": _is_output(domains.outputs, node)}
     f["input_count"] = len(tensor_inputs)
     if x is not None:
-        f.update(_shape_facts(x))
+        f.update(shape_facts(x))
         f["input_dtype"] = domains.dtype(x_val)
     if len(tensor_inputs) > 1:
         f["other_dtype"] = domains.dtype(tensor_inputs[1])
@@ -778,7 +814,7 @@ def part_facts(base: dict[str, Any], subject: Subject, addend: Value | None, dom
     f: dict[str, Any] = {k: base[k] for k in ("static_shape", "is_model_output", "output_dtype") if k in base}
     if out is None:
         return f
-    f.update(_shape_facts(out))
+    f.update(shape_facts(out))
     f["input_dtype"] = base.get("output_dtype")
     f["has_constant_operand"] = False
     inputs = [out]

@@ -46,11 +46,15 @@ FIELDS: dict[str, FieldSpec] = {
     "input_count": FieldSpec("int", "Number of tensor operands (for cat: the number of tensors concatenated)."),
     "input_rank": FieldSpec("int", "Number of dims of the first input."),
     "input_shape": FieldSpec("int_seq", "Full shape of the first input; a rule on it applies to every dim."),
-    "input_n": FieldSpec("int", "Dim 0 (batch) of the first input."),
-    "input_c": FieldSpec("int", "Dim 1 (channels) of the first input."),
+    "input_n": FieldSpec(
+        "int",
+        "Batch of the first input read as the tables' [N, C, (D,) H, W]: ranks 1-5 are (C), (N, C), "
+        "(N, C, W), (N, C, H, W), (N, C, D, H, W), a dim a rank lacks being 1; absent for other ranks.",
+    ),
+    "input_c": FieldSpec("int", "Channels of the first input: dim 1 (dim 0 of a 1-D input); see `input_n`."),
     "input_d": FieldSpec("int", "Depth dim of a 5-D first input (N, C, D, H, W): dim 2."),
-    "input_h": FieldSpec("int", "Height of the first input: dim -2 (dim 2 of N, C, H, W)."),
-    "input_w": FieldSpec("int", "Width of the first input: dim -1."),
+    "input_h": FieldSpec("int", "Height of the first input: dim 2 of a 4-D, dim 3 of a 5-D one, 1 below 4-D."),
+    "input_w": FieldSpec("int", "Width of the first input: the last dim of a 3- to 5-D input, 1 below 3-D."),
     "input_bytes": FieldSpec(
         "int", "Bytes of the largest tensor operand: element count times the element size of its dtype."
     ),
@@ -60,7 +64,7 @@ FIELDS: dict[str, FieldSpec] = {
     "in_channels": FieldSpec(
         "int",
         "Input channels. Conv family: the module's in_channels (weight dim 1 x groups, or weight dim 0 for "
-        "transposed convs). Other ops: dim 1 of the first input.",
+        "transposed convs). Other ops: `input_c`.",
     ),
     "out_channels": FieldSpec("int", "Output channels of a conv-family op (dim 1 of its result)."),
     "in_features": FieldSpec("int", "Linear: in_features (weight dim 1)."),
@@ -93,9 +97,13 @@ FIELDS: dict[str, FieldSpec] = {
     "index_used_internally": FieldSpec(
         "bool", "An index result (max/argmax/min/argmin) feeds another op instead of only the graph outputs."
     ),
-    "reduce_dims": FieldSpec("int_seq", "Dims reduced by mean/sum, non-negative, of a 4-D (N, C, H, W) input."),
+    "reduce_dims": FieldSpec(
+        "int_seq",
+        "Dims reduced by mean/sum as positions of [N, C, H, W] (reducing the last dim of an (N, C, W) input "
+        "is 3); absent when a 5-D input's D is reduced.",
+    ),
     "broadcast_input_count": FieldSpec("int", "Number of operands whose shape is broadcast up to the result's shape."),
-    "broadcasts_batch": FieldSpec("bool", "Some operand is broadcast along dim 0 (N)."),
+    "broadcasts_batch": FieldSpec("bool", "Some operand is broadcast along dim 0 (N) of a result of rank 2 or more."),
     "has_constant_operand": FieldSpec(
         "bool", "Some operand is a constant (scalar or stored tensor) rather than a computed value."
     ),
