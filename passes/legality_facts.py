@@ -258,6 +258,11 @@ def register_function_view(target: str, view: FunctionView) -> FunctionView:
     return view
 
 
+def function_view(target: str) -> FunctionView | None:
+    """The view registered for calls of the function named ``target``, or None."""
+    return _FUNCTION_VIEWS.get(target)
+
+
 def _fusion(cls: type) -> tuple[bool, str | None] | None:
     """Class-level ``has_add`` / ``act`` of a fused module class (float, QAT or integer)."""
     has_add = getattr(cls, "has_add", None)

@@ -928,14 +928,31 @@ def _integer_twin(qat_model: nn.Module) -> nn.Module:
 set_twin_builder(_integer_twin)
 
 
+def _interpolate_view(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """The ``interpolate`` op a ``nearest_interpolate_codes`` call computes (its arguments are
+    ``F.interpolate``'s), or None when they do not bind."""
+    from qir.ir.ops.vision import Interpolate
+
+    names = Interpolate.signature  # ("input", "size", "scale_factor", "mode", ...)
+    if len(args) > len(names) or not set(kwargs) <= set(names[1:]):
+        return None
+    bound = {**dict(zip(names[1:], args[1:], strict=False)), **kwargs}
+    try:
+        return Interpolate(**bound)
+    except (TypeError, ValueError):
+        return None
+
+
 def _register_legality_views() -> None:
-    """A converted model's ``relu6_codes`` calls are checked as the relu6 they compute."""
+    """A converted model's ``relu6_codes`` and ``nearest_interpolate_codes`` calls are checked as
+    the relu6 and interpolate they compute (the tables' rows for those)."""
     from passes.legality_facts import register_function_view
     from qir.frontend.lookup import qualified_name
     from qir.ir.op import OP_REGISTRY
 
     relu6 = OP_REGISTRY["relu6"]
     register_function_view(qualified_name(relu6_codes), lambda args, kwargs: relu6())
+    register_function_view(qualified_name(nearest_interpolate_codes), _interpolate_view)
 
 
 _register_legality_views()
