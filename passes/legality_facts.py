@@ -432,7 +432,11 @@ def rows_for(table: Any, subject: Subject) -> tuple[tuple[Any, ...], str]:
             return other_rows, name
         return (module_rows or other_rows), subject.ir_name
     if subject.form == FORM_OPAQUE:
-        return (), _opaque_name(subject.node)
+        # a function no op describes may still have a row of its own, spelled as its qualified name
+        # (qir.functional.centered_yuv2rgb)
+        name = _opaque_name(subject.node)
+        entry = table.get(name) if isinstance(subject.node.op, Call) and subject.node.op.kind == "function" else None
+        return ((entry,), name) if entry is not None else ((), name)
     rows = other_rows or module_rows
     if len(rows) == 1 or subject.op is None:
         return rows, rows[0].spelling if rows else subject.ir_name

@@ -20,7 +20,8 @@ full swing (Y, U, V 0..255)::
     V = 128 + 0.5      R - 0.418688 G - 0.081312 B
 
 Centered values are the rounded (half up), range-clamped samples minus 128: studio Y
--112..107, U/V -112..112; full -128..127. The inverse uses the exact inverse matrices.
+-112..107, U/V -112..112; full -128..127. The inverse (:func:`centered_yuv2rgb`) is the
+BPU's integer rule built from the exact inverse matrices (``backends.common.yuv_rules``).
 """
 
 from __future__ import annotations
@@ -30,28 +31,12 @@ from collections.abc import Sequence
 import torch
 
 from backends.common import numerics
+from backends.common.yuv_rules import RGB2YUV, SWINGS, yuv2rgb_codes, yuv2rgb_params
 
 __all__ = ["bgr2centered_yuv", "centered_yuv2bgr", "centered_yuv2rgb", "rgb2centered_yuv"]
 
-_SWINGS = ("studio", "full")
-
-# Rows: Y, U, V; columns: R, G, B. Offsets are added after the matrix.
-_RGB2YUV = {
-    "studio": (
-        (
-            (65.481 / 255, 128.553 / 255, 24.966 / 255),
-            (-37.797 / 255, -74.203 / 255, 112.0 / 255),
-            (112.0 / 255, -93.786 / 255, -18.214 / 255),
-        ),
-        (16.0, 128.0, 128.0),
-        ((16.0, 235.0), (16.0, 240.0), (16.0, 240.0)),
-    ),
-    "full": (
-        ((0.299, 0.587, 0.114), (-0.168736, -0.331264, 0.5), (0.5, -0.418688, -0.081312)),
-        (0.0, 128.0, 128.0),
-        ((0.0, 255.0), (0.0, 255.0), (0.0, 255.0)),
-    ),
-}
+_SWINGS = SWINGS
+_RGB2YUV = RGB2YUV
 
 
 def _swing(swing: str) -> str:
@@ -63,13 +48,6 @@ def _swing(swing: str) -> str:
 def _channels(x: torch.Tensor, what: str) -> None:
     if x.dim() < 3 or x.shape[-3] != 3:
         raise ValueError(f"{what} takes (..., 3, H, W) images, got shape {tuple(x.shape)}")
-
-
-def _per_channel(v: Sequence[float] | torch.Tensor | float, what: str, like: torch.Tensor) -> torch.Tensor:
-    t = torch.as_tensor(v, dtype=like.dtype, device=like.device).reshape(-1)
-    if t.numel() not in (1, 3):
-        raise ValueError(f"{what} needs 1 or 3 values (per RGB channel), got {t.numel()}")
-    return t.expand(3).reshape(3, 1, 1)
 
 
 def _mix(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
@@ -100,14 +78,6 @@ def bgr2centered_yuv(input: torch.Tensor, swing: str = "studio") -> torch.Tensor
     return rgb2centered_yuv(input.flip(-3), swing)
 
 
-def _yuv2rgb_float(yuv_centered: torch.Tensor, swing: str) -> torch.Tensor:
-    """Centered YUV (float64) to RGB in 0..255 (float64, clamped), by the exact inverse matrix."""
-    m, off, _ = _RGB2YUV[_swing(swing)]
-    inv = torch.linalg.inv(torch.tensor(m, dtype=torch.float64))
-    yuv = yuv_centered + 128.0 - torch.tensor(off, dtype=torch.float64).reshape(3, 1, 1)
-    return _mix(yuv, inv.to(yuv.device)).clamp(0.0, 255.0)
-
-
 def _yuv2normalised(
     input: torch.Tensor,
     swing: str,
@@ -117,13 +87,12 @@ def _yuv2normalised(
     bgr: bool,
 ) -> torch.Tensor:
     _channels(input, "centered_yuv2bgr" if bgr else "centered_yuv2rgb")
-    rgb = _yuv2rgb_float(input.to(torch.float64), swing)
-    if bgr:
-        rgb = rgb.flip(-3)
-    norm = (rgb - _per_channel(mean, "mean", rgb)) / _per_channel(std, "std", rgb)
-    s = q_scale.detach().reshape(-1)[0] if isinstance(q_scale, torch.Tensor) else float(q_scale)
-    codes = numerics.quantize(norm, s, "qint8")
-    return numerics.dequantize(codes, s) if input.is_floating_point() else codes
+    params = yuv2rgb_params(_swing(swing), mean, std, q_scale, bgr)
+    if not input.is_floating_point():
+        return yuv2rgb_codes(input, params)
+    # float input: the codes a QuantStub at scale 1 gives it, then the same integer rule
+    codes = yuv2rgb_codes(numerics.quantize(input, 1.0, "qint8"), params)
+    return numerics.dequantize(codes, float(torch.as_tensor(q_scale, dtype=torch.float32).reshape(-1)[0]))
 
 
 def centered_yuv2rgb(
@@ -135,18 +104,21 @@ def centered_yuv2rgb(
 ) -> torch.Tensor:
     """Centered YUV444 to normalised RGB, quantized at ``q_scale`` (for deployment).
 
-    Steps: YUV -> RGB by ``swing``'s inverse BT.601 matrix, clamped to 0..255;
-    ``(rgb - mean) / std`` per channel; quantize at ``q_scale``.
+    What the BPU computes (``backends.common.yuv_rules``, docs/semantics.md "Centered YUV to
+    RGB"): a 1x1 convolution of the YUV codes with ``swing``'s inverse BT.601 matrix and the
+    ``(rgb - mean) / std`` normalisation folded into int8 weights and an int32 bias, requantized
+    to qint8 at ``q_scale``, clamped per channel to the codes of RGB 0 and 255. Within one code
+    of the float64 formula.
 
     * Integer input (the int8 codes of a QuantStub whose scale was set to 1, i.e. raw
-      centered YUV): returns qint8 codes, ``numerics.quantize(norm, q_scale, "qint8")``
-      (half up, saturating), with every step before it in float64.
-    * Float input (raw centered YUV values, for checking): returns the values those codes
-      represent, ``codes * q_scale`` in float32.
+      centered YUV): returns the qint8 codes.
+    * Float input (raw centered YUV values, for checking): rounded half up to int8 codes as a
+      scale-1 QuantStub would, then the same codes, returned as ``codes * q_scale`` in float32.
 
     Pass as ``q_scale`` the scale the converted model's first layer expects (the QAT
     QuantStub's scale). Traceable with ``torch.jit.trace`` and insertable into an fx graph
-    with ``graph.call_function(centered_yuv2rgb, (node,), {"swing": "full"})``.
+    with ``graph.call_function(centered_yuv2rgb, (node,), {"swing": "full"})``; ``check_model``
+    and ``compile_model`` know the call (docs/tutorial.md, "Deploying on YUV camera input").
     """
     return _yuv2normalised(input, swing, mean, std, q_scale, bgr=False)
 

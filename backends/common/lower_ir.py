@@ -59,7 +59,8 @@ def lower_ir(graph: Graph, example_inputs: Sequence[Any], march: str, opt: int =
     The graph is read, never changed. Raises :class:`LoweringError` naming the node (and
     its module) that has no rule or whose rule refuses it.
     """
-    import backends.common.lower_rules  # noqa: F401  (registers the common rules)
+    import backends.common.lower_rules  # registers the common rules
+    import backends.common.lower_rules_yuv  # noqa: F401  (centered YUV to RGB)
 
     graph.refuse_stand_ins("lower")  # the program runs every instruction: not on zero stand-ins
 

@@ -329,5 +329,6 @@ __all__: Sequence[str] = ["lower_conv"]
 
 # The rule family in its own file registers on import (it imports this module's helpers):
 # lower_rules_codes (abs, clamp, compare, pad, max, topk, gather). The integer layers (qconv ...
-# LSTMCell, MultiheadAttention) are op rules (backends/common/rules_*.py) the marches register.
+# LSTMCell, MultiheadAttention) are op rules (backends/common/rules_*.py) the marches register;
+# lower_rules_yuv (centered YUV to RGB) builds on lower_conv and is imported with this module by lower_ir.
 from backends.common import lower_rules_codes  # noqa: E402,F401

@@ -47,6 +47,8 @@ from backends.common.rules import (
 )
 
 FORMAT_VERSION = 1
+#: The section of rows qir adds for its own functions (not rows of Horizon's source tables).
+QIR_SECTION = "qir_functional"
 DTYPES = ("float32", "qint8", "qint16", "qint32", "qbool")
 SAME_AS_INPUT = "same_as_input"
 
@@ -171,6 +173,10 @@ class OpTable:
 
     def in_section(self, section: str) -> tuple[OpEntry, ...]:
         return tuple(e for e in self.entries if e.section == section)
+
+    def source_entries(self) -> tuple[OpEntry, ...]:
+        """The rows transcribed from the source tables (every section but :data:`QIR_SECTION`)."""
+        return tuple(e for e in self.entries if e.section != QIR_SECTION)
 
 
 # ----------------------------------------------------------------------------- spellings

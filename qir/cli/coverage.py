@@ -243,7 +243,8 @@ def _ir_op(kind: str, key: Any) -> str | None:
 def _lowered(keys: list[tuple[str, Any]]) -> bool:
     """Every key has a rule on every march: a legacy rule for the spelling itself, or an op rule
     for the IR op the spelling becomes."""
-    import backends.common.lower_rules  # noqa: F401  (registers the common rules)
+    import backends.common.lower_rules  # registers the common rules
+    import backends.common.lower_rules_yuv  # noqa: F401  (centered YUV to RGB)
     from backends.common import lower
 
     for march in MARCHES:  # each march's package registers the op rules it lowers with (rules.py)
@@ -275,7 +276,7 @@ def coverage_rows() -> list[CoverageRow]:
     from qir.ir import OP_REGISTRY as registry
 
     rows = []
-    for entry in tables[0].entries:
+    for entry in tables[0].source_entries():
         ir_op = ops.get(entry.spelling)
         if ir_op is None and entry.ir_op in registry:  # spelled differently in the registry (QuantStub: quantize)
             ir_op = entry.ir_op
