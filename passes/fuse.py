@@ -24,6 +24,7 @@ from passes.absorb_bn import absorb_bn_rule, fold_shared_sites
 from passes.base import Pass, PassContext, register_pass
 from passes.patterns import Match, OpPattern, P
 from passes.rewrite import FusedFrom, Rule, apply_rewrites, rebuild
+from passes.standalone_bn import fold_standalone_batch_norms
 from qir.ir import Graph, Node, TensorType, Value
 from qir.ir.ops.elementwise import Add, Relu, Relu6
 from qir.ir.ops.nn import ConvNd, ConvTransposeNd, Linear
@@ -94,6 +95,9 @@ class Fuse(Pass):
     absorb_bn: bool = True
     #: Passed to absorb-bn: fold batch norms even in a graph traced in training mode.
     force_bn: bool = False
+    #: A 2-d batch norm absorb-bn cannot fold (no conv feeds it alone) becomes a depthwise 1x1
+    #: conv (passes/standalone_bn.py), as the march runs it; with ``absorb_bn`` only.
+    standalone_bn: bool = True
 
     def apply(self, ctx: PassContext, graph: Graph) -> bool:
         # a conv+BN called at several places folds once for all its call sites first
@@ -101,7 +105,13 @@ class Fuse(Pass):
         ctx.count("fuse.absorb-bn.shared_sites", shared)
         rules = ([absorb_bn_rule(self.force_bn)] if self.absorb_bn else []) + fuse_rules()
         stats = apply_rewrites(graph, rules)
-        for name, r in stats.rules.items():
-            ctx.count(f"fuse.{name}.matched", r.matched)
-            ctx.count(f"fuse.{name}.applied", r.applied)
-        return stats.changed or shared > 0
+        standalone = fold_standalone_batch_norms(graph, self.force_bn) if self.absorb_bn and self.standalone_bn else 0
+        ctx.count("fuse.standalone-bn.applied", standalone)
+        runs = [stats]
+        if standalone:  # the relu / add (or another batch norm) after a batch norm that became a conv fuse into it
+            runs.append(apply_rewrites(graph, rules))
+        for run in runs:
+            for name, r in run.rules.items():
+                ctx.count(f"fuse.{name}.matched", r.matched)
+                ctx.count(f"fuse.{name}.applied", r.applied)
+        return stats.changed or shared > 0 or standalone > 0

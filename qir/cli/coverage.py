@@ -197,9 +197,14 @@ def _route(entry: OpEntry, ir_op: str | None) -> tuple[str | None, str | None, l
         if obj in convert._PRESERVING_MODULES:
             return "kept (scale-preserving)", "runs on codes", [("module", obj)]
         if ir_op == "batch_norm":
+            from torch import nn
+
             from qir.nn.quantized import Conv2d
 
-            return "folded into the conv (fuse)", "in the conv", [("module", Conv2d)]
+            bn_qat = "folded into the conv (fuse)"
+            if obj in (nn.BatchNorm2d, nn.SyncBatchNorm):  # passes/standalone_bn.py: 4-d inputs
+                bn_qat += "; alone: a depthwise 1x1 `qat.Conv2d`"
+            return bn_qat, "in the conv", [("module", Conv2d)]
     elif obj is not None and ir_op is not None:
         route = _functional_route(ir_op, obj)
         if route[0] is not None:

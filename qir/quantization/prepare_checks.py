@@ -152,7 +152,11 @@ def float_module_on_codes(path: str, m: nn.Module, *, has_qconfig: bool, march: 
     if isinstance(m, nn.LSTM):
         hint = " nn.LSTMCell has a quantized form: unroll the sequence over cells (one per direction and layer)."
     elif isinstance(m, nn.modules.batchnorm._BatchNorm):
-        hint = " A batch norm is quantized folded into the conv / linear before it, whose output it must read alone."
+        hint = (
+            " A batch norm is quantized folded into the conv / linear before it, whose output it must read alone; a"
+            " BatchNorm2d no conv feeds becomes a depthwise 1x1 conv, which a BatchNorm1d / 3d or a batch norm"
+            " module called at several places cannot: put it after a conv, or call one module per place."
+        )
     if not has_qconfig:
         return f"{head} but prepare left it float: {no_form}. To run it in float, {float_it}; {hybrid}.{hint}"
     return (
