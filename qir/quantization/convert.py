@@ -57,7 +57,7 @@ from qir.quantization.scale_ops import (
 )
 from qir.quantization.stubs import DeQuantStub as FloatDeQuantStub
 from qir.quantization.wrapped_self import follow_training
-from qir.utils.fx_helper import wrapped_original
+from qir.utils.fx_helper import torch_fx_wrapped, wrapped_original
 
 __all__ = [
     "CONVERT_PATH_KEY",
@@ -303,7 +303,7 @@ def input_scales(
         ):
             env[n.name] = None
             continue
-        if n.op == "call_function" and wrapped_original(target) is not None:
+        if n.op == "call_function" and (wrapped_original(target) is not None or torch_fx_wrapped(target)):
             _check_wrapped_args(n, plan)
             plan.wrapped_calls.append(n.name)
             env[n.name] = None  # runs in float on the CPU: its results are float

@@ -12,7 +12,10 @@ the prepared graph once and names the module and the fix before the first step:
 - a float parameter or buffer of the model (a learned bias, a positional embedding, a fixed mask)
   read by a quantized op next to quantized tensors, e.g. ``ff.add(attn, self.rel_bias)``: QAT
   would train with the float tensor unquantized and convert has no scale for it. A QuantStub in
-  front of it gives it one, learned like any other.
+  front of it gives it one, learned like any other;
+- the float result of a function registered with ``torch.fx.wrap`` (torchvision's Swin helpers) read by
+  a quantized layer: the call runs in float as an ``fx_helper.wrap``'ed one does, and nothing gives its
+  result a scale (``hybrid=True`` puts a generated QuantStub after it).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from torch import nn
 from backends.common.numerics import requant_limits
 from qir.ir.numerics import qdtype
 from qir.quantization.scale_ops import PRESERVING_FUNCTIONS, PRESERVING_METHODS, PRESERVING_MODULES, module_self
-from qir.utils.fx_helper import wrapped_original
+from qir.utils.fx_helper import torch_fx_wrapped, wrapped_original
 
 __all__ = ["UnconvertibleModelError", "check_convertible", "collected_refusals", "float_module_on_codes"]
 
@@ -87,6 +90,7 @@ def check_convertible(
     ``float_qconfig(path, module)``: the qconfig of a module prepare left float, None when it is not
     a QAT module's float form (a QAT module, a stub); ``march``: the target march's name."""
     quantized: set[str] = set()
+    wrapped_calls: list[torch.fx.Node] = []
     for n in gm.graph.nodes:
         m = _called_module(gm, n)
         if n.op == "call_module" and m is not None:
@@ -98,6 +102,9 @@ def check_convertible(
             elif on_codes and float_qconfig is not None and not isinstance(m, PRESERVING_MODULES):
                 _refuse_float_module_with_qconfig(gm, n, m, float_qconfig, march)
             continue  # a DeQuantStub, a float (CPU) module, a high-precision layer: not int8/int16 codes
+        if n.op == "call_function" and torch_fx_wrapped(n.target):
+            wrapped_calls.append(n)
+            continue  # runs in float (convert dequantizes its arguments): its results are float
         if n.op in ("call_function", "call_method") and wrapped_original(n.target) is None:
             if any(a.name in quantized for a in n.all_input_nodes):
                 quantized.add(n.name)
@@ -113,6 +120,8 @@ def check_convertible(
         m = _called_module(gm, n)
         if n.op == "call_module" and m is not None and _is_high_precision(m):
             _refuse_high_precision_consumers(gm, n)
+    for n in wrapped_calls:  # once every quantized value is known
+        _refuse_quantized_consumers_of_wrapped(gm, n, owners, quantized)
 
 
 def _refuse_float_module_with_qconfig(
@@ -267,6 +276,44 @@ def _refuse_high_precision_consumers(gm: torch.fx.GraphModule, src: torch.fx.Nod
             )
         if _is_layout(u):
             todo.extend(u.users)
+
+
+def _refuse_quantized_consumers_of_wrapped(
+    gm: torch.fx.GraphModule, call: torch.fx.Node, owners: Mapping[str, tuple[str, str]], quantized: set[str]
+) -> None:
+    """Refuse a quantized layer (a QAT conv / linear, or a module with an output fake quant that reads a
+    quantized operand beside it: a generated FloatFunctional's add) reading the float result of ``call``, a
+    ``torch.fx.wrap``'ed function, directly or through float code. (A QuantStub takes it: that is the fix.)"""
+    todo = list(call.users)
+    seen: set[str] = set()
+    while todo:
+        u = todo.pop()
+        if u.name in seen:
+            continue
+        seen.add(u.name)
+        m = _called_module(gm, u)
+        if m is None:
+            if u.op in ("call_function", "call_method") and not torch_fx_wrapped(u.target):
+                todo.extend(u.users)  # float code on the result: its value is float too
+            continue
+        beside = any(a.name in quantized for a in u.all_input_nodes)
+        if not (getattr(m, "weight_fake_quant", None) is not None or (beside and _has_output_fake_quant(m))):
+            continue
+        fn = call.target
+        name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+        what = f"module '{_path(u)}' ({type(m).__name__})"
+        if u.op == "call_method":
+            what = f"{what}, its {u.target}() at node '{u.name}'"
+        _refuse(
+            _path(u),
+            f"prepare_qat_fx: {name}, a function registered with torch.fx.wrap and called at node '{call.name}' "
+            f"in the forward of {_owner(gm, owners.get(call.name))}, runs in float as a "
+            "qir.utils.fx_helper.wrap'ed function does (convert_fx passes it dequantized values), and its float "
+            f"result reaches {what}, which takes quantized inputs only. Prepare with hybrid=True (a generated "
+            "DeQuantStub before the call and a QuantStub after it; docs/hybrid.md), or put a QuantStub on the "
+            f"result in the forward that calls it ({_LATER})",
+        )
+        return
 
 
 def _called_module(gm: torch.fx.GraphModule, n: torch.fx.Node) -> nn.Module | None:

@@ -105,3 +105,19 @@ def wrapped_original(fn: Any) -> Callable[..., Any] | None:
     """The original function behind a wrapper (or a method bound from one), else None."""
     target = fn.__func__ if isinstance(fn, types.MethodType) else fn
     return getattr(target, WRAPPED_ATTR, None)
+
+
+def torch_fx_wrapped(fn: Any) -> bool:
+    """Whether ``fn`` is a plain function registered with ``torch.fx.wrap`` (torchvision's Swin helpers).
+
+    torch.fx records such a call as one ``call_function`` of the function itself (no wrapper object
+    to recognise): its registry, ``{(id(globals), name): globals}``, says which functions it patches."""
+    if not isinstance(fn, types.FunctionType) or wrapped_original(fn) is not None:
+        return False
+    import torch.fx._symbolic_trace as fx_trace
+
+    registry = getattr(fx_trace, "_wrapped_fns_to_patch", None)
+    if not isinstance(registry, dict):
+        return False
+    g = fn.__globals__
+    return (id(g), fn.__name__) in registry and g.get(fn.__name__) is fn
