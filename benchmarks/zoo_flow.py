@@ -23,6 +23,10 @@ Needs torchvision (``/work/tvenv/bin/python``); run from the repository root::
         [--marches bayes bernoulli2] [--max-params 100e6] [--timeout 900]
 
 Every model runs in its own process (``--timeout`` seconds each); ``--in-process`` runs them here.
+``--hybrid`` prepares with ``hybrid=True`` (docs/hybrid.md: what has no quantized form runs on the CPU
+between generated stubs; swin's ``torch.fx.wrap``'ed attention). ``--models`` also takes the
+detection / segmentation heads of :data:`HEADS` (``fcn_head``, ``deeplabv3_head``, ``retinanet_head``),
+run on fixed-size random feature maps; their loss is the mean square of the outputs.
 """
 
 from __future__ import annotations
@@ -65,6 +69,42 @@ VIT_KW = {"vit_b_16": 64, "vit_b_32": 64, "vit_l_16": 64, "vit_l_32": 64, "vit_h
 NO_AUX = {"googlenet", "inception_v3"}
 
 
+class RetinaHead(nn.Module):
+    """torchvision's RetinaNetHead on two FPN-like levels (the input and its 2x max-pooled copy): its
+    ``{"cls_logits", "bbox_regression"}`` outputs as one ``(N, anchors, classes + 4)`` tensor."""
+
+    def __init__(self, channels: int = 64, anchors: int = 9, classes: int = 8) -> None:
+        from torchvision.models.detection.retinanet import RetinaNetHead
+
+        super().__init__()
+        self.pool = nn.MaxPool2d(2)
+        self.head = RetinaNetHead(channels, anchors, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.head([x, self.pool(x)])
+        return torch.cat([out["cls_logits"], out["bbox_regression"]], dim=2)
+
+
+def _fcn_head() -> nn.Module:
+    from torchvision.models.segmentation.fcn import FCNHead
+
+    return FCNHead(64, 21)
+
+
+def _deeplabv3_head() -> nn.Module:
+    from torchvision.models.segmentation.deeplabv3 import DeepLabHead
+
+    return DeepLabHead(64, 21)  # ASPP (rates 12, 24, 36, an image-pooling branch) + conv / BN / ReLU + 1x1
+
+
+#: heads on feature maps, not classifiers: name -> (builder, input shape of one batch)
+HEADS: dict[str, tuple[Any, tuple[int, ...]]] = {
+    "fcn_head": (_fcn_head, (BATCH, 64, 16, 16)),
+    "deeplabv3_head": (_deeplabv3_head, (BATCH, 64, 16, 16)),
+    "retinanet_head": (RetinaHead, (BATCH, 64, 16, 16)),
+}
+
+
 class Quantized(nn.Module):
     """``dequant(model(quant(x)))``: the stubs a float torchvision model lacks."""
 
@@ -88,6 +128,8 @@ def build(name: str) -> nn.Module:
     import torchvision
 
     torch.manual_seed(0)
+    if name in HEADS:
+        return HEADS[name][0]()
     kw: dict[str, Any] = {"weights": None}
     if name in VIT_KW:
         kw["image_size"] = VIT_KW[name]
@@ -159,17 +201,33 @@ def _cmp(a: torch.Tensor, b: torch.Tensor) -> str:
     return f"max {float(d.max()):.3g} ({float((d > 0).float().mean()) * 100:.1f}% differ)"
 
 
-def run_one(name: str, march: str, lr: float = 1e-5) -> dict[str, Any]:
+def inputs(name: str, n: int, seed: int) -> torch.Tensor:
+    """``n`` inputs: photo crops for a classifier, random feature maps for a head."""
+    if name in HEADS:
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn((n, *HEADS[name][1][1:]), generator=g)
+    return crops(n, size_of(name), seed)
+
+
+def loss_of(out: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Cross entropy against random labels for logits; the mean square for a head's maps."""
+    if out.dim() == 2:
+        return nn.functional.cross_entropy(out, torch.randint(0, out.shape[1], (out.shape[0],), generator=g))
+    return out.square().mean()
+
+
+def run_one(name: str, march: str, lr: float = 1e-5, hybrid: bool = False) -> dict[str, Any]:
     r: dict[str, Any] = {"model": name, "march": march, "stage": "done", "error": ""}
+    if hybrid:
+        r["march"] = f"{march} (hybrid)"
     t0 = time.perf_counter()
     stage = "build"
     caught: list[str] = []
     try:
-        size = size_of(name)
         float_model = build(name)
         r["params_m"] = sum(p.numel() for p in float_model.parameters()) / 1e6
-        warm_bn(float_model, crops(32, size, seed=0))
-        data = crops(BATCH * 8, size, seed=1).split(BATCH)
+        warm_bn(float_model, inputs(name, 32, seed=0))
+        data = inputs(name, BATCH * 8, seed=1).split(BATCH)
         calib_data, train_data, eval_data = data[:3], data[3:5], data[5:]
         wrapped = Quantized(float_model).eval()
         with torch.no_grad():
@@ -178,7 +236,7 @@ def run_one(name: str, march: str, lr: float = 1e-5) -> dict[str, Any]:
         with march_scope(march), warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             stage = "prepare(calib)"
-            calib = prepare_qat_fx(wrapped, {"": get_default_calib_qconfig()})
+            calib = prepare_qat_fx(wrapped, {"": get_default_calib_qconfig()}, hybrid=hybrid)
             calib.eval()
             stage = "calibrate"
             with torch.no_grad():
@@ -188,14 +246,13 @@ def run_one(name: str, march: str, lr: float = 1e-5) -> dict[str, Any]:
             qconfig: dict[str, Any] = {"": get_default_qat_qconfig()}
             if head is not None:
                 qconfig["module_name"] = {f"model.{head}": get_default_qat_out_qconfig()}
-            qat = prepare_qat_fx(calib, qconfig)
+            qat = prepare_qat_fx(calib, qconfig, hybrid=hybrid)
             stage = "qat train"
             qat.train()
             opt = torch.optim.SGD(qat.parameters(), lr=lr)
             g = torch.Generator().manual_seed(2)
             for x in train_data:
-                out = qat(x)
-                loss = nn.functional.cross_entropy(out, torch.randint(0, out.shape[1], (x.shape[0],), generator=g))
+                loss = loss_of(qat(x), g)
                 opt.zero_grad()
                 loss.backward()
                 # random-init nets (inception_v3's std-0.1 init) have exploding gradients: clipped, the two
@@ -221,7 +278,8 @@ def run_one(name: str, march: str, lr: float = 1e-5) -> dict[str, Any]:
             with torch.no_grad():
                 conv_out = torch.cat([converted(x) for x in eval_data])
             r["val_vs_conv"] = _cmp(val_out, conv_out)
-            r["top1_float_conv"] = float((float_out.argmax(1) == conv_out.argmax(1)).float().mean())
+            if conv_out.dim() in (2, 4):  # logits per image, or per pixel (a segmentation head)
+                r["top1_float_conv"] = float((float_out.argmax(1) == conv_out.argmax(1)).float().mean())
             r["rel_l2_float_conv"] = float((conv_out - float_out).norm() / float_out.norm())
             stage = "check_model"
             legality = check_model(converted, eval_data[0], march=march)
@@ -288,10 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also append each row as a JSON line here")
     ap.add_argument("--one", nargs=2, metavar=("MODEL", "MARCH"), help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--hybrid", action="store_true", help="prepare with hybrid=True (CPU placement, generated stubs)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.one:
-        print(json.dumps(run_one(*args.one)))
+        print(json.dumps(run_one(*args.one, hybrid=args.hybrid)))
         return 0
     import torchvision
 
@@ -305,9 +364,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
         for march in args.marches:
             if args.in_process:
-                r = run_one(name, march)
+                r = run_one(name, march, hybrid=args.hybrid)
             else:
                 cmd = [sys.executable, __file__, "--one", name, march, "--threads", str(args.threads)]
+                cmd += ["--hybrid"] if args.hybrid else []
                 try:
                     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
                     lines = p.stdout.strip().splitlines()
