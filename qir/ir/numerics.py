@@ -211,6 +211,7 @@ __all__ = [
     "broadcast_along",
     "compute_dtype",
     "dequantize",
+    "note_abs_sums",
     "observable_qdtype",
     "qdtype",
     "qrange",
@@ -242,6 +243,12 @@ def abs_sums(codes: torch.Tensor, axis: int = 0) -> torch.Tensor:
     sums = _abs_sums(codes, axis, c)
     _remember_abs_sums(codes, axis, sums)
     return sums
+
+
+def note_abs_sums(codes: torch.Tensor, axis: int, sums: torch.Tensor) -> None:
+    """Remember ``sums`` as :func:`abs_sums` of ``codes`` along ``axis`` (int64, computed exactly by the
+    caller, e.g. in the pass that made the codes) until ``codes`` changes."""
+    _remember_abs_sums(codes, axis % codes.dim() if codes.dim() else 0, sums)
 
 
 def _abs_sums_key(codes: torch.Tensor, axis: int) -> tuple[int, int, int, tuple[int, ...]]:

@@ -14,6 +14,7 @@
 
 #include "native_dw.h"
 #include "native_grid.h"
+#include "native_weights.h"
 #include "native_pool.h"
 #include "native_requant.h"
 #include "native_simd.h"
@@ -927,6 +928,19 @@ static int64_t task_grid_weight_codes(const int64_t *a, int64_t r0, int64_t r1) 
     return 0;
 }
 
+#define TASK_WEIGHT_CODES(T, OUT_T)                                                                            \
+    static int64_t task_weight_codes_##T(const int64_t *a, int64_t r0, int64_t r1) {                           \
+        const uint32_t den_bits = (uint32_t)a[6], eps_bits = (uint32_t)a[7];                                   \
+        float den, eps;                                                                                        \
+        memcpy(&den, &den_bits, sizeof den);                                                                   \
+        memcpy(&eps, &eps_bits, sizeof eps);                                                                   \
+        return qir_weight_codes_rows_##T(QIR_A(const float *, 0), a[1], a[2], QIR_A(const float *, 3),         \
+                                         QIR_A(const float *, 4), QIR_A(const float *, 5), den, eps,           \
+                                         QIR_A(float *, 8), QIR_A(OUT_T *, 9), QIR_A(int64_t *, 10), r0, r1);  \
+    }
+TASK_WEIGHT_CODES(i8, int8_t)
+TASK_WEIGHT_CODES(i16, int16_t)
+
 static const struct {
     const char *name; /* the entry point's name */
     qir_rows_fn fn;
@@ -955,6 +969,8 @@ static const struct {
     {"qir_grid_requant_rows", task_grid_requant, 11},
     {"qir_grid_codes_rows", task_grid_codes, 5},
     {"qir_grid_weight_codes_rows", task_grid_weight_codes, 9},
+    {"qir_weight_codes_rows_i8", task_weight_codes_i8, 11},
+    {"qir_weight_codes_rows_i16", task_weight_codes_i16, 11},
 };
 #define QIR_NTASKS ((int64_t)(sizeof qir_tasks / sizeof qir_tasks[0]))
 

@@ -62,8 +62,8 @@ __all__ = [
 
 _SRC = Path(__file__).with_name("native.c")
 #: compiled together (the header is part of the cache key)
-_SOURCES = (_SRC, *(_SRC.with_name(f"native_{n}.c") for n in ("pool", "dw", "grid")))
-_HEADERS = tuple(_SRC.with_name(f"native_{n}.h") for n in ("pool", "simd", "dw", "requant", "grid"))
+_SOURCES = (_SRC, *(_SRC.with_name(f"native_{n}.c") for n in ("pool", "dw", "grid", "weights")))
+_HEADERS = tuple(_SRC.with_name(f"native_{n}.h") for n in ("pool", "simd", "dw", "requant", "grid", "weights"))
 # -fno-trapping-math -fno-math-errno let floor() vectorise; neither changes an IEEE result (no fast-math)
 _FLAGS = [
     "-O3",
@@ -133,9 +133,14 @@ _SIGNATURES: dict[str, list[type]] = {
     "qir_grid_codes_rows": [_P, _I64, _I64, ctypes.c_float, _P, _I64, _I64],
     # w, k, c, scale, fac, qmin, qmax, out, factor, r0, r1
     "qir_grid_weight_codes_rows": [_P, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _I64, _I64],
+    # w, k, mode, scale, old_lo, old_hi, den, eps, scale_out, codes, sums, r0, r1 (native_weights.c)
+    **{
+        f"qir_weight_codes_rows_{t}": [_P, *[_I64] * 2, *[_P] * 3, *[_I64] * 2, *[_P] * 3, _I64, _I64]
+        for t in ("i8", "i16")
+    },
 }
 _RETURNS_INT = ("qir_dw_", "qir_gemm_vnni", "qir_conv_vnni", "qir_caps")  # qir_gemm_vnni_cols too
-_RETURNS_I64 = ("qir_quantize_pixels", "qir_run", "qir_pool_")
+_RETURNS_I64 = ("qir_quantize_pixels", "qir_run", "qir_pool_", "qir_weight_codes")
 
 
 class Epilogue(ctypes.Structure):

@@ -23,14 +23,13 @@ from torch import nn
 
 from backends.common import numerics
 from backends.common.integer_rules import fused_add_int, fused_add_params
-from qir.frontend.convert import scratch_buffers
 from qir.ir.numerics import abs_sum_max
 from qir.ir.types import DType
 from qir.nn.qat.conv import QAT_CONV_CLASSES, QATConvBase, class_name
 from qir.nn.quantized._base import QuantizedModule, check_qat, march_name, output_fq, per_tensor_scale
-from qir.quantization.fake_quantize import FakeQuantize
+from qir.nn.quantized.conv_weight import observed_weight_scale, weight_codes
 
-__all__ = ["QUANTIZED_CONV_CLASSES", "QuantizedConvBase"]
+__all__ = ["QUANTIZED_CONV_CLASSES", "QuantizedConvBase", "observed_weight_scale"]
 
 Q = TypeVar("Q", bound="QuantizedConvBase")
 
@@ -38,23 +37,6 @@ Q = TypeVar("Q", bound="QuantizedConvBase")
 def weight_scale_of(qat: QATConvBase) -> tuple[torch.Tensor, DType]:
     """The weight scale the QAT forward would use now (the QAT module is untouched)."""
     return observed_weight_scale(qat.weight_fake_quant, qat.weight, type(qat).__name__)
-
-
-def observed_weight_scale(fq: FakeQuantize, weight: torch.Tensor, owner: str) -> tuple[torch.Tensor, DType]:
-    """The scale and dtype weight fake quant ``fq`` of module class ``owner`` gives ``weight`` now:
-    observed into scratch buffers, so ``fq`` keeps its state and no module is copied."""
-    with torch.no_grad(), scratch_buffers(fq):
-        if type(fq).forward is FakeQuantize.forward:
-            fq.observe(weight.detach())  # forward's update without the fake-quantized weight it discards
-        else:  # a subclass's own forward (a learnable scale) decides its scale
-            fq(weight.detach())
-        scale = fq.scale.detach().to(torch.float32).clone()
-    if scale.numel() == 0:
-        raise ValueError(
-            f"{owner}: the weight fake quant has no scale (observer disabled before any batch); "
-            "enable its observer or load a QAT state dict that holds weight_fake_quant.scale"
-        )
-    return scale, fq.dtype
 
 
 def conv_hyper_parameters(m: Any) -> dict[str, Any]:
@@ -95,20 +77,24 @@ def integer_conv_state(
     input_scales: Sequence[torch.Tensor],
     out: tuple[torch.Tensor, DType] | None,
     march: str,
+    codes: torch.Tensor | None = None,
 ) -> ConvIntegerState:
     """The integer state of quantized conv class ``cls`` (docs/semantics.md "Conv / linear").
 
     ``weight`` / ``bias``: the float parameters; ``c_out``: the output channels; ``weight_scale``:
     the weight fake quant's scale and dtype as the QAT forward would use them (:func:`weight_scale_of`);
     ``input_scales``: the input's (and the addend's) float32 scale tensors; ``out``: the output fake
-    quant's scale and dtype (None: a high-precision qint32 output). The one arithmetic of conversion:
+    quant's scale and dtype (None: a high-precision qint32 output); ``codes``: the weight's codes at
+    ``weight_scale`` when the caller has them (:func:`~qir.nn.quantized.conv_weight.weight_codes`, which
+    observes and quantizes in one pass), else quantized here. The one arithmetic of conversion:
     ``from_qat`` and the ``quantize`` pass's rule (quantize_rules.py) both call it."""
     name = cls.__name__
     s_in = per_tensor_scale(name, input_scales[0], 0)
     s_w, w_dtype = weight_scale
     w_axis = cls.qat_class.weight_axis if s_w.numel() > 1 else None
-    # the verifier's accumulator bound and the module's weight_l1_max read the codes' L1 norms next
-    codes = numerics.quantize(weight, s_w, w_dtype, axis=w_axis, note_abs_sums=True)
+    if codes is None:
+        # the verifier's accumulator bound and the module's weight_l1_max read the codes' L1 norms next
+        codes = numerics.quantize(weight, s_w, w_dtype, axis=w_axis, note_abs_sums=True)
     if s_w.numel() > 1 and s_w.numel() != c_out:  # grouped conv transpose: axis 1 holds out/groups channels
         s_w = s_w.repeat(c_out // s_w.numel())
     s_w_out = s_w if s_w.numel() > 1 else s_w.reshape(())
@@ -184,7 +170,7 @@ class QuantizedConvBase(QuantizedModule):
         fq = output_fq(qat)
         self._set_scales(input_scales, None, None, 2 if self.has_add else 1)
         self.hp = conv_hyper_parameters(qat)
-        s_w, w_dtype = weight_scale_of(qat)
+        s_w, w_dtype, codes = weight_codes(qat.weight_fake_quant, qat.weight, type(qat).__name__, qat.weight_axis)
         st = integer_conv_state(
             type(self),
             qat.weight.detach(),
@@ -194,6 +180,7 @@ class QuantizedConvBase(QuantizedModule):
             self.input_scales,
             None if fq is None else (fq.scale.detach(), fq.dtype),
             march,
+            codes,
         )
         self.dtype = st.dtype
         for role in ("weight", "bias", "scale", "multiplier", "shift", "relu6_bound"):

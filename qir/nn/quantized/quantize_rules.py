@@ -3,7 +3,8 @@
 ``qat_conv`` converts from the op's attributes and state tensors directly: a weight fake quant built
 once per FakeQuantSpec holds the layer's observer state and observes the weight on clones of it,
 and :func:`~qir.nn.quantized.conv.integer_conv_state` computes the integer state, the same
-function ``from_qat`` calls, so the pass and module-swapping ``convert_fx`` run one arithmetic
+function ``from_qat`` calls (both observe and quantize the weight with
+:func:`~qir.nn.quantized.conv_weight.weight_codes`), so the pass and module-swapping ``convert_fx`` run one arithmetic
 (tests/quantization/test_convert_paths.py). No QAT or integer module is built per layer, and no
 state tensor is written. The stubs (two per model) and the layers of
 ``quantize_rules_layers`` rebuild their QAT module and call ``from_qat`` (:func:`swapped_rule`).
@@ -32,8 +33,8 @@ from qir.nn.quantized.conv import (
     MODULE_KIND,
     conv_hyper_parameters,
     integer_conv_state,
-    observed_weight_scale,
 )
+from qir.nn.quantized.conv_weight import weight_codes
 from qir.nn.quantized.mapping import QUANTIZED_MODULE_MAP
 from qir.quantization.fake_quant_ir import bind_fake_quant, build_fake_quant
 from qir.quantization.fake_quantize import FakeQuantize
@@ -84,13 +85,13 @@ def _hyper_parameters(
 _FAKE_QUANTS = threading.local()
 
 
-def _weight_scale(
-    spec: FakeQuantSpec, tensors: dict[str, torch.Tensor], weight: torch.Tensor, owner: str
-) -> tuple[torch.Tensor, DType]:
-    """:func:`observed_weight_scale` of the layer's weight fake quant: one module per spec (building one
-    costs more than observing a weight) holds the layer's observer state while it observes the weight, on
-    clones of that state (``scratch_buffers``, as ``from_qat`` observes), so the layer's tensors are not
-    written."""
+def _weight_codes(
+    spec: FakeQuantSpec, tensors: dict[str, torch.Tensor], weight: torch.Tensor, owner: str, axis: int
+) -> tuple[torch.Tensor, DType, torch.Tensor]:
+    """:func:`~qir.nn.quantized.conv_weight.weight_codes` of the layer's weight fake quant: one module per
+    spec (building one costs more than observing a weight) holds the layer's observer state while it
+    observes the weight, without writing it (on clones of that state where torch observes, as
+    ``from_qat`` does), so the layer's tensors are not written."""
     cache: dict[FakeQuantSpec, FakeQuantize] = _FAKE_QUANTS.__dict__.setdefault("by_spec", {})
     fq = cache.get(spec)
     prefix = "weight_fake_quant"
@@ -100,7 +101,7 @@ def _weight_scale(
         fq = cache[spec] = build_fake_quant(spec, tensors, prefix)
     else:
         bind_fake_quant(fq, spec, tensors, prefix)
-    return observed_weight_scale(fq, weight, owner)
+    return weight_codes(fq, weight, owner, axis)
 
 
 def _conv(op: Any, tensors: dict[str, torch.Tensor], scales: Sequence[torch.Tensor], march: str) -> Any:
@@ -109,12 +110,14 @@ def _conv(op: Any, tensors: dict[str, torch.Tensor], scales: Sequence[torch.Tens
     march = march_name(march)
     ins = [as_scale_tensor(s, f"{name} input {i}") for i, s in enumerate(scales)]
     weight = tensors["weight"].detach()
-    s_w = _weight_scale(op.weight_fq, tensors, weight, cls.qat_class.__name__)
+    s_w, w_dtype, codes = _weight_codes(
+        op.weight_fq, tensors, weight, cls.qat_class.__name__, cls.qat_class.weight_axis
+    )
     out = None
     if op.out_fq is not None:
         out = (tensors["activation_post_process.scale"].detach(), op.out_fq.observer.dtype)
     bias = tensors["bias"].detach() if op.bias else None
-    st = integer_conv_state(cls, weight, bias, op.out_channels, s_w, ins, out, march)
+    st = integer_conv_state(cls, weight, bias, op.out_channels, (s_w, w_dtype), ins, out, march, codes)
     hp = _hyper_parameters(
         op.kind,
         op.in_channels,
