@@ -208,6 +208,12 @@ class Op:
         # meta tensors hold int8, not qint8 at a scale: codes moved without arithmetic keep theirs
         return carry_spec(operand_types, t) if self.has_trait(Transparent) else t
 
+    def infer_verified_type(self, operand_types: Sequence[Type]) -> Type:
+        """:meth:`infer_type` of operand types :meth:`verify` has just accepted (the verifier checks each
+        node, then types it). An op whose ``infer_type`` runs its own checks first (it may be typed
+        unchecked: ``Graph.create_node``) overrides this to skip them. Default: :meth:`infer_type`."""
+        return self.infer_type(operand_types)
+
     def verify(self, operand_types: Sequence[Type]) -> None:
         """Check operands against this op; raise :class:`IRError` with the reason."""
         lo, hi = self.arity

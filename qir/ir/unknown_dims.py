@@ -101,19 +101,21 @@ def _problem(op: Op, operand_types: Sequence[Type]) -> None:
 _FIX = "type the graph from example inputs (the sizes it needs must be known)"
 
 
-def infer_type(op: Op, operand_types: Sequence[Type]) -> Type:
-    """``op.infer_type`` for operands that may have unknown dimensions (see the module doc).
+def infer_type(op: Op, operand_types: Sequence[Type], verified: bool = False) -> Type:
+    """``op.infer_type`` for operands that may have unknown dimensions (see the module doc);
+    ``verified``: :func:`verify_op` has accepted them (``op.infer_verified_type``, which need not check again).
 
     :class:`CannotInfer` passes through (the op cannot infer from types at all); any other
     failure at the chosen sizes is an :class:`IRError` saying the op needs a size it is not given."""
+    infer = op.infer_verified_type if verified else op.infer_type
     if not any_unknown_dims(operand_types):
-        return op.infer_type(operand_types)
+        return infer(operand_types)
     _problem(op, operand_types)
     results = []
     for size in SIZES:
         try:
             with _standing_in(size):
-                results.append(op.infer_type([at_size(t, size) for t in operand_types]))
+                results.append(infer([at_size(t, size) for t in operand_types]))
         except (CannotInfer, NotImplementedError):
             raise
         except Exception as e:

@@ -161,7 +161,7 @@ def _check_type(n: Node, known: dict[Value, Any]) -> None:
     except IRError as e:
         raise _fail(n, str(e)) from None
     try:
-        inferred: Type = infer_type(n.op, operand_types)
+        inferred: Type = infer_type(n.op, operand_types, verified=True)  # verify() ran verify_op on them
     except (CannotInfer, NotImplementedError):
         _check_on_meta(n, known)  # opaque calls, scalar operands: the declared type stands unless wrong
         return

@@ -166,3 +166,44 @@ def test_conv_fields_torch_would_refuse_are_refused_at_construction(fields: dict
             march="bayes",
             **{**base, "padding": "same"},
         )
+
+
+def test_verify_checks_each_qconv_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verifier checks a node (verify_op), then types it: QConv.infer_type's own verify_ (for callers
+    that type it unchecked, such as Graph.create_node) does not run a second time there."""
+    from qir.ir import verify
+
+    conv, x = _converted("bayes")
+    g = trace(conv, (x,))
+    calls: list[QConv] = []
+    real = QConv.verify_
+
+    def counted(self: QConv, operand_types: list) -> None:
+        calls.append(self)
+        real(self, operand_types)
+
+    monkeypatch.setattr(QConv, "verify_", counted)
+    verify(g)
+    qconvs = [n.op for n in g.nodes if isinstance(n.op, QConv)]
+    assert len(qconvs) == 4 and calls == qconvs
+    calls.clear()
+    n = qconvs[0]
+    types = [v.type for v in next(nd for nd in g.nodes if nd.op is n).operands]
+    assert n.infer_type(types) == n.infer_verified_type(types) and len(calls) == 1  # infer_type still checks
+    with pytest.raises(IRError, match="integer codes"):
+        n.infer_type([TensorType(types[0].shape, DType.float32), *types[1:]])
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1e-46, 3.5e38, float("inf"), float("nan")])
+def test_verify_refuses_a_scale_float32_cannot_hold(bad: float) -> None:
+    w = TensorType((4, 3, 1, 1), DType.int8)
+    state = [w, TensorType((4,), DType.int32), *[TensorType((4,), DType.int64)] * 3]
+    x = TensorType((1, 3, 4, 4), DType.int8)
+    conv = {"kind": "conv2d", "march": "bayes", "stride": (1, 1), "padding": (0, 0), "dilation": (1, 1)}
+    QConv(out=QuantSpec((0.1,)), in_scales=(1e-45,), **conv).verify([x, *state])  # float32's least: kept
+    cases = [(QuantSpec((0.1,)), (bad,))]
+    if 0.0 < bad < float("inf"):  # QuantSpec itself refuses the others
+        cases.append((QuantSpec((bad,)), (0.05,)))
+    for out, ins in cases:
+        with pytest.raises(IRError, match=r"scales must be positive and finite float32 values, got"):
+            QConv(out=out, in_scales=ins, **conv).verify([x, *state])

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import attrs
+import numpy as np
 import torch
 
 from qir.ir.op import IRError, ModuleOp, Op, Pure, Trait, bump_registry_version, register_op
@@ -186,6 +187,17 @@ class IntegerModuleOp(ModuleOp):
                 raise IRError(f"op {self.name!r}: state operand {role} must be a tensor, got {t}")
 
 
+def _first_bad_scale(scales: Sequence[float]) -> float | None:
+    """The first of ``scales`` that is not a positive finite float32 value (one rounding to float32 must
+    not give 0 or beyond its largest finite value), or None: one vectorised check, as a per-channel
+    qint32 output holds a scale per channel."""
+    a = np.asarray(scales, dtype=np.float64)
+    ok = (a > 0.0) & (a < 3.4e38) & (np.minimum(a, 3.4e38).astype(np.float32) != 0.0)
+    if bool(ok.all()):
+        return None
+    return float(a[int(np.argmin(ok))])
+
+
 _KINDS = ("conv1d", "conv2d", "conv3d", "conv_transpose2d", "linear")
 #: bound on stride / dilation / padding / groups: far above any real layer, small enough that
 #: the output-size arithmetic stays cheap and exact
@@ -303,9 +315,9 @@ class QConv(IntegerModuleOp):
         w = operand_types[self.num_inputs()]
         if isinstance(w, TensorType) and w.dtype not in (DType.int8, DType.int16, DType.qint8, DType.qint16):
             raise IRError(f"qconv: weight must hold int8 / int16 codes, got {w}")
-        for v in (*self.in_scales, *self.out.scale):
-            if not 0.0 < v < 3.4e38 or float(torch.tensor(v, dtype=torch.float32)) == 0.0:
-                raise IRError(f"qconv: scales must be positive and finite float32 values, got {v!r}")
+        bad = _first_bad_scale((*self.in_scales, *self.out.scale))
+        if bad is not None:
+            raise IRError(f"qconv: scales must be positive and finite float32 values, got {bad!r}")
         if self.add and isinstance(operand_types[1], TensorType) and operand_types[1].dtype.is_float:
             raise IRError(f"qconv: the fused add's addend holds codes, got {operand_types[1]}")
         self._check_state(operand_types[self.num_inputs() :])
@@ -342,8 +354,13 @@ class QConv(IntegerModuleOp):
         )
 
     def infer_type(self, operand_types: Sequence[Type]) -> Type:
-        """The float conv's shape rule on meta tensors (its operands ``input, weight, bias[, addend]``)."""
+        """The float conv's shape rule on meta tensors (its operands ``input, weight, bias[, addend]``),
+        after :meth:`verify_` (a float input or weight must not be typed as codes)."""
         self.verify_(operand_types)
+        return self.infer_verified_type(operand_types)
+
+    def infer_verified_type(self, operand_types: Sequence[Type]) -> Type:
+        """:meth:`infer_type` without :meth:`verify_`, which the verifier has just run on these types."""
         n = self.num_inputs()
         x, w, b = operand_types[0], operand_types[n], operand_types[n + 1]
         floats = [t for t in (x, w, b, *operand_types[1:n]) if isinstance(t, TensorType)]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from qir.ir.numerics import abs_sums
@@ -43,11 +44,31 @@ _INT32 = (-(2**31), 2**31 - 1)
 _F32_MAX = float(torch.finfo(torch.float32).max)
 
 
+#: integer dtypes read on the host through numpy (a few values per channel: numpy's per-call cost is a
+#: fraction of torch's, and a converted network checks a dozen such tensors per layer)
+_HOST_INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)
+
+
+def _host_ints(t: torch.Tensor) -> np.ndarray | None:
+    """``t`` flattened as an int64 numpy array (a view where it already is one), or None where numpy
+    cannot read it (another device or dtype): the caller's torch path decides."""
+    if t.device.type != "cpu" or t.dtype not in _HOST_INTS:
+        return None
+    return t.detach().reshape(-1).numpy().astype(np.int64, copy=False)
+
+
 def _first_outside(t: torch.Tensor, lo: int, hi: int) -> tuple[int, int] | None:
     """(flat index, value) of the first entry of integer ``t`` outside ``[lo, hi]``, or None."""
     flat = t.reshape(-1)
     if flat.numel() == 0:
         return None
+    a = _host_ints(flat) if -(2**63) <= lo and hi < 2**63 else None
+    if a is not None:
+        out = (a < lo) | (a > hi)
+        if not out.any():
+            return None
+        i = int(out.argmax())
+        return i, int(a[i])
     bad = (flat < lo) | (flat > hi)
     if not bool(bad.any()):
         return None
@@ -176,14 +197,15 @@ def _channel_l1(w: torch.Tensor, out_axis: int, groups: int) -> torch.Tensor:
     return abs_sums(rows.reshape(g * w.shape[out_axis], -1), 0)
 
 
-def _per_channel(t: torch.Tensor | None, c: int) -> torch.Tensor | None:
+def _per_channel(t: torch.Tensor | None, c: int) -> np.ndarray | None:
     """``|t|`` as ``c`` int64 entries (a single entry broadcast), None if it is neither."""
     if t is None:
-        return torch.zeros(c, dtype=torch.int64)
-    flat = t.reshape(-1).to(torch.int64).abs()
-    if flat.numel() == c:
+        return np.zeros(c, dtype=np.int64)
+    a = _host_ints(t)
+    flat = np.abs(a) if a is not None else t.reshape(-1).to(torch.int64).abs().numpy()
+    if flat.size == c:
         return flat
-    return flat.expand(c) if flat.numel() == 1 else None
+    return np.broadcast_to(flat, (c,)) if flat.size == 1 else None
 
 
 def check_requant_fits_int64(
@@ -205,19 +227,22 @@ def check_requant_fits_int64(
     """
     c = l1.numel()
     b, m = _per_channel(bias, c), _per_channel(multiplier, c)
-    sh = _per_channel(shift, c) if shift is not None else torch.zeros(c, dtype=torch.int64)
+    sh = _per_channel(shift, c) if shift is not None else np.zeros(c, dtype=np.int64)
     if b is None or m is None or sh is None:  # not one per channel: the worst channel of each
-        b = torch.full((c,), abs_max(bias) if bias is not None else 0, dtype=torch.int64)
-        m = torch.full((c,), abs_max(multiplier), dtype=torch.int64)
-        sh = torch.full((c,), abs_max(shift) if shift is not None else 0, dtype=torch.int64)
+        b = np.full(c, abs_max(bias) if bias is not None else 0, dtype=np.int64)
+        m = np.full(c, abs_max(multiplier), dtype=np.int64)
+        sh = np.full(c, abs_max(shift) if shift is not None else 0, dtype=np.int64)
     if c == 0:
         return
-    top_f = (l1.to(torch.float64) * x_max + b.to(torch.float64)) * m.to(torch.float64) + (
-        torch.ldexp(torch.ones(c, dtype=torch.float64), sh) / 2
-    )
+    l1 = l1.reshape(-1).to(torch.int64)
+    # in numpy: a dozen float64 operations on c values, each a fraction of a torch call's cost
+    with np.errstate(over="ignore"):  # a shift of thousands: 2**shift is inf, and so is the bound
+        top_f = (l1.numpy().astype(np.float64) * float(x_max) + b.astype(np.float64)) * m.astype(np.float64) + (
+            np.exp2(sh.astype(np.float64)) / 2
+        )
     # float64 picks the channels that come near 2**63 (its rounding is far below 2**62);
     # the verdict on those is exact, in Python integers
-    for ch in (top_f >= 2.0**62).nonzero().reshape(-1).tolist():
+    for ch in np.flatnonzero(top_f >= 2.0**62).tolist():
         ll, bb, mm, ss = int(l1[ch]), int(b[ch]), int(m[ch]), int(sh[ch])
         acc = ll * x_max + bb
         top = acc * mm + ((1 << ss) >> 1)
