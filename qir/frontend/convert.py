@@ -106,7 +106,7 @@ def _trace(
                 fx_graph = tracer.trace(module, concrete_args)
             placeholders_first(fx_graph)
             carry_lengths(module, fx_graph)
-            functionalize_inplace(fx_graph)
+            functionalize_inplace(fx_graph, module)
         except TraceError:
             raise
         except Exception as e:

@@ -7,6 +7,7 @@ import builtins
 import contextlib
 import copy
 import functools
+import inspect
 import linecache
 import operator
 import sys
@@ -262,6 +263,25 @@ class _PiecesProxy(torch.fx.Proxy):
         n = tracer.pieces_of(self.node) if isinstance(tracer, QirTracer) else static_piece_count(self.node)
         return super().__len__() if n is None else n
 
+    # ``y += v`` records the in-place operator (fx's Proxy has none, so Python fell back to
+    # ``y = y + v``, and a ``z = y`` taken before kept reading the old value):
+    # functionalize_inplace then makes every later read of y's old node read the sum; the node is
+    # named as fx names the add it traced before (``add``, ``add_1``)
+    def __iadd__(self, other: Any) -> Any:
+        return self.tracer.create_proxy("call_function", operator.iadd, (self, other), {}, name="add")
+
+    def __isub__(self, other: Any) -> Any:
+        return self.tracer.create_proxy("call_function", operator.isub, (self, other), {}, name="sub")
+
+    def __imul__(self, other: Any) -> Any:
+        return self.tracer.create_proxy("call_function", operator.imul, (self, other), {}, name="mul")
+
+    def __itruediv__(self, other: Any) -> Any:
+        return self.tracer.create_proxy("call_function", operator.itruediv, (self, other), {}, name="truediv")
+
+    def __ifloordiv__(self, other: Any) -> Any:
+        return self.tracer.create_proxy("call_function", operator.ifloordiv, (self, other), {}, name="floordiv")
+
 
 def measure_pieces(
     root: nn.Module, graph: torch.fx.Graph, example_args: tuple[Any, ...], names: set[str]
@@ -372,25 +392,119 @@ _VIEW_METHODS = frozenset(
 )
 
 
-def functionalize_inplace(graph: torch.fx.Graph) -> None:
-    """Rewrite ``y = x.sigmoid_()`` (and the other :data:`_INPLACE_METHODS`) as ``y = x.sigmoid()``
-    with every later use of ``x`` reading ``y``: the values are the same, and the call becomes the
-    op its out-of-place spelling is. Receivers that may be views, parameters or other nodes' storage
-    keep the in-place call."""
+def functionalize_inplace(graph: torch.fx.Graph, root: nn.Module | None = None) -> None:
+    """Make every in-place call a data dependency: each later use of the tensor it writes reads
+    the call's result instead (the same values), so a call whose result is discarded
+    (``s.act(y); return y`` with ``nn.ReLU(inplace=True)``, ``F.relu(y, inplace=True)``,
+    ``y += 1`` after ``z = y``) is not dead code. In-place calls are the ``x.name_()`` methods,
+    ``torch.name_`` / ``F.name_`` functions, ``+=`` and the other augmented assignments, functions
+    called with ``inplace=True`` and modules whose ``inplace`` attribute is true. Where the
+    out-of-place spelling is the same op (:data:`_INPLACE_METHODS`, ``+=``), the call becomes it,
+    so it gets the IR op that spelling has. A write into a placeholder, parameter or buffer keeps
+    its in-place call; a write into what may be a view of another value (``y[:, :2].relu_()``)
+    is left as written (a function spelled with ``_`` so the IR keeps it) and its later readers read
+    the other value; ``v += 1`` there stays ``v = v + 1``, as fx traces it (an FPN's ``feats[0] += ...``
+    on a list input is an add).
+    ``root`` is the traced module (for the modules' ``inplace`` attribute)."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     for n in list(graph.nodes):
-        if n.op != "call_method" or not isinstance(n.target, str) or not n.target.endswith("_"):
+        receiver = _inplace_receiver(n, root)
+        if receiver is None:
             continue
-        base = n.target[:-1]
-        if base not in _INPLACE_METHODS or not n.args or not isinstance(n.args[0], torch.fx.Node):
+        if _may_alias(receiver):
+            if n.target in _AUGMENTED:  # as fx traces it (``v = v + 1``): an FPN's `feats[0] += ...` stays an add
+                n.target = _AUGMENTED[n.target]
+            else:
+                _keep_write_through_view(n, root)
             continue
-        x = n.args[0]
-        if x.op in ("get_attr", "placeholder") or _may_alias(x):
-            continue
-        n.target = base
-        for u in list(x.users):
+        if receiver.op not in ("get_attr", "placeholder") or n.target in _AUGMENTED:
+            _out_of_place(n)
+        for u in list(receiver.users):
             if u is not n and order[u] > order[n]:
-                u.replace_input_with(x, n)
+                u.replace_input_with(receiver, n)
+
+
+#: ``y += v`` and the other augmented assignments, as traced, and their out-of-place operators
+_AUGMENTED: dict[Any, Callable[..., Any]] = {
+    getattr(operator, f"i{n}"): getattr(operator, n) for n in ("add", "sub", "mul", "truediv", "floordiv")
+}
+
+
+def _is_inplace_name(name: str) -> bool:
+    return name.endswith("_") and not name.endswith("__") and not name.startswith("_")
+
+
+def _inplace_receiver(n: torch.fx.Node, root: nn.Module | None) -> torch.fx.Node | None:
+    """The node whose tensor ``n`` writes into, when ``n`` is an in-place call of a node."""
+    first = n.args[0] if n.args else None
+    if n.op == "call_method":
+        inplace = isinstance(n.target, str) and _is_inplace_name(n.target)
+    elif n.op == "call_function":
+        inplace = (
+            n.target in _AUGMENTED
+            or (_is_inplace_name(getattr(n.target, "__name__", "")) and _torch_function(n.target))
+            or _inplace_argument(n)
+        )
+    elif n.op == "call_module" and isinstance(n.target, str):
+        owner = root if root is not None else n.graph.owning_module
+        try:
+            m = owner.get_submodule(n.target) if owner is not None else None
+        except AttributeError:
+            m = None
+        inplace = getattr(m, "inplace", False) is True
+    else:
+        return None
+    return first if inplace and isinstance(first, torch.fx.Node) else None
+
+
+def _torch_function(f: Any) -> bool:
+    return any(getattr(ns, getattr(f, "__name__", ""), None) is f for ns in (torch, torch.nn.functional))
+
+
+def _inplace_argument(n: torch.fx.Node) -> bool:
+    """Whether a function call passes ``inplace=True`` (by name or by position)."""
+    if n.kwargs.get("inplace") is True:
+        return True
+    if not callable(n.target) or not any(a is True for a in n.args):
+        return False
+    try:
+        params = list(inspect.signature(n.target).parameters)
+    except (TypeError, ValueError):
+        return False
+    return "inplace" in params and params.index("inplace") < len(n.args) and n.args[params.index("inplace")] is True
+
+
+def _out_of_place(n: torch.fx.Node) -> None:
+    """Respell an in-place call as its out-of-place form when that is the same op."""
+    if n.op == "call_method" and n.target[:-1] in _INPLACE_METHODS:  # type: ignore[index]
+        n.target = n.target[:-1]  # type: ignore[index]
+    elif n.op == "call_function" and n.target in _AUGMENTED:
+        n.target = _AUGMENTED[n.target]
+    elif n.op == "call_function" and getattr(n.target, "__name__", "")[:-1] in _INPLACE_METHODS:
+        name = n.target.__name__[:-1]  # type: ignore[union-attr]
+        ns = torch if getattr(torch, n.target.__name__, None) is n.target else torch.nn.functional  # type: ignore[union-attr]
+        if callable(getattr(ns, name, None)):
+            n.target = getattr(ns, name)
+
+
+def _keep_write_through_view(n: torch.fx.Node, root: nn.Module | None) -> None:
+    """Spell ``F.relu(v, inplace=True)`` on a possible view ``v`` as ``F.relu_(v)``: the IR keeps a
+    call whose name ends in ``_`` even when its result is unused (the write is its effect), but
+    drops an unused ``relu``. A module call there has no such spelling: refused when its result is unused."""
+    if n.op == "call_function" and n.target not in _AUGMENTED and _inplace_argument(n):
+        name = f"{getattr(n.target, '__name__', '')}_"
+        for ns in (torch.nn.functional, torch):
+            if callable(getattr(ns, name, None)) and "inplace" in n.kwargs:
+                n.target = getattr(ns, name)
+                n.kwargs = {k: v for k, v in n.kwargs.items() if k != "inplace"}
+                return
+    if n.op == "call_module" and not n.users:
+        raise TraceError(
+            f"module '{n.target}' ({type(root.get_submodule(str(n.target))).__name__ if root else 'module'}) at node "
+            f"'{n.name}' runs in place on '{n.args[0]}', which may be a view of another tensor, and its result is "
+            "unused: a traced graph holds values, not memory, so the write would be lost. Assign the result and "
+            "put it back (`y = torch.cat([act(y[:, :2]), y[:, 2:]], 1)`) or call it on the whole tensor."
+        )
 
 
 def _may_alias(x: torch.fx.Node) -> bool:

@@ -71,7 +71,7 @@ def _trace_once(tracer: QirTracer, root: nn.Module, example_inputs: Any) -> torc
             graph = tracer.trace(root)
         placeholders_first(graph)
         carry_lengths(root, graph)
-        functionalize_inplace(graph)
+        functionalize_inplace(graph, root)
         return graph
     except TraceError:
         raise
