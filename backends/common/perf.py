@@ -125,7 +125,11 @@ def value_infos(program: Program, inputs: Sequence[torch.Tensor]) -> dict[str, V
         for v in inst.inputs:
             uses[v] = uses.get(v, 0) + 1
     for name, t in env.items():
-        infos[name] = _info(t)
+        # a dict input (forward(self, data)) holds its tensors as a tuple does
+        found = _info(t) if isinstance(t, torch.Tensor) else _tuple_info(list(t.values()) if isinstance(t, dict) else t)
+        if found is None:
+            raise TypeError(f"program input '{name}' holds no tensor: got {type(t).__name__}")
+        infos[name] = found
     with torch.no_grad():
         for inst in program.instructions:
             kernel = get_kernel(inst.op)

@@ -24,7 +24,7 @@ import inspect
 import operator
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -454,6 +454,20 @@ def _input_names(module: nn.Module, n: int) -> list[str]:
     return [params[i] if i < len(params) else f"input_{i}" for i in range(n)]
 
 
+def positional_inputs(example_inputs: Any, where: str = "example_inputs") -> tuple[Any, ...]:
+    """The forward's positional arguments from ``example_inputs``: a tensor or a dict is the one
+    argument (``forward(self, data)`` reading ``data["img"]``, seed 001's RetinaNet), a list or
+    tuple holds one argument per item (an FPN head's ``feats`` list is then an item: ``([f1, f2],)``)."""
+    if isinstance(example_inputs, (torch.Tensor, Mapping)):
+        return (example_inputs,)
+    if isinstance(example_inputs, (list, tuple)):
+        return tuple(example_inputs)
+    raise TypeError(
+        f"{where} must be a tensor, a dict (one argument) or a list / tuple of the forward's positional "
+        f"arguments, got {type(example_inputs).__name__}"
+    )
+
+
 def trace_or_record(module: nn.Module, example_inputs: Any) -> tuple[Graph, Specialization | None]:
     """``qir.frontend.trace(module, example_inputs)``, or, when fx cannot trace ``module``, the IR
     of the path its forward takes on ``example_inputs`` (:func:`record`) with the
@@ -464,7 +478,7 @@ def trace_or_record(module: nn.Module, example_inputs: Any) -> tuple[Graph, Spec
     e.g. random or stateful) :class:`TraceError` says so."""
     from qir.frontend.convert import _Converter, gc_paused, propagate, trace
 
-    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    inputs = positional_inputs(example_inputs)
     try:
         return trace(module, inputs), None
     except TraceError as e:

@@ -536,7 +536,8 @@ def check_model(
 
     ``model`` is a float, fused, QAT or converted ``nn.Module`` (not modified; a model in
     training mode is checked as a copy in eval mode, as it will be deployed).
-    ``example_input`` is a tensor or a tuple of them. ``march`` defaults to
+    ``example_input`` is a tensor or a dict (the forward's one argument) or a tuple of the
+    forward's positional arguments. ``march`` defaults to
     ``qir.march.get_march()``. With ``advice`` (truthy, or a level) each finding carries
     suggested fixes and the report is printed. Returns a :class:`LegalityReport`;
     ``report.ok`` is False when an operator is unsupported or a rule fails.

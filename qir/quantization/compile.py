@@ -38,7 +38,7 @@ from passes.instruments import Instrument
 from passes.legalize import RESULT_KEY, Legalize
 from passes.manager import run_pipeline
 from passes.pipeline import Pipeline
-from qir.frontend.record import Specialization, same_outputs, trace_or_record
+from qir.frontend.record import Specialization, positional_inputs, same_outputs, trace_or_record
 from qir.ir.graph import Graph, Node
 from qir.ir.ops.core import Call
 from qir.march import March, get_march
@@ -56,13 +56,7 @@ class CompileError(RuntimeError):
 
 
 def _inputs(example_inputs: Any) -> tuple[Any, ...]:
-    if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,)
-    if isinstance(example_inputs, (list, tuple)):
-        return tuple(example_inputs)
-    raise TypeError(
-        f"example_inputs must be a tensor or a list / tuple of tensors, got {type(example_inputs).__name__}"
-    )
+    return positional_inputs(example_inputs)
 
 
 def declared_shape(x: Any) -> Any:
@@ -276,7 +270,8 @@ def compile_model(
     """Lower a converted model to a Program of integer kernels; write it to ``hbm`` when given.
 
     ``module``: a converted GraphModule / eager module or a ``torch.jit.trace`` of one
-    (never modified). ``example_inputs``: a tensor or list of tensors (fixes the shapes
+    (never modified). ``example_inputs``: a tensor or a dict (the forward's one
+    argument) or a list of the forward's positional arguments (fixes the shapes
     that some kernels' tables depend on; the batch size stays free). ``march`` defaults to
     the modules' march, then ``qir.march.get_march()``. ``opt >= 2`` times every exact
     engine of each conv / linear on the example inputs and keeps the fastest; ``opt`` 0/1
