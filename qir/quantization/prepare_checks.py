@@ -15,12 +15,15 @@ the prepared graph once and names the module and the fix before the first step:
   front of it gives it one, learned like any other;
 - the float result of a function registered with ``torch.fx.wrap`` (torchvision's Swin helpers) read by
   a quantized layer: the call runs in float as an ``fx_helper.wrap``'ed one does, and nothing gives its
-  result a scale (``hybrid=True`` puts a generated QuantStub after it).
+  result a scale (``hybrid=True`` puts a generated QuantStub after it);
+- a quantized value at an argument a QAT module takes in float (``float_inputs``: an attention
+  mask behind a QuantStub, RoIAlign's boxes): its integer form has no input scale for it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
@@ -31,7 +34,14 @@ from torch import nn
 
 from backends.common.numerics import requant_limits
 from qir.ir.numerics import qdtype
-from qir.quantization.scale_ops import PRESERVING_FUNCTIONS, PRESERVING_METHODS, PRESERVING_MODULES, module_self
+from qir.quantization.scale_ops import (
+    PRESERVING_FUNCTIONS,
+    PRESERVING_METHODS,
+    PRESERVING_MODULES,
+    QUERY_FUNCTIONS,
+    QUERY_METHODS,
+    module_self,
+)
 from qir.utils.fx_helper import torch_fx_wrapped, wrapped_original
 
 __all__ = ["UnconvertibleModelError", "check_convertible", "collected_refusals", "float_module_on_codes"]
@@ -96,6 +106,8 @@ def check_convertible(
         if n.op == "call_module" and m is not None:
             on_codes = any(a.name in quantized for a in n.all_input_nodes)
             if _has_output_fake_quant(m) or (on_codes and isinstance(m, PRESERVING_MODULES)):
+                if on_codes and hasattr(m, "float_inputs"):
+                    _refuse_quantized_float_inputs(n, m, quantized)
                 quantized.add(n.name)  # a QuantStub, a QAT layer or FloatFunctional
                 if march is not None:
                     _refuse_march_dtypes(str(n.target), m, march)
@@ -122,6 +134,47 @@ def check_convertible(
             _refuse_high_precision_consumers(gm, n)
     for n in wrapped_calls:  # once every quantized value is known
         _refuse_quantized_consumers_of_wrapped(gm, n, owners, quantized)
+
+
+def _refuse_quantized_float_inputs(n: torch.fx.Node, m: nn.Module, quantized: set[str]) -> None:
+    """Refuse quantized values at the arguments QAT module ``m`` takes in float (``m.float_inputs``,
+    positions in its forward: an attention mask, RoIAlign's boxes): its integer form has no input
+    scale for them (convert_fx: 'expected 3 input scale(s), got 4')."""
+    try:
+        params = list(inspect.signature(m.forward).parameters)
+    except (TypeError, ValueError):
+        params = []
+    at = {i: a for i, a in enumerate(n.args)}
+    at.update({params.index(k): a for k, a in n.kwargs.items() if k in params})
+    for i in getattr(m, "float_inputs", ()):
+        codes = [x.name for x in _nodes_in(at.get(i)) if x.name in quantized and not _is_size(x)]
+        if codes:
+            arg = repr(params[i]) if i < len(params) else f"{i}"
+            path = str(n.target)
+            _refuse(
+                path,
+                f"prepare_qat_fx: module '{path}' ({type(m).__name__}) takes argument {arg} in float, but it "
+                f"receives quantized node '{codes[0]}': its integer form has no input scale for it. Pass that "
+                f"argument in float (without a QuantStub in front of it, or after a DeQuantStub). ({_LATER})",
+            )
+
+
+def _is_size(n: torch.fx.Node) -> bool:
+    """Whether ``n`` is read from a tensor's shape (``x.shape[-2:]``, ``x.size(0) * 2``): an exact int, not codes."""
+    if (n.op == "call_method" and n.target in QUERY_METHODS) or (
+        n.op == "call_function" and n.target in QUERY_FUNCTIONS
+    ):
+        return True
+    ins = n.all_input_nodes
+    return (
+        n.op in ("call_function", "call_method") and bool(ins) and all(_is_size(a) for a in ins if a.op != "get_attr")
+    )
+
+
+def _nodes_in(a: Any) -> list[torch.fx.Node]:
+    found: list[torch.fx.Node] = []
+    torch.fx.node.map_arg(a, found.append)
+    return found
 
 
 def _refuse_float_module_with_qconfig(
