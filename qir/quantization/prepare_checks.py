@@ -219,6 +219,12 @@ def float_module_on_codes(path: str, m: nn.Module, *, has_qconfig: bool, march: 
             " BatchNorm2d no conv feeds becomes a depthwise 1x1 conv, which a BatchNorm1d / 3d or a batch norm"
             " module called at several places cannot: put it after a conv, or call one module per place."
         )
+    elif isinstance(m, torch.ao.nn.intrinsic._FusedModule):
+        hint = (
+            f" {cls} is torch's fused module (torch.quantization.fuse_modules without fuser_func): fuse with "
+            "fuse_modules(model, [...], fuser_func=qir.quantization.fuse_known_modules), which gives qir's "
+            "fused modules, or fuse with qir.quantization.fuse_fx."
+        )
     if not has_qconfig:
         return f"{head} but prepare left it float: {no_form}. To run it in float, {float_it}; {hybrid}.{hint}"
     return (
