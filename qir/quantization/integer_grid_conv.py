@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 
 from qir.quantization.blockwise import blocks, part
-from qir.quantization.integer_grid_native import native_codes, native_requant
+from qir.quantization.integer_grid_native import native_codes, native_fused_add, native_requant
 
 __all__ = [
     "AddConstants",
@@ -186,9 +186,13 @@ def fused_add_blocks(
     ``mid1 = floor(a·r1 + off1)``, ``mid2 = floor(round(addend / s_add)·r2 + 1/2)`` and
     ``out = clamp(floor((mid1 + mid2)·2**-extra_bits + 1/2), lo, hi)``, each exact in float64 where
     the caller checked the bounds (``integer_grid._fused_add_float64``). ``out``: as for
-    :func:`requant_blocks`."""
+    :func:`requant_blocks`. One native pass computes both where it applies
+    (:mod:`qir.quantization.integer_grid_native`: contiguous float32 tensors, per-channel constants)."""
     if out is None:
         out = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
+    fast = native_fused_add(acc, addend, c, out)
+    if fast is not None:
+        return out, fast
     keep = torch.empty(acc.shape, dtype=torch.float32, device=acc.device)
     nd = acc.dim()
     one = torch.ones((), dtype=torch.float32, device=acc.device)

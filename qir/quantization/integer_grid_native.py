@@ -1,10 +1,12 @@
-"""The integer grid's requantization, input codes and weight codes as one native pass each (``native_grid.c``).
+"""The integer grid's requantization, fused conv + add, input codes and weight codes as one native pass each
+(``native_grid.c``).
 
 :func:`~qir.quantization.integer_grid_conv.requant_blocks` evaluates ``clamp(floor(acc · ratio +
 offset), lo, hi) · out_scale`` and its gradient factor in seven or eight torch passes per block (float64
 copy, multiply, add, floor, float32 copy, gradient mask, clamp, scale), each a parallel region of
 torch's thread pool; :func:`~qir.quantization.integer_grid_conv.input_codes` in two, the weight codes
-(:class:`~qir.quantization.integer_grid._WeightCodes`) in eight. The C loops of
+(:class:`~qir.quantization.integer_grid._WeightCodes`) in eight, the fused conv + add's float64 rule
+(:func:`~qir.quantization.integer_grid_conv.fused_add_blocks`) in about fifteen. The C loops of
 ``backends/common/kernels/native_grid.c`` make the same IEEE operations in one pass over memory and
 one split across the native pool's threads, so the results are the torch path's bit for bit
 (tests/quantization/test_integer_grid_native.py compares both).
@@ -24,7 +26,7 @@ import torch
 
 from backends.common.kernels import native
 
-__all__ = ["NATIVE", "native_codes", "native_requant", "native_weight_codes"]
+__all__ = ["NATIVE", "native_codes", "native_fused_add", "native_requant", "native_weight_codes"]
 
 #: the native pass where it applies; False: the torch path everywhere (the reference the tests compare with)
 NATIVE = True
@@ -103,6 +105,44 @@ def native_requant(
     args = (p(acc), acc.numel() // rows, c, p(r), p(b), p(g), lo, hi, native.float_bits(scale), p(out), p(gain))
     native.run("qir_grid_requant_rows", args, rows, acc.numel())
     return gain
+
+
+def native_fused_add(acc: torch.Tensor, addend: torch.Tensor, c: Any, out: torch.Tensor) -> torch.Tensor | None:
+    """The keep mask of :func:`~qir.quantization.integer_grid_conv.fused_add_blocks` (a new float32 tensor), its
+    result written to ``out`` (``acc`` itself, or a float32 tensor of its shape), from ``c`` (its
+    ``AddConstants``); None (nothing written) where the native pass does not apply."""
+    if acc.dim() < 2 or acc.numel() == 0 or not _dense(acc) or not _dense(out) or out.shape != acc.shape:
+        return None
+    if not _dense(addend) or addend.shape != acc.shape:
+        return None
+    lo, hi, bits = c.lo, c.hi, c.extra_bits
+    if not (isinstance(lo, int) and isinstance(hi, int) and -_EXACT <= lo <= hi <= _EXACT):
+        return None
+    if not (isinstance(bits, int) and 0 <= bits <= 62):
+        return None
+    scale, inv = _float32_scalar(c.out_scale), _float32_scalar(c.inv_add)
+    r2 = c.r2
+    if scale is None or inv is None or not isinstance(r2, torch.Tensor) or r2.dtype != torch.float64:
+        return None
+    if r2.numel() != 1 or r2.device.type != "cpu" or not _available():
+        return None
+    nd, ch = acc.dim(), acc.shape[1]
+    a_lo = _per_channel(c.acc_lo, ch, nd, torch.float32)
+    a_hi = _per_channel(c.acc_hi, ch, nd, torch.float32)
+    r1 = _per_channel(c.r1, ch, nd, torch.float64)
+    off1 = _per_channel(c.off1, ch, nd, torch.float64)
+    if a_lo is None or a_hi is None or r1 is None or off1 is None:
+        return None
+    r2 = r2.reshape(1).contiguous()
+    keep = torch.empty(acc.shape, dtype=torch.float32)
+    rows = acc.shape[0] * ch
+    p = native.ptr
+    args = (
+        *(p(acc), p(addend), acc.numel() // rows, ch, p(a_lo), p(a_hi), p(r1), p(off1), p(r2)),
+        *(native.float_bits(inv), bits, lo, hi, native.float_bits(scale), p(out), p(keep)),
+    )
+    native.run("qir_grid_fused_add_rows", args, rows, acc.numel())
+    return keep
 
 
 def native_codes(x: torch.Tensor, inv_scale: Any) -> torch.Tensor | None:

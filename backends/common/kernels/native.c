@@ -941,6 +941,18 @@ static int64_t task_grid_weight_codes(const int64_t *a, int64_t r0, int64_t r1) 
 TASK_WEIGHT_CODES(i8, int8_t)
 TASK_WEIGHT_CODES(i16, int16_t)
 
+static int64_t task_grid_fused_add(const int64_t *a, int64_t r0, int64_t r1) {
+    const uint32_t inv_bits = (uint32_t)a[9], scale_bits = (uint32_t)a[13];
+    float inv, scale;
+    memcpy(&inv, &inv_bits, sizeof inv);
+    memcpy(&scale, &scale_bits, sizeof scale);
+    qir_grid_fused_add_rows(QIR_A(const float *, 0), QIR_A(const float *, 1), a[2], a[3], QIR_A(const float *, 4),
+                            QIR_A(const float *, 5), QIR_A(const double *, 6), QIR_A(const double *, 7),
+                            QIR_A(const double *, 8), inv, a[10], a[11], a[12], scale, QIR_A(float *, 14),
+                            QIR_A(float *, 15), r0, r1);
+    return 0;
+}
+
 static const struct {
     const char *name; /* the entry point's name */
     qir_rows_fn fn;
@@ -971,6 +983,7 @@ static const struct {
     {"qir_grid_weight_codes_rows", task_grid_weight_codes, 9},
     {"qir_weight_codes_rows_i8", task_weight_codes_i8, 11},
     {"qir_weight_codes_rows_i16", task_weight_codes_i16, 11},
+    {"qir_grid_fused_add_rows", task_grid_fused_add, 16},
 };
 #define QIR_NTASKS ((int64_t)(sizeof qir_tasks / sizeof qir_tasks[0]))
 

@@ -138,6 +138,11 @@ _SIGNATURES: dict[str, list[type]] = {
         f"qir_weight_codes_rows_{t}": [_P, *[_I64] * 2, *[_P] * 3, *[_I64] * 2, *[_P] * 3, _I64, _I64]
         for t in ("i8", "i16")
     },
+    # acc, addend, hw, c, acc_lo, acc_hi, r1, off1, r2, inv_add, extra_bits, lo, hi, out_scale, out, keep, r0, r1
+    "qir_grid_fused_add_rows": [
+        *[_P, _P, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_float],
+        *[_I64, _I64, _I64, ctypes.c_float, _P, _P, _I64, _I64],
+    ],
 }
 _RETURNS_INT = ("qir_dw_", "qir_gemm_vnni", "qir_conv_vnni", "qir_caps")  # qir_gemm_vnni_cols too
 _RETURNS_I64 = ("qir_quantize_pixels", "qir_run", "qir_pool_", "qir_weight_codes")

@@ -58,3 +58,38 @@ void qir_grid_weight_codes_rows(const float *w, int64_t k, int64_t c, const floa
         }
     }
 }
+
+void qir_grid_fused_add_rows(const float *acc, const float *addend, int64_t hw, int64_t c, const float *acc_lo,
+                             const float *acc_hi, const double *r1, const double *off1, const double *r2, float inv_add,
+                             int64_t extra_bits, int64_t lo, int64_t hi, float out_scale, float *out, float *keep,
+                             int64_t r0, int64_t r1_) {
+    const float flo = (float)lo, fhi = (float)hi;
+    const float glo = flo - 0.5f, ghi = fhi + 0.5f;
+    const double k2 = *r2, post = ldexp(1.0, -(int)extra_bits); /* times 2**-p: exact, as torch's mul_ by it */
+    for (int64_t r = r0; r < r1_; ++r) {
+        const int64_t ch = r % c;
+        const float alo = acc_lo[ch], ahi = acc_hi[ch];
+        const double k1 = r1[ch], b1 = off1[ch];
+        const float *a = acc + r * hw;
+        const float *d = addend + r * hw;
+        float *o = out + r * hw;
+        float *restrict kp = keep + r * hw;
+        for (int64_t i = 0; i < hw; ++i) {
+            float x = a[i];
+            x = x < alo ? alo : x; /* torch's clamp by tensors: a NaN stays NaN */
+            x = x > ahi ? ahi : x;
+            double s = (double)x * k1;
+            s = s + b1;
+            s = floor(s); /* mid1 */
+            double m2 = (double)nearbyintf(d[i] * inv_add) * k2;
+            m2 = m2 + 0.5;
+            s = s + floor(m2); /* + mid2 */
+            s = s * post;
+            s = s + 0.5;
+            const float v = (float)floor(s);
+            kp[i] = (v <= glo || v >= ghi) ? 0.0f : 1.0f;
+            const float cv = v < flo ? flo : (v > fhi ? fhi : v);
+            o[i] = cv * out_scale;
+        }
+    }
+}

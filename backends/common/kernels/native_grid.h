@@ -21,4 +21,15 @@ void qir_grid_codes_rows(const float *x, int64_t n, int64_t len, float inv, floa
 void qir_grid_weight_codes_rows(const float *w, int64_t k, int64_t c, const float *scale, const float *fac,
                                 int64_t qmin, int64_t qmax, float *out, float *factor, int64_t r0, int64_t r1);
 
+/* Rows [r0, r1_) of the fused conv + add on contiguous float32 tensors of rows of hw elements, row r in channel
+ * r % c (integer_grid_conv.fused_add_blocks, the same float64 operations, no fused multiply-add):
+ * a = clamp(acc, acc_lo[ch], acc_hi[ch]) (float32), mid1 = floor((double)a * r1[ch] + off1[ch]),
+ * mid2 = floor((double)round-half-even(addend * inv_add) * *r2 + 1/2),
+ * v = (float)floor((mid1 + mid2) * 2**-extra_bits + 1/2), keep = 1 where lo - 1/2 < v < hi + 1/2 else 0,
+ * out = clamp(v, lo, hi) * out_scale. out may be acc itself (each element is read before it is written). */
+void qir_grid_fused_add_rows(const float *acc, const float *addend, int64_t hw, int64_t c, const float *acc_lo,
+                             const float *acc_hi, const double *r1, const double *off1, const double *r2, float inv_add,
+                             int64_t extra_bits, int64_t lo, int64_t hi, float out_scale, float *out, float *keep,
+                             int64_t r0, int64_t r1_);
+
 #endif
