@@ -22,6 +22,10 @@ mode's own Python overhead is outside the timed calls). The grid's native kernel
 dispatch mode sees, are timed around ``native.run`` and listed as ``native <entry point>``. Only the float
 and grid models are built.
 
+``--count-ops``: instead, the tensor operations one float and one grid step dispatch (after the warm-up;
+a ``TorchDispatchMode`` count, the fixed per-step work as a number the machine's load does not blur), with
+``--batch 2 --size 32`` for the fixed cost alone. Only the float and grid models are built.
+
 Needs torchvision and matplotlib (``pip install -e .[bench]``).
 """
 
@@ -198,6 +202,23 @@ def op_times(name: str, batch: int, size: int, steps: int, warmup: int) -> dict[
     return {k: {op: (n // steps, totals[k][op] / steps / 1e6) for op, n in calls[k].items()} for k in fns}
 
 
+def count_step_ops(name: str, batch: int, size: int, warmup: int) -> dict[str, int]:
+    """``{"float" | GRID: tensor operations dispatched by one training step}`` of model ``name``."""
+    from grid_conv_fixed_cost import count_ops
+
+    float_model = _model(name)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 3, size, size, generator=g)
+    y = torch.randint(0, 1000, (batch,), generator=g)
+    fns = {"float": _step_fn(float_model, x, y), GRID: _step_fn(qir_qat(float_model), x, y)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for fn in fns.values():
+            for _ in range(max(1, warmup)):
+                fn()
+        return {k: sum(count_ops(fn).values()) for k, fn in fns.items()}
+
+
 def print_op_times(name: str, t: dict[str, dict[str, tuple[int, float]]], top: int = 25) -> None:
     sums = {k: sum(ms for _, ms in v.values()) for k, v in t.items()}
     print(
@@ -257,8 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--png", default=None)
     ap.add_argument("--op-times", type=int, default=0, metavar="N", help="per-operator CPU time over N steps instead")
+    ap.add_argument("--count-ops", action="store_true", help="tensor operations per step instead")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.count_ops:
+        for m in args.models:
+            n = count_step_ops(m, args.batch, args.size, args.warmup)
+            print(f"{m}, batch {args.batch}, {args.size}x{args.size}: tensor operations per step, {n}")
+        return 0
     if args.op_times:
         for m in args.models:
             print_op_times(m, op_times(m, args.batch, args.size, args.op_times, args.warmup))

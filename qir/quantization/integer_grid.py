@@ -31,6 +31,7 @@ import functools
 import math
 import operator
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -59,6 +60,7 @@ from qir.quantization.fake_quantize import (
     FakeQuantState,
     fake_quantize,
     float_fake_quant_active,
+    switch_epoch,
 )
 from qir.quantization.integer_grid_conv import (
     AddConstants,
@@ -72,6 +74,7 @@ from qir.quantization.integer_grid_conv import (
 )
 from qir.quantization.integer_grid_methods import SCALAR_METHODS
 from qir.quantization.integer_grid_native import native_weight_codes
+from qir.quantization.integer_grid_scales import acc_scales, host, out_scales
 from qir.quantization.observer import (
     MinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,
@@ -771,12 +774,9 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     if binding is None or float_fake_quant_active() or x.dtype != torch.float32:
         return None
     wfq, ofq = m.weight_fake_quant, m.activation_post_process
-    if type(wfq) not in _PLAIN_FQ or (ofq is not None and _plain_fq(ofq) is None):
-        return None
     if (m.has_add and addend is None) or (addend is not None and addend.dtype != torch.float32):
         return None
-    fqs = [*binding.inputs, wfq] + ([ofq] if ofq is not None else [])
-    if not _on(fqs):
+    if not _conv_mode_on(m, binding, wfq, ofq):
         return None
     w = m.weight
     _observe(wfq, w)
@@ -789,7 +789,7 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     # s_w (not s_in · s_w) where not clamped, so the codes pass it to x unscaled and the weight and
     # bias codes multiply theirs by s_in: the float forward's gradients without a pass over x
     in_fq = binding.inputs[0]
-    s_in = float(in_fq.scale.reshape(-1)[0])
+    s_in = float(host(in_fq.scale).reshape(-1)[0])
     wq = _WeightCodes.apply(w, numerics.broadcast_along(s_w, w_axis, w.dim()), wfq.qmin, wfq.qmax, s_in)
     kind = m.float_conv.__name__
     split = _reduction_split(m, kind, wq, max(-in_fq.qmin, in_fq.qmax))
@@ -851,14 +851,32 @@ def conv_forward(m: Any, x: torch.Tensor, addend: torch.Tensor | None) -> torch.
     return out
 
 
+#: module -> (switch epoch, binding, weight fake quant, output fake quant, whether the grid forward applies)
+_CONV_MODES: weakref.WeakKeyDictionary[nn.Module, tuple[int, Any, Any, Any, bool]] = weakref.WeakKeyDictionary()
+
+
+def _conv_mode_on(m: nn.Module, binding: GridBinding, wfq: Any, ofq: Any) -> bool:
+    """Whether ``m``'s fake quants let its grid forward run: plain fake quants, every one on and not in
+    validation. Checked once per mode: the answer is kept until a fake quant's switches, state or observer
+    are set (``fake_quantize.switch_epoch``), the binding changes or another fake quant takes a slot."""
+    epoch = switch_epoch()
+    known = _CONV_MODES.get(m)
+    if known is not None and known[0] == epoch and known[1] is binding and known[2] is wfq and known[3] is ofq:
+        return known[4]
+    on = type(wfq) in _PLAIN_FQ and (ofq is None or _plain_fq(ofq) is not None)
+    on = on and _on([*binding.inputs, wfq] + ([ofq] if ofq is not None else []))
+    _CONV_MODES[m] = (epoch, binding, wfq, ofq, on)
+    return on
+
+
 def _observe_extremes(
-    fq: FakeQuantize, acc: torch.Tensor, b_codes: np.ndarray, s32: np.ndarray, axis: int, act: str | None
+    fq: FakeQuantize, acc: torch.Tensor, b_codes: np.ndarray, s64: np.ndarray, axis: int, act: str | None
 ) -> bool:
     """:func:`_observe_output` without addend for a min-max observer and a contiguous accumulator whose
     channels are its axis 1 (of 3 or more): the per-channel extremes (``amin`` / ``amax``), the rest on
     the host in numpy with the same IEEE operations (``b·s + a·s``
-    rounds once in float64 either way: ``a·s`` of two float32 numbers is exact). False when it does not
-    apply (nothing observed)."""
+    rounds once in float64 either way: ``a·s`` of two float32 numbers is exact; ``s64``: the float32
+    accumulator scale per channel, in float64). False when it does not apply (nothing observed)."""
     if not fq.observer_enabled or fq.has_fixed_scale:
         return True
     a = acc.detach()
@@ -874,11 +892,31 @@ def _observe_extremes(
     else:  # small: one reduction each, fewer dispatches
         dims = [0, *range(2, a.dim())]
         mn, mx = a.amin(dim=dims), a.amax(dim=dims)
-    s64 = s32.astype(np.float64)
     bs = b_codes * s64
     lo = float((bs + mn.numpy().astype(np.float64) * s64).min())
     hi = float((bs + mx.numpy().astype(np.float64) * s64).max())
-    _observe_activated(fq, torch.tensor([lo, hi], dtype=torch.float32), act)
+    if not _observe_host(fq, lo, hi, act):
+        _observe_activated(fq, torch.tensor([lo, hi], dtype=torch.float32), act)
+    return True
+
+
+def _observe_host(fq: FakeQuantize, lo: float, hi: float, act: str | None) -> bool:
+    """:func:`_observe_activated` of the float32 tensor ``[lo, hi]`` on the host, where the observer's
+    :meth:`~qir.quantization.observer.ObserverBase.observe_extremes` applies: the same float32 rounding and
+    clamps (torch's ``max(a, 0)`` / ``min(a, 6)``, unambiguous for values that are not zeros), the same
+    buffers. False (nothing changed) otherwise."""
+    if not (abs(lo) < 3.4e38 and abs(hi) < 3.4e38):  # NaN, or no float32 value (the tensor path: inf)
+        return False
+    l32, h32 = float(np.float32(lo)), float(np.float32(hi))  # torch.tensor's float32 rounding
+    if l32 == 0.0 or h32 == 0.0:  # which zero a clamp keeps is the kernel's business: the tensor path
+        return False
+    if act in ("relu", "relu6"):
+        l32, h32 = (0.0 if l32 < 0.0 else l32), (0.0 if h32 < 0.0 else h32)
+    if act == "relu6":
+        l32, h32 = (6.0 if l32 > 6.0 else l32), (6.0 if h32 > 6.0 else h32)
+    if not fq.observer.observe_extremes(l32, h32):
+        return False
+    fq._take_observer_scale()
     return True
 
 
@@ -918,47 +956,41 @@ def _fused_conv(
     ofq = m.activation_post_process
     march = binding.march
     c_out = int(m.out_channels)
-    s_w32 = np.array(np.broadcast_to(m.weight_fake_quant.scale.detach().numpy().reshape(-1), (c_out,)))
-    s_w64 = s_w32.astype(np.float64)
-    s_acc = s_w64 * s_in  # numerics.accumulator_scale: the float64 product of the float32 scales
+    nd = x.dim()
+    shape = [1] * nd
+    shape[m.out_axis % nd] = c_out
+    sc = acc_scales(m, m.weight_fake_quant.scale, s_in, c_out, tuple(shape))
+    s_acc = sc.s_acc  # numerics.accumulator_scale: the float64 product of the float32 scales
     if m.bias is None:
         b_codes = np.zeros(c_out)
     else:
-        v = m.bias.detach().numpy().astype(np.float64) / s_acc  # numerics.quantize_bias
+        v = host(m.bias).astype(np.float64) / s_acc  # numerics.quantize_bias
         if not np.isfinite(v).all():
             return None
         f = np.floor(v)
         b_codes = np.clip(f + (v - f >= 0.5), -(2.0**31), 2.0**31 - 1)
-    nd = x.dim()
-    shape = [1] * nd
-    shape[m.out_axis % nd] = c_out
 
     def along(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a).view(shape)
+        return torch.from_numpy(a.reshape(shape))
 
-    acc_scale = along(s_acc.astype(np.float32))
-    acc_grad = along(s_w32)
     dtype = DType(ofq.dtype)
-    inv = float(np.float32(1.0) / np.float32(s_in))
     if addend is not None:
-        finish = _fused_add_finish(m, binding, b_codes, s_acc, shape, acc_scale, dtype)
+        finish = _fused_add_finish(m, binding, b_codes, s_acc, shape, sc.acc_scale, dtype)
         out: torch.Tensor = ConvAddRequant.apply(
-            x, wq, m.bias, addend, inv, geometry, torch.from_numpy(s_w64), acc_grad, m.out_axis, finish
+            x, wq, m.bias, addend, sc.inv, geometry, sc.bias_div, sc.acc_grad, m.out_axis, finish
         )
         return out
     check_out_dtype(march, dtype, "conv / linear")
-    lim = numerics.requant_limits(march)
 
     def plan(acc: torch.Tensor) -> RequantConstants:
-        if not _observe_extremes(ofq, acc, b_codes, s_acc.astype(np.float32), m.out_axis, m.act):
-            _observe_output(ofq, acc, along(b_codes), acc_scale, m.act, None)
-        s_out = float(ofq.scale.reshape(-1)[0])
+        if not _observe_extremes(ofq, acc, b_codes, sc.s_acc32_64, m.out_axis, m.act):
+            _observe_output(ofq, acc, along(b_codes), sc.acc_scale, m.act, None)
+        s_out = float(host(ofq.scale).reshape(-1)[0])
         lo, hi = _out_bounds(m.act, dtype, s_out)
-        mult, sh = numerics.multiplier_shift(torch.from_numpy(s_acc / s_out), lim.max_multiplier, lim.max_shift)
-        ratio = np.ldexp(mult.numpy().astype(np.float64), -sh.numpy())
-        return RequantConstants(along(b_codes * ratio + 0.5), along(ratio), lo, hi, s_out, acc_grad)
+        ratio = out_scales(m, sc, s_out, march)
+        return RequantConstants(along(b_codes * ratio.ratio + 0.5), ratio.ratio_t, lo, hi, s_out, sc.acc_grad)
 
-    out = ConvRequant.apply(x, wq, m.bias, inv, geometry, torch.from_numpy(s_w64), m.out_axis, plan)
+    out = ConvRequant.apply(x, wq, m.bias, sc.inv, geometry, sc.bias_div, m.out_axis, plan)
     return out
 
 

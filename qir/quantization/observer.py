@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import threading
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
@@ -138,6 +139,10 @@ def _check_nonfinite(mode: str) -> str:
             "warn once) or 'raise' (a ValueError at the batch)"
         )
     return mode
+
+
+#: per thread: two (1,) float32 tensors holding a batch's extremes (ObserverBase.observe_extremes)
+_SCRATCH = threading.local()
 
 
 def _ddp_world() -> bool:
@@ -382,19 +387,45 @@ class ObserverBase(nn.Module):
             return False
         if not self._combine_settled(lo, hi):
             return False
-        if n == 1:
-            self._scale_on_host()
-        else:  # every channel has seen data: _update_scale's where() selects the new scale everywhere
-            self.scale.copy_(self._scale_from(self.min_val, self.max_val))
+        # every channel has seen data: _update_scale's where() selects the new scale everywhere
+        self._scale_on_host()
+        return True
+
+    def observe_extremes(self, lo: float, hi: float) -> bool:
+        """:meth:`forward` of a float32 batch whose minimum is ``lo`` and maximum ``hi`` (float32 values), in
+        the fast update's case only (per tensor, on the CPU, ``lo <= hi`` finite, into a finite range that has
+        seen data, no cross-rank reduction): the same buffers bit for bit, without a tensor of the two values
+        or a reduction over it. False (nothing changed) otherwise: the caller runs :meth:`forward` on them."""
+        if self.ch_axis is not None or self.nonfinite != "skip" or self.min_val.numel() != 1:
+            return False
+        if self.min_val.device.type != "cpu" or (self.sync_ranks and _ddp_world()):
+            return False
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+            return False
+        o_lo, o_hi = float(self.min_val.numpy()[0]), float(self.max_val.numpy()[0])
+        if not (math.isfinite(o_lo) and math.isfinite(o_hi) and o_hi >= o_lo):
+            return False
+        # the batch's extremes as the (1,) tensors aminmax gives, in this thread's scratch written through numpy
+        pair = getattr(_SCRATCH, "pair", None)
+        if pair is None:
+            pair = _SCRATCH.pair = (torch.empty(1), torch.empty(1))
+        pair[0].numpy()[0], pair[1].numpy()[0] = lo, hi
+        if not self._combine_settled(*pair):
+            return False
+        self._scale_on_host()
         return True
 
     def _scale_on_host(self) -> None:
-        """:meth:`_scale_from` of a one-element range that has seen data, in numpy float32: the same IEEE
-        negation, maximum, division and clamps (``clamp_min`` compares with the bound cast to float32)."""
-        lo, hi = self.min_val.numpy()[0], self.max_val.numpy()[0]
+        """:meth:`_scale_from` of a range that has seen data on every channel, in numpy float32: the same IEEE
+        negation, maximum, division and clamps (``clamp_min`` compares with the bound cast to float32; the
+        result is at least ``eps``, so the sign a maximum of two zeros picks cannot show)."""
+        lo, hi = self.min_val.numpy(), self.max_val.numpy()
         amax = np.maximum(np.maximum(-lo, hi), np.float32(0.0))
         s = np.maximum(amax / np.float32(scale_denominator(self.dtype)), np.float32(self.eps))
-        self.scale.fill_(float(s))
+        if s.size == 1:
+            self.scale.fill_(float(s[0]))
+        else:
+            self.scale.copy_(torch.from_numpy(s))
 
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(scale, zero_point)``: float32 and int32 tensors, shape (1,) or (C,); zero point is 0."""
@@ -488,8 +519,9 @@ class _MovingAverage(ObserverBase):
 
     def _combine_settled(self, lo: torch.Tensor, hi: torch.Tensor) -> bool:
         # lerp in place: the same kernel as torch.lerp (signed zeros included)
-        self.min_val.lerp_(lo.reshape(self.min_val.shape), self.averaging_constant)
-        self.max_val.lerp_(hi.reshape(self.max_val.shape), self.averaging_constant)
+        shape = self.min_val.shape
+        self.min_val.lerp_(lo if lo.shape == shape else lo.reshape(shape), self.averaging_constant)
+        self.max_val.lerp_(hi if hi.shape == shape else hi.reshape(shape), self.averaging_constant)
         return True
 
     def extra_repr(self) -> str:

@@ -79,3 +79,58 @@ def test_fast_update_is_the_general_update(
             assert _same(getattr(fast, buf), getattr(ref, buf)), (name, i, buf)
     assert taken >= 5, (name, taken)  # the common batches took the fast path
     assert int(fast.nonfinite_batches) == 2  # the NaN and the Inf batch, counted by the general path
+
+
+PER_TENSOR = [m for m in MAKERS if not m[2]]
+
+
+@pytest.mark.parametrize(("name", "make", "per_channel"), PER_TENSOR, ids=[m[0] for m in PER_TENSOR])
+def test_observe_extremes_is_forward_of_the_two_values(
+    name: str, make: Callable[[], ObserverBase], per_channel: bool
+) -> None:
+    """``observe_extremes(lo, hi)`` leaves the buffers ``forward(tensor([lo, hi]))`` leaves, or declines
+    (first batch, non-finite values, a range that has not seen data) and changes nothing."""
+    fast, ref = make(), make()
+    g = torch.Generator().manual_seed(len(name))
+    pairs = [(-1.0, 2.0), (float("nan"), 1.0), (-0.5, 0.25), (0.5, 0.5), (-3e38, 3e38), (-1e-9, 1e-9)]
+    pairs += [(float(a), float(b)) for a, b in (torch.randn(20, 2, generator=g) * 3).sort(dim=1).values]
+    pairs += [(1.0, -1.0), (-math.inf, 1.0), (2.0, 4.0)]
+    taken = 0
+    for i, (lo, hi) in enumerate(pairs):
+        x = torch.tensor([lo, hi])
+        before = {b: getattr(fast, b).clone() for b in ("min_val", "max_val", "scale")}
+        if fast.observe_extremes(float(x[0]), float(x[1])):
+            taken += 1
+        else:
+            for b, v in before.items():
+                assert _same(getattr(fast, b), v), (name, i, b)  # declined: nothing changed
+            fast(x.clone())
+        ref(x.clone())
+        for buf in ("min_val", "max_val", "scale", "nonfinite_batches"):
+            assert _same(getattr(fast, buf), getattr(ref, buf)), (name, i, buf)
+    assert taken >= 15, (name, taken)
+
+
+@pytest.mark.parametrize("act", [None, "relu", "relu6"])
+def test_grid_output_observation_on_the_host_is_the_tensor_path(act: str | None) -> None:
+    """``integer_grid._observe_host`` (the conv output's extremes, clamped by the fused activation, into the
+    output fake quant) leaves the buffers the float32 tensor path leaves, zeros and clamped values included."""
+    from qir.quantization import FakeQuantize
+    from qir.quantization.integer_grid import _observe_activated, _observe_host
+
+    fast, ref = FakeQuantize(), FakeQuantize()
+    g = torch.Generator().manual_seed(3)
+    pairs = [(-1.0, 2.0), (-2.0, 7.5), (0.0, 3.0), (-0.0, 1.0), (-4.0, 6.0), (1e-12, 5.9999999), (-8.0, -1.0)]
+    pairs += [(7.0, 9.0), (float("nan"), 2.0), (-1e39, 1.0), (-1.0, 1.0 + 1e-12)]
+    pairs += [(float(a), float(b)) for a, b in (torch.randn(20, 2, generator=g) * 4).sort(dim=1).values]
+    taken = 0
+    for i, (lo, hi) in enumerate(pairs):
+        if _observe_host(fast, lo, hi, act):
+            taken += 1
+        else:
+            _observe_activated(fast, torch.tensor([lo, hi], dtype=torch.float32), act)
+        _observe_activated(ref, torch.tensor([lo, hi], dtype=torch.float32), act)
+        for buf in ("min_val", "max_val", "scale"):
+            assert _same(getattr(fast.observer, buf), getattr(ref.observer, buf)), (act, i, buf)
+        assert _same(fast.scale, ref.scale), (act, i)
+    assert taken >= 15, (act, taken)
