@@ -73,7 +73,7 @@ from qir.quantization.integer_grid_conv import (
     requant_blocks,
 )
 from qir.quantization.integer_grid_methods import SCALAR_METHODS
-from qir.quantization.integer_grid_native import native_weight_codes
+from qir.quantization.integer_grid_native import native_abs_row_max, native_weight_codes
 from qir.quantization.integer_grid_scales import acc_scales, host, out_scales
 from qir.quantization.observer import (
     MinMaxObserver,
@@ -686,6 +686,14 @@ def _reduction_split(m: Any, kind: str, wq: torch.Tensor, xmax: int) -> list[tup
     per_out = wq.numel() // int(m.out_features if kind == "Linear" else m.out_channels)
     if per_out * 128 * xmax < _F32_EXACT:  # |w_codes| <= 128: no partial sum can reach 2**24
         return None
+    # the largest output channel's sum of |w_codes| in one native pass: when it fits, the whole reduction
+    # does (the torch path below sums the same integers exactly); else the torch path finds the chunks
+    top = native_abs_row_max(wq.detach()) if kind != "ConvTranspose2d" else None
+    if top is not None:
+        if groups != 1:
+            return None if top * xmax < _F32_EXACT else []
+        if top <= (_F32_EXACT - 1) / xmax:
+            return None
     w_abs = wq.detach().abs()
     if kind == "ConvTranspose2d":
         w_abs = w_abs.transpose(0, 1)

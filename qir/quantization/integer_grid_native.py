@@ -26,7 +26,7 @@ import torch
 
 from backends.common.kernels import native
 
-__all__ = ["NATIVE", "native_codes", "native_fused_add", "native_requant", "native_weight_codes"]
+__all__ = ["NATIVE", "native_abs_row_max", "native_codes", "native_fused_add", "native_requant", "native_weight_codes"]
 
 #: the native pass where it applies; False: the torch path everywhere (the reference the tests compare with)
 NATIVE = True
@@ -35,6 +35,8 @@ NATIVE = True
 _EXACT = 1 << 22
 #: float32's largest finite value
 _FLOAT32_MAX = 3.4028234663852886e38
+#: what ``qir_grid_abs_row_max`` returns for codes holding a NaN (INT64_MAX)
+_NAN_ROW = (1 << 63) - 1
 #: elements per row of the input codes' split
 _CODES_ROW = 1 << 14
 
@@ -182,3 +184,13 @@ def native_weight_codes(
     args = (p(w), w.numel() // rows, scale.numel(), p(scale), p(fac), qmin, qmax, p(codes), p(factor))
     native.run("qir_grid_weight_codes_rows", args, rows, w.numel())
     return codes, factor
+
+
+def native_abs_row_max(codes: torch.Tensor) -> int | None:
+    """The largest sum of ``|codes|`` over a slice along axis 0 (an output channel's weight codes: integers),
+    exact; None where the native pass does not apply or a code is NaN (the caller's torch path decides)."""
+    if codes.dim() < 1 or codes.numel() == 0 or not _dense(codes) or not _available():
+        return None
+    rows = codes.shape[0]
+    top = native.run("qir_grid_abs_row_max", (native.ptr(codes), codes.numel() // rows), rows, 0)
+    return None if top >= _NAN_ROW else top

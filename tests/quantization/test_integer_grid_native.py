@@ -156,3 +156,37 @@ def test_scalars_the_kernel_cannot_take_fall_back(monkeypatch) -> None:  # type:
     monkeypatch.setattr(integer_grid_native, "NATIVE", False)
     huge = input_codes(x, 1e39)  # the torch path's result, without an error
     assert huge.dtype == torch.float32 and torch.isinf(huge[1:]).all()
+
+
+@pytest.mark.parametrize(
+    ("kind", "shape", "groups", "spread"),
+    [
+        ("Linear", (40, 1280), 1, 64),  # fits in one piece
+        ("Linear", (40, 1280), 1, 127),  # some rows past 2**24 / 128: chunks
+        ("Conv2d", (16, 512, 3, 3), 1, 127),
+        ("Conv2d", (16, 160, 3, 3), 1, 30),
+        ("Conv2d", (32, 1024, 3, 3), 4, 127),  # grouped, past the bound: float64
+        ("Conv2d", (32, 256, 3, 3), 4, 20),  # grouped, within
+    ],
+)
+def test_reduction_split_native_equals_torch(kind, shape, groups, spread, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The largest output channel's sum of |weight codes| taken natively gives the split the torch sums give."""
+    from qir.quantization.integer_grid import _reduction_split
+
+    g = torch.Generator().manual_seed(shape[1] + spread)
+    wq = torch.randint(-spread, spread + 1, shape, generator=g).float()
+    wq[0].fill_(127.0 if spread > 100 else float(spread))  # one row at its largest
+    wq.view(-1)[1::7] = -0.0
+
+    class _M:
+        out_features = out_channels = shape[0]
+
+    m = _M()
+    m.groups = groups  # type: ignore[attr-defined]
+    fast, slow = _both(lambda: _reduction_split(m, kind, wq, 128), monkeypatch)
+    assert fast == slow
+    monkeypatch.setattr(integer_grid_native, "NATIVE", True)
+    top = integer_grid_native.native_abs_row_max(wq)
+    assert top == int(wq.abs().reshape(shape[0], -1).sum(1).max())
+    wq.view(-1)[5] = float("nan")
+    assert integer_grid_native.native_abs_row_max(wq) is None

@@ -953,6 +953,10 @@ static int64_t task_grid_fused_add(const int64_t *a, int64_t r0, int64_t r1) {
     return 0;
 }
 
+static int64_t task_grid_abs_row_max(const int64_t *a, int64_t r0, int64_t r1) {
+    return qir_grid_abs_row_max(QIR_A(const float *, 0), a[1], r0, r1);
+}
+
 static const struct {
     const char *name; /* the entry point's name */
     qir_rows_fn fn;
@@ -984,6 +988,7 @@ static const struct {
     {"qir_weight_codes_rows_i8", task_weight_codes_i8, 11},
     {"qir_weight_codes_rows_i16", task_weight_codes_i16, 11},
     {"qir_grid_fused_add_rows", task_grid_fused_add, 16},
+    {"qir_grid_abs_row_max", task_grid_abs_row_max, 2},
 };
 #define QIR_NTASKS ((int64_t)(sizeof qir_tasks / sizeof qir_tasks[0]))
 

@@ -143,9 +143,11 @@ _SIGNATURES: dict[str, list[type]] = {
         *[_P, _P, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_float],
         *[_I64, _I64, _I64, ctypes.c_float, _P, _P, _I64, _I64],
     ],
+    # q, k, r0, r1
+    "qir_grid_abs_row_max": [_P, _I64, _I64, _I64],
 }
 _RETURNS_INT = ("qir_dw_", "qir_gemm_vnni", "qir_conv_vnni", "qir_caps")  # qir_gemm_vnni_cols too
-_RETURNS_I64 = ("qir_quantize_pixels", "qir_run", "qir_pool_", "qir_weight_codes")
+_RETURNS_I64 = ("qir_quantize_pixels", "qir_run", "qir_pool_", "qir_weight_codes", "qir_grid_abs_row_max")
 
 
 class Epilogue(ctypes.Structure):

@@ -5,6 +5,7 @@
 #include "native_grid.h"
 
 #include <math.h>
+#include <stdint.h>
 
 void qir_grid_requant_rows(const float *acc, int64_t hw, int64_t c, const double *ratio, const double *offset,
                            const float *acc_grad, int64_t lo, int64_t hi, float out_scale, float *out, float *gain,
@@ -92,4 +93,22 @@ void qir_grid_fused_add_rows(const float *acc, const float *addend, int64_t hw, 
             o[i] = cv * out_scale;
         }
     }
+}
+
+int64_t qir_grid_abs_row_max(const float *q, int64_t k, int64_t r0, int64_t r1) {
+    int64_t top = 0;
+    int nan = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *restrict qs = q + r * k;
+        int64_t sum = 0;
+        /* branch-free, so it vectorizes: |q| < 2**24 converts exactly; a NaN counts 0 and sets the flag */
+        for (int64_t i = 0; i < k; ++i) {
+            const float v = qs[i];
+            const float a = v < 0.0f ? -v : v;
+            nan |= v != v;
+            sum += (int32_t)(v == v ? a : 0.0f);
+        }
+        if (sum > top) top = sum;
+    }
+    return nan ? INT64_MAX : top; /* NaN: the caller's torch path decides */
 }

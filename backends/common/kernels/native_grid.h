@@ -32,4 +32,9 @@ void qir_grid_fused_add_rows(const float *acc, const float *addend, int64_t hw, 
                              int64_t extra_bits, int64_t lo, int64_t hi, float out_scale, float *out, float *keep,
                              int64_t r0, int64_t r1_);
 
+/* Rows [r0, r1) of contiguous float32 weight codes (integers of magnitude below 2**24) of rows of k elements:
+ * the largest row sum of |q| (exact, in int64), or INT64_MAX when a code is NaN (qir_run keeps negative
+ * results for its refusals). */
+int64_t qir_grid_abs_row_max(const float *q, int64_t k, int64_t r0, int64_t r1);
+
 #endif
