@@ -312,29 +312,18 @@ def _args_of(gm: torch.fx.GraphModule, n: torch.fx.Node) -> tuple[object, ...]:
 def _refuse_high_precision_consumers(gm: torch.fx.GraphModule, src: torch.fx.Node) -> None:
     """Refuse a quantized module (one with an output fake quant, or another high-precision one) reading
     ``src``'s qint32 output directly or through layout ops. A DeQuantStub (no output fake quant) takes it."""
-    todo = list(src.users)
-    seen: set[str] = set()
-    while todo:
-        u = todo.pop()
-        if u.name in seen:
-            continue
-        seen.add(u.name)
+    for u in _users_through(src, _is_layout):
         m = _called_module(gm, u)
         if m is not None and (_has_output_fake_quant(m) or _is_high_precision(m)):
-            what = f"module '{_path(u)}' ({type(m).__name__})"
-            if u.op == "call_method":
-                what = f"{what}, its {u.target}() at node '{u.name}'"
             _refuse(
                 _path(u),
-                f"prepare_qat_fx: {what} takes the output of module '{src.target}' "
+                f"prepare_qat_fx: {_module_call(u, m)} takes the output of module '{src.target}' "
                 f"({type(gm.get_submodule(str(src.target))).__name__}), a high-precision qint32 output (one scale "
                 "per channel, from a qconfig without an output fake quant such as get_default_qat_out_qconfig()); "
                 "only a DeQuantStub can take it: give that module a qconfig with an activation "
                 "(get_default_qat_qconfig(), or qint16 for precision), or dequantize its output before it "
                 f"({_LATER})",
             )
-        if _is_layout(u):
-            todo.extend(u.users)
 
 
 def _refuse_quantized_consumers_of_wrapped(
@@ -343,26 +332,21 @@ def _refuse_quantized_consumers_of_wrapped(
     """Refuse a quantized layer (a QAT conv / linear, or a module with an output fake quant that reads a
     quantized operand beside it: a generated FloatFunctional's add) reading the float result of ``call``, a
     ``torch.fx.wrap``'ed function, directly or through float code. (A QuantStub takes it: that is the fix.)"""
-    todo = list(call.users)
-    seen: set[str] = set()
-    while todo:
-        u = todo.pop()
-        if u.name in seen:
-            continue
-        seen.add(u.name)
+
+    def float_code(u: torch.fx.Node) -> bool:  # float code on the result: its value is float too
+        plain = u.op in ("call_function", "call_method") and not torch_fx_wrapped(u.target)
+        return plain and _called_module(gm, u) is None
+
+    for u in _users_through(call, float_code):
         m = _called_module(gm, u)
         if m is None:
-            if u.op in ("call_function", "call_method") and not torch_fx_wrapped(u.target):
-                todo.extend(u.users)  # float code on the result: its value is float too
             continue
         beside = any(a.name in quantized for a in u.all_input_nodes)
         if not (getattr(m, "weight_fake_quant", None) is not None or (beside and _has_output_fake_quant(m))):
             continue
         fn = call.target
         name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
-        what = f"module '{_path(u)}' ({type(m).__name__})"
-        if u.op == "call_method":
-            what = f"{what}, its {u.target}() at node '{u.name}'"
+        what = _module_call(u, m)
         _refuse(
             _path(u),
             f"prepare_qat_fx: {name}, a function registered with torch.fx.wrap and called at node '{call.name}' "
@@ -373,6 +357,26 @@ def _refuse_quantized_consumers_of_wrapped(
             f"result in the forward that calls it ({_LATER})",
         )
         return
+
+
+def _users_through(src: torch.fx.Node, through: Callable[[torch.fx.Node], bool]) -> Iterator[torch.fx.Node]:
+    """Every node reading ``src``, directly or through nodes ``through`` accepts, once each."""
+    todo = list(src.users)
+    seen: set[str] = set()
+    while todo:
+        u = todo.pop()
+        if u.name in seen:
+            continue
+        seen.add(u.name)
+        yield u
+        if through(u):
+            todo.extend(u.users)
+
+
+def _module_call(u: torch.fx.Node, m: nn.Module) -> str:
+    """``module 'path' (Class)``, and the method a call_method node calls on it."""
+    what = f"module '{_path(u)}' ({type(m).__name__})"
+    return f"{what}, its {u.target}() at node '{u.name}'" if u.op == "call_method" else what
 
 
 def _called_module(gm: torch.fx.GraphModule, n: torch.fx.Node) -> nn.Module | None:
